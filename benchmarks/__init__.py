@@ -1,0 +1,1 @@
+"""Mnemo's benchmark suites: throughput, latency and retrieval quality, as same-run ratios."""

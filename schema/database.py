@@ -1,0 +1,68 @@
+"""Connecting to the vector store: URL resolution, pools with pgvector codecs, start-up."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import asyncpg
+from pgvector.asyncpg import register_vector
+
+from .embedded import EmbeddedPostgres
+from .migrate import migrate
+from .settings import DatabaseSettings
+
+
+async def init_connection(conn: asyncpg.Connection) -> None:
+    """Per-connection set-up for every pooled connection: the pgvector codecs."""
+    await register_vector(conn)
+
+
+async def create_pool(database_url: str, *, max_size: int = 10, min_size: int = 1) -> asyncpg.Pool:
+    """A pool whose every connection decodes ``vector``/``halfvec``/``sparsevec`` values.
+
+    The ``vector`` extension must exist in the database (run migrations first).
+    """
+    pool = await asyncpg.create_pool(
+        database_url, min_size=min(min_size, max_size), max_size=max_size, init=init_connection
+    )
+    assert pool is not None
+    return pool
+
+
+@dataclass
+class Database:
+    """A migrated database: its URL, a pool, and the embedded server when Mnemo runs one."""
+
+    url: str
+    pool: asyncpg.Pool
+    embedded: EmbeddedPostgres | None = None
+
+
+@contextlib.asynccontextmanager
+async def open_database(
+    settings: DatabaseSettings, *, run_migrations: bool = True
+) -> AsyncIterator[Database]:
+    """Resolve the database (embedded when ``RAG_DATABASE_URL`` is unset), migrate, pool.
+
+    Both paths share everything after URL resolution, so the embedded default
+    and a production server behave the same.
+    """
+    embedded: EmbeddedPostgres | None = None
+    if settings.database_url:
+        url = settings.database_url
+    else:
+        embedded = EmbeddedPostgres(settings.data_dir / "pg")
+        url = embedded.start()
+    try:
+        if run_migrations:
+            await migrate(url)
+        pool = await create_pool(url, max_size=settings.pool_size)
+        try:
+            yield Database(url=url, pool=pool, embedded=embedded)
+        finally:
+            await pool.close()
+    finally:
+        if embedded is not None:
+            embedded.stop()

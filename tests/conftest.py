@@ -1,0 +1,89 @@
+"""Session-wide real services: one embedded PostgreSQL per test session.
+
+Each test that needs a database gets its own, cloned from a migrated template
+(``CREATE DATABASE ... TEMPLATE``), so no test depends on another's rows and
+migrations run once.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from schema import EmbeddedPostgres, create_pool, migrate
+
+TEMPLATE_DB = "mnemo_template"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SHARED = REPO_ROOT.parent / "shared"
+
+
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPostgres]:
+    server = EmbeddedPostgres(tmp_path_factory.mktemp("pg") / "data")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+async def template_db(pg_server: EmbeddedPostgres) -> str:
+    conn = await asyncpg.connect(pg_server.url)
+    try:
+        await conn.execute(f"CREATE DATABASE {TEMPLATE_DB}")
+    finally:
+        await conn.close()
+    await migrate(pg_server.url_for(TEMPLATE_DB))
+    return TEMPLATE_DB
+
+
+async def _create_database(server: EmbeddedPostgres, template: str) -> str:
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    conn = await asyncpg.connect(server.url)
+    try:
+        await conn.execute(f"CREATE DATABASE {name} TEMPLATE {template}")
+    finally:
+        await conn.close()
+    return name
+
+
+async def _drop_database(server: EmbeddedPostgres, name: str) -> None:
+    conn = await asyncpg.connect(server.url)
+    try:
+        await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+async def database_url(pg_server: EmbeddedPostgres, template_db: str) -> AsyncIterator[str]:
+    """A fresh, migrated database for this test alone."""
+    name = await _create_database(pg_server, template_db)
+    try:
+        yield pg_server.url_for(name)
+    finally:
+        await _drop_database(pg_server, name)
+
+
+@pytest.fixture
+async def empty_database_url(pg_server: EmbeddedPostgres) -> AsyncIterator[str]:
+    """A fresh database with no migrations applied."""
+    name = await _create_database(pg_server, "template0")
+    try:
+        yield pg_server.url_for(name)
+    finally:
+        await _drop_database(pg_server, name)
+
+
+@pytest.fixture
+async def db_pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
+    pool = await create_pool(database_url, max_size=4)
+    try:
+        yield pool
+    finally:
+        await pool.close()
