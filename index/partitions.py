@@ -1,0 +1,58 @@
+"""Per-model partitions of the embeddings store: finding them and provisioning them.
+
+Every model lives in its own partition of ``rag_embeddings`` with an HNSW
+index on ``embedding::vector(N)`` (``halfvec(N)`` above 2000 dimensions).
+Reads and writes go to the partition table with the same cast so the planner
+can use that index; :attr:`ModelPartition.cast` is that cast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import asyncpg
+
+Executor = asyncpg.Connection | asyncpg.Pool
+
+
+@dataclass(frozen=True)
+class ModelPartition:
+    model: str
+    dimension: int
+    vector_type: str  # "vector" | "halfvec"
+    partition: str  # table name, safe to quote as an identifier
+
+    @property
+    def cast(self) -> str:
+        """The SQL type the HNSW index is built on, e.g. ``vector(384)``."""
+        return f"{self.vector_type}({self.dimension})"
+
+    @property
+    def table(self) -> str:
+        """The partition as a quoted SQL identifier."""
+        return '"' + self.partition.replace('"', '""') + '"'
+
+
+_SELECT = "SELECT model, dimension, vector_type, partition_name FROM rag_models"
+
+
+def _from_row(row: asyncpg.Record) -> ModelPartition:
+    return ModelPartition(row["model"], row["dimension"], row["vector_type"], row["partition_name"])
+
+
+async def get_partition(db: Executor, model: str) -> ModelPartition | None:
+    """The model's partition, or None when nothing was ever stored for it."""
+    row = await db.fetchrow(_SELECT + " WHERE model = $1", model)
+    return None if row is None else _from_row(row)
+
+
+async def ensure_partition(db: Executor, model: str, dimension: int) -> ModelPartition:
+    """Create the model's partition on first sight; error if it exists with another dimension."""
+    await db.fetchval("SELECT rag_provision_model($1, $2)", model, dimension)
+    partition = await get_partition(db, model)
+    assert partition is not None
+    return partition
+
+
+async def list_partitions(db: Executor) -> list[ModelPartition]:
+    return [_from_row(r) for r in await db.fetch(_SELECT + " ORDER BY model")]
