@@ -1,0 +1,154 @@
+"""Timing primitives shared by every suite: warm-up, repeats, percentiles, ratios.
+
+These machines are shared and noisy, so a figure is never one sample: each is
+measured over repeats after warm-up and reported as min / median / p95, and
+every headline figure is printed beside a baseline measured in the same run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Distribution of a repeated measurement (seconds, or any unit the caller uses)."""
+
+    n: int
+    min: float
+    median: float
+    p95: float
+    p99: float
+    max: float
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile, q in [0, 100]."""
+    if not samples:
+        raise ValueError("no samples")
+    ordered = sorted(samples)
+    if len(ordered) == 1:
+        return ordered[0]
+    pos = (len(ordered) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def summarize(samples: Sequence[float]) -> Summary:
+    return Summary(
+        n=len(samples),
+        min=min(samples),
+        median=statistics.median(samples),
+        p95=percentile(samples, 95),
+        p99=percentile(samples, 99),
+        max=max(samples),
+    )
+
+
+def repeat(fn: Callable[[], Any], *, repeats: int = 5, warmup: int = 1) -> Summary:
+    """Time ``fn`` ``repeats`` times after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return summarize(samples)
+
+
+async def arepeat(fn: Callable[[], Awaitable[Any]], *, repeats: int = 5, warmup: int = 1) -> Summary:
+    """Async twin of :func:`repeat`."""
+    for _ in range(warmup):
+        await fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        await fn()
+        samples.append(time.perf_counter() - start)
+    return summarize(samples)
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """A closed-loop load run: ``concurrency`` workers issuing ``requests`` calls in total."""
+
+    concurrency: int
+    requests: int
+    items_per_request: int
+    wall_s: float
+    latency: Summary
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.requests / self.wall_s
+
+    @property
+    def items_per_s(self) -> float:
+        return self.requests * self.items_per_request / self.wall_s
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "concurrency": self.concurrency,
+            "requests": self.requests,
+            "items_per_request": self.items_per_request,
+            "wall_s": self.wall_s,
+            "requests_per_s": self.requests_per_s,
+            "items_per_s": self.items_per_s,
+            "latency_s": self.latency.as_dict(),
+        }
+
+
+async def closed_loop(
+    call: Callable[[int], Awaitable[Any]],
+    *,
+    concurrency: int,
+    requests: int,
+    items_per_request: int = 1,
+    max_seconds: float = 60.0,
+) -> LoadResult:
+    """Run ``requests`` calls with ``concurrency`` in flight; stop early after ``max_seconds``.
+
+    Bounded in count and time so a load test always ends by itself.
+    """
+    latencies: list[float] = []
+    counter = iter(range(requests))
+    deadline = time.perf_counter() + max_seconds
+
+    async def worker() -> None:
+        for i in counter:
+            if time.perf_counter() > deadline:
+                return
+            start = time.perf_counter()
+            await call(i)
+            latencies.append(time.perf_counter() - start)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    wall = time.perf_counter() - start
+    return LoadResult(concurrency, len(latencies), items_per_request, wall, summarize(latencies))
+
+
+def ratio(value: float, baseline: float) -> float:
+    """value / baseline, guarding a zero baseline."""
+    return float("nan") if baseline == 0 else value / baseline
+
+
+def knee(xs: Sequence[float], ys: Sequence[float], *, gain: float = 0.10) -> float | None:
+    """The first x after which y stops improving by at least ``gain`` (relative) per step.
+
+    For throughput-vs-concurrency curves this is where adding load stops paying.
+    """
+    for i in range(1, len(xs)):
+        if ys[i - 1] > 0 and (ys[i] - ys[i - 1]) / ys[i - 1] < gain:
+            return xs[i - 1]
+    return None

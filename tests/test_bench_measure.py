@@ -1,0 +1,39 @@
+import asyncio
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from benchmarks.measure import closed_loop, knee, percentile, summarize
+
+
+@given(st.lists(st.floats(min_value=0, max_value=1e6, allow_nan=False), min_size=1, max_size=200))
+def test_summary_is_ordered(samples: list[float]) -> None:
+    s = summarize(samples)
+    assert s.min <= s.median <= s.max
+    assert s.min <= s.p95 <= s.p99 <= s.max
+
+
+def test_percentile_interpolates() -> None:
+    assert percentile([0, 10], 50) == 5
+    assert percentile([1, 2, 3, 4, 5], 100) == 5
+    with pytest.raises(ValueError):
+        percentile([], 50)
+
+
+def test_knee_finds_where_gains_stop() -> None:
+    assert knee([1, 2, 4, 8, 16], [10, 19, 30, 31, 31]) == 4
+    assert knee([1, 2, 4], [10, 20, 40]) is None
+
+
+async def test_closed_loop_runs_every_request_once() -> None:
+    seen: list[int] = []
+
+    async def call(i: int) -> None:
+        seen.append(i)
+        await asyncio.sleep(0)
+
+    result = await closed_loop(call, concurrency=4, requests=50, items_per_request=2)
+    assert sorted(seen) == list(range(50))
+    assert result.requests == 50
+    assert result.items_per_s == pytest.approx(100 / result.wall_s)
