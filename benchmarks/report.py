@@ -1,0 +1,247 @@
+"""Suite results and the report folder: ``results.json``, ``REPORT.md`` and PNG plots.
+
+Every suite returns a :class:`SuiteResult`. Headline figures carry their
+same-run baseline and the ratio, so a reader never compares numbers from two
+different runs of a noisy shared machine.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+import platform
+import subprocess
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from .measure import knee
+
+
+@dataclass
+class Headline:
+    """One figure beside its baseline from the same run."""
+
+    name: str
+    value: float
+    unit: str
+    baseline_name: str
+    baseline: float
+    higher_is_better: bool = True
+    bar: float | None = None  # the ratio Mnemo aims for, when there is one
+
+    @property
+    def ratio(self) -> float:
+        return float("nan") if self.baseline == 0 else self.value / self.baseline
+
+    @property
+    def meets_bar(self) -> bool | None:
+        if self.bar is None or math.isnan(self.ratio):
+            return None
+        return self.ratio >= self.bar if self.higher_is_better else self.ratio <= self.bar
+
+
+@dataclass
+class Curve:
+    """y against x for one or more series; plotted, and its knee described."""
+
+    name: str
+    x_label: str
+    y_label: str
+    series: dict[str, list[tuple[float, float]]]
+    log_x: bool = False
+
+    def knees(self) -> dict[str, float | None]:
+        return {
+            label: knee([p[0] for p in points], [p[1] for p in points])
+            for label, points in self.series.items()
+        }
+
+
+@dataclass
+class Table:
+    title: str
+    columns: list[str]
+    rows: list[list[Any]]
+
+
+@dataclass
+class SuiteResult:
+    suite: str
+    headlines: list[Headline] = field(default_factory=list)
+    tables: list[Table] = field(default_factory=list)
+    curves: list[Curve] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    skipped: str | None = None  # why the suite did not run, when it did not
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def machine_info() -> dict[str, Any]:
+    """What ran the benchmark: numbers mean little without it."""
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gib = None
+    try:
+        mem_gib = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError):
+        pass
+    gpu = None
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            gpu = torch.cuda.get_device_name(0)
+    except Exception:  # torch absent or broken: report no GPU
+        gpu = None
+    commit = None
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+    except OSError:
+        pass
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": mem_gib,
+        "gpu": gpu,
+        "git_commit": commit or None,
+        "versions": {
+            d: _version(d)
+            for d in ("torch", "transformers", "ray", "asyncpg", "pgvector", "aiohttp", "faiss-cpu", "bm25s")
+        },
+    }
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "n/a"
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    return str(value)
+
+
+def _plot(curve: Curve, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=110)
+    for label, points in curve.series.items():
+        xs = [p[0] for p in points]
+        ys = [p[1] for p in points]
+        ax.plot(xs, ys, marker="o", label=label)
+    if curve.log_x:
+        ax.set_xscale("log", base=2)
+    ax.set_xlabel(curve.x_label)
+    ax.set_ylabel(curve.y_label)
+    ax.set_title(curve.name)
+    ax.grid(True, alpha=0.3)
+    if len(curve.series) > 1:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
+
+
+def write_report(out_dir: Path, results: list[SuiteResult], config: dict[str, Any]) -> Path:
+    """Write ``results.json``, ``REPORT.md`` and one PNG per curve into ``out_dir``; return REPORT.md."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    machine = machine_info()
+    payload = {
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": machine,
+        "config": config,
+        "suites": [
+            {
+                **asdict(r),
+                "headlines": [{**asdict(h), "ratio": h.ratio, "meets_bar": h.meets_bar} for h in r.headlines],
+                "knees": {c.name: c.knees() for c in r.curves},
+            }
+            for r in results
+        ],
+    }
+    (out_dir / "results.json").write_text(json.dumps(payload, indent=2, default=str))
+
+    lines = [
+        "# Mnemo benchmark report",
+        "",
+        f"{payload['created']} · {machine['cpu']} · {machine['cores']} cores · "
+        f"{machine['memory_gib']} GiB · GPU: {machine['gpu'] or 'none'} · commit {machine['git_commit']}",
+        "",
+        "Every headline is a ratio against a baseline measured in the same run (these machines are noisy).",
+        "",
+    ]
+    headlines = [(r.suite, h) for r in results for h in r.headlines]
+    if headlines:
+        lines += [
+            "## Headlines",
+            "",
+            "| suite | figure | value | baseline | ratio | bar |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        for suite, h in headlines:
+            bar = (
+                ""
+                if h.bar is None
+                else f"{'≥' if h.higher_is_better else '≤'} {h.bar:g} " + ("✓" if h.meets_bar else "✗")
+            )
+            lines.append(
+                f"| {suite} | {h.name} | {_fmt(h.value)} {h.unit} | {h.baseline_name}: {_fmt(h.baseline)} {h.unit} "
+                f"| {_fmt(h.ratio)} | {bar} |"
+            )
+        lines.append("")
+    for r in results:
+        lines += [f"## {r.suite}", ""]
+        if r.skipped:
+            lines += [f"Skipped: {r.skipped}", ""]
+            continue
+        for t in r.tables:
+            lines += [
+                f"**{t.title}**",
+                "",
+                "| " + " | ".join(t.columns) + " |",
+                "|" + " --- |" * len(t.columns),
+            ]
+            lines += ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in t.rows]
+            lines.append("")
+        for c in r.curves:
+            png = f"{_slug(r.suite)}-{_slug(c.name)}.png"
+            _plot(c, out_dir / png)
+            lines += [f"![{c.name}]({png})", ""]
+            for label, x in c.knees().items():
+                where = (
+                    f"the knee is at {c.x_label} = {x:g}: beyond it, gains drop under 10% per step"
+                    if x is not None
+                    else "no knee in the measured range: it still scales"
+                )
+                lines.append(f"- {c.name}, {label}: {where}.")
+            lines.append("")
+        lines += [f"- {n}" for n in r.notes]
+        lines.append("")
+    report = out_dir / "REPORT.md"
+    report.write_text("\n".join(lines))
+    return report
