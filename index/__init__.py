@@ -1,3 +1,5 @@
 """Mnemo's indexing: the vector store, chunker, ingestion queue and drain, image jobs."""
 
-__all__: list[str] = []
+from index.chunker import CHUNKER_VERSION, Chunk, chunk, detect_mode, estimate_tokens
+
+__all__: list[str] = ["CHUNKER_VERSION", "Chunk", "chunk", "detect_mode", "estimate_tokens"]
