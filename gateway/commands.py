@@ -1,14 +1,94 @@
-"""The gateway's subcommands: ``mnemo up`` (the whole stack in the foreground)."""
+"""The gateway's subcommands: ``mnemo gateway``, ``mnemo token``, ``mnemo up``, ``mnemo eval``.
+
+Registration stays light: the aiohttp app, the database driver and the sidecar
+client are imported inside the handlers.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import sys
+from pathlib import Path
 
-from schema.cli import add_database_flags, database_settings, wait_for_stop_signal
+from schema.cli import add_database_flags, database_settings
+from schema.settings import SettingsError
+
+
+def _parse_perm(raw: str) -> tuple[str, int]:
+    key, sep, level = raw.partition("=")
+    if not sep or not key or not level.strip().lstrip("-").isdigit():
+        raise argparse.ArgumentTypeError(f"--perm {raw!r}: use TIPO=LEVEL or SECTION/COMPONENT=LEVEL")
+    return key.strip(), int(level)
+
+
+def _parse_projects(raw: str) -> list[int] | None:
+    if raw.strip() == "*":
+        return None
+    try:
+        return [int(p) for p in raw.split(",") if p.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--projects {raw!r}: a comma-separated list of ids, or *") from exc
+
+
+def _token(args: argparse.Namespace) -> int:
+    from .auth import issue_token
+    from .settings import MIN_SECRET_BYTES
+
+    private_key = Path(args.private_key).read_text() if args.private_key else None
+    secret = None if private_key else os.environ.get("RAG_JWT_SECRET")
+    if private_key is None:
+        if not secret:
+            print("mnemo token: set RAG_JWT_SECRET (HS256) or pass --private-key (RS256)", file=sys.stderr)
+            return 2
+        if len(secret.encode()) < MIN_SECRET_BYTES:
+            print(f"mnemo token: RAG_JWT_SECRET must be at least {MIN_SECRET_BYTES} bytes", file=sys.stderr)
+            return 2
+    token = issue_token(
+        secret=secret,
+        private_key_pem=private_key,
+        sub=args.sub,
+        projects=args.projects,
+        perms=dict(args.perm),
+        admin=args.admin,
+        ttl=args.ttl,
+        audience=os.environ.get("RAG_JWT_AUDIENCE") or None,
+        issuer=os.environ.get("RAG_JWT_ISSUER") or None,
+    )
+    print(token)
+    return 0
+
+
+def _gateway_settings(args: argparse.Namespace):  # -> GatewaySettings
+    from index.settings import SidecarClientSettings
+    from schema.settings import load_settings
+
+    from .settings import load_gateway_settings
+
+    sidecar = load_settings(SidecarClientSettings, sidecar_url=getattr(args, "sidecar_url", None))
+    return load_gateway_settings(
+        database=database_settings(args), sidecar=sidecar, host=args.host, port=args.port
+    )
+
+
+async def _serve_gateway(args: argparse.Namespace) -> int:
+    from .app import create_app, serve
+    from .logs import configure_logging
+
+    try:
+        settings = _gateway_settings(args)
+    except SettingsError as exc:
+        print(f"mnemo gateway: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_format, args.log_level)
+    app = create_app(settings)
+    await serve(app, settings.host, settings.port, shutdown_timeout=settings.shutdown_timeout)
+    return 0
 
 
 async def _up(args: argparse.Namespace) -> int:
+    from schema.cli import wait_for_stop_signal
     from schema.database import open_database
 
     async with open_database(database_settings(args)) as db:
@@ -23,7 +103,38 @@ async def _up(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_gateway_flags(p: argparse.ArgumentParser) -> None:
+    add_database_flags(p)
+    p.add_argument("--host", default=None, help="listen address (env RAG_GATEWAY_HOST, default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="listen port (env RAG_GATEWAY_PORT, default 8080)")
+    p.add_argument("--sidecar-url", default=None, help="inference sidecar URL (env RAG_SIDECAR_URL)")
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("up", help="start the database, sidecar and gateway in the foreground")
     add_database_flags(p)
     p.set_defaults(run=lambda a: asyncio.run(_up(a)))
+
+    p = subparsers.add_parser("gateway", help="serve the dd_rag_api gateway (POST /api/v1/json)")
+    _add_gateway_flags(p)
+    p.set_defaults(run=lambda a: asyncio.run(_serve_gateway(a)))
+
+    p = subparsers.add_parser(
+        "token",
+        help="print a development JWT (HS256 with RAG_JWT_SECRET, or RS256 with --private-key)",
+    )
+    p.add_argument("--sub", required=True, help="subject (user id)")
+    p.add_argument(
+        "--projects", type=_parse_projects, default=[], help="comma-separated project ids, or * for all"
+    )
+    p.add_argument(
+        "--perm",
+        type=_parse_perm,
+        action="append",
+        default=[],
+        help="TIPO=LEVEL or SECTION/COMPONENT=LEVEL (repeatable), e.g. --perm oh1=1 --perm oh1/oh23=0",
+    )
+    p.add_argument("--admin", action="store_true", help="an admin token (reads everything)")
+    p.add_argument("--ttl", type=float, default=3600.0, help="seconds until expiry (default 3600)")
+    p.add_argument("--private-key", default=None, help="PEM private key file: sign RS256 instead of HS256")
+    p.set_defaults(run=_token)

@@ -1,0 +1,136 @@
+"""The gateway's aiohttp application: factory, shared resources, operational routes, serving.
+
+``create_app(settings)`` wires everything; each shared resource (database pool,
+sidecar client, retrieval engine) is one cleanup context that creates it,
+yields, and closes it. ``serve()`` runs an app until SIGTERM/SIGINT and then
+finishes in-flight requests before closing (graceful drain).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import signal
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from .auth import setup_auth
+from .errors import ApiError, envelope_ok, error_middleware
+from .metrics import Metrics
+from .observe import observe_middleware
+from .resources import DATABASE_URL_KEY, METRICS_KEY, POOL_KEY, SETTINGS_KEY, SIDECAR_KEY
+from .settings import GatewaySettings
+
+log = logging.getLogger(__name__)
+
+
+async def _database_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Open (embedded or external) PostgreSQL, apply migrations, share a pool."""
+    from schema.database import open_database
+
+    settings = app[SETTINGS_KEY]
+    async with open_database(settings.database) as db:
+        app[POOL_KEY] = db.pool
+        app[DATABASE_URL_KEY] = db.url
+        yield
+
+
+async def _sidecar_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The sidecar client shared by intake and readiness checks (retries with backoff)."""
+    from inference.client import SidecarClient
+
+    sidecar = app[SETTINGS_KEY].sidecar
+    client = SidecarClient(
+        sidecar.sidecar_url, api_key=sidecar.sidecar_api_key, timeout=sidecar.sidecar_timeout
+    )
+    app[SIDECAR_KEY] = client
+    try:
+        yield
+    finally:
+        await client.close()
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """Liveness: the process answers."""
+    return envelope_ok(request, {"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """Readiness: the database answers a query and the sidecar reports ready."""
+    database = False
+    try:
+        database = await request.app[POOL_KEY].fetchval("SELECT 1", timeout=5) == 1
+    except Exception as exc:
+        log.warning("readiness: database check failed: %s", exc)
+    sidecar = await request.app[SIDECAR_KEY].ready()
+    if not (database and sidecar):
+        down = [name for name, up in (("database", database), ("sidecar", sidecar)) if not up]
+        raise ApiError("service.unavailable", "Not ready: " + ", ".join(down) + " unreachable")
+    return envelope_ok(request, {"status": "ready", "database": True, "sidecar": True})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """Prometheus exposition of this gateway's metrics."""
+    body, content_type = request.app[METRICS_KEY].render()
+    response = web.Response(body=body)
+    response.headers["Content-Type"] = content_type
+    return response
+
+
+def create_app(settings: GatewaySettings, *, database_url: str | None = None) -> web.Application:
+    """The gateway app. ``database_url`` overrides the configured database (tests, eval)."""
+    if database_url is not None:
+        settings = dataclasses.replace(
+            settings, database=dataclasses.replace(settings.database, database_url=database_url)
+        )
+    app = web.Application(
+        middlewares=[observe_middleware, error_middleware], client_max_size=settings.max_body_bytes
+    )
+    app[SETTINGS_KEY] = settings
+    app[METRICS_KEY] = Metrics()
+    setup_auth(app, settings)
+    app.cleanup_ctx.append(_database_ctx)
+    app.cleanup_ctx.append(_sidecar_ctx)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+async def serve(
+    app: web.Application,
+    host: str,
+    port: int,
+    *,
+    shutdown_timeout: float = 30.0,
+    stop: asyncio.Event | None = None,
+    started: asyncio.Event | None = None,
+) -> None:
+    """Serve until SIGTERM/SIGINT (or ``stop`` is set), then drain in-flight requests and close."""
+    loop = asyncio.get_running_loop()
+    installed = []
+    if stop is None:  # the process's own server: signals stop it
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, stop.set)
+                installed.append(sig)
+            except (NotImplementedError, RuntimeError):  # not the main thread
+                pass
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        log.info("gateway listening on http://%s:%s", host, port, extra={"host": host, "port": port})
+        if started is not None:
+            started.set()
+        await stop.wait()
+        log.info("stopping: finishing in-flight requests (up to %.0fs)", shutdown_timeout)
+    finally:
+        await runner.cleanup()
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+    log.info("gateway stopped")

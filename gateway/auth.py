@@ -1,0 +1,214 @@
+"""Who is calling: bearer JWTs (HS256 or RS256) turned into a :class:`Principal`.
+
+Claims: ``sub``; ``projects`` (a list of project ids, or ``"*"`` for all);
+``perms`` (``{"<section_tipo>": level, "<section_tipo>/<component_tipo>": level}``);
+``admin`` (reads every section and project). Tokens must carry ``exp``.
+Only the algorithms a key is configured for are accepted, so ``alg: none``
+and HS256-signed-with-the-public-key tricks fail as invalid tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import jwt
+from aiohttp import web
+
+from .errors import ApiError
+from .resources import PRINCIPAL_KEY, SETTINGS_KEY, VERIFIER_KEY
+from .settings import GatewaySettings
+
+log = logging.getLogger(__name__)
+
+ADMIN_LEVEL = 3  # the archive's levels: 0 none, 1 read, 2 write, 3 admin
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The caller, as far as the ACL is concerned."""
+
+    sub: str
+    projects: frozenset[int] | None = frozenset()  # None: every project ("*")
+    perms: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    admin: bool = False
+
+    def section_level(self, section_tipo: str) -> int:
+        """The caller's level on a section (0 when not granted)."""
+        if self.admin:
+            return ADMIN_LEVEL
+        return int(self.perms.get(section_tipo, 0))
+
+    def component_level(self, section_tipo: str, component_tipo: str) -> int:
+        """The explicit ``section/component`` level, else the section's level."""
+        if self.admin:
+            return ADMIN_LEVEL
+        explicit = self.perms.get(f"{section_tipo}/{component_tipo}")
+        return int(explicit) if explicit is not None else self.section_level(section_tipo)
+
+    def can_read_project(self, projects: Sequence[int]) -> bool:
+        """Per-record projects: the record shares a project with the caller.
+
+        A record with no project at all is readable only by callers holding
+        every project (``"*"``) or admins: an unassigned record is not public.
+        """
+        if self.admin or self.projects is None:
+            return True
+        return any(p in self.projects for p in projects)
+
+    def can_read_record(self, section_tipo: str, projects: Sequence[int]) -> bool:
+        """Section read (level >= 1) and per-record project membership."""
+        return self.section_level(section_tipo) >= 1 and self.can_read_project(projects)
+
+
+ANONYMOUS_ADMIN = Principal(sub="anonymous (RAG_AUTH=off)", projects=None, admin=True)
+
+
+def _claims_to_principal(claims: Mapping[str, Any]) -> Principal:
+    sub = claims.get("sub")
+    if not isinstance(sub, str) or not sub:
+        raise ApiError.invalid_token("The token has no subject")
+    raw_projects = claims.get("projects", [])
+    projects: frozenset[int] | None
+    if raw_projects == "*":
+        projects = None
+    elif isinstance(raw_projects, list) and all(
+        isinstance(p, int) and not isinstance(p, bool) for p in raw_projects
+    ):
+        projects = frozenset(raw_projects)
+    else:
+        raise ApiError.invalid_token('The token\'s "projects" claim must be a list of ids or "*"')
+    raw_perms = claims.get("perms", {})
+    if not isinstance(raw_perms, dict) or not all(
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in raw_perms.items()
+    ):
+        raise ApiError.invalid_token('The token\'s "perms" claim must map tipos to integer levels')
+    admin = claims.get("admin", False)
+    if not isinstance(admin, bool):
+        raise ApiError.invalid_token('The token\'s "admin" claim must be a boolean')
+    return Principal(sub=sub, projects=projects, perms=MappingProxyType(dict(raw_perms)), admin=admin)
+
+
+class TokenVerifier:
+    """Verifies bearer tokens against the configured keys (HS256 secret and/or RS256 public key)."""
+
+    def __init__(self, settings: GatewaySettings) -> None:
+        self._keys: dict[str, Any] = {}
+        if settings.jwt_secret:
+            self._keys["HS256"] = settings.jwt_secret
+        pem = settings.public_key_pem
+        if pem:
+            from cryptography.hazmat.primitives.serialization import load_pem_public_key
+
+            self._keys["RS256"] = load_pem_public_key(pem.encode())
+        self._audience = settings.jwt_audience
+        self._issuer = settings.jwt_issuer
+        self._leeway = settings.jwt_leeway
+
+    def verify(self, token: str) -> Principal:
+        try:
+            header = jwt.get_unverified_header(token)
+        except jwt.PyJWTError as exc:
+            raise ApiError.invalid_token("The bearer token is malformed") from exc
+        alg = header.get("alg")
+        key = self._keys.get(alg) if isinstance(alg, str) else None
+        if key is None:
+            raise ApiError.invalid_token(f"The token algorithm {alg!r} is not accepted")
+        try:
+            claims = jwt.decode(
+                token,
+                key,
+                algorithms=[alg],
+                audience=self._audience,
+                issuer=self._issuer,
+                leeway=self._leeway,
+                options={"require": ["exp", "sub"], "verify_aud": self._audience is not None},
+            )
+        except jwt.ExpiredSignatureError as exc:
+            raise ApiError.invalid_token("The token has expired") from exc
+        except jwt.PyJWTError as exc:
+            raise ApiError.invalid_token() from exc
+        return _claims_to_principal(claims)
+
+
+def authenticate(request: web.Request) -> Principal:
+    """The caller of this request (memoized on the request).
+
+    Raises ``auth.not_logged`` without a bearer token and ``auth.invalid_token``
+    for a bad one. With ``RAG_AUTH=off`` every caller is an admin.
+    """
+    cached = request.get(PRINCIPAL_KEY)
+    if cached is not None:
+        return cached
+    settings = request.app[SETTINGS_KEY]
+    if settings.auth == "off":
+        principal = ANONYMOUS_ADMIN
+    else:
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        if not header:
+            raise ApiError.not_logged()
+        if scheme.lower() != "bearer" or not token.strip():
+            raise ApiError.invalid_token("Use an Authorization: Bearer <token> header")
+        principal = request.app[VERIFIER_KEY].verify(token.strip())
+    request[PRINCIPAL_KEY] = principal
+    return principal
+
+
+def require_admin(request: web.Request) -> Principal:
+    """The caller, who must be an admin (``auth.forbidden`` otherwise)."""
+    principal = authenticate(request)
+    if not principal.admin:
+        raise ApiError.forbidden("This route needs an admin token")
+    return principal
+
+
+def issue_token(
+    *,
+    secret: str | None = None,
+    private_key_pem: str | None = None,
+    sub: str,
+    projects: Sequence[int] | None = (),
+    perms: Mapping[str, int] | None = None,
+    admin: bool = False,
+    ttl: float = 3600.0,
+    audience: str | None = None,
+    issuer: str | None = None,
+    now: float | None = None,
+) -> str:
+    """Sign a development token (HS256 with ``secret``, or RS256 with ``private_key_pem``).
+
+    ``projects=None`` grants every project (``"*"``).
+    """
+    if (secret is None) == (private_key_pem is None):
+        raise ValueError("give exactly one of secret (HS256) or private_key_pem (RS256)")
+    issued = int(time.time() if now is None else now)
+    claims: dict[str, Any] = {
+        "sub": sub,
+        "projects": "*" if projects is None else sorted(set(projects)),
+        "perms": dict(perms or {}),
+        "admin": admin,
+        "iat": issued,
+        "exp": issued + int(ttl),
+    }
+    if audience:
+        claims["aud"] = audience
+    if issuer:
+        claims["iss"] = issuer
+    if secret is not None:
+        return jwt.encode(claims, secret, algorithm="HS256")
+    return jwt.encode(claims, private_key_pem, algorithm="RS256")
+
+
+def setup_auth(app: web.Application, settings: GatewaySettings) -> None:
+    """Install the token verifier; with ``RAG_AUTH=off`` say loudly that nothing is checked."""
+    app[VERIFIER_KEY] = TokenVerifier(settings)
+    if settings.auth == "off":
+        log.warning(
+            "RAG_AUTH=off: EVERY CALLER IS TREATED AS AN ADMIN and the ACL admits everything. "
+            "Local demos only; never expose this gateway."
+        )

@@ -1,0 +1,221 @@
+"""One error type, one status table, one translation to envelope v2 at the edge.
+
+Handlers raise :class:`ApiError` (usually through a named constructor such as
+:meth:`ApiError.invalid_options`); :func:`error_middleware` turns it, and any
+unexpected exception, into the dd_rag_api v2 failure envelope::
+
+    {"ok": false, "request_id": "...",
+     "error": {"code", "category", "message", "label_key", "retryable"}}
+
+with the HTTP status of the code, for every route (``/v1/*`` included). An
+unexpected exception becomes a 500 ``internal`` whose message never carries
+the exception text (that goes to the log, with the request id).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from .resources import ALLOWED_METHODS_KEY, ERROR_CODE_KEY, REQUEST_ID_KEY
+
+log = logging.getLogger(__name__)
+
+REQUEST_ID_HEADER = "X-Request-Id"
+# An incoming id is echoed only when it is short and plain, so logs cannot be forged through it.
+_REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+@dataclass(frozen=True)
+class ErrorSpec:
+    status: int
+    category: str
+    message: str
+    retryable: bool = False
+
+
+# The status table: every code the gateway emits, its HTTP status, category and default message.
+ERRORS: dict[str, ErrorSpec] = {
+    "request.invalid_json": ErrorSpec(400, "request", "The request body is not valid JSON"),
+    "request.invalid_request": ErrorSpec(400, "request", "The request is malformed"),
+    "request.unknown_api": ErrorSpec(400, "request", "Unknown dd_api"),
+    "request.unknown_action": ErrorSpec(400, "request", "Unknown action"),
+    "request.invalid_options": ErrorSpec(400, "request", "Invalid options"),
+    "request.payload_too_large": ErrorSpec(413, "request", "The request body is too large"),
+    "request.unsupported_media_type": ErrorSpec(415, "request", "The request body must be JSON"),
+    "request.method_not_allowed": ErrorSpec(405, "request", "Method not allowed"),
+    "not_found": ErrorSpec(404, "request", "Not found"),
+    "auth.not_logged": ErrorSpec(401, "auth", "Authentication required"),
+    "auth.invalid_token": ErrorSpec(401, "auth", "The bearer token is invalid"),
+    "auth.forbidden": ErrorSpec(403, "auth", "Not allowed"),
+    "rag.disabled": ErrorSpec(503, "rag", "RAG is disabled"),
+    "rag.media_disabled": ErrorSpec(503, "rag", "RAG media is disabled"),
+    "rag.embedding_unavailable": ErrorSpec(
+        503, "rag", "The embedding service did not return a query vector", retryable=True
+    ),
+    "rag.generation_failed": ErrorSpec(503, "rag", "The grounded answer could not be generated", True),
+    "rag.not_implemented": ErrorSpec(501, "rag", "This action is not implemented yet"),
+    "service.unavailable": ErrorSpec(503, "service", "The service is temporarily unavailable", True),
+    "internal": ErrorSpec(500, "internal", "Internal error"),
+}
+
+
+class ApiError(Exception):
+    """A coded failure that leaves the service as a v2 envelope with the code's HTTP status."""
+
+    def __init__(self, code: str, message: str | None = None, *, retryable: bool | None = None) -> None:
+        spec = ERRORS[code]  # an unknown code is a programming error: fail loudly
+        self.code = code
+        self.status = spec.status
+        self.category = spec.category
+        self.message = message or spec.message
+        self.retryable = spec.retryable if retryable is None else retryable
+        super().__init__(f"{code}: {self.message}")
+
+    @property
+    def label_key(self) -> str:
+        """A stable key a client UI translates, e.g. ``error.rag.disabled``."""
+        return "error." + self.code
+
+    def body(self, request_id: str) -> dict[str, Any]:
+        return {
+            "ok": False,
+            "request_id": request_id,
+            "error": {
+                "code": self.code,
+                "category": self.category,
+                "message": self.message,
+                "label_key": self.label_key,
+                "retryable": self.retryable,
+            },
+        }
+
+    # Named constructors for the codes handlers raise most.
+    @classmethod
+    def invalid_options(cls, message: str) -> ApiError:
+        return cls("request.invalid_options", message)
+
+    @classmethod
+    def invalid_request(cls, message: str) -> ApiError:
+        return cls("request.invalid_request", message)
+
+    @classmethod
+    def not_logged(cls) -> ApiError:
+        return cls("auth.not_logged")
+
+    @classmethod
+    def invalid_token(cls, message: str | None = None) -> ApiError:
+        return cls("auth.invalid_token", message)
+
+    @classmethod
+    def forbidden(cls, message: str | None = None) -> ApiError:
+        return cls("auth.forbidden", message)
+
+    @classmethod
+    def not_found(cls, message: str | None = None) -> ApiError:
+        return cls("not_found", message)
+
+    @classmethod
+    def rag_disabled(cls) -> ApiError:
+        return cls("rag.disabled")
+
+    @classmethod
+    def media_disabled(cls) -> ApiError:
+        return cls("rag.media_disabled")
+
+    @classmethod
+    def embedding_unavailable(cls) -> ApiError:
+        return cls("rag.embedding_unavailable")
+
+    @classmethod
+    def not_implemented(cls, action: str) -> ApiError:
+        return cls("rag.not_implemented", f"The action {action!r} is not implemented yet")
+
+    @classmethod
+    def internal(cls) -> ApiError:
+        return cls("internal")
+
+
+def request_id(request: web.Request) -> str:
+    """The id of this request: the caller's ``X-Request-Id`` when plain, else a fresh one (memoized)."""
+    rid = request.get(REQUEST_ID_KEY)
+    if rid is None:
+        incoming = request.headers.get(REQUEST_ID_HEADER, "")
+        rid = incoming if _REQUEST_ID_RE.match(incoming) else uuid.uuid4().hex
+        request[REQUEST_ID_KEY] = rid
+    return str(rid)
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def json_response(request: web.Request, body: dict[str, Any], *, status: int = 200) -> web.Response:
+    """A compact JSON response carrying the request id header."""
+    response = web.json_response(body, status=status, dumps=_dumps)
+    response.headers[REQUEST_ID_HEADER] = request_id(request)
+    return response
+
+
+def envelope_ok(request: web.Request, data: Any, msg: str = "ok") -> web.Response:
+    """The v2 success envelope: ``{"ok": true, "request_id", "msg", "data"}``."""
+    return json_response(request, {"ok": True, "request_id": request_id(request), "msg": msg, "data": data})
+
+
+def error_response(request: web.Request, error: ApiError) -> web.Response:
+    response = json_response(request, error.body(request_id(request)), status=error.status)
+    if error.code == "request.method_not_allowed":
+        allowed = request.get(ALLOWED_METHODS_KEY)
+        if allowed:
+            response.headers["Allow"] = ",".join(sorted(allowed))
+    return response
+
+
+_HTTP_CODES = {
+    400: "request.invalid_request",
+    404: "not_found",
+    405: "request.method_not_allowed",
+    413: "request.payload_too_large",
+    415: "request.unsupported_media_type",
+}
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _from_http_exception(request: web.Request, exc: web.HTTPException) -> ApiError:
+    code = _HTTP_CODES.get(exc.status)
+    if code is None:
+        return ApiError("internal") if exc.status >= 500 else ApiError("request.invalid_request")
+    if isinstance(exc, web.HTTPMethodNotAllowed):
+        request[ALLOWED_METHODS_KEY] = exc.allowed_methods
+    return ApiError(code)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Translate every failure into a v2 envelope; every response carries the request id."""
+    rid = request_id(request)
+    try:
+        response = await handler(request)
+    except ApiError as exc:
+        request[ERROR_CODE_KEY] = exc.code
+        return error_response(request, exc)
+    except web.HTTPException as exc:
+        if exc.status < 400:  # redirects and the like pass through
+            raise
+        error = _from_http_exception(request, exc)
+        request[ERROR_CODE_KEY] = error.code
+        return error_response(request, error)
+    except Exception:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        request[ERROR_CODE_KEY] = "internal"
+        return error_response(request, ApiError.internal())
+    response.headers.setdefault(REQUEST_ID_HEADER, rid)
+    return response
