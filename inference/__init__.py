@@ -1,3 +1,21 @@
 """Mnemo's inference sidecar: model wrappers, batching, the Ray Serve app, its HTTP contract, a client."""
 
-__all__: list[str] = []
+from .client import (
+    EmbedResult,
+    ModelInfo,
+    SidecarClient,
+    SidecarError,
+    SidecarOverloaded,
+    SidecarRejected,
+    SidecarUnavailable,
+)
+
+__all__ = [
+    "EmbedResult",
+    "ModelInfo",
+    "SidecarClient",
+    "SidecarError",
+    "SidecarOverloaded",
+    "SidecarRejected",
+    "SidecarUnavailable",
+]

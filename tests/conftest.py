@@ -16,6 +16,8 @@ import pytest
 
 from schema import EmbeddedPostgres, create_pool, migrate
 
+pytest_plugins = ["tests.fixtures.sidecar"]
+
 TEMPLATE_DB = "mnemo_template"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED = REPO_ROOT.parent / "shared"

@@ -1,0 +1,56 @@
+"""``mnemo sidecar``: serve the model config on a local Ray instance (no dashboard) until Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from pathlib import Path
+
+__all__ = ["register"]
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .config import SidecarSettings, load_config
+    from .launcher import example_requests, running_sidecar
+    from .serve_app import default_config_path
+
+    settings = SidecarSettings.load(
+        config=args.config, host=args.host, port=args.port, num_cpus=args.num_cpus
+    )
+    config = load_config(settings.config or default_config_path())
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    with running_sidecar(
+        config,
+        host=settings.host,
+        port=settings.port,
+        api_key=settings.api_key,
+        num_cpus=settings.num_cpus,
+        object_store_mb=settings.object_store_mb,
+    ) as url:
+        models = ", ".join(f"{m.id} ({m.kind})" for m in config.models)
+        print(f"sidecar ready at {url} serving {models} from {config.source}. Ctrl-C stops it.", flush=True)
+        print(example_requests(url, config), flush=True)
+        stop.wait()
+    print("sidecar stopped", flush=True)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "sidecar", help="serve the inference sidecar (Ray Serve, local, no dashboard) in the foreground"
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="model config YAML (env RAG_SIDECAR_CONFIG; default: offline)",
+    )
+    p.add_argument("--host", default=None, help="listen address (env RAG_SIDECAR_HOST, default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="listen port (env RAG_SIDECAR_PORT, default 8001)")
+    p.add_argument(
+        "--num-cpus", type=float, default=None, help="CPUs Ray may hand out (env RAG_SIDECAR_NUM_CPUS)"
+    )
+    p.set_defaults(run=_run)

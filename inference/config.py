@@ -1,0 +1,278 @@
+"""The sidecar's model configuration (YAML) and process settings (environment + flags).
+
+A config file lists the models to serve and the request limits::
+
+    limits: {max_body_bytes: 67108864, max_image_bytes: 20971520, max_image_pixels: 40000000}
+    models:
+      - id: bge-m3
+        kind: text                 # text | image_text | rerank
+        weights: ${RAG_MODELS_DIR:-/models}/bge-m3
+        pooling: cls
+        sparse: true
+        ...
+
+``weights`` is a local directory, ``package:<module>/<subdir>`` (a directory shipped inside an installed
+Python package), or a hub id already in the local Hugging Face cache. ``build: <recipe>`` makes a tiny
+seeded model at that path on first start (offline profile and tests only; the id must say so). Nothing
+is ever downloaded: a model whose weights are missing is a :class:`ModelWeightsMissing` naming the path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import yaml
+
+__all__ = [
+    "ConfigError",
+    "Limits",
+    "ModelSpec",
+    "ModelWeightsMissing",
+    "SidecarConfig",
+    "SidecarSettings",
+    "load_config",
+    "resolve_weights",
+]
+
+Kind = Literal["text", "image_text", "rerank"]
+KINDS = ("text", "image_text", "rerank")
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class ConfigError(ValueError):
+    """The sidecar config is malformed or inconsistent."""
+
+
+class ModelWeightsMissing(ConfigError):
+    """A configured model's weights are not where the config says."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Request limits shared by every route (TEI-style: refuse instead of queueing without bound)."""
+
+    max_body_bytes: int = 64 * 1024 * 1024
+    max_image_bytes: int = 20 * 1024 * 1024
+    max_image_pixels: int = 40_000_000
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """One served model: where its weights are, how to run it, how to batch it, what it may use."""
+
+    id: str
+    kind: Kind
+    weights: str
+    build: str | None = None  # tiny recipe built at `weights` when missing (offline/test models only)
+    seed: int = 0
+    pooling: Literal["cls", "mean"] = "cls"
+    sparse: bool = False  # bge-m3 lexical weights (needs sparse_linear.pt next to the weights)
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    max_input_tokens: int | None = None  # default: what the tokenizer/model allow
+    max_batch_size: int = 32  # items per forward pass
+    max_batch_tokens: int = 16384  # padded tokens per forward pass
+    max_client_batch: int = 128  # inputs per request (413 above)
+    max_queued_items: int = 512  # admitted, unfinished items per replica (429 above)
+    batch_wait_ms: float = 2.0  # how long a lone request waits for company
+    replicas: int = 1
+    num_cpus: float = 0.5
+    num_gpus: float = 0.0
+    torch_threads: int | None = None
+    text_max_length: int | None = None  # image_text: the text tower's padded length (max_length padding)
+
+    def validate(self) -> None:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", self.id):
+            raise ConfigError(f"model id {self.id!r}: use letters, digits, '.', '_' and '-'")
+        if self.kind not in KINDS:
+            raise ConfigError(f"model {self.id!r}: kind must be one of {KINDS}, not {self.kind!r}")
+        if self.pooling not in ("cls", "mean"):
+            raise ConfigError(f"model {self.id!r}: pooling must be cls or mean")
+        if self.sparse and self.kind != "text":
+            raise ConfigError(f"model {self.id!r}: sparse weights exist only for text models")
+        for name in (
+            "max_batch_size",
+            "max_batch_tokens",
+            "max_client_batch",
+            "max_queued_items",
+            "replicas",
+        ):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"model {self.id!r}: {name} must be at least 1")
+        if self.max_queued_items < max(self.max_client_batch, self.max_batch_size):
+            # Otherwise a full request could never be admitted, or batches could never fill.
+            raise ConfigError(
+                f"model {self.id!r}: max_queued_items ({self.max_queued_items}) must be at least "
+                f"max_client_batch and max_batch_size"
+            )
+        if self.num_cpus < 0 or self.num_gpus < 0:
+            raise ConfigError(f"model {self.id!r}: num_cpus/num_gpus cannot be negative")
+
+    def public(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class SidecarConfig:
+    """Every model the sidecar serves, plus the request limits."""
+
+    models: tuple[ModelSpec, ...]
+    limits: Limits = Limits()
+    source: str = "<inline>"
+
+    def model(self, model_id: str) -> ModelSpec:
+        for spec in self.models:
+            if spec.id == model_id:
+                return spec
+        raise KeyError(model_id)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "limits": dataclasses.asdict(self.limits),
+            "models": [spec.public() for spec in self.models],
+        }
+
+
+def _expand(value: Any, environ: Mapping[str, str]) -> Any:
+    if isinstance(value, str):
+        return _ENV_REF.sub(lambda m: environ.get(m.group(1)) or (m.group(2) or ""), value)
+    if isinstance(value, list):
+        return [_expand(v, environ) for v in value]
+    if isinstance(value, dict):
+        return {k: _expand(v, environ) for k, v in value.items()}
+    return value
+
+
+def _build_dataclass(cls: type, raw: Mapping[str, Any], where: str) -> Any:
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(raw) - names
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {sorted(unknown)} (known: {sorted(names)})")
+    try:
+        return cls(**raw)
+    except TypeError as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+
+
+def config_from_dict(
+    data: Mapping[str, Any], *, source: str = "<inline>", environ: Mapping[str, str] | None = None
+) -> SidecarConfig:
+    """Validate a parsed config (``${VAR:-default}`` references expanded from ``environ``)."""
+    data = _expand(dict(data), os.environ if environ is None else environ)
+    if not isinstance(data.get("models"), list) or not data["models"]:
+        raise ConfigError(f"{source}: 'models' must be a non-empty list")
+    specs = []
+    for i, raw in enumerate(data["models"]):
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{source}: models[{i}] must be a mapping")
+        spec = _build_dataclass(ModelSpec, raw, f"{source}: models[{i}]")
+        spec.validate()
+        specs.append(spec)
+    ids = [s.id for s in specs]
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"{source}: duplicate model ids in {ids}")
+    limits = _build_dataclass(Limits, data.get("limits") or {}, f"{source}: limits")
+    unknown = set(data) - {"models", "limits"}
+    if unknown:
+        raise ConfigError(f"{source}: unknown top-level keys {sorted(unknown)}")
+    return SidecarConfig(models=tuple(specs), limits=limits, source=source)
+
+
+def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> SidecarConfig:
+    """Read and validate a sidecar config file."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError as exc:
+        raise ConfigError(f"sidecar config not found: {path}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping with 'models'")
+    return config_from_dict(data, source=str(path), environ=environ)
+
+
+def resolve_weights(spec: ModelSpec) -> Path:
+    """The local directory holding ``spec``'s weights (building a configured tiny model); never downloads.
+
+    Raises :class:`ModelWeightsMissing` naming the path (or package, or hub id) when absent.
+    """
+    location = spec.weights
+    if spec.build:  # a configured tiny stand-in: built once at its path, then loaded like real weights
+        from .tiny import build_tiny_model
+
+        return build_tiny_model(spec.build, Path(location).expanduser(), seed=spec.seed)
+    if location.startswith("package:"):
+        module, _, subdir = location[len("package:") :].partition("/")
+        found = importlib.util.find_spec(module)
+        if found is None or not found.submodule_search_locations:
+            raise ModelWeightsMissing(
+                f"model {spec.id!r}: Python package {module!r} holding its weights is not installed"
+            )
+        path = Path(next(iter(found.submodule_search_locations))) / subdir
+        if not path.is_dir():
+            raise ModelWeightsMissing(f"model {spec.id!r}: weights not found at {path}")
+        return path
+    path = Path(location).expanduser()
+    if path.is_dir():
+        return path
+    if not path.is_absolute() and re.fullmatch(r"[\w.-]+/[\w.-]+", location):
+        # A hub id: only what is already in the local cache.
+        try:
+            from huggingface_hub import snapshot_download
+
+            return Path(snapshot_download(location, local_files_only=True))
+        except Exception as exc:
+            raise ModelWeightsMissing(
+                f"model {spec.id!r}: {location!r} is neither a directory nor a hub id in the local cache"
+            ) from exc
+    raise ModelWeightsMissing(f"model {spec.id!r}: weights not found at {path.resolve()}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SidecarSettings:
+    """Process settings for ``mnemo sidecar``: read once at start; CLI flags override the environment."""
+
+    config: Path | None = None  # RAG_SIDECAR_CONFIG (default: the offline profile)
+    host: str = "127.0.0.1"  # RAG_SIDECAR_HOST
+    port: int = 8001  # RAG_SIDECAR_PORT
+    api_key: str | None = None  # RAG_SIDECAR_API_KEY
+    num_cpus: float | None = None  # RAG_SIDECAR_NUM_CPUS (Ray's CPU count; default: all cores)
+    object_store_mb: int = 256  # RAG_SIDECAR_OBJECT_STORE_MB
+
+    ENV: ClassVar[dict[str, str]] = {
+        "config": "RAG_SIDECAR_CONFIG",
+        "host": "RAG_SIDECAR_HOST",
+        "port": "RAG_SIDECAR_PORT",
+        "api_key": "RAG_SIDECAR_API_KEY",
+        "num_cpus": "RAG_SIDECAR_NUM_CPUS",
+        "object_store_mb": "RAG_SIDECAR_OBJECT_STORE_MB",
+    }
+
+    @classmethod
+    def load(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> SidecarSettings:
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for name, var in cls.ENV.items():
+            if overrides.get(name) is not None:
+                values[name] = overrides[name]
+            elif env.get(var, "") != "":
+                values[name] = env[var]
+        try:
+            if "config" in values:
+                values["config"] = Path(values["config"])
+            if "port" in values:
+                values["port"] = int(values["port"])
+            if "num_cpus" in values:
+                values["num_cpus"] = float(values["num_cpus"])
+            if "object_store_mb" in values:
+                values["object_store_mb"] = int(values["object_store_mb"])
+        except ValueError as exc:
+            raise ConfigError(f"sidecar settings: {exc}") from exc
+        return cls(**values)

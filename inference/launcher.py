@@ -1,0 +1,122 @@
+"""Start the sidecar on a local Ray instance (no dashboard) and stop it again.
+
+Used by ``mnemo sidecar``, ``mnemo up`` and the tests' session fixture. Ray starts inside the calling
+process (it becomes the driver); Serve's HTTP proxy listens on ``host:port``.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+import json
+import logging
+import os
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+from .config import SidecarConfig
+
+__all__ = ["example_requests", "free_port", "running_sidecar", "wait_ready"]
+
+log = logging.getLogger(__name__)
+APP_NAME = "mnemo-sidecar"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_ready(url: str, timeout_s: float = 300.0) -> None:
+    """Poll ``GET /readyz`` until 200; raise ``TimeoutError`` with the last answer otherwise."""
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/readyz", timeout=5) as response:
+                if response.status == 200:
+                    return
+        except urllib.error.HTTPError as exc:
+            last = f"{exc.code} {exc.read()[:300]!r}"
+        except OSError as exc:
+            last = repr(exc)
+        time.sleep(0.25)
+    raise TimeoutError(f"sidecar at {url} not ready after {timeout_s:.0f}s: {last}")
+
+
+@contextlib.contextmanager
+def running_sidecar(
+    config: SidecarConfig,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    api_key: str | None = None,
+    num_cpus: float | None = None,
+    object_store_mb: int = 256,
+    ready_timeout_s: float = 300.0,
+) -> Iterator[str]:
+    """Run the sidecar for ``config`` and yield its base URL; Serve and Ray stop on exit.
+
+    ``port=0`` picks a free port. A model that fails to load fails here, naming it.
+    """
+    import ray
+    from ray import serve
+
+    from .serve_app import build_app
+
+    port = port or free_port(host)
+    started_ray = False
+    if not ray.is_initialized():
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        ray.init(
+            include_dashboard=False,
+            num_cpus=None if num_cpus is None else max(1, round(num_cpus)),
+            object_store_memory=object_store_mb * 1024 * 1024,
+            log_to_driver=False,
+            configure_logging=False,
+            namespace="mnemo",
+            runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}},
+        )
+        started_ray = True
+    try:
+        serve.start(http_options={"host": host, "port": port}, proxy_location="HeadOnly")
+        serve.run(build_app(config, api_key=api_key), name=APP_NAME, route_prefix="/")
+        url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+        wait_ready(url, ready_timeout_s)
+        yield url
+    finally:
+        with contextlib.suppress(Exception):
+            serve.shutdown()
+        if started_ray:
+            ray.shutdown()
+
+
+def _tiny_png_base64() -> str:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8), (180, 60, 40)).save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def example_requests(url: str, config: SidecarConfig) -> str:
+    """Working ``curl`` lines for the served models (one per route kind)."""
+    lines = []
+    for spec in config.models:
+        if spec.kind == "text":
+            body = {"model": spec.id, "input": ["a red-figure amphora"]}
+            lines.append(f"curl -s {url}/embed -H 'Content-Type: application/json' -d '{json.dumps(body)}'")
+        elif spec.kind == "image_text":
+            body = {"model": spec.id, "images": [_tiny_png_base64()]}
+            lines.append(f"curl -s {url}/image -H 'Content-Type: application/json' -d '{json.dumps(body)}'")
+            body = {"model": spec.id, "input": ["a red-figure amphora"]}
+            lines.append(f"curl -s {url}/text -H 'Content-Type: application/json' -d '{json.dumps(body)}'")
+        elif spec.kind == "rerank":
+            body = {"model": spec.id, "query": "amphora", "documents": ["a red-figure amphora", "a coin"]}
+            lines.append(f"curl -s {url}/rerank -H 'Content-Type: application/json' -d '{json.dumps(body)}'")
+    return "\n".join(lines)

@@ -1,0 +1,193 @@
+"""The Ray Serve application: one deployment per model behind one HTTP ingress.
+
+Deployments are thin: :class:`ModelDeployment` wraps a Ray-free :class:`~inference.service.ModelService`
+(load, warm up at the largest batch, batch, answer) and :class:`Ingress` wraps the Ray-free
+:class:`~inference.api.SidecarAPI`. Scale-out (replicas, fractional CPUs/GPUs, autoscaling) comes from
+the model config or a Serve config file (``inference/serve_config.yaml``)::
+
+    serve run inference.serve_app:app_builder config=inference/models.yaml
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+from starlette.requests import Request
+from starlette.responses import Response
+
+from .api import SidecarAPI, read_body
+from .config import Limits, ModelSpec, SidecarConfig, config_from_dict, load_config
+from .errors import NotReady, Overloaded, SidecarApiError
+
+__all__ = ["HandleBackend", "Ingress", "ModelDeployment", "app_builder", "build_app", "deployment_name"]
+
+INGRESS_NAME = "ingress"
+
+
+def deployment_name(model_id: str) -> str:
+    return f"model-{model_id}"
+
+
+@serve.deployment
+class ModelDeployment:
+    """One model replica. The constructor loads and warms up, so an out-of-memory error fails the boot."""
+
+    def __init__(self, spec: dict[str, Any], limits: dict[str, Any]) -> None:
+        from .service import ModelService  # torch loads here, never in the ingress
+
+        self.service = ModelService(ModelSpec(**spec), Limits(**limits))
+        self.service.warm_up()
+
+    async def embed(self, texts: list[str], *, truncate: bool, return_sparse: bool) -> dict[str, Any]:
+        return await self.service.embed(texts, truncate=truncate, return_sparse=return_sparse)
+
+    async def embed_texts(self, texts: list[str], *, truncate: bool) -> dict[str, Any]:
+        return await self.service.embed_texts(texts, truncate=truncate)
+
+    async def embed_images(self, images: list[bytes]) -> dict[str, Any]:
+        return await self.service.embed_images(images)
+
+    async def rerank(
+        self, query: str, documents: list[str], *, truncate: bool, raw_scores: bool
+    ) -> dict[str, Any]:
+        return await self.service.rerank(query, documents, truncate=truncate, raw_scores=raw_scores)
+
+    async def tokenize(self, texts: list[str]) -> list[int]:
+        return await self.service.tokenize(texts)
+
+    async def info(self) -> dict[str, Any]:
+        return self.service.info()
+
+    async def is_ready(self) -> bool:
+        return self.service.is_ready()
+
+    async def stats(self) -> dict[str, Any]:
+        return self.service.stats()
+
+    async def check_health(self) -> None:
+        """Serve's health probe: a dead batching loop fails the replica, which Serve then replaces."""
+        if not self.service.healthy():
+            raise RuntimeError(f"model {self.service.spec.id}: batching loop stopped")
+
+
+class HandleBackend:
+    """Adapts a Serve ``DeploymentHandle`` to :class:`~inference.api.Backend`, unwrapping Ray's errors."""
+
+    def __init__(self, handle: DeploymentHandle, model_id: str) -> None:
+        self.handle = handle
+        self.model_id = model_id
+
+    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        from ray import exceptions as ray_errors
+        from ray.serve import exceptions as serve_errors
+
+        try:
+            return await getattr(self.handle, method).remote(*args, **kwargs)
+        except ray_errors.RayTaskError as exc:
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, BaseException):
+                raise cause from None
+            raise
+        except serve_errors.BackPressureError as exc:
+            raise Overloaded(f"model {self.model_id!r}: too many requests queued", retry_after=1) from exc
+        except (
+            serve_errors.DeploymentUnavailableError,
+            serve_errors.ReplicaUnavailableError,
+            ray_errors.ActorDiedError,
+            ray_errors.ActorUnavailableError,
+        ) as exc:
+            raise NotReady(f"model {self.model_id!r} has no live replica", retry_after=5) from exc
+
+    async def embed(self, texts, *, truncate, return_sparse):
+        return await self._call("embed", texts, truncate=truncate, return_sparse=return_sparse)
+
+    async def embed_texts(self, texts, *, truncate):
+        return await self._call("embed_texts", texts, truncate=truncate)
+
+    async def embed_images(self, images):
+        return await self._call("embed_images", images)
+
+    async def rerank(self, query, documents, *, truncate, raw_scores):
+        return await self._call("rerank", query, documents, truncate=truncate, raw_scores=raw_scores)
+
+    async def tokenize(self, texts):
+        return await self._call("tokenize", texts)
+
+    async def info(self):
+        return await self._call("info")
+
+    async def is_ready(self):
+        return await self._call("is_ready")
+
+    async def stats(self):
+        return await self._call("stats")
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=1024)
+class Ingress:
+    """The one HTTP entry point: reads the body within the byte limit and hands it to the API."""
+
+    def __init__(
+        self, config: dict[str, Any], handles: dict[str, DeploymentHandle], api_key: str | None
+    ) -> None:
+        cfg = config_from_dict(config, environ={})
+        backends = {model: HandleBackend(handle, model) for model, handle in handles.items()}
+        self.api = SidecarAPI(cfg, backends, api_key=api_key)
+
+    async def __call__(self, request: Request) -> Response:
+        path = request.url.path
+        root = request.scope.get("root_path", "")
+        if root and root != "/" and path.startswith(root):
+            path = path[len(root) :]
+        body: bytes | SidecarApiError
+        try:
+            body = await read_body(
+                request.stream(), request.headers.get("content-length"), self.api.max_body_bytes
+            )
+        except SidecarApiError as exc:
+            body = exc
+        answer = await self.api.handle(request.method, path, request.headers, body)
+        return Response(
+            answer.body,
+            status_code=answer.status,
+            media_type=answer.content_type,
+            headers=dict(answer.headers),
+        )
+
+
+def build_app(config: SidecarConfig, *, api_key: str | None = None) -> serve.Application:
+    """The Serve application for ``config``. ``api_key`` defaults to ``RAG_SIDECAR_API_KEY``."""
+    if api_key is None:
+        api_key = os.environ.get("RAG_SIDECAR_API_KEY") or None
+    limits = config.to_dict()["limits"]
+    handles = {}
+    for spec in config.models:
+        deployment = ModelDeployment.options(
+            name=deployment_name(spec.id),
+            num_replicas=spec.replicas,
+            ray_actor_options={
+                "num_cpus": spec.num_cpus,
+                "num_gpus": spec.num_gpus,
+                "runtime_env": {"env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}},
+            },
+            # At least a batch's worth of requests per replica, or batches never fill; the item
+            # bound in the batcher (429) trips before these do.
+            max_ongoing_requests=max(spec.max_queued_items, 2 * spec.max_batch_size),
+            max_queued_requests=max(spec.max_queued_items, 2 * spec.max_batch_size),
+        )
+        handles[spec.id] = deployment.bind(spec.public(), limits)
+    return Ingress.options(name=INGRESS_NAME).bind(config.to_dict(), handles, api_key)
+
+
+def app_builder(args: dict[str, str]) -> serve.Application:
+    """Entry point for ``serve run`` / ``serve deploy``: ``args["config"]`` is the model config path."""
+    path = args.get("config") or os.environ.get("RAG_SIDECAR_CONFIG") or default_config_path()
+    return build_app(load_config(path))
+
+
+def default_config_path() -> str:
+    """The offline profile shipped with the package."""
+    return str(os.path.join(os.path.dirname(__file__), "models.offline.yaml"))

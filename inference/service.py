@@ -1,0 +1,176 @@
+"""One served model, Ray-free: input limits, preparation off the event loop, batching, readiness.
+
+:class:`ModelService` is what a Serve replica wraps and what the in-process benchmark and tests drive
+directly. Its async methods validate the request against the model's limits, prepare inputs in a CPU
+pool, submit them to a :class:`~inference.batching.TokenBudgetBatcher` whose forward passes run on one
+device thread, and return plain picklable results (numpy arrays, lists, dicts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import math
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from .batching import TokenBudgetBatcher
+from .config import Limits, ModelSpec
+from .encoders import CrossEncoder, Encoder, ImageTextEncoder, TextEncoder, load_encoder
+from .errors import BadRequest, NotReady, PayloadTooLarge
+from .images import open_image
+
+__all__ = ["ModelService"]
+
+_ROUTES_BY_KIND = {"text": "/embed", "image_text": "/image and /text", "rerank": "/rerank"}
+
+
+class ModelService:
+    """A loaded model with its batchers. Call :meth:`warm_up` (or ``await warm_up_async``) before serving."""
+
+    def __init__(self, spec: ModelSpec, limits: Limits | None = None, encoder: Encoder | None = None) -> None:
+        self.spec = spec
+        self.limits = limits or Limits()
+        self.encoder = encoder if encoder is not None else load_encoder(spec)
+        self.ready = False
+        # One device thread: forward passes never overlap on the device and never block the loop.
+        self._device = ThreadPoolExecutor(1, thread_name_prefix=f"{spec.id}-device")
+        self._prep = ThreadPoolExecutor(2, thread_name_prefix=f"{spec.id}-prep")
+        self._batchers: dict[str, TokenBudgetBatcher] = {
+            "main": self._batcher(self.encoder.run_batch, "main")
+        }
+        if isinstance(self.encoder, ImageTextEncoder):
+            self._batchers["text"] = self._batcher(self.encoder.run_text_batch, "text")
+
+    def _batcher(self, run_batch, task: str) -> TokenBudgetBatcher:
+        spec = self.spec
+        return TokenBudgetBatcher(
+            run_batch,
+            max_batch_size=spec.max_batch_size,
+            max_batch_tokens=spec.max_batch_tokens,
+            max_pending_items=spec.max_queued_items,
+            batch_wait_s=spec.batch_wait_ms / 1000,
+            executor=self._device,
+            name=f"{spec.id}/{task}",
+        )
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def warm_up(self) -> None:
+        """A real forward pass at the largest allowed batch; readiness turns on only after it."""
+        self.encoder.warm_up()
+        self.ready = True
+
+    async def warm_up_async(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._device, self.warm_up)
+
+    def healthy(self) -> bool:
+        return all(b.alive for b in self._batchers.values())
+
+    async def close(self) -> None:
+        for batcher in self._batchers.values():
+            await batcher.close()
+        self._device.shutdown(wait=False, cancel_futures=True)
+        self._prep.shutdown(wait=False, cancel_futures=True)
+
+    def info(self) -> dict[str, Any]:
+        return self.encoder.info()
+
+    def is_ready(self) -> bool:
+        return self.ready and self.healthy()
+
+    def stats(self) -> dict[str, Any]:
+        return {task: b.stats.snapshot() for task, b in self._batchers.items()}
+
+    # -- routes ----------------------------------------------------------------------------------
+
+    async def embed(
+        self, texts: Sequence[str], *, truncate: bool = False, return_sparse: bool = False
+    ) -> dict[str, Any]:
+        """``/embed``: ``{"dense": (n, d) float32, "sparse": [{id: w}] | None, "tokens": int}``."""
+        encoder = self._expect(TextEncoder, "/embed")
+        self._check_count(texts)
+        if return_sparse and encoder.sparse_linear is None:
+            raise BadRequest(f"model {self.spec.id!r} has no sparse head", code="sparse_unsupported")
+        items = await self._run_prep(encoder.prepare, texts, truncate=truncate)
+        results = await self._batchers["main"].submit(items, [i.length for i in items])
+        return {
+            "dense": _stack(r.dense for r in results),
+            "sparse": [r.sparse for r in results] if return_sparse else None,
+            "tokens": sum(i.length for i in items),
+        }
+
+    async def embed_texts(self, texts: Sequence[str], *, truncate: bool = False) -> dict[str, Any]:
+        """``/text``: the joint model's text tower; ``{"dense", "tokens"}``."""
+        encoder = self._expect(ImageTextEncoder, "/text")
+        self._check_count(texts)
+        items = await self._run_prep(encoder.prepare, texts, truncate=truncate)
+        # Every text is padded to max_length, so each costs the full length in the budget.
+        results = await self._batchers["text"].submit(items, [encoder.max_input_tokens] * len(items))
+        return {"dense": _stack(results), "tokens": sum(i.length for i in items)}
+
+    async def embed_images(self, images: Sequence[bytes]) -> dict[str, Any]:
+        """``/image``: raw image bytes (already base64-decoded) -> ``{"dense"}``."""
+        encoder = self._expect(ImageTextEncoder, "/image")
+        self._check_count(images)
+        pixels = await self._run_prep(self._prepare_images, encoder, images)
+        results = await self._batchers["main"].submit(pixels, [encoder.tokens_per_image] * len(pixels))
+        return {"dense": _stack(results), "tokens": 0}
+
+    def _prepare_images(self, encoder: ImageTextEncoder, images: Sequence[bytes]) -> list[Any]:
+        decoded = [open_image(raw, i, self.limits.max_image_pixels) for i, raw in enumerate(images)]
+        return encoder.prepare_images(decoded)
+
+    async def rerank(
+        self, query: str, documents: Sequence[str], *, truncate: bool = True, raw_scores: bool = False
+    ) -> dict[str, Any]:
+        """``/rerank``: one score per document, in input order (sigmoid unless ``raw_scores``)."""
+        encoder = self._expect(CrossEncoder, "/rerank")
+        self._check_count(documents)
+        items = await self._run_prep(encoder.prepare_pairs, query, documents, truncate=truncate)
+        logits = await self._batchers["main"].submit(items, [i.length for i in items])
+        scores = logits if raw_scores else [1.0 / (1.0 + math.exp(-x)) for x in logits]
+        return {"scores": [float(s) for s in scores], "tokens": sum(i.length for i in items)}
+
+    async def tokenize(self, texts: Sequence[str]) -> list[int]:
+        """``/tokenize``: token count per text as this model counts it (special tokens included)."""
+        self._check_ready()
+        self._check_count(texts)
+        return await self._run_prep(self.encoder.count_tokens, texts)
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _check_ready(self) -> None:
+        if not self.ready:
+            raise NotReady(f"model {self.spec.id!r} is still loading or warming up", retry_after=5)
+
+    def _expect(self, cls: type, route: str):
+        self._check_ready()
+        if not isinstance(self.encoder, cls):
+            raise BadRequest(
+                f"model {self.spec.id!r} is a {self.spec.kind} model: use {_ROUTES_BY_KIND[self.spec.kind]}, "
+                f"not {route}",
+                code="wrong_model_kind",
+            )
+        return self.encoder
+
+    def _check_count(self, inputs: Sequence[Any]) -> None:
+        if not inputs:
+            raise BadRequest("input is empty", code="empty_input")
+        if len(inputs) > self.spec.max_client_batch:
+            raise PayloadTooLarge(
+                f"{len(inputs)} inputs; model {self.spec.id!r} takes at most {self.spec.max_client_batch} "
+                "per request",
+                code="too_many_inputs",
+            )
+
+    async def _run_prep(self, fn, *args, **kwargs):
+        call = functools.partial(fn, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._prep, call)
+
+
+def _stack(rows) -> np.ndarray:
+    return np.stack(list(rows)).astype(np.float32, copy=False)
