@@ -43,3 +43,70 @@ class SidecarClientSettings:
     def validate(self) -> None:
         if self.sidecar_timeout <= 0:
             raise SettingsError("RAG_SIDECAR_TIMEOUT must be positive")
+
+
+@dataclass(frozen=True)
+class IngestSettings:
+    """How the ingestion queue is drained (by `mnemo drain` and the gateway's background loop)."""
+
+    drain_interval: float = setting(
+        "RAG_INGEST_DRAIN_INTERVAL",
+        2.0,
+        "Seconds between drain passes of the background loop. Lower indexes sooner; every pass is "
+        "one cheap query when the queue is empty. New records also wake the gateway's loop at once.",
+    )
+    drain_enabled: bool = setting(
+        "RAG_INGEST_DRAIN",
+        True,
+        "Run the drain loop inside the gateway. Off: run `mnemo drain` (cron or a service) instead.",
+    )
+    max_attempts: int = setting(
+        "RAG_INGEST_MAX_ATTEMPTS",
+        5,
+        "Failures before a record is parked with its last error (`mnemo queue retry` unparks it). "
+        "Sidecar outages never count.",
+    )
+    backoff_cap: float = setting(
+        "RAG_INGEST_BACKOFF_CAP",
+        1800.0,
+        "Upper bound in seconds of the 2^attempts-minutes retry delay of a failing record.",
+    )
+    outage_pause: float = setting(
+        "RAG_INGEST_OUTAGE_PAUSE",
+        15.0,
+        "Seconds the drain loop pauses after the sidecar is unreachable before it tries again.",
+    )
+    batch_records: int = setting(
+        "RAG_INGEST_BATCH_RECORDS",
+        32,
+        "Records claimed per drain step; their changed chunks share embedding requests. Larger "
+        "batches embed more efficiently but hold more text in memory.",
+    )
+    embed_batch: int = setting(
+        "RAG_INGEST_EMBED_BATCH",
+        128,
+        "Chunks per embedding call of the drain (the client splits them into parallel requests "
+        "of its own batch size). Larger calls keep the sidecar busier.",
+    )
+    max_records_per_request: int = setting(
+        "RAG_INGEST_MAX_RECORDS",
+        1000,
+        "Most records one `POST /v1/records` body (or one ingest batch) may hold; more is a 413.",
+    )
+
+    def validate(self) -> None:
+        if self.drain_interval <= 0:
+            raise SettingsError("RAG_INGEST_DRAIN_INTERVAL must be positive")
+        if self.max_attempts < 1:
+            raise SettingsError("RAG_INGEST_MAX_ATTEMPTS must be at least 1")
+        if self.backoff_cap < 60:
+            raise SettingsError("RAG_INGEST_BACKOFF_CAP must be at least 60 seconds")
+        if self.outage_pause <= 0:
+            raise SettingsError("RAG_INGEST_OUTAGE_PAUSE must be positive")
+        for name, value in (
+            ("RAG_INGEST_BATCH_RECORDS", self.batch_records),
+            ("RAG_INGEST_EMBED_BATCH", self.embed_batch),
+            ("RAG_INGEST_MAX_RECORDS", self.max_records_per_request),
+        ):
+            if value < 1:
+                raise SettingsError(f"{name} must be at least 1")

@@ -1,0 +1,232 @@
+"""Record intake over HTTP, and the gateway's background drain loop.
+
+Routes (all admin: the archive pushes with a service token):
+
+- ``PUT /v1/sections/{section_tipo}`` stores a section descriptor; ``GET`` reads it back.
+- ``POST /v1/records`` (one record or an array) and
+  ``DELETE /v1/records/{section_tipo}/{section_id}`` validate, enqueue in one
+  transaction and answer 202 Accepted; the drain indexes them.
+- ``GET /v1/queue/stats``: pending / ready / blocked / failed / oldest age, and
+  whether the drain is paused by a sidecar outage. ``POST /v1/queue/retry``
+  unparks failed records.
+- ``POST /v1/sections/{section_tipo}/reconcile`` (``{"ids": [...], "records": [...]}``)
+  queues the corrections for the drift between the archive and the index.
+
+The validation and queueing live in :mod:`index.intake` (shared with
+``mnemo ingest records``); this module only maps HTTP onto it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp import web
+
+from index import queue
+from index.drain import DrainLoop
+from index.intake import IntakeError, as_record_list, enqueue_delete, enqueue_records
+from index.metrics import IngestMetrics
+from index.reconcile import reconcile_section
+from index.sections import DescriptorError, SectionStore, validate_section_tipo
+from index.settings import IngestSettings
+from schema.settings import load_settings
+
+from .auth import require_admin
+from .errors import ERRORS, ApiError, ErrorSpec, envelope_ok
+from .resources import METRICS_KEY, POOL_KEY, SETTINGS_KEY, SIDECAR_KEY
+
+__all__ = ["DRAIN_KEY", "INGEST_SETTINGS_KEY", "setup_intake"]
+
+INGEST_SETTINGS_KEY: web.AppKey[IngestSettings] = web.AppKey("ingest_settings", IngestSettings)
+DRAIN_KEY: web.AppKey[DrainLoop] = web.AppKey("drain", DrainLoop)
+_METRICS_KEY: web.AppKey[IngestMetrics] = web.AppKey("ingest_metrics", IngestMetrics)
+
+# Intake's codes, added to the gateway's one status table.
+INTAKE_ERRORS = {
+    "request.invalid_record": ErrorSpec(400, "request", "The record is invalid"),
+    "request.invalid_descriptor": ErrorSpec(400, "request", "The section descriptor is invalid"),
+    "request.unknown_section": ErrorSpec(422, "request", "The section has no descriptor"),
+    "request.unknown_group": ErrorSpec(422, "request", "The section declares no such embed group"),
+    "request.too_many_records": ErrorSpec(413, "request", "Too many records in one request"),
+}
+for _code, _spec in INTAKE_ERRORS.items():
+    ERRORS.setdefault(_code, _spec)
+
+
+def _api_error(exc: IntakeError | DescriptorError) -> ApiError:
+    code = exc.code if isinstance(exc, IntakeError) else "request.invalid_descriptor"
+    return ApiError(code, f"{exc.field}: {exc.message}" if exc.field else exc.message)
+
+
+async def _json_body(request: web.Request) -> Any:
+    raw = await request.read()
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError("request.invalid_json") from exc
+
+
+def _section_tipo(request: web.Request) -> str:
+    section_tipo = request.match_info["section_tipo"]
+    try:
+        return validate_section_tipo(section_tipo)
+    except DescriptorError as exc:
+        raise _api_error(exc) from exc
+
+
+def _wake(request: web.Request) -> None:
+    drain = request.app.get(DRAIN_KEY)
+    if drain is not None:
+        drain.wake()
+
+
+async def put_section(request: web.Request) -> web.Response:
+    require_admin(request)
+    section_tipo = _section_tipo(request)
+    body = await _json_body(request)
+    try:
+        descriptor = await SectionStore(request.app[POOL_KEY]).put(section_tipo, body)
+    except DescriptorError as exc:
+        raise _api_error(exc) from exc
+    return envelope_ok(request, {"section_tipo": section_tipo, "descriptor": descriptor})
+
+
+async def get_section(request: web.Request) -> web.Response:
+    require_admin(request)
+    section_tipo = _section_tipo(request)
+    descriptor = await SectionStore(request.app[POOL_KEY]).get(section_tipo)
+    if descriptor is None:
+        raise ApiError.not_found(f"section {section_tipo!r} has no descriptor")
+    return envelope_ok(request, {"section_tipo": section_tipo, "descriptor": descriptor})
+
+
+async def post_records(request: web.Request) -> web.Response:
+    require_admin(request)
+    body = await _json_body(request)
+    try:
+        records = as_record_list(body)
+        queued = await enqueue_records(
+            request.app[POOL_KEY],
+            records,
+            max_records=request.app[INGEST_SETTINGS_KEY].max_records_per_request,
+        )
+    except IntakeError as exc:
+        raise _api_error(exc) from exc
+    _wake(request)
+    response = envelope_ok(request, {"accepted": len(records), "queued": queued}, msg="accepted")
+    response.set_status(202)
+    return response
+
+
+async def delete_record(request: web.Request) -> web.Response:
+    require_admin(request)
+    section_tipo = _section_tipo(request)
+    raw_id = request.match_info["section_id"]
+    if not raw_id.isdigit():
+        raise ApiError("request.invalid_record", f"section_id: {raw_id!r} is not a non-negative integer")
+    try:
+        await enqueue_delete(request.app[POOL_KEY], section_tipo, int(raw_id))
+    except IntakeError as exc:
+        raise _api_error(exc) from exc
+    _wake(request)
+    response = envelope_ok(
+        request, {"section_tipo": section_tipo, "section_id": int(raw_id), "queued": 1}, msg="accepted"
+    )
+    response.set_status(202)
+    return response
+
+
+async def queue_stats(request: web.Request) -> web.Response:
+    require_admin(request)
+    settings = request.app[INGEST_SETTINGS_KEY]
+    stats = await queue.stats(request.app[POOL_KEY], settings.max_attempts)
+    drain = request.app.get(DRAIN_KEY)
+    if drain is not None:
+        drain.metrics.observe_stats(stats)
+    return envelope_ok(request, {**stats.as_dict(), "drain": drain.status() if drain is not None else None})
+
+
+async def queue_retry(request: web.Request) -> web.Response:
+    require_admin(request)
+    body = await _json_body(request) if request.can_read_body else {}
+    if not isinstance(body, dict):
+        raise ApiError.invalid_request("the body must be an object")
+    section_tipo = body.get("section_tipo")
+    section_id = body.get("section_id")
+    if section_tipo is not None and not isinstance(section_tipo, str):
+        raise ApiError.invalid_request("section_tipo must be a string")
+    if section_id is not None and (isinstance(section_id, bool) or not isinstance(section_id, int)):
+        raise ApiError.invalid_request("section_id must be an integer")
+    changed = await queue.retry(
+        request.app[POOL_KEY],
+        section_tipo=section_tipo,
+        section_id=section_id,
+        include_blocked=bool(body.get("include_blocked", False)),
+        max_attempts=request.app[INGEST_SETTINGS_KEY].max_attempts,
+    )
+    _wake(request)
+    return envelope_ok(request, {"retried": changed})
+
+
+async def reconcile(request: web.Request) -> web.Response:
+    require_admin(request)
+    section_tipo = _section_tipo(request)
+    body = await _json_body(request)
+    if not isinstance(body, dict):
+        raise ApiError("request.invalid_record", 'the body must be {"ids": [...], "records": [...]}')
+    ids = body.get("ids", [])
+    records = body.get("records", [])
+    if not isinstance(ids, list) or any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
+        raise ApiError("request.invalid_record", "ids: must be an array of integers")
+    if not isinstance(records, list):
+        raise ApiError("request.invalid_record", "records: must be an array")
+    try:
+        report = await reconcile_section(request.app[POOL_KEY], section_tipo, ids, records)
+    except IntakeError as exc:
+        raise _api_error(exc) from exc
+    _wake(request)
+    return envelope_ok(request, report.as_dict())
+
+
+async def _drain_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Run the drain loop in the background for the app's lifetime (when enabled)."""
+    settings = app[INGEST_SETTINGS_KEY]
+    drain = DrainLoop(
+        app[POOL_KEY],
+        app[SIDECAR_KEY],
+        settings,
+        text_model=app[SETTINGS_KEY].sidecar.text_model,
+        metrics=app[_METRICS_KEY],
+    )
+    app[DRAIN_KEY] = drain
+    task = asyncio.create_task(drain.run(), name="mnemo-drain") if settings.drain_enabled else None
+    try:
+        yield
+    finally:
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def setup_intake(app: web.Application) -> None:
+    """Add the intake routes and the background drain (call after the pool and sidecar
+    cleanup contexts are registered: the drain starts once they have)."""
+    if INGEST_SETTINGS_KEY not in app:
+        app[INGEST_SETTINGS_KEY] = load_settings(
+            IngestSettings, drain_interval=getattr(app[SETTINGS_KEY], "drain_interval", None)
+        )
+    metrics = app.get(METRICS_KEY)
+    app[_METRICS_KEY] = IngestMetrics(getattr(metrics, "registry", None))
+    app.router.add_put("/v1/sections/{section_tipo}", put_section)
+    app.router.add_get("/v1/sections/{section_tipo}", get_section)
+    app.router.add_post("/v1/sections/{section_tipo}/reconcile", reconcile)
+    app.router.add_post("/v1/records", post_records)
+    app.router.add_delete("/v1/records/{section_tipo}/{section_id}", delete_record)
+    app.router.add_get("/v1/queue/stats", queue_stats)
+    app.router.add_post("/v1/queue/retry", queue_retry)
+    app.cleanup_ctx.append(_drain_ctx)

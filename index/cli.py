@@ -1,0 +1,348 @@
+"""Ingestion commands: ``mnemo drain``, ``mnemo ingest``, ``mnemo queue``, ``mnemo sections``,
+``mnemo reconcile``.
+
+Registration stays light: the database driver, the sidecar client and the
+indexer load only inside the command that runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from schema.cli import add_database_flags, database_settings, wait_for_stop_signal
+
+# `mnemo drain --once` exit status when the sidecar is unreachable (EX_TEMPFAIL: try again later).
+EXIT_SIDECAR_UNAVAILABLE = 75
+
+
+def _add_sidecar_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sidecar-url", default=None, help="inference sidecar URL (env RAG_SIDECAR_URL)")
+    parser.add_argument("--text-model", default=None, help="text model id (env RAG_TEXT_MODEL)")
+
+
+def _ingest_settings(args: argparse.Namespace) -> Any:
+    from schema.settings import load_settings
+
+    from .settings import IngestSettings
+
+    return load_settings(IngestSettings, drain_interval=getattr(args, "interval", None))
+
+
+@contextlib.asynccontextmanager
+async def _database(args: argparse.Namespace) -> AsyncIterator[Any]:
+    from schema.database import open_database
+
+    async with open_database(database_settings(args)) as db:
+        yield db.pool
+
+
+@contextlib.asynccontextmanager
+async def _sidecar(args: argparse.Namespace) -> AsyncIterator[tuple[Any, Any]]:
+    from inference.client import SidecarClient
+    from schema.settings import load_settings
+
+    from .settings import SidecarClientSettings
+
+    settings = load_settings(SidecarClientSettings, sidecar_url=args.sidecar_url, text_model=args.text_model)
+    async with SidecarClient(
+        settings.sidecar_url, api_key=settings.sidecar_api_key, timeout=settings.sidecar_timeout
+    ) as client:
+        yield client, settings
+
+
+def _print_json(obj: Any) -> None:
+    print(json.dumps(obj, indent=2, default=str, ensure_ascii=False))
+
+
+# -- mnemo drain -------------------------------------------------------------------
+
+
+async def _drain(args: argparse.Namespace) -> int:
+    from .drain import DrainLoop, drain_once
+
+    settings = _ingest_settings(args)
+    async with _database(args) as pool, _sidecar(args) as (client, sidecar):
+        if args.once:
+            report = await drain_once(pool, client, settings, text_model=sidecar.text_model)
+            if report.skipped:
+                print("another drain holds the lock; nothing to do here", flush=True)
+                return 0
+            _print_report(report)
+            if report.unavailable:
+                print(f"sidecar unavailable at {sidecar.sidecar_url}: records stay queued", file=sys.stderr)
+                return EXIT_SIDECAR_UNAVAILABLE
+            return 0
+        loop = DrainLoop(pool, client, settings, text_model=sidecar.text_model)
+        stop = asyncio.Event()
+        runner = asyncio.create_task(loop.run(stop))
+        print(f"draining every {settings.drain_interval:g}s; Ctrl-C stops", flush=True)
+        await wait_for_stop_signal()
+        stop.set()
+        await runner
+    return 0
+
+
+def _print_report(report: Any) -> None:
+    seconds = ", ".join(f"{k} {v:.2f}s" for k, v in sorted(report.seconds.items()))
+    print(
+        f"drained: {report.indexed} indexed, {report.deleted} deleted, {report.failed} failed "
+        f"({report.parked} parked), {report.superseded} re-pushed meanwhile; "
+        f"{report.chunks_embedded} chunks embedded, {report.rows_written} rows written, "
+        f"{report.rows_deleted} rows deleted, {report.truncated} truncated"
+        + (f" [{seconds}]" if seconds else ""),
+        flush=True,
+    )
+
+
+# -- mnemo ingest ------------------------------------------------------------------
+
+
+def _ingest_records_command(args: argparse.Namespace) -> int:
+    path: Path = args.file
+    if not path.is_file():
+        print(f"no such file: {path}", file=sys.stderr)
+        return 2
+    with path.open("rb") as fh:
+        total = sum(1 for line in fh if line.strip())
+    return asyncio.run(_ingest_records(args, path, total))
+
+
+async def _ingest_records(args: argparse.Namespace, path: Path, total: int) -> int:
+    from tqdm import tqdm
+
+    from .intake import enqueue_valid
+
+    queued = 0
+    rejected: list[str] = []
+    async with _database(args) as pool:
+        with (
+            path.open(encoding="utf-8") as fh,
+            tqdm(total=total, unit="rec", desc="ingest", disable=args.no_progress) as bar,
+        ):
+            batch: list[Any] = []
+            lines: list[int] = []
+
+            async def flush() -> None:
+                nonlocal queued
+                if not batch:
+                    return
+                n, bad = await enqueue_valid(pool, batch)
+                queued += n
+                rejected.extend(f"line {lines[i]}: {e.code}: {e}" for i, e in bad)
+                bar.update(len(batch))
+                batch.clear()
+                lines.clear()
+
+            for number, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    batch.append(json.loads(line))
+                    lines.append(number)
+                except json.JSONDecodeError as exc:
+                    rejected.append(f"line {number}: request.invalid_json: {exc.msg}")
+                    bar.update(1)
+                if len(batch) >= args.batch:
+                    await flush()
+            await flush()
+        print(f"{total} records read, {queued} queued, {len(rejected)} rejected", flush=True)
+        for message in rejected[:20]:
+            print("  " + message, flush=True)
+        if len(rejected) > 20:
+            print(f"  ... and {len(rejected) - 20} more", flush=True)
+        if args.drain:
+            from .drain import drain_once
+
+            async with _sidecar(args) as (client, sidecar):
+                report = await drain_once(pool, client, _ingest_settings(args), text_model=sidecar.text_model)
+                _print_report(report)
+                if report.unavailable:
+                    return EXIT_SIDECAR_UNAVAILABLE
+    return 1 if rejected else 0
+
+
+async def _ingest_demo(args: argparse.Namespace) -> int:
+    from .demo import load_demo
+
+    async with _database(args) as pool:
+        n = await load_demo(pool)
+    print(f"demo collection: {n} records queued (the drain indexes them)", flush=True)
+    return 0
+
+
+# -- mnemo queue -------------------------------------------------------------------
+
+
+async def _queue_stats(args: argparse.Namespace) -> int:
+    from . import queue
+
+    settings = _ingest_settings(args)
+    async with _database(args) as pool:
+        stats = await queue.stats(pool, settings.max_attempts)
+    if args.json:
+        _print_json(stats.as_dict())
+    else:
+        age = "-" if stats.oldest_age_s is None else f"{stats.oldest_age_s:.0f}s"
+        print(
+            f"pending {stats.pending} (ready {stats.ready}, blocked {stats.blocked}), "
+            f"failed {stats.failed}, oldest {age}, waiting on the sidecar {stats.waiting_on_sidecar}"
+        )
+    return 0
+
+
+async def _queue_retry(args: argparse.Namespace) -> int:
+    from . import queue
+
+    settings = _ingest_settings(args)
+    async with _database(args) as pool:
+        n = await queue.retry(
+            pool,
+            section_tipo=args.section,
+            section_id=args.id,
+            include_blocked=args.include_blocked,
+            max_attempts=settings.max_attempts,
+        )
+    print(f"{n} records made ready again", flush=True)
+    return 0
+
+
+async def _queue_list(args: argparse.Namespace) -> int:
+    from . import queue
+
+    settings = _ingest_settings(args)
+    async with _database(args) as pool:
+        rows = await queue.list_entries(
+            pool, max_attempts=settings.max_attempts, failed_only=args.failed, limit=args.limit
+        )
+    if args.json:
+        _print_json(rows)
+        return 0
+    for r in rows:
+        error = f"  {r['last_error']}" if r["last_error"] else ""
+        print(
+            f"{r['state']:8} {r['section_tipo']}/{r['section_id']} {r['operation']} "
+            f"v{r['version']} attempts={r['attempts']}{error}"
+        )
+    return 0
+
+
+# -- mnemo sections / reconcile --------------------------------------------------------
+
+
+async def _sections_put(args: argparse.Namespace) -> int:
+    from .sections import DescriptorError, SectionStore
+
+    async with _database(args) as pool:
+        try:
+            descriptor = await SectionStore(pool).put(args.section, json.loads(args.file.read_text()))
+        except DescriptorError as exc:
+            print(f"invalid descriptor: {exc}", file=sys.stderr)
+            return 2
+    _print_json(descriptor)
+    return 0
+
+
+async def _sections_get(args: argparse.Namespace) -> int:
+    from .sections import SectionStore
+
+    async with _database(args) as pool:
+        descriptor = await SectionStore(pool).get(args.section)
+    if descriptor is None:
+        print(f"section {args.section!r} has no descriptor", file=sys.stderr)
+        return 1
+    _print_json(descriptor)
+    return 0
+
+
+async def _reconcile(args: argparse.Namespace) -> int:
+    from .intake import IntakeError
+    from .reconcile import parse_archive_listing, reconcile_section
+
+    try:
+        ids, records = parse_archive_listing(args.file.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as exc:
+        print(f"cannot read {args.file}: {exc}", file=sys.stderr)
+        return 2
+    async with _database(args) as pool:
+        try:
+            report = await reconcile_section(pool, args.section, ids, records)
+        except IntakeError as exc:
+            print(f"{exc.code}: {exc}", file=sys.stderr)
+            return 2
+    _print_json(report.as_dict())
+    return 0
+
+
+def _async(fn: Any) -> Any:
+    return lambda args: asyncio.run(fn(args))
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("drain", help="index queued records (a loop, or --once for cron)")
+    p.add_argument("--once", action="store_true", help="work until no queued record is ready, then exit")
+    p.add_argument(
+        "--interval", type=float, default=None, help="seconds between passes (env RAG_INGEST_DRAIN_INTERVAL)"
+    )
+    add_database_flags(p)
+    _add_sidecar_flags(p)
+    p.set_defaults(run=_async(_drain))
+
+    ingest = subparsers.add_parser("ingest", help="queue records for indexing (backfills, the demo)")
+    ingest_sub = ingest.add_subparsers(dest="ingest_command", metavar="WHAT", required=True)
+    p = ingest_sub.add_parser("records", help="queue the records of a JSONL file (one record per line)")
+    p.add_argument("file", type=Path, help="JSONL file, one record object per line")
+    p.add_argument("--batch", type=int, default=500, help="records per enqueue statement (default 500)")
+    p.add_argument("--drain", action="store_true", help="drain the queue afterwards")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_database_flags(p)
+    _add_sidecar_flags(p)
+    p.set_defaults(run=_ingest_records_command)
+    p = ingest_sub.add_parser("demo", help="store the demo sections and queue the demo collection")
+    add_database_flags(p)
+    p.set_defaults(run=_async(_ingest_demo))
+
+    q = subparsers.add_parser("queue", help="inspect and unpark the ingestion queue")
+    q_sub = q.add_subparsers(dest="queue_command", metavar="WHAT", required=True)
+    p = q_sub.add_parser("stats", help="pending / ready / blocked / failed / oldest age")
+    p.add_argument("--json", action="store_true")
+    add_database_flags(p)
+    p.set_defaults(run=_async(_queue_stats))
+    p = q_sub.add_parser("retry", help="make parked (failed) records ready again")
+    p.add_argument("--section", default=None, help="only this section tipo")
+    p.add_argument("--id", type=int, default=None, help="only this section id")
+    p.add_argument("--include-blocked", action="store_true", help="also records still backing off")
+    add_database_flags(p)
+    p.set_defaults(run=_async(_queue_retry))
+    p = q_sub.add_parser("list", help="queued records with their state and last error")
+    p.add_argument("--failed", action="store_true", help="only parked records")
+    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--json", action="store_true")
+    add_database_flags(p)
+    p.set_defaults(run=_async(_queue_list))
+
+    s = subparsers.add_parser("sections", help="section descriptors (embed groups, chunking)")
+    s_sub = s.add_subparsers(dest="sections_command", metavar="WHAT", required=True)
+    p = s_sub.add_parser("put", help="store a section's descriptor from a JSON file")
+    p.add_argument("section", help="section tipo")
+    p.add_argument("file", type=Path)
+    add_database_flags(p)
+    p.set_defaults(run=_async(_sections_put))
+    p = s_sub.add_parser("get", help="print a section's descriptor")
+    p.add_argument("section", help="section tipo")
+    add_database_flags(p)
+    p.set_defaults(run=_async(_sections_get))
+
+    p = subparsers.add_parser(
+        "reconcile", help="queue index/delete corrections for a section from the archive's id list"
+    )
+    p.add_argument("section", help="section tipo")
+    p.add_argument("file", type=Path, help="ids (one per line or a JSON array) and/or JSONL records")
+    add_database_flags(p)
+    p.set_defaults(run=_async(_reconcile))

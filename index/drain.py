@@ -1,0 +1,254 @@
+"""Draining the ingestion queue: :func:`drain_once` (one pass) and :class:`DrainLoop` (forever).
+
+A pass takes the drain's advisory lock (``pg_try_advisory_lock``: a pass
+already running anywhere makes this one a no-op, so it is safe to start from
+cron on every host), then claims ready records in batches and indexes them
+until none is ready. Per record, the store write and the queue completion share
+one transaction: a killed pass leaves the record's rows as they were and the
+record queued. A record that fails spends an attempt (backoff, then parked); a
+sidecar outage spends none: the pass stops, the records keep the error, and
+the loop pauses before it tries again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+
+from inference.client import SidecarClient, SidecarUnavailable
+
+from . import queue
+from .indexer import BatchCounts, Indexer, RecordPlan
+from .metrics import IngestMetrics
+from .models import resolve_model
+from .partitions import ensure_partition
+from .settings import IngestSettings
+
+__all__ = ["DrainLoop", "DrainReport", "drain_once"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DrainReport:
+    """What one pass did. ``failed`` counts spent attempts (``parked`` of them reached the
+    maximum); ``superseded`` records were written but re-pushed meanwhile, so they stay
+    queued for the next pass; ``unavailable`` means the pass stopped on a sidecar outage;
+    ``skipped`` that another pass held the lock."""
+
+    processed: int = 0
+    indexed: int = 0
+    deleted: int = 0
+    failed: int = 0
+    parked: int = 0
+    superseded: int = 0
+    chunks_embedded: int = 0
+    truncated: int = 0
+    rows_written: int = 0
+    rows_deleted: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+    unavailable: bool = False
+    skipped: bool = False
+    error: str | None = None
+    model: str | None = None
+
+    def add(self, counts: BatchCounts) -> None:
+        self.chunks_embedded += counts.chunks_embedded
+        self.truncated += counts.truncated
+        self.rows_written += counts.rows_written
+        self.rows_deleted += counts.rows_deleted
+        for phase, seconds in counts.seconds.items():
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+async def drain_once(
+    pool: asyncpg.Pool,
+    client: SidecarClient,
+    settings: IngestSettings,
+    *,
+    text_model: str | None = None,
+    stop: asyncio.Event | None = None,
+) -> DrainReport:
+    """Index queued records until none is ready (or ``stop`` is set, between batches).
+
+    ``text_model`` is ``RAG_TEXT_MODEL`` (None: the first text model the sidecar
+    lists). Raises ``ModelNotServed`` for a configured model the sidecar lacks:
+    that is a configuration error, not a record's fault.
+    """
+    report = DrainReport()
+    async with pool.acquire() as lock_conn:
+        if not await lock_conn.fetchval("SELECT pg_try_advisory_lock($1)", queue.DRAIN_LOCK_KEY):
+            report.skipped = True
+            return report
+        try:
+            await _drain(pool, client, settings, text_model, stop, report)
+        finally:
+            await lock_conn.execute("SELECT pg_advisory_unlock($1)", queue.DRAIN_LOCK_KEY)
+    return report
+
+
+async def _drain(
+    pool: asyncpg.Pool,
+    client: SidecarClient,
+    settings: IngestSettings,
+    text_model: str | None,
+    stop: asyncio.Event | None,
+    report: DrainReport,
+) -> None:
+    indexer: Indexer | None = None
+    while stop is None or not stop.is_set():
+        items = await queue.claim_ready(pool, settings.batch_records, settings.max_attempts)
+        if not items:
+            return
+        try:
+            if indexer is None:
+                model = await resolve_model(client, "text", text_model)
+                if model.dimension is None:
+                    raise ValueError(f"text model {model.id!r} reports no dimension")
+                partition = await ensure_partition(pool, model.id, model.dimension)
+                indexer = Indexer(pool, client, model, partition, embed_batch=settings.embed_batch)
+                report.model = model.id
+            indexer.counts = BatchCounts()
+            plans = await indexer.prepare(items)
+            await indexer.fit(plans)
+            await indexer.embed(plans)
+        except SidecarUnavailable as exc:
+            log.warning("sidecar unavailable; %d records stay queued: %s", len(items), exc)
+            await queue.note_outage(pool, items, str(exc))
+            report.unavailable = True
+            report.error = f"sidecar unavailable: {exc}"
+            return
+        for plan in plans:
+            await _finish(pool, indexer, plan, settings, report)
+        report.add(indexer.counts)
+
+
+async def _finish(
+    pool: asyncpg.Pool, indexer: Indexer, plan: RecordPlan, settings: IngestSettings, report: DrainReport
+) -> None:
+    """Write one record and complete its queue row in one transaction, or spend an attempt."""
+    report.processed += 1
+    if plan.error is None:
+        try:
+            if not plan.is_delete:
+                await indexer.load_moved_vectors(plan)
+            started = time.perf_counter()
+            async with pool.acquire() as conn, conn.transaction():
+                written, deleted = await indexer.write(conn, plan)
+                current = await queue.complete(conn, plan.item)
+            indexer.counts.add_time("write", time.perf_counter() - started)
+        except (asyncpg.PostgresError, ValueError, KeyError) as exc:
+            plan.error = f"{type(exc).__name__}: {exc}"
+        else:
+            indexer.counts.rows_written += written
+            indexer.counts.rows_deleted += deleted
+            indexer.counts.truncated += indexer.truncations(plan)
+            if not current:
+                report.superseded += 1
+            elif plan.is_delete:
+                report.deleted += 1
+            else:
+                report.indexed += 1
+            return
+    log.warning("record %s/%s failed: %s", plan.item.section_tipo, plan.item.section_id, plan.error)
+    assert plan.error is not None
+    parked = await queue.fail(
+        pool, plan.item, plan.error, max_attempts=settings.max_attempts, backoff_cap=settings.backoff_cap
+    )
+    report.failed += 1
+    report.parked += int(parked)
+
+
+class DrainLoop:
+    """The background drain: a pass every ``drain_interval`` seconds (or at once when woken),
+    paused for ``outage_pause`` seconds after a sidecar outage. It never dies on an error:
+    the error is logged, kept in :meth:`status` and the next pass tries again."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        client: SidecarClient,
+        settings: IngestSettings,
+        *,
+        text_model: str | None = None,
+        metrics: IngestMetrics | None = None,
+    ) -> None:
+        self.pool = pool
+        self.client = client
+        self.settings = settings
+        self.text_model = text_model
+        self.metrics = metrics or IngestMetrics()
+        self._wake = asyncio.Event()
+        self.last_report: DrainReport | None = None
+        self.last_error: str | None = None
+        self.last_pass_at: datetime | None = None
+        self.paused_until: datetime | None = None
+        self.passes = 0
+
+    def wake(self) -> None:
+        """Start the next pass now (intake calls this after enqueueing)."""
+        self._wake.set()
+
+    def status(self) -> dict[str, Any]:
+        """For health and ``/v1/queue/stats``: is the drain paused by an outage, and why."""
+        paused = self.paused_until is not None and self.paused_until > datetime.now(UTC)
+        return {
+            "state": "paused" if paused else "running",
+            "sidecar_available": not (self.last_report and self.last_report.unavailable),
+            "paused_until": self.paused_until.isoformat() if paused and self.paused_until else None,
+            "last_error": self.last_error,
+            "last_pass_at": self.last_pass_at.isoformat() if self.last_pass_at else None,
+            "passes": self.passes,
+        }
+
+    async def pass_once(self) -> DrainReport:
+        """One drain pass, then refresh the queue gauges."""
+        try:
+            report = await drain_once(self.pool, self.client, self.settings, text_model=self.text_model)
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            log.exception("drain pass failed")
+            report = DrainReport(error=f"{type(exc).__name__}: {exc}")
+        self.passes += 1
+        self.last_report = report
+        self.last_pass_at = datetime.now(UTC)
+        self.last_error = report.error
+        self.metrics.observe_report(report)
+        with contextlib.suppress(Exception):
+            self.metrics.observe_stats(await queue.stats(self.pool, self.settings.max_attempts))
+        return report
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Drain until cancelled (or ``stop`` is set)."""
+        stop = stop or asyncio.Event()
+        while not stop.is_set():
+            self._wake.clear()
+            report = await self.pass_once()
+            if report.unavailable or (report.error and not report.processed):
+                delay = self.settings.outage_pause
+                self.paused_until = datetime.fromtimestamp(time.time() + delay, UTC)
+                await _sleep_or(stop, delay)  # new records do not end an outage pause
+            else:
+                self.paused_until = None
+                await _sleep_or(stop, self.settings.drain_interval, self._wake)
+
+
+async def _sleep_or(stop: asyncio.Event, seconds: float, wake: asyncio.Event | None = None) -> None:
+    events = [stop] + ([wake] if wake is not None else [])
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()

@@ -1,0 +1,221 @@
+"""Record intake: validation and enqueueing shared by `POST /v1/records` and the JSONL import.
+
+A record (the archive's resolved document for one section record)::
+
+    {"section_tipo": "oh1", "section_id": 42, "projects": [1, 3],
+     "title": "Interview with ..." | {"lg-spa": "...", "lg-eng": "..."},
+     "groups": {"summary": {"lg-spa": "text", "lg-eng": "text"}, ...},
+     "contributors": {"summary": ["oh23", "rsc197/rsc85"]},      # optional override
+     "images": [{"tipo": "numd5", "view": "obverse", ...}],        # optional, image layer
+     "metadata": {"typology": "...", "period": {"from": 1, "to": 2}}}   # optional roles
+
+Every path validates the same way (a JSON schema, then the section's
+descriptor: the section must have one and declare every group) and enqueues
+in one statement, so a batch is accepted or rejected whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import asyncpg
+from jsonschema import Draft202012Validator
+
+from . import queue
+from .sections import SectionStore, validate_section_tipo
+from .validation import (
+    CONTRIBUTOR_PATTERN,
+    GROUP_ID_PATTERN,
+    LANG_PATTERN,
+    TIPO_PATTERN,
+    FieldError,
+    first_error,
+)
+
+__all__ = [
+    "RECORD_SCHEMA",
+    "IntakeError",
+    "as_record_list",
+    "enqueue_delete",
+    "enqueue_records",
+    "enqueue_valid",
+    "validate_record",
+    "validate_records",
+]
+
+MAX_TEXT_CHARS = 2_000_000
+_INT32_MAX = 2**31 - 1
+_INT64_MAX = 2**63 - 1
+
+
+class IntakeError(FieldError):
+    """A rejected record: a stable ``code``, the HTTP ``status`` it maps to, the field at fault."""
+
+    def __init__(self, code: str, field: str, message: str, status: int = 400) -> None:
+        super().__init__(field, message)
+        self.code = code
+        self.status = status
+
+
+_CONTRIBUTORS = {
+    "type": "array",
+    "minItems": 1,
+    "maxItems": 256,
+    "items": {"type": "string", "pattern": CONTRIBUTOR_PATTERN},
+}
+
+RECORD_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["section_tipo", "section_id", "projects", "groups"],
+    "additionalProperties": False,
+    "properties": {
+        "section_tipo": {"type": "string", "pattern": TIPO_PATTERN},
+        "section_id": {"type": "integer", "minimum": 0, "maximum": _INT64_MAX},
+        "projects": {
+            "type": "array",
+            "maxItems": 10_000,
+            "items": {"type": "integer", "minimum": 0, "maximum": _INT32_MAX},
+        },
+        "title": {
+            "anyOf": [
+                {"type": "string", "maxLength": 4000},
+                {
+                    "type": "object",
+                    "propertyNames": {"pattern": LANG_PATTERN},
+                    "additionalProperties": {"type": "string", "maxLength": 4000},
+                },
+            ]
+        },
+        "groups": {
+            "type": "object",
+            "maxProperties": 64,
+            "propertyNames": {"pattern": GROUP_ID_PATTERN},
+            "additionalProperties": {
+                "type": "object",
+                "maxProperties": 64,
+                "propertyNames": {"pattern": LANG_PATTERN},
+                "additionalProperties": {"type": "string", "maxLength": MAX_TEXT_CHARS},
+            },
+        },
+        "contributors": {
+            "type": "object",
+            "propertyNames": {"pattern": GROUP_ID_PATTERN},
+            "additionalProperties": _CONTRIBUTORS,
+        },
+        "images": {"type": "array", "maxItems": 256, "items": {"type": "object"}},
+        "metadata": {"type": "object"},
+    },
+}
+
+_VALIDATOR = Draft202012Validator(RECORD_SCHEMA)
+
+
+def as_record_list(body: Any) -> list[Any]:
+    """A request body holding one record object or an array of them, as a list."""
+    if isinstance(body, list):
+        return body
+    if isinstance(body, dict):
+        return [body]
+    raise IntakeError("request.invalid_record", "", "the body must be a record object or an array")
+
+
+def validate_record(
+    obj: Any, descriptors: Mapping[str, Mapping[str, Any]], *, prefix: str = ""
+) -> dict[str, Any]:
+    """Check one record against the schema and its section's descriptor; return it normalized.
+
+    ``descriptors`` maps section tipo to normalized descriptor. Field names in
+    errors start with ``prefix`` (e.g. ``[3]`` for the fourth record of a batch).
+    """
+    error = first_error(_VALIDATOR, obj, prefix)
+    if error is not None:
+        raise IntakeError("request.invalid_record", error.field, error.message)
+    section = obj["section_tipo"]
+    descriptor = descriptors.get(section)
+    if descriptor is None:
+        raise IntakeError(
+            "request.unknown_section",
+            f"{prefix}.section_tipo" if prefix else "section_tipo",
+            f"section {section!r} has no descriptor (PUT /v1/sections/{section} first)",
+            status=422,
+        )
+    declared = {g["id"] for g in descriptor["embed"]}
+    for key in ("groups", "contributors"):
+        for group in obj.get(key, {}):
+            if group not in declared:
+                field = f"{prefix}.{key}.{group}" if prefix else f"{key}.{group}"
+                raise IntakeError(
+                    "request.unknown_group",
+                    field,
+                    f"section {section!r} declares no embed group {group!r} "
+                    f"(declared: {', '.join(sorted(declared))})",
+                    status=422,
+                )
+    record = dict(obj)
+    record.setdefault("title", "")
+    record.setdefault("contributors", {})
+    return record
+
+
+async def validate_records(pool: asyncpg.Pool, records: Sequence[Any]) -> list[dict[str, Any]]:
+    """Validate a batch (one descriptor query); the first bad record rejects the batch."""
+    tipos = {
+        r["section_tipo"] for r in records if isinstance(r, dict) and isinstance(r.get("section_tipo"), str)
+    }
+    descriptors = await SectionStore(pool).get_many(sorted(tipos))
+    return [validate_record(r, descriptors, prefix=f"[{i}]") for i, r in enumerate(records)]
+
+
+async def enqueue_records(
+    pool: asyncpg.Pool, records: Sequence[Any], *, max_records: int | None = None
+) -> int:
+    """Validate ``records`` like the HTTP route and queue them for indexing in one statement.
+
+    Returns the number of distinct records queued (a record repeated in the
+    batch is queued once, its last version winning).
+    """
+    if max_records is not None and len(records) > max_records:
+        raise IntakeError(
+            "request.too_many_records",
+            "",
+            f"{len(records)} records in one request; the limit is {max_records}",
+            status=413,
+        )
+    valid = await validate_records(pool, records)
+    jobs = [queue.Job(r["section_tipo"], r["section_id"], "index", r) for r in valid]
+    return await queue.enqueue(pool, jobs)
+
+
+async def enqueue_delete(pool: asyncpg.Pool, section_tipo: str, section_id: int) -> None:
+    """Queue the removal of every stored row of a record (no descriptor needed)."""
+    try:
+        validate_section_tipo(section_tipo)
+    except FieldError as exc:
+        raise IntakeError("request.invalid_record", "section_tipo", exc.message) from exc
+    if not 0 <= section_id <= _INT64_MAX:
+        raise IntakeError("request.invalid_record", "section_id", "must be a non-negative integer")
+    await queue.enqueue(pool, [queue.Job(section_tipo, section_id, "delete")])
+
+
+async def enqueue_valid(
+    pool: asyncpg.Pool, records: Sequence[Any]
+) -> tuple[int, list[tuple[int, IntakeError]]]:
+    """Queue the valid records of a batch; return (records queued, [(index, error), ...]).
+
+    For backfills, where one bad line must not hold back the rest. Field names
+    in the errors are relative to the record.
+    """
+    tipos = {
+        r["section_tipo"] for r in records if isinstance(r, dict) and isinstance(r.get("section_tipo"), str)
+    }
+    descriptors = await SectionStore(pool).get_many(sorted(tipos))
+    valid: list[dict[str, Any]] = []
+    rejected: list[tuple[int, IntakeError]] = []
+    for i, record in enumerate(records):
+        try:
+            valid.append(validate_record(record, descriptors))
+        except IntakeError as exc:
+            rejected.append((i, exc))
+    jobs = [queue.Job(r["section_tipo"], r["section_id"], "index", r) for r in valid]
+    return await queue.enqueue(pool, jobs), rejected

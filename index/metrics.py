@@ -1,0 +1,92 @@
+"""Prometheus metrics of ingestion: queue gauges, drain counters, phase timings.
+
+One :class:`IngestMetrics` per registry: the gateway passes its app registry so
+``/metrics`` shows them; ``mnemo drain`` uses a private one.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from .queue import QueueStats
+
+if TYPE_CHECKING:
+    from .drain import DrainReport
+
+__all__ = ["IngestMetrics"]
+
+_PHASE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0)
+
+
+class IngestMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.queue = Gauge(
+            "mnemo_ingest_queue_records",
+            "Queued records by state: pending (= ready + blocked), ready, blocked (backing off), "
+            "failed (parked after max attempts), waiting_on_sidecar.",
+            ("state",),
+            registry=r,
+        )
+        self.oldest_age = Gauge(
+            "mnemo_ingest_queue_oldest_age_seconds",
+            "Age of the oldest pending record (0 when nothing is pending).",
+            registry=r,
+        )
+        self.sidecar_available = Gauge(
+            "mnemo_ingest_sidecar_available",
+            "1 when the last drain pass reached the sidecar, 0 while the drain is paused by an outage.",
+            registry=r,
+        )
+        self.records = Counter(
+            "mnemo_ingest_records",
+            "Records processed by the drain, by outcome (indexed, deleted, failed, parked, superseded).",
+            ("outcome",),
+            registry=r,
+        )
+        self.chunks_embedded = Counter(
+            "mnemo_ingest_chunks_embedded", "Chunk texts sent to the sidecar for embedding.", registry=r
+        )
+        self.rows_written = Counter("mnemo_ingest_rows_written", "Rows upserted into the store.", registry=r)
+        self.truncations = Counter(
+            "mnemo_ingest_truncations",
+            "Chunks still over the model's input limit after re-chunking, embedded truncated.",
+            registry=r,
+        )
+        self.outages = Counter(
+            "mnemo_ingest_sidecar_outages",
+            "Drain passes paused because the sidecar was unreachable.",
+            registry=r,
+        )
+        self.phase_seconds = Histogram(
+            "mnemo_ingest_phase_seconds",
+            "Seconds per drain pass spent in each phase (chunk, tokenize, embed, write).",
+            ("phase",),
+            buckets=_PHASE_BUCKETS,
+            registry=r,
+        )
+        self.sidecar_available.set(1)
+
+    def observe_stats(self, stats: QueueStats) -> None:
+        for state in ("pending", "ready", "blocked", "failed", "waiting_on_sidecar"):
+            self.queue.labels(state).set(getattr(stats, state))
+        self.oldest_age.set(stats.oldest_age_s or 0.0)
+
+    def observe_report(self, report: DrainReport) -> None:
+        for outcome in ("indexed", "deleted", "failed", "parked", "superseded"):
+            value = getattr(report, outcome)
+            if value:
+                self.records.labels(outcome).inc(value)
+        self.chunks_embedded.inc(report.chunks_embedded)
+        self.rows_written.inc(report.rows_written)
+        self.truncations.inc(report.truncated)
+        for phase, seconds in report.seconds.items():
+            self.phase_seconds.labels(phase).observe(seconds)
+        if report.unavailable:
+            self.outages.inc()
+            self.sidecar_available.set(0)
+        elif report.processed:
+            self.sidecar_available.set(1)

@@ -1,0 +1,88 @@
+"""JSON-schema validation that names the offending field, shared by descriptors and records.
+
+Clients get one error naming one field (``embed[0].contributors``,
+``[3].groups.card``) rather than a list of schema internals; the first error
+in document order is reported so the message is stable across runs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError
+
+__all__ = [
+    "CONTRIBUTOR_PATTERN",
+    "GROUP_ID_PATTERN",
+    "LANG_PATTERN",
+    "TIPO_PATTERN",
+    "FieldError",
+    "field_path",
+    "first_error",
+]
+
+# Archive identifiers: ontology tipos ("rsc140", "numisdata4"), embed-group ids
+# ("card", "fulltext"), data languages ("lg-spa", "lg-nolan"). Group ids are
+# bound as SQL parameters and appear in `component_tipo = 'rag:<group>'`.
+TIPO_PATTERN = r"^[A-Za-z][A-Za-z0-9_]{0,63}$"
+GROUP_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
+LANG_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]{0,31}$"
+CONTRIBUTOR_PATTERN = r"^[A-Za-z][A-Za-z0-9_]{0,63}(/[A-Za-z][A-Za-z0-9_]{0,63})?$"
+
+
+class FieldError(ValueError):
+    """A value that breaks the schema, with the dotted path of the field at fault."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field or '(root)'}: {message}" if field else message)
+        self.field = field
+        self.message = message
+
+
+def field_path(parts: Iterable[str | int], prefix: str = "") -> str:
+    """``["embed", 0, "id"]`` -> ``"embed[0].id"`` (with an optional leading prefix)."""
+    out = prefix
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _describe(error: ValidationError) -> tuple[list[str | int], str]:
+    path: list[str | int] = list(error.absolute_path)
+    instance = error.instance
+    if error.validator == "required" and isinstance(instance, Mapping):
+        missing = [k for k in error.validator_value if k not in instance]
+        if missing:
+            return [*path, missing[0]], "is required"
+    if error.validator == "additionalProperties" and isinstance(instance, Mapping):
+        allowed = set(error.schema.get("properties", {}))
+        patterns = list(error.schema.get("patternProperties", {}))
+        extra = [k for k in instance if k not in allowed and not any(re.search(p, k) for p in patterns)]
+        if extra:
+            return [*path, extra[0]], "is not a known field"
+    if error.validator == "pattern":
+        return path, f"{error.instance!r} does not match {error.validator_value}"
+    if error.validator == "propertyNames":
+        return path, f"has an invalid key: {error.message}"
+    if error.validator == "type":
+        return path, f"must be of type {error.validator_value}"
+    return path, error.message
+
+
+def first_error(validator: Draft202012Validator, obj: Any, prefix: str = "") -> FieldError | None:
+    """The first schema violation of ``obj`` (in document order), or None when it is valid."""
+    errors = sorted(validator.iter_errors(obj), key=lambda e: [str(p) for p in e.absolute_path])
+    if not errors:
+        return None
+    # Prefer the deepest error at the earliest path: it names the field most precisely.
+    error = errors[0]
+    while error.context:
+        error = min(error.context, key=lambda e: (-len(e.absolute_path), e.message))
+    parts, message = _describe(error)
+    return FieldError(field_path(parts, prefix), message)
