@@ -17,10 +17,13 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from .auth import setup_auth
+from .dispatch import json_api
 from .errors import ApiError, envelope_ok, error_middleware
+from .intake import setup_intake
 from .metrics import Metrics
 from .observe import observe_middleware
-from .resources import DATABASE_URL_KEY, METRICS_KEY, POOL_KEY, SETTINGS_KEY, SIDECAR_KEY
+from .openapi import openapi
+from .resources import DATABASE_URL_KEY, METRICS_KEY, POOL_KEY, RETRIEVER_KEY, SETTINGS_KEY, SIDECAR_KEY
 from .settings import GatewaySettings
 
 log = logging.getLogger(__name__)
@@ -46,6 +49,23 @@ async def _sidecar_ctx(app: web.Application) -> AsyncIterator[None]:
         sidecar.sidecar_url, api_key=sidecar.sidecar_api_key, timeout=sidecar.sidecar_timeout
     )
     app[SIDECAR_KEY] = client
+    try:
+        yield
+    finally:
+        await client.close()
+
+
+async def _retriever_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The retrieval engine, with its own sidecar client: one quick retry, then a 503 for the caller."""
+    from inference.client import SidecarClient
+
+    from .retrieval import Retriever
+
+    sidecar = app[SETTINGS_KEY].sidecar
+    client = SidecarClient(
+        sidecar.sidecar_url, api_key=sidecar.sidecar_api_key, timeout=sidecar.sidecar_timeout, max_retries=1
+    )
+    app[RETRIEVER_KEY] = Retriever(app[POOL_KEY], client, app[SETTINGS_KEY], app[METRICS_KEY])
     try:
         yield
     finally:
@@ -93,9 +113,13 @@ def create_app(settings: GatewaySettings, *, database_url: str | None = None) ->
     setup_auth(app, settings)
     app.cleanup_ctx.append(_database_ctx)
     app.cleanup_ctx.append(_sidecar_ctx)
+    app.cleanup_ctx.append(_retriever_ctx)
+    app.router.add_post("/api/v1/json", json_api)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
+    setup_intake(app)
+    app.router.add_get("/openapi.json", openapi)
     return app
 
 

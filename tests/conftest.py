@@ -16,7 +16,7 @@ import pytest
 
 from schema import EmbeddedPostgres, create_pool, migrate
 
-pytest_plugins = ["tests.fixtures.sidecar"]
+pytest_plugins = ["tests.fixtures.sidecar", "tests.fixtures.gateway"]
 
 TEMPLATE_DB = "mnemo_template"
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -1,0 +1,59 @@
+"""``POST /api/v1/json``: the dd_rag_api dispatcher.
+
+Order of checks, each a coded error: the body is a JSON object; ``dd_api`` is
+``dd_rag_api``; ``action`` is registered; ``options`` is an object; the caller
+is authenticated (every action needs a session); the kill switches
+(``RAG_ENABLED``, then ``RAG_MEDIA_ENABLED`` for image actions); then the
+action validates its own options and runs.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+from .actions import ACTIONS, NO_GROUPS, ActionContext
+from .auth import authenticate
+from .errors import ApiError, envelope_ok
+from .resources import ACTION_KEY, POOL_KEY, RETRIEVER_KEY, SETTINGS_KEY
+
+API_NAME = "dd_rag_api"
+
+
+async def _read_body(request: web.Request) -> dict[str, Any]:
+    raw = await request.read()
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ApiError("request.invalid_json") from exc
+    if not isinstance(body, dict):
+        raise ApiError.invalid_request("The request body must be a JSON object")
+    return body
+
+
+async def json_api(request: web.Request) -> web.Response:
+    """Dispatch one dd_rag_api call and answer with the v2 envelope."""
+    body = await _read_body(request)
+    if body.get("dd_api") != API_NAME:
+        raise ApiError("request.unknown_api", f"Unknown dd_api (this service serves {API_NAME!r})")
+    action = body.get("action")
+    if not isinstance(action, str) or action not in ACTIONS:
+        raise ApiError("request.unknown_action")
+    request[ACTION_KEY] = action
+    options = body.get("options", {})
+    if not isinstance(options, dict):
+        raise ApiError.invalid_options("options must be an object")
+    principal = authenticate(request)
+    settings = request.app[SETTINGS_KEY]
+    spec = ACTIONS[action]
+    if not settings.enabled:
+        if action == "embed_groups":  # the capability probe stays silent: no alert, no oracle
+            return envelope_ok(request, NO_GROUPS)
+        raise ApiError.rag_disabled()
+    if spec.media and not settings.media_enabled:
+        raise ApiError.media_disabled()
+    ctx = ActionContext(principal, request.app[RETRIEVER_KEY], request.app[POOL_KEY])
+    msg, data = await spec.handler(ctx, options)
+    return envelope_ok(request, data, msg)

@@ -1,0 +1,204 @@
+"""``GET /openapi.json``: an OpenAPI 3.1 description of every route the app serves.
+
+Built from the router at request time, so a route added anywhere (intake
+included) is described: its summary is the handler's docstring. The dd_rag_api
+endpoint gets full schemas: the request per action, both envelopes, the codes.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from aiohttp import web
+
+from .actions import ACTIONS
+from .errors import ERRORS, json_response
+
+_STRING_OR_LIST = {
+    "oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]
+}
+_LIMIT = {"type": "integer", "description": "clamped to [1, 50]", "default": 10}
+_GROUP = {"type": "string", "description": "embed-group id (slug)"}
+_QUERY_OPTIONS = {
+    "type": "object",
+    "required": ["query"],
+    "properties": {
+        "query": {"type": "string"},
+        "section_tipo": _STRING_OR_LIST,
+        "limit": _LIMIT,
+        "group": _GROUP,
+    },
+}
+_SEED_OPTIONS = {
+    "type": "object",
+    "required": ["section_tipo", "section_id"],
+    "properties": {
+        "section_tipo": {"type": "string"},
+        "section_id": {"type": "integer", "minimum": 0},
+        "limit": _LIMIT,
+        "group": _GROUP,
+    },
+}
+OPTION_SCHEMAS: dict[str, dict[str, Any]] = {
+    "semantic_search": _QUERY_OPTIONS,
+    "retrieve": _QUERY_OPTIONS,
+    "get_agent_context": _QUERY_OPTIONS,
+    "ask": _QUERY_OPTIONS,
+    "search_by_text_image": _QUERY_OPTIONS,
+    "similar_to": _SEED_OPTIONS,
+    "similar_objects": _SEED_OPTIONS,
+    "characterize_object": _SEED_OPTIONS,
+    "embed_groups": {"type": "object", "properties": {"section_tipo": {"type": "string"}}},
+}
+
+_HIT = {
+    "type": "object",
+    "properties": {
+        "section_tipo": {"type": "string"},
+        "section_id": {"type": "integer"},
+        "component_tipo": {"type": "string"},
+        "lang": {"type": "string"},
+        "snippet": {"type": "string"},
+        "score": {"type": "number"},
+        "similarity": {"type": ["number", "null"], "description": "similar_to only"},
+    },
+}
+_PASSAGE = {
+    "allOf": [
+        _HIT,
+        {
+            "type": "object",
+            "properties": {
+                "chunk_index": {"type": "integer"},
+                "text": {"type": "string"},
+                "title": {"type": ["string", "null"]},
+                "heading_path": {"type": "array", "items": {"type": "string"}},
+                "page": {"type": ["integer", "string", "null"]},
+                "tc_in": {"type": ["string", "number", "null"]},
+                "tc_out": {"type": ["string", "number", "null"]},
+                "group": {"type": ["string", "null"]},
+                "parent_key": {"type": ["string", "null"]},
+            },
+        },
+    ]
+}
+_ERROR_ENVELOPE = {
+    "type": "object",
+    "required": ["ok", "request_id", "error"],
+    "properties": {
+        "ok": {"const": False},
+        "request_id": {"type": "string"},
+        "error": {
+            "type": "object",
+            "required": ["code", "category", "message", "label_key", "retryable"],
+            "properties": {
+                "code": {"type": "string", "enum": sorted(ERRORS)},
+                "category": {"type": "string"},
+                "message": {"type": "string"},
+                "label_key": {"type": "string"},
+                "retryable": {"type": "boolean"},
+            },
+        },
+    },
+}
+_OK_ENVELOPE = {
+    "type": "object",
+    "required": ["ok", "request_id", "msg", "data"],
+    "properties": {
+        "ok": {"const": True},
+        "request_id": {"type": "string"},
+        "msg": {"type": "string", "examples": ["ok", "agent_context", "no_grounded_context"]},
+        "data": {
+            "oneOf": [
+                {"type": "array", "items": _PASSAGE},
+                {"type": "object", "properties": {"groups": {"type": "array", "items": {"type": "string"}}}},
+                {"type": "object"},
+            ]
+        },
+    },
+}
+
+
+def _json_api_operation() -> dict[str, Any]:
+    variants = [
+        {
+            "type": "object",
+            "title": action,
+            "description": spec.summary,
+            "required": ["dd_api", "action"],
+            "properties": {
+                "dd_api": {"const": "dd_rag_api"},
+                "action": {"const": action},
+                "options": OPTION_SCHEMAS[action],
+            },
+        }
+        for action, spec in ACTIONS.items()
+    ]
+    errors = sorted({spec.status for spec in ERRORS.values()})
+    return {
+        "summary": "dd_rag_api dispatch: semantic search, passages, similar records, embed groups.",
+        "security": [{"bearer": []}],
+        "requestBody": {"required": True, "content": {"application/json": {"schema": {"oneOf": variants}}}},
+        "responses": {
+            "200": {"description": "success", "content": {"application/json": {"schema": _OK_ENVELOPE}}},
+            **{
+                str(status): {
+                    "description": ", ".join(c for c, s in sorted(ERRORS.items()) if s.status == status),
+                    "content": {"application/json": {"schema": _ERROR_ENVELOPE}},
+                }
+                for status in errors
+            },
+        },
+    }
+
+
+def _summary(handler: Any) -> str:
+    doc = inspect.getdoc(handler) or ""
+    return doc.strip().splitlines()[0] if doc.strip() else handler.__name__.replace("_", " ")
+
+
+def build_spec(app: web.Application) -> dict[str, Any]:
+    paths: dict[str, dict[str, Any]] = {}
+    for route in app.router.routes():
+        if route.method == "HEAD" or route.resource is None:
+            continue
+        path = route.resource.canonical
+        method = route.method.lower()
+        if path == "/api/v1/json" and method == "post":
+            operation = _json_api_operation()
+        else:
+            operation = {
+                "summary": _summary(route.handler),
+                "responses": {
+                    "default": {
+                        "description": "v2 envelope",
+                        "content": {
+                            "application/json": {"schema": {"oneOf": [_OK_ENVELOPE, _ERROR_ENVELOPE]}}
+                        },
+                    }
+                },
+            }
+            params = [p.strip("{}") for p in path.split("/") if p.startswith("{")]
+            if params:
+                operation["parameters"] = [
+                    {"name": p, "in": "path", "required": True, "schema": {"type": "string"}} for p in params
+                ]
+        paths.setdefault(path, {})[method] = operation
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Mnemo gateway",
+            "version": "1",
+            "description": "dd_rag_api over hybrid retrieval.",
+        },
+        "paths": dict(sorted(paths.items())),
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}}
+        },
+    }
+
+
+async def openapi(request: web.Request) -> web.Response:
+    """This document: an OpenAPI 3.1 description of every route."""
+    return json_response(request, build_spec(request.app))

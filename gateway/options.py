@@ -1,0 +1,96 @@
+"""Validation of dd_rag_api ``options``: one function per option, each raising a coded 400.
+
+Grammars (section tipo, group slug) are the ones ingestion validates
+descriptors with (:mod:`index.validation`), matched in full; a group is only
+ever bound as a SQL parameter.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from index.validation import GROUP_ID_PATTERN, TIPO_PATTERN
+
+from .errors import ApiError
+
+DEFAULT_LIMIT = 10
+MAX_LIMIT = 50
+MAX_QUERY_CHARS = 4000
+MAX_SCOPE = 64
+
+_TIPO_RE = re.compile(TIPO_PATTERN)
+_GROUP_RE = re.compile(GROUP_ID_PATTERN)
+
+
+def is_tipo(value: Any) -> bool:
+    return isinstance(value, str) and _TIPO_RE.fullmatch(value) is not None
+
+
+def is_group(value: Any) -> bool:
+    return isinstance(value, str) and _GROUP_RE.fullmatch(value) is not None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def query(options: Mapping[str, Any]) -> str:
+    value = options.get("query")
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise ApiError.invalid_options("Missing query")
+    if not isinstance(value, str):
+        raise ApiError.invalid_options("query must be a string")
+    if len(value) > MAX_QUERY_CHARS:
+        raise ApiError.invalid_options(f"query is longer than {MAX_QUERY_CHARS} characters")
+    return value.strip()
+
+
+def limit(options: Mapping[str, Any]) -> int:
+    """``limit`` clamped to [1, 50]; 10 when absent."""
+    value = options.get("limit")
+    if value is None:
+        return DEFAULT_LIMIT
+    if not _is_int(value):
+        raise ApiError.invalid_options("limit must be an integer")
+    return max(1, min(MAX_LIMIT, value))
+
+
+def scope(options: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """``section_tipo`` as a string or an array of strings; None when absent."""
+    value = options.get("section_tipo")
+    if value is None:
+        return None
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not items or len(items) > MAX_SCOPE:
+        raise ApiError.invalid_options(f"section_tipo must be a tipo or a list of 1..{MAX_SCOPE} tipos")
+    if not all(is_tipo(t) for t in items):
+        raise ApiError.invalid_options("section_tipo is not a valid tipo")
+    return tuple(dict.fromkeys(items))
+
+
+def group(options: Mapping[str, Any]) -> str | None:
+    value = options.get("group")
+    if value is None:
+        return None
+    if not is_group(value):
+        raise ApiError.invalid_options("group is not a valid embed-group id")
+    return value
+
+
+def seed(options: Mapping[str, Any]) -> tuple[str, int]:
+    """The seed record of ``similar_to``: ``section_tipo`` (one tipo) and ``section_id``."""
+    tipo = options.get("section_tipo")
+    if tipo is None:
+        raise ApiError.invalid_options("Missing section_tipo")
+    if not is_tipo(tipo):
+        raise ApiError.invalid_options("section_tipo is not a valid tipo")
+    sid = options.get("section_id")
+    if isinstance(sid, str) and sid.isdigit() and sid.isascii():
+        sid = int(sid)
+    if sid is None:
+        raise ApiError.invalid_options("Missing section_id")
+    if not _is_int(sid) or sid < 0 or sid >= 2**63:
+        raise ApiError.invalid_options("section_id must be a non-negative integer")
+    return tipo, sid

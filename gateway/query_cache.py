@@ -1,0 +1,50 @@
+"""A small LRU cache of query vectors, keyed by model and normalized query text.
+
+Researchers and UIs repeat queries (paging, facet changes, retries); a cached
+vector skips the sidecar round trip. Normalization is conservative (Unicode
+NFC, whitespace collapsed) so two strings share a vector only when the model
+would see the same input.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class QueryVector:
+    dense: np.ndarray  # float32, L2-normalized, shape (dimension,)
+    sparse: dict[int, float] | None  # learned-sparse weights, when the model gives them
+
+
+def normalize_query(text: str) -> str:
+    return " ".join(unicodedata.normalize("NFC", text).split())
+
+
+class QueryVectorCache:
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._items: OrderedDict[tuple[str, str], QueryVector] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, model: str, query: str) -> QueryVector | None:
+        key = (model, normalize_query(query))
+        item = self._items.get(key)
+        if item is not None:
+            self._items.move_to_end(key)
+        return item
+
+    def put(self, model: str, query: str, vector: QueryVector) -> None:
+        if self.capacity <= 0:
+            return
+        key = (model, normalize_query(query))
+        self._items[key] = vector
+        self._items.move_to_end(key)
+        while len(self._items) > self.capacity:
+            self._items.popitem(last=False)

@@ -1,0 +1,335 @@
+"""Hybrid retrieval: query vector -> dense, lexical and learned-sparse legs -> weighted RRF -> ACL gate.
+
+The pipeline every text action shares:
+
+1. the query vector from the sidecar (LRU-cached); none usable ->
+   :class:`EmbeddingUnavailable`, never a blind ranking;
+2. the legs in parallel over the model's partition, each over-fetching
+   ``max(limit * 4, 20)`` with the scope and the caller's ACL pushed into SQL;
+3. weighted Reciprocal Rank Fusion (:mod:`gateway.fusion`);
+4. the ACL gate (:mod:`gateway.acl`) on every fused candidate;
+5. passages as they are, or collapsed to the best chunk per record.
+
+``similar_to`` skips the sidecar: it searches with the seed's stored vectors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import asyncpg
+import numpy as np
+
+from index.partitions import ModelPartition, get_partition
+from index.search import Chunk, CorpusStats, Scope, dense_search, lexical_search, seed_chunks, sparse_search
+
+from .acl import chunk_readable, gate, pushdown
+from .auth import Principal
+from .fusion import collapse, rrf
+from .metrics import Metrics
+from .query_cache import QueryVector, QueryVectorCache
+from .settings import LEGS, GatewaySettings
+
+log = logging.getLogger(__name__)
+
+__all__ = ["EmbeddingUnavailable", "LegResults", "Ranked", "Retriever", "SeedNotFound", "over_fetch"]
+
+
+class EmbeddingUnavailable(Exception):
+    """The sidecar did not give a usable query vector (down, overloaded, refused, or malformed)."""
+
+
+class SeedNotFound(Exception):
+    """The seed record does not exist, has no stored vectors, or the caller may not read it."""
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """A fused, authorized chunk: the fused score and its rank in each leg that found it."""
+
+    chunk: Chunk
+    score: float
+    ranks: Mapping[str, int]
+    similarity: float | None = None  # best single-leg cosine similarity, when a dense leg found it
+
+
+@dataclass(frozen=True)
+class LegResults:
+    """Each leg's ranked chunks for one query (before fusion and the gate)."""
+
+    lists: Mapping[str, Sequence[Chunk]]
+
+
+def over_fetch(limit: int) -> int:
+    """Candidates each leg fetches for a final ``limit``: ``max(limit * 4, 20)``."""
+    return max(limit * 4, 20)
+
+
+def _usable(vector: np.ndarray, dimension: int | None) -> bool:
+    if vector.ndim != 1 or vector.size == 0 or not np.all(np.isfinite(vector)):
+        return False
+    if dimension is not None and vector.size != dimension:
+        return False
+    return float(np.linalg.norm(vector)) > 1e-6
+
+
+class Retriever:
+    """The retrieval engine of one gateway (pool, query-side sidecar client, caches, metrics)."""
+
+    def __init__(
+        self, pool: asyncpg.Pool, client: object, settings: GatewaySettings, metrics: Metrics | None = None
+    ) -> None:
+        self.pool = pool
+        self.client = client  # inference.client.SidecarClient
+        self.settings = settings
+        self.metrics = metrics or Metrics()
+        self.cache = QueryVectorCache(settings.query_cache_size)
+        self.stats = CorpusStats(ttl=settings.lexical_stats_ttl)
+        self._model: object | None = None  # inference.client.ModelInfo, resolved on first use
+        self._partitions: dict[str, ModelPartition] = {}
+        self._sparse_head: bool | None = None  # learned of the model on the first query
+
+    # -- model, partition, query vector -------------------------------------------------------
+
+    async def text_model(self) -> object:
+        """The text model (configured id, or the sidecar's first text model), resolved once."""
+        if self._model is None:
+            from index.models import ModelNotServed, resolve_model
+            from inference.client import SidecarError
+
+            try:
+                self._model = await resolve_model(self.client, "text", self.settings.sidecar.text_model)
+            except ModelNotServed as exc:
+                log.error("no usable text model: %s", exc)
+                raise EmbeddingUnavailable(str(exc)) from exc
+            except SidecarError as exc:
+                log.warning("sidecar unavailable while resolving the text model: %s", exc)
+                raise EmbeddingUnavailable(str(exc)) from exc
+        return self._model
+
+    async def partition(self, model_id: str) -> ModelPartition | None:
+        """The model's partition, or None while nothing was ever stored for it."""
+        cached = self._partitions.get(model_id)
+        if cached is None:
+            cached = await get_partition(self.pool, model_id)
+            if cached is not None:
+                self._partitions[model_id] = cached
+        return cached
+
+    async def embed_query(self, query: str) -> tuple[str, QueryVector]:
+        """(model id, query vector); cached by model and normalized query."""
+        from inference.client import SidecarError
+
+        model = await self.text_model()
+        model_id: str = model.id  # type: ignore[attr-defined]
+        cached = self.cache.get(model_id, query)
+        if cached is not None:
+            self.metrics.query_cache.labels("hit").inc()
+            return model_id, cached
+        self.metrics.query_cache.labels("miss").inc()
+        with self.metrics.time_leg("embed"):
+            try:
+                result = await self._embed(model_id, query)
+            except SidecarError as exc:
+                log.warning("query embedding failed: %s", exc)
+                raise EmbeddingUnavailable(str(exc)) from exc
+        embeddings = np.asarray(result.embeddings, dtype=np.float32)
+        dense = embeddings[0] if embeddings.ndim == 2 and embeddings.shape[0] == 1 else np.empty(0)
+        if not _usable(dense, getattr(model, "dimension", None)):
+            log.error("the sidecar returned no usable query vector (shape %s)", embeddings.shape)
+            raise EmbeddingUnavailable("no usable query vector")
+        sparse = result.sparse[0] if result.sparse else None
+        vector = QueryVector(dense=dense / np.linalg.norm(dense), sparse=sparse or None)
+        self.cache.put(model_id, query, vector)
+        return model_id, vector
+
+    async def _embed(self, model_id: str, query: str):  # type: ignore[no-untyped-def]
+        """Ask for sparse weights too until the sidecar says the model has no sparse head."""
+        from inference.client import SidecarRejected
+
+        if self._sparse_head is not False:
+            try:
+                result = await self.client.embed(model_id, [query], truncate=True, return_sparse=True)  # type: ignore[attr-defined]
+                self._sparse_head = True
+                return result
+            except SidecarRejected as exc:
+                if exc.code != "sparse_unsupported":
+                    raise
+                self._sparse_head = False
+        return await self.client.embed(model_id, [query], truncate=True)  # type: ignore[attr-defined]
+
+    # -- legs, fusion, gate --------------------------------------------------------------------
+
+    async def _timed(self, leg: str, coro_factory):  # type: ignore[no-untyped-def]
+        with self.metrics.time_leg(leg):
+            async with self.pool.acquire() as conn:
+                return await coro_factory(conn)
+
+    async def query_legs(
+        self,
+        principal: Principal,
+        query: str,
+        scope: Scope,
+        fetch: int,
+        legs: Sequence[str] = LEGS,
+    ) -> LegResults:
+        """Run the requested legs for a text query (ACL pushed into SQL; not yet gated)."""
+        model_id, vector = await self.embed_query(query)
+        partition = await self.partition(model_id)
+        if partition is None:
+            return LegResults({})
+        if partition.dimension != vector.dense.size:
+            log.error(
+                "query vector has %d dimensions, partition %s has %d",
+                vector.dense.size,
+                partition.partition,
+                partition.dimension,
+            )
+            raise EmbeddingUnavailable("query vector dimension does not match the store")
+        scope = Scope(scope.section_tipos, scope.group, scope.exclude_record, pushdown(principal))
+        s = self.settings
+        tasks: dict[str, asyncio.Task[list[Chunk]]] = {}
+        async with asyncio.TaskGroup() as tg:
+            if "dense" in legs:
+                tasks["dense"] = tg.create_task(
+                    self._timed(
+                        "dense",
+                        lambda c: dense_search(
+                            c,
+                            partition,
+                            vector.dense,
+                            scope,
+                            fetch,
+                            ef_search=s.hnsw_ef_search,
+                            max_scan_tuples=s.hnsw_max_scan_tuples,
+                        ),
+                    )
+                )
+            if "lexical" in legs:
+                tasks["lexical"] = tg.create_task(
+                    self._timed(
+                        "lexical",
+                        lambda c: lexical_search(c, partition, query, scope, fetch, stats=self.stats),
+                    )
+                )
+            if "sparse" in legs and vector.sparse:
+                tasks["sparse"] = tg.create_task(
+                    self._timed("sparse", lambda c: sparse_search(c, partition, vector.sparse, scope, fetch))
+                )
+        return LegResults({name: task.result() for name, task in tasks.items()})
+
+    def fuse(
+        self,
+        principal: Principal,
+        results: LegResults,
+        scope: Scope,
+        *,
+        weights: Mapping[str, float] | None = None,
+    ) -> list[Ranked]:
+        """Weighted RRF over the legs, then the ACL gate: authorized chunks, best first."""
+        weights = self.settings.weights if weights is None else weights
+        with self.metrics.time_leg("fusion"):
+            by_key: dict[tuple, Chunk] = {}
+            similarity: dict[tuple, float] = {}
+            for name in sorted(
+                results.lists, key=lambda n: (n not in LEGS, LEGS.index(n) if n in LEGS else 0, n)
+            ):
+                for chunk in results.lists[name]:
+                    by_key.setdefault(chunk.key, chunk)  # dense's row first (same content in every leg)
+                    if name == "dense" or name.startswith("seed:"):
+                        similarity[chunk.key] = max(similarity.get(chunk.key, -1.0), chunk.score)
+            fused = rrf(
+                {name: [c.key for c in rows] for name, rows in results.lists.items()},
+                k=self.settings.rrf_k,
+                weights=weights,
+            )
+        with self.metrics.time_leg("acl"):
+            allowed = gate(principal, (by_key[f.key] for f in fused), scope)
+            dropped = len(fused) - len(allowed)
+            if dropped:
+                self.metrics.acl_dropped.inc(dropped)
+        scores = {f.key: f for f in fused}
+        return [Ranked(c, scores[c.key].score, scores[c.key].ranks, similarity.get(c.key)) for c in allowed]
+
+    # -- the actions' retrievals ---------------------------------------------------------------
+
+    async def passages(
+        self,
+        principal: Principal,
+        query: str,
+        scope: Scope,
+        limit: int,
+        *,
+        legs: Sequence[str] = LEGS,
+        weights: Mapping[str, float] | None = None,
+    ) -> list[Ranked]:
+        """The best authorized passages (chunks) for a query."""
+        results = await self.query_legs(principal, query, scope, over_fetch(limit), legs)
+        return self.fuse(principal, results, scope, weights=weights)[:limit]
+
+    async def records(
+        self,
+        principal: Principal,
+        query: str,
+        scope: Scope,
+        limit: int,
+        *,
+        legs: Sequence[str] = LEGS,
+        weights: Mapping[str, float] | None = None,
+    ) -> list[Ranked]:
+        """The best authorized records for a query (each its best chunk)."""
+        results = await self.query_legs(principal, query, scope, over_fetch(limit), legs)
+        ranked = self.fuse(principal, results, scope, weights=weights)
+        return collapse(ranked, lambda r: r.chunk.record)[:limit]
+
+    async def similar(
+        self,
+        principal: Principal,
+        section_tipo: str,
+        section_id: int,
+        limit: int,
+        *,
+        group: str | None = None,
+    ) -> list[Ranked]:
+        """Records closest to a seed record, searched with the seed's stored vectors (never re-embedded).
+
+        Each of the seed's first ``RAG_SIMILAR_SEED_CHUNKS`` readable chunks is
+        one dense query; their lists are fused, gated and collapsed to records,
+        the seed itself excluded. With ``group``, seed and neighbours narrow to
+        that facet. A seed the caller may not read is reported as not found.
+        """
+        model = await self.text_model()
+        partition = await self.partition(model.id)  # type: ignore[attr-defined]
+        if partition is None:
+            raise SeedNotFound()
+        async with self.pool.acquire() as conn:
+            seeds = await seed_chunks(conn, partition, section_tipo, section_id, group=group)
+        seeds = [c for c in seeds if chunk_readable(principal, c)]
+        if not seeds:
+            raise SeedNotFound()
+        seeds = seeds[: self.settings.similar_seed_chunks]
+        scope = Scope(group=group, exclude_record=(section_tipo, section_id), acl=pushdown(principal))
+        fetch = over_fetch(limit)
+        s = self.settings
+
+        async def one(seed: Chunk) -> list[Chunk]:
+            return await self._timed(
+                "dense",
+                lambda c: dense_search(
+                    c,
+                    partition,
+                    seed.vector,
+                    scope,
+                    fetch,
+                    ef_search=s.hnsw_ef_search,
+                    max_scan_tuples=s.hnsw_max_scan_tuples,
+                ),
+            )
+
+        lists = await asyncio.gather(*(one(seed) for seed in seeds))
+        results = LegResults({f"seed:{i:04d}": rows for i, rows in enumerate(lists)})
+        ranked = self.fuse(principal, results, scope, weights={})
+        return collapse(ranked, lambda r: r.chunk.record)[:limit]
