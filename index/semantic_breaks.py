@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:  # numpy loads on first use: `import index` stays light for the CLI
+    import numpy as np
 
 __all__ = ["SentenceEmbedder", "break_after", "cosine_distances", "percentile"]
 
@@ -36,6 +38,8 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 def cosine_distances(vectors: np.ndarray) -> list[float]:
     """``1 - cos`` between each row and the next; a zero vector is at distance 1."""
+    import numpy as np
+
     norms = np.linalg.norm(vectors, axis=1)
     dots = np.einsum("ij,ij->i", vectors[:-1], vectors[1:])
     denominators = norms[:-1] * norms[1:]
@@ -62,6 +66,8 @@ def break_after(units: list[list[str]], embedder: SentenceEmbedder, q: float) ->
 
 
 def _as_matrix(vectors: Sequence[Sequence[float]], expected: int) -> np.ndarray:
+    import numpy as np
+
     try:
         matrix = np.asarray(vectors, dtype=np.float64)
     except (TypeError, ValueError) as error:
