@@ -33,6 +33,15 @@ Token counts use ``count_tokens`` (the embedding model's tokenizer when the
 caller has it), else :func:`estimate_tokens`. Bounds apply to the raw ``text``;
 the header in ``embed_text`` is not counted (callers near a model's input limit
 leave room for it).
+
+Differences from the archive's chunker (``shared/REFERENCE-NOTES.md``), each
+deliberate: blank-line paragraphs are preferred cut points, not hard boundaries
+(the issue's rule); a trailing orphan is rebalanced instead of overshooting
+``max_tokens``; chunks below the floor at semantic boundaries merge with a
+neighbour when they fit; CJK terminators end sentences without whitespace; the
+estimate is computed in integers; the semantic percentile is taken over the
+whole document; parent keys are per turn or per heading path (above); and the
+version string ``mnemo-1`` keeps Mnemo's hashes apart from the archive's ``v1``.
 """
 
 from __future__ import annotations
