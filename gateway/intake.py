@@ -217,8 +217,13 @@ def setup_intake(app: web.Application) -> None:
     """Add the intake routes and the background drain (call after the pool and sidecar
     cleanup contexts are registered: the drain starts once they have)."""
     if INGEST_SETTINGS_KEY not in app:
-        app[INGEST_SETTINGS_KEY] = load_settings(
-            IngestSettings, drain_interval=getattr(app[SETTINGS_KEY], "drain_interval", None)
+        settings = app[SETTINGS_KEY]
+        composed = getattr(settings, "ingest", None)
+        app[INGEST_SETTINGS_KEY] = (
+            composed
+            if isinstance(composed, IngestSettings)
+            # Not composed into the gateway's settings: read RAG_INGEST_* once, here, at start.
+            else load_settings(IngestSettings, drain_interval=getattr(settings, "drain_interval", None))
         )
     metrics = app.get(METRICS_KEY)
     app[_METRICS_KEY] = IngestMetrics(getattr(metrics, "registry", None))

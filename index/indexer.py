@@ -350,12 +350,16 @@ class Indexer:
         rows = []
         for doc in plan.docs:
             for c in doc.chunks:
-                row = self._row(plan, doc, c, need_vectors)
-                if not _same(plan.stored.get((doc.component_tipo, doc.lang, c.index)), row, plan.projects):
-                    rows.append(row)
+                row = self._row(plan, doc, c)
+                if _same(plan.stored.get((doc.component_tipo, doc.lang, c.index)), row, plan.projects):
+                    continue
+                if need_vectors:
+                    row.embedding, row.sparse = plan.vectors[c.source_hash]
+                rows.append(row)
         return rows
 
-    def _row(self, plan: RecordPlan, doc: DocPlan, c: Chunk, need_vectors: bool) -> ChunkRow:
+    def _row(self, plan: RecordPlan, doc: DocPlan, c: Chunk) -> ChunkRow:
+        """The row for a chunk, without its vectors."""
         stored = plan.stored.get((doc.component_tipo, doc.lang, c.index))
         meta: dict[str, Any] = {
             "group": doc.group,
@@ -374,7 +378,6 @@ class Indexer:
             token_count = stored.token_count
         else:
             token_count = c.token_count
-        dense, sparse = plan.vectors[c.source_hash] if need_vectors else (None, None)
         return ChunkRow(
             component_tipo=doc.component_tipo,
             lang=doc.lang,
@@ -383,8 +386,7 @@ class Indexer:
             source_hash=c.source_hash,
             source_text=c.text,
             lexical_text=fold(" ".join(p for p in (doc.title, *c.heading_path, c.text) if p)),
-            embedding=dense,
-            sparse=sparse,
+            embedding=None,
             token_count=token_count,
             chunk_meta=json.loads(json.dumps(meta)),
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Sequence
 from typing import Any
 
@@ -97,3 +98,11 @@ async def queue_rows(pool: asyncpg.Pool) -> list[Any]:
 async def make_ready(pool: asyncpg.Pool) -> None:
     """Skip the backoff clock: every queued row becomes ready now."""
     await pool.execute("UPDATE rag_index_queue SET next_attempt_at = now()")
+
+
+def closed_port_url() -> str:
+    """A loopback URL nothing listens on (connection refused)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"

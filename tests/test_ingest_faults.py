@@ -1,0 +1,201 @@
+"""Faults with the real sidecar and real PostgreSQL: an outage loses nothing, a killed drain leaves
+no half-written record, a failing record backs off, parks and is retried."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+import pytest
+
+import index.store
+from index import queue
+from index.drain import drain_once
+from index.intake import enqueue_records
+from index.sections import SectionStore
+from inference.client import EmbedResult, SidecarClient
+from tests.ingest_support import (
+    ORAL_HISTORY,
+    SETTINGS,
+    TEXT_MODEL,
+    CountingClient,
+    closed_port_url,
+    make_ready,
+    queue_rows,
+    record,
+    text_rows,
+)
+
+
+@pytest.fixture
+async def pool(db_pool: asyncpg.Pool) -> asyncpg.Pool:
+    await SectionStore(db_pool).put("oh1", ORAL_HISTORY)
+    return db_pool
+
+
+async def _records_in_store(pool: asyncpg.Pool) -> set[int]:
+    return {r["section_id"] for r in await text_rows(pool)}
+
+
+async def test_a_sidecar_outage_loses_nothing(pool: asyncpg.Pool, sidecar_url: str) -> None:
+    ids = list(range(1, 12))  # more than one claim batch
+    await enqueue_records(pool, [record(i) for i in ids])
+    async with SidecarClient(closed_port_url(), max_retries=1, timeout=2) as down:
+        for _ in range(3):  # an outage spends no attempts, however long it lasts
+            report = await drain_once(pool, down, SETTINGS, text_model=TEXT_MODEL)
+            assert report.unavailable and report.processed == 0 and report.failed == 0
+    rows = await queue_rows(pool)
+    assert [r["section_id"] for r in rows] == ids and all(r["attempts"] == 0 for r in rows)
+    stats = await queue.stats(pool, SETTINGS.max_attempts)
+    assert (stats.pending, stats.ready, stats.failed) == (len(ids), len(ids), 0)
+    assert stats.waiting_on_sidecar == SETTINGS.batch_records  # the batch the pass had claimed
+    assert await _records_in_store(pool) == set()
+
+    async with CountingClient(sidecar_url) as up:  # the sidecar is back
+        report = await drain_once(pool, up, SETTINGS, text_model=TEXT_MODEL)
+    assert (report.indexed, report.failed, report.unavailable) == (len(ids), 0, False)
+    assert await queue_rows(pool) == []
+    assert await _records_in_store(pool) == set(ids)
+
+
+async def _snapshot(pool: asyncpg.Pool) -> list[tuple[Any, ...]]:
+    return [
+        (r["component_tipo"], r["lang"], r["chunk_index"], r["source_hash"], r["projects"], r["updated_at"])
+        for r in await text_rows(pool)
+    ]
+
+
+def _edit(section_id: int) -> dict[str, Any]:
+    edited = record(section_id, projects=[9])
+    edited["groups"]["summary"]["lg-eng"] = "A new summary: the bells of the drowned church."
+    del edited["groups"]["transcription"]
+    return edited
+
+
+async def test_a_drain_killed_between_embedding_and_commit_leaves_the_record_as_it_was(
+    pool: asyncpg.Pool, sidecar_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with CountingClient(sidecar_url) as client:
+        await enqueue_records(pool, [record(1)])
+        await drain_once(pool, client, SETTINGS, text_model=TEXT_MODEL)
+        before = await _snapshot(pool)
+        await enqueue_records(pool, [_edit(1)])
+
+        real_delete_stale = index.store.delete_stale
+
+        async def killed(*args: Any, **kwargs: Any) -> int:
+            await real_delete_stale(*args, **kwargs)  # the upsert and the prune both ran...
+            raise RuntimeError("process killed before commit")  # ...and then the process died
+
+        monkeypatch.setattr(index.store, "delete_stale", killed)
+        with pytest.raises(RuntimeError, match="killed"):
+            await drain_once(pool, client, SETTINGS, text_model=TEXT_MODEL)
+        assert await _snapshot(pool) == before
+        (row,) = await queue_rows(pool)
+        assert (row["version"], row["attempts"]) == (1, 0)  # still queued, no attempt spent
+
+        monkeypatch.setattr(index.store, "delete_stale", real_delete_stale)
+        report = await drain_once(pool, client, SETTINGS, text_model=TEXT_MODEL)
+        assert report.indexed == 1 and await queue_rows(pool) == []
+        rows = await text_rows(pool)
+        assert {(r["component_tipo"], r["lang"]) for r in rows} == {
+            ("rag:summary", "lg-eng"),
+            ("rag:summary", "lg-spa"),
+        }
+        assert all(r["projects"] == [9] for r in rows)
+
+
+async def test_a_drain_cancelled_inside_the_write_transaction_rolls_back(
+    pool: asyncpg.Pool, sidecar_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with CountingClient(sidecar_url) as client:
+        await enqueue_records(pool, [record(1)])
+        await drain_once(pool, client, SETTINGS, text_model=TEXT_MODEL)
+        before = await _snapshot(pool)
+        await enqueue_records(pool, [_edit(1)])
+
+        real_upsert = index.store.upsert_chunks
+        inside = asyncio.Event()
+
+        async def stalled(*args: Any, **kwargs: Any) -> int:
+            n = await real_upsert(*args, **kwargs)
+            inside.set()
+            await asyncio.Event().wait()  # hangs inside the open transaction until cancelled
+            return n
+
+        monkeypatch.setattr(index.store, "upsert_chunks", stalled)
+        task = asyncio.create_task(drain_once(pool, client, SETTINGS, text_model=TEXT_MODEL))
+        await asyncio.wait_for(inside.wait(), 60)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert await _snapshot(pool) == before
+        assert [(r["version"], r["attempts"]) for r in await queue_rows(pool)] == [(1, 0)]
+
+        monkeypatch.setattr(index.store, "upsert_chunks", real_upsert)
+        report = await drain_once(pool, client, SETTINGS, text_model=TEXT_MODEL)
+        assert not report.skipped and report.indexed == 1  # the lock was released on cancel
+        assert {tuple(r["projects"]) for r in await text_rows(pool)} == {(9,)}
+
+
+class StalledClient(SidecarClient):
+    """The real client, except that ``/embed`` never answers (until the drain is cancelled)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.embedding = asyncio.Event()
+
+    async def embed(self, model: str, texts: Sequence[str], **kwargs: Any) -> EmbedResult:
+        self.embedding.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_a_drain_cancelled_while_embedding_writes_nothing(pool: asyncpg.Pool, sidecar_url: str) -> None:
+    await enqueue_records(pool, [record(1), record(2)])
+    async with StalledClient(sidecar_url) as stalled:
+        task = asyncio.create_task(drain_once(pool, stalled, SETTINGS, text_model=TEXT_MODEL))
+        await asyncio.wait_for(stalled.embedding.wait(), 60)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert await text_rows(pool) == []
+    assert [(r["section_id"], r["attempts"]) for r in await queue_rows(pool)] == [(1, 0), (2, 0)]
+    async with CountingClient(sidecar_url) as client:
+        assert (await drain_once(pool, client, SETTINGS, text_model=TEXT_MODEL)).indexed == 2
+
+
+async def test_a_failing_record_backs_off_parks_and_is_retried(pool: asyncpg.Pool, sidecar_url: str) -> None:
+    await enqueue_records(pool, [record(1), record(2)])
+    await pool.execute("DELETE FROM rag_sections")  # the descriptor vanished after intake
+    async with CountingClient(sidecar_url) as client:
+        report = await drain_once(pool, client, SETTINGS, text_model=TEXT_MODEL)
+        assert (report.failed, report.parked, report.indexed) == (2, 0, 0)
+        row = (await queue_rows(pool))[0]
+        assert row["attempts"] == 1 and "no descriptor" in row["last_error"]
+        assert timedelta(seconds=100) < row["wait"] <= timedelta(seconds=120)
+        # Backing off: a pass now does nothing.
+        assert (await drain_once(pool, client, SETTINGS, text_model=TEXT_MODEL)).processed == 0
+        for _ in range(SETTINGS.max_attempts - 1):
+            await make_ready(pool)
+            report = await drain_once(pool, client, SETTINGS, text_model=TEXT_MODEL)
+        assert report.parked == 2
+        stats = await queue.stats(pool, SETTINGS.max_attempts)
+        assert (stats.pending, stats.failed) == (0, 2)
+        await make_ready(pool)
+        assert (
+            await drain_once(pool, client, SETTINGS, text_model=TEXT_MODEL)
+        ).processed == 0  # parked stays
+
+        # Fixed upstream, then retried by hand: indexed.
+        await SectionStore(pool).put("oh1", ORAL_HISTORY)
+        assert (
+            await queue.retry(pool, section_tipo="oh1", section_id=1, max_attempts=SETTINGS.max_attempts) == 1
+        )
+        report = await drain_once(pool, client, SETTINGS, text_model=TEXT_MODEL)
+        assert report.indexed == 1
+    assert await _records_in_store(pool) == {1}
+    assert [r["section_id"] for r in await queue_rows(pool)] == [2]
