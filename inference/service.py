@@ -31,13 +31,20 @@ _ROUTES_BY_KIND = {"text": "/embed", "image_text": "/image and /text", "rerank":
 class ModelService:
     """A loaded model with its batchers. Call :meth:`warm_up` (or ``await warm_up_async``) before serving."""
 
-    def __init__(self, spec: ModelSpec, limits: Limits | None = None, encoder: Encoder | None = None) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        limits: Limits | None = None,
+        encoder: Encoder | None = None,
+        *,
+        device_executor: ThreadPoolExecutor | None = None,
+    ) -> None:
         self.spec = spec
         self.limits = limits or Limits()
         self.encoder = encoder if encoder is not None else load_encoder(spec)
         self.ready = False
         # One device thread: forward passes never overlap on the device and never block the loop.
-        self._device = ThreadPoolExecutor(1, thread_name_prefix=f"{spec.id}-device")
+        self._device = device_executor or ThreadPoolExecutor(1, thread_name_prefix=f"{spec.id}-device")
         self._prep = ThreadPoolExecutor(2, thread_name_prefix=f"{spec.id}-prep")
         self._batchers: dict[str, TokenBudgetBatcher] = {
             "main": self._batcher(self.encoder.run_batch, "main")

@@ -1,0 +1,138 @@
+"""The token-budget batcher: planning, order restoration, failures, cancellation, admission."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from inference.batching import TokenBudgetBatcher, plan_micro_batches
+from inference.errors import Overloaded
+from tests.fixtures.sidecar import until
+
+
+@given(
+    lengths=st.lists(st.integers(min_value=1, max_value=300), max_size=200),
+    max_batch_size=st.integers(min_value=1, max_value=64),
+    max_batch_tokens=st.integers(min_value=1, max_value=4096),
+)
+def test_plan_covers_every_item_once_within_budget(
+    lengths: list[int], max_batch_size: int, max_batch_tokens: int
+) -> None:
+    batches = plan_micro_batches(lengths, max_batch_size=max_batch_size, max_batch_tokens=max_batch_tokens)
+    flat = [i for batch in batches for i in batch]
+    assert sorted(flat) == list(range(len(lengths)))
+    for batch in batches:
+        assert 1 <= len(batch) <= max_batch_size
+        padded = len(batch) * max(lengths[i] for i in batch)
+        # Over budget only when one item alone is over it.
+        assert padded <= max_batch_tokens or len(batch) == 1
+    # Longest first: lengths never increase across the flattened plan.
+    assert [lengths[i] for i in flat] == sorted((lengths[i] for i in flat), reverse=True)
+
+
+def _echo(items: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    return [(caller, index * 10) for caller, index in items]
+
+
+async def test_each_caller_gets_its_own_results_in_order() -> None:
+    batcher = TokenBudgetBatcher(_echo, max_batch_size=4, max_batch_tokens=40, max_pending_items=1000)
+    requests = [[(c, i) for i in range(c % 7 + 1)] for c in range(20)]
+    lengths = [[(c * 7 + i) % 13 + 1 for i in range(len(r))] for c, r in enumerate(requests)]
+    results = await asyncio.gather(*(batcher.submit(r, n) for r, n in zip(requests, lengths, strict=True)))
+    for c, result in enumerate(results):
+        assert result == [(c, i * 10) for i in range(len(requests[c]))]
+    assert batcher.stats.batches > 1
+    assert max(batcher.stats.batch_size_counts) <= 4
+    await batcher.close()
+
+
+class _Gate:
+    """A run_batch that records its inputs, can be held shut, and can fail one call."""
+
+    def __init__(self, fail_on_call: int | None = None) -> None:
+        self.open = threading.Event()
+        self.open.set()
+        self.calls: list[list[tuple[str, int]]] = []
+        self.fail_on_call = fail_on_call
+
+    def __call__(self, items: list[tuple[str, int]]) -> list[str]:
+        self.open.wait()
+        self.calls.append(list(items))
+        if self.fail_on_call is not None and len(self.calls) == self.fail_on_call:
+            raise RuntimeError("model exploded")
+        return [f"{name}:{i}" for name, i in items]
+
+
+async def test_model_raising_mid_batch_reaches_every_waiter_and_the_next_request_succeeds() -> None:
+    gate = _Gate(fail_on_call=2)
+    gate.open.clear()
+    batcher = TokenBudgetBatcher(
+        gate, max_batch_size=2, max_batch_tokens=1000, max_pending_items=100, batch_wait_s=0
+    )
+    names = ["a", "b", "c", "d"]
+    tasks = [asyncio.create_task(batcher.submit([(n, 0), (n, 1)], [5, 5])) for n in names]
+    await until(lambda: batcher.stats.pending_items >= 8)
+    gate.open.set()
+    outcomes = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=60)
+    failed = {item[0] for item in gate.calls[1]}
+    for name, outcome in zip(names, outcomes, strict=True):
+        if name in failed:
+            assert isinstance(outcome, RuntimeError) and str(outcome) == "model exploded"
+        else:
+            assert outcome == [f"{name}:0", f"{name}:1"]
+    assert failed and len(failed) < len(names)
+    assert batcher.stats.failed_batches == 1
+    assert await batcher.submit([("z", 0)], [3]) == ["z:0"]
+    await batcher.close()
+
+
+async def test_cancelled_callers_are_skipped_before_the_forward_pass() -> None:
+    gate = _Gate()
+    gate.open.clear()
+    executor = ThreadPoolExecutor(1)
+    batcher = TokenBudgetBatcher(
+        gate,
+        max_batch_size=8,
+        max_batch_tokens=1000,
+        max_pending_items=100,
+        batch_wait_s=0,
+        executor=executor,
+    )
+    first = asyncio.create_task(batcher.submit([("first", 0)], [1]))
+    await until(lambda: batcher.stats.pending_items > 0)
+    await asyncio.sleep(0.01)  # the first wave is now parked in the executor behind the gate
+    leaving = asyncio.create_task(batcher.submit([("gone", 0), ("gone", 1)], [1, 1]))
+    staying = asyncio.create_task(batcher.submit([("stay", 0)], [1]))
+    await until(lambda: batcher.stats.pending_items >= 4)
+    leaving.cancel()
+    gate.open.set()
+    assert await first == ["first:0"]
+    assert await staying == ["stay:0"]
+    with pytest.raises(asyncio.CancelledError):
+        await leaving
+    run = [name for call in gate.calls for name, _ in call]
+    assert "gone" not in run
+    assert batcher.stats.skipped_items == 2
+    assert batcher.stats.pending_items == 0
+    await batcher.close()
+    executor.shutdown()
+
+
+async def test_admission_is_bounded_with_retry_after() -> None:
+    gate = _Gate()
+    gate.open.clear()
+    batcher = TokenBudgetBatcher(gate, max_batch_size=4, max_batch_tokens=1000, max_pending_items=4)
+    held = asyncio.create_task(batcher.submit([("a", i) for i in range(4)], [1] * 4))
+    await until(lambda: batcher.stats.pending_items >= 4)
+    with pytest.raises(Overloaded) as info:
+        await batcher.submit([("b", 0)], [1])
+    assert info.value.status == 429 and info.value.retry_after >= 1
+    gate.open.set()
+    assert len(await held) == 4
+    assert await batcher.submit([("b", 0)], [1]) == ["b:0"]  # admitted again once drained
+    await batcher.close()

@@ -1,0 +1,362 @@
+"""The sidecar over real HTTP: one test per status, concurrency, batch independence, auth, readiness.
+
+Most tests use the session's Ray Serve sidecar. The states that need a model held in place (not yet
+warm, queue full, a forward pass that raises) use the same API on an in-process aiohttp server around
+the same model code, so they are deterministic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import io
+import json
+import struct
+import threading
+import zlib
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+
+import aiohttp
+import numpy as np
+import pytest
+from aiohttp.test_utils import TestServer
+from PIL import Image
+
+from inference.api import LocalBackend, SidecarAPI
+from inference.config import SidecarConfig
+from inference.encoders import Encoder
+from inference.local_server import create_app
+from inference.service import ModelService
+from tests.fixtures.sidecar import until
+
+MINILM = "all-minilm-l6-v2"
+SIGLIP = "tiny-siglip-random"
+
+
+def _png(size: tuple[int, int] = (16, 16)) -> str:
+    buffer = io.BytesIO()
+    Image.new("RGB", size, (120, 30, 30)).save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def _bomb_png(width: int, height: int) -> str:
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    png = (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(b"\0" * 64))
+        + chunk(b"IEND", b"")
+    )
+    return base64.b64encode(png).decode()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+async def _post(
+    http: aiohttp.ClientSession, url: str, body: object
+) -> tuple[int, dict, aiohttp.typedefs.LooseHeaders]:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    # A BytesIO body: aiohttp warns (an error under pytest) about large raw byte bodies.
+    kwargs = {"data": io.BytesIO(raw), "headers": {"Content-Type": "application/json"}}
+    async with http.post(url, **kwargs) as response:
+        return response.status, await response.json(content_type=None), response.headers
+
+
+# -- statuses over the Ray Serve sidecar ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "code"),
+    [
+        ("/embed", b"{not json", "invalid_json"),
+        ("/embed", b"[1, 2]", "invalid_json"),
+        ("/embed", {"model": MINILM, "input": 5}, "invalid_type"),
+        ("/embed", {"model": MINILM, "input": ["ok", 3]}, "invalid_type"),
+        ("/embed", {"model": MINILM, "input": ["ok"], "truncate": "yes"}, "invalid_type"),
+        ("/embed", {"model": MINILM, "input": []}, "empty_input"),
+        ("/embed", {"input": ["no model"]}, "missing_field"),
+        ("/embed", {"model": MINILM, "input": ["x"], "encoding_format": "hex"}, "invalid_encoding_format"),
+        ("/embed", {"model": SIGLIP, "input": ["wrong route for an image model"]}, "wrong_model_kind"),
+        ("/embed", {"model": MINILM, "input": ["x"], "return_sparse": True}, "sparse_unsupported"),
+        ("/image", {"model": SIGLIP, "images": ["@@not base64@@"]}, "invalid_base64"),
+        (
+            "/image",
+            {"model": SIGLIP, "images": [base64.b64encode(b"plain text, no image").decode()]},
+            "invalid_image",
+        ),
+        ("/image", {"model": SIGLIP, "images": "not a list"}, "invalid_type"),
+        ("/rerank", {"model": "tiny-reranker-random", "query": 7, "documents": ["a"]}, "invalid_type"),
+    ],
+)
+async def test_400_bad_input(
+    http: aiohttp.ClientSession, sidecar_url: str, path: str, body: object, code: str
+) -> None:
+    status, answer, _ = await _post(http, sidecar_url + path, body)
+    assert status == 400, answer
+    assert answer["error"]["code"] == code
+    assert answer["error"]["message"]
+
+
+async def test_404_unknown_model_and_route(http: aiohttp.ClientSession, sidecar_url: str) -> None:
+    status, answer, _ = await _post(http, f"{sidecar_url}/embed", {"model": "bge-m3", "input": ["x"]})
+    assert (status, answer["error"]["code"]) == (404, "model_not_found")
+    async with http.get(f"{sidecar_url}/nowhere") as response:
+        assert response.status == 404
+        assert (await response.json())["error"]["code"] == "not_found"
+
+
+async def test_413_too_many_inputs_body_and_image_limits(
+    http: aiohttp.ClientSession, sidecar_url: str, sidecar_config: SidecarConfig
+) -> None:
+    limit = sidecar_config.model(MINILM).max_client_batch
+    status, answer, _ = await _post(
+        http, f"{sidecar_url}/embed", {"model": MINILM, "input": ["x"] * (limit + 1)}
+    )
+    assert (status, answer["error"]["code"]) == (413, "too_many_inputs")
+
+    big = {"model": MINILM, "input": ["x" * (sidecar_config.limits.max_body_bytes + 10)]}
+    status, answer, _ = await _post(http, f"{sidecar_url}/embed", big)
+    assert (status, answer["error"]["code"]) == (413, "body_too_large")
+
+    status, answer, _ = await _post(
+        http, f"{sidecar_url}/image", {"model": SIGLIP, "images": [_bomb_png(50_000, 50_000)]}
+    )
+    assert (status, answer["error"]["code"]) == (413, "image_too_many_pixels")
+
+    status, answer, _ = await _post(
+        http, f"{sidecar_url}/image", {"model": SIGLIP, "images": [_bomb_png(3000, 3000)]}
+    )
+    assert (status, answer["error"]["code"]) == (413, "image_too_many_pixels")  # 9 MP > the 4 MP test limit
+
+    too_heavy = base64.b64encode(b"\0" * (sidecar_config.limits.max_image_bytes + 1)).decode()
+    status, answer, _ = await _post(http, f"{sidecar_url}/image", {"model": SIGLIP, "images": [too_heavy]})
+    assert (status, answer["error"]["code"]) == (413, "image_too_large")
+
+    # The service is still up and answering.
+    status, answer, _ = await _post(http, f"{sidecar_url}/image", {"model": SIGLIP, "images": [_png()]})
+    assert status == 200 and len(answer["embeddings"]) == 1
+
+
+async def test_422_over_long_text_unless_truncated(http: aiohttp.ClientSession, sidecar_url: str) -> None:
+    long_text = "amphora " * 600
+    status, answer, _ = await _post(
+        http, f"{sidecar_url}/embed", {"model": MINILM, "input": ["short", long_text]}
+    )
+    assert (status, answer["error"]["code"]) == (422, "input_too_long")
+    assert "256" in answer["error"]["message"]
+    status, answer, _ = await _post(http, f"{sidecar_url}/text", {"model": SIGLIP, "input": [long_text]})
+    assert status == 422
+    status, answer, _ = await _post(
+        http, f"{sidecar_url}/embed", {"model": MINILM, "input": ["short", long_text], "truncate": True}
+    )
+    assert status == 200 and len(answer["embeddings"]) == 2
+    assert answer["usage"]["tokens"] <= 2 * 256
+
+
+# -- behaviour over the Ray Serve sidecar --------------------------------------------------------
+
+
+async def test_concurrent_callers_each_get_their_own_vectors(
+    http: aiohttp.ClientSession, sidecar_url: str
+) -> None:
+    words = "amphora coin dam village harvest mill letter mayor flood road".split()
+    requests = [[" ".join(words[: (i % 9) + 1]) + f" {i}", f"item {i} " + words[i % 10]] for i in range(16)]
+
+    async def embed(texts: list[str]) -> np.ndarray:
+        status, answer, _ = await _post(http, f"{sidecar_url}/embed", {"model": MINILM, "input": texts})
+        assert status == 200
+        return np.asarray(answer["embeddings"], dtype=np.float32)
+
+    together = await asyncio.gather(*(embed(texts) for texts in requests))
+    for texts, vectors in zip(requests, together, strict=True):
+        alone = np.concatenate([await embed([t]) for t in texts])
+        np.testing.assert_allclose(vectors, alone, atol=2e-5)
+
+
+async def test_sparse_and_dense_through_http(http: aiohttp.ClientSession, sidecar_url: str) -> None:
+    body = {"model": "tiny-bge-m3-random", "input": "amphora amphora coin", "return_sparse": True}
+    status, answer, _ = await _post(http, f"{sidecar_url}/embed", body)
+    assert status == 200
+    (weights,) = answer["sparse"]
+    assert weights and all(int(k) > 4 and v > 0 for k, v in weights.items())  # ids 0..4 are special
+    assert np.linalg.norm(answer["embeddings"][0]) == pytest.approx(1.0, abs=1e-5)
+
+
+async def test_tokenize_counts_as_the_model_does(http: aiohttp.ClientSession, sidecar_url: str) -> None:
+    status, answer, _ = await _post(
+        http, f"{sidecar_url}/tokenize", {"model": MINILM, "input": ["a", "a b c"]}
+    )
+    assert status == 200
+    assert answer["tokens"] == [3, 5]  # [CLS] ... [SEP]
+
+
+async def test_readyz_and_models(http: aiohttp.ClientSession, sidecar_url: str) -> None:
+    async with http.get(f"{sidecar_url}/readyz") as response:
+        assert response.status == 200
+        assert all((await response.json())["models"].values())
+
+
+# -- states held in place: the same API on an in-process server ----------------------------------
+
+
+@dataclasses.dataclass
+class LocalSidecar:
+    url: str
+    services: dict[str, ModelService]
+
+
+async def _local(
+    config: SidecarConfig,
+    encoders: dict[str, Encoder],
+    models: list[str],
+    *,
+    warm: bool = True,
+    api_key: str | None = None,
+    executor: ThreadPoolExecutor | None = None,
+    **spec_changes: int,
+) -> tuple[TestServer, LocalSidecar]:
+    services = {}
+    for model in models:
+        spec = dataclasses.replace(config.model(model), **spec_changes)
+        service = ModelService(spec, config.limits, encoders[model], device_executor=executor)
+        if warm:
+            service.ready = True  # the shared encoder already ran a real forward pass in this session
+        services[model] = service
+    sub_config = dataclasses.replace(config, models=tuple(s.spec for s in services.values()))
+    api = SidecarAPI(sub_config, {m: LocalBackend(s) for m, s in services.items()}, api_key=api_key)
+    server = TestServer(create_app(api), host="127.0.0.1")
+    await server.start_server()
+    return server, LocalSidecar(str(server.make_url("")).rstrip("/"), services)
+
+
+async def test_429_over_the_admission_bound_with_retry_after(
+    http: aiohttp.ClientSession, sidecar_config: SidecarConfig, inference_encoders: dict[str, Encoder]
+) -> None:
+    executor = ThreadPoolExecutor(1)
+    gate = threading.Event()
+    executor.submit(gate.wait)  # the device thread is busy: admitted work stays admitted
+    server, local = await _local(
+        sidecar_config,
+        inference_encoders,
+        ["tiny-bge-m3-random"],
+        executor=executor,
+        max_queued_items=16,
+        max_client_batch=16,
+        max_batch_size=16,
+    )
+    try:
+        body = {"model": "tiny-bge-m3-random", "input": [f"text {i}" for i in range(16)]}
+        first = asyncio.create_task(_post(http, f"{local.url}/embed", body))
+        service = local.services["tiny-bge-m3-random"]
+        await until(lambda: service.stats()["main"]["pending_items"] >= 16)
+        status, answer, headers = await _post(
+            http, f"{local.url}/embed", {"model": "tiny-bge-m3-random", "input": ["one more"]}
+        )
+        assert (status, answer["error"]["code"]) == (429, "overloaded")
+        assert int(headers["Retry-After"]) >= 1
+        gate.set()
+        status, answer, _ = await first
+        assert status == 200 and len(answer["embeddings"]) == 16
+        status, _, _ = await _post(
+            http, f"{local.url}/embed", {"model": "tiny-bge-m3-random", "input": ["one more"]}
+        )
+        assert status == 200
+    finally:
+        gate.set()
+        await server.close()
+        executor.shutdown()
+
+
+async def test_503_until_warm_up_has_run_a_real_forward_pass(
+    http: aiohttp.ClientSession, sidecar_config: SidecarConfig, inference_encoders: dict[str, Encoder]
+) -> None:
+    server, local = await _local(sidecar_config, inference_encoders, ["tiny-reranker-random"], warm=False)
+    try:
+        async with http.get(f"{local.url}/readyz") as response:
+            assert response.status == 503
+            assert response.headers["Retry-After"]
+        body = {"model": "tiny-reranker-random", "query": "q", "documents": ["d"]}
+        status, answer, headers = await _post(http, f"{local.url}/rerank", body)
+        assert (status, answer["error"]["code"]) == (503, "not_ready")
+        assert headers["Retry-After"]
+        await local.services["tiny-reranker-random"].warm_up_async()
+        async with http.get(f"{local.url}/readyz") as response:
+            assert response.status == 200
+        status, answer, _ = await _post(http, f"{local.url}/rerank", body)
+        assert status == 200 and len(answer["scores"]) == 1
+    finally:
+        await server.close()
+
+
+async def test_model_error_reaches_every_waiter_and_the_next_request_succeeds(
+    http: aiohttp.ClientSession,
+    sidecar_config: SidecarConfig,
+    inference_encoders: dict[str, Encoder],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    encoder = inference_encoders["tiny-bge-m3-random"]
+    real_run = encoder.run_batch
+    gate = threading.Event()
+    calls: list[int] = []
+
+    def flaky(items):
+        gate.wait()
+        calls.append(len(items))
+        if len(calls) == 1:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return real_run(items)
+
+    monkeypatch.setattr(encoder, "run_batch", flaky)
+    server, local = await _local(sidecar_config, inference_encoders, ["tiny-bge-m3-random"])
+    try:
+        bodies = [{"model": "tiny-bge-m3-random", "input": [f"caller {i}", f"second {i}"]} for i in range(4)]
+        tasks = [asyncio.create_task(_post(http, f"{local.url}/embed", b)) for b in bodies]
+        service = local.services["tiny-bge-m3-random"]
+        await until(lambda: service.stats()["main"]["pending_items"] >= 8)
+        gate.set()
+        answers = await asyncio.wait_for(asyncio.gather(*tasks), timeout=120)
+        for status, answer, _ in answers:
+            assert status == 500
+            assert answer["error"]["code"] == "model_error"
+            assert "illegal memory" not in answer["error"]["message"]  # no raw exception text leaks
+        status, answer, _ = await _post(http, f"{local.url}/embed", bodies[0])
+        assert status == 200 and len(answer["embeddings"]) == 2
+        assert service.healthy()
+    finally:
+        await server.close()
+
+
+async def test_api_key_guards_every_route_but_health(
+    http: aiohttp.ClientSession, sidecar_config: SidecarConfig, inference_encoders: dict[str, Encoder]
+) -> None:
+    server, local = await _local(
+        sidecar_config, inference_encoders, ["tiny-reranker-random"], api_key="s3cret"
+    )
+    try:
+        body = {"model": "tiny-reranker-random", "query": "q", "documents": ["d"]}
+        status, answer, _ = await _post(http, f"{local.url}/rerank", body)
+        assert (status, answer["error"]["code"]) == (401, "unauthorized")
+        async with http.post(
+            f"{local.url}/rerank", json=body, headers={"Authorization": "Bearer wrong"}
+        ) as r:
+            assert r.status == 401
+        async with http.post(
+            f"{local.url}/rerank", json=body, headers={"Authorization": "Bearer s3cret"}
+        ) as r:
+            assert r.status == 200
+        for path in ("/models", "/metrics"):
+            async with http.get(local.url + path) as r:
+                assert r.status == 401
+        for path in ("/healthz", "/readyz"):
+            async with http.get(local.url + path) as r:
+                assert r.status == 200
+    finally:
+        await server.close()
