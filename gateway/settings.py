@@ -136,11 +136,6 @@ class GatewaySettings:
     shutdown_timeout: float = setting(
         "RAG_SHUTDOWN_TIMEOUT", 30.0, "Seconds SIGTERM waits for in-flight requests before closing."
     )
-    drain_interval: float = setting(
-        "RAG_INGEST_DRAIN_INTERVAL",
-        2.0,
-        "Seconds between background drain passes of the ingestion queue inside the gateway.",
-    )
     log_format: str = setting("RAG_LOG_FORMAT", "json", "`json` (one object per line) or `text`.")
     database: DatabaseSettings = dataclasses.field(default_factory=DatabaseSettings)
     sidecar: SidecarClientSettings = dataclasses.field(default_factory=SidecarClientSettings)
@@ -181,8 +176,6 @@ class GatewaySettings:
             raise SettingsError("RAG_HNSW_EF_SEARCH must be at most 1000 (pgvector's limit)")
         if self.jwt_leeway < 0 or self.shutdown_timeout < 0 or self.lexical_stats_ttl < 0:
             raise SettingsError("RAG_JWT_LEEWAY, RAG_SHUTDOWN_TIMEOUT, RAG_LEXICAL_STATS_TTL are >= 0")
-        if self.drain_interval <= 0:
-            raise SettingsError("RAG_INGEST_DRAIN_INTERVAL must be positive")
         if self.log_format not in ("json", "text"):
             raise SettingsError(f"RAG_LOG_FORMAT={self.log_format!r}: use json or text")
         parse_weights(self.fusion_weights)
