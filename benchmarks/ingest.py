@@ -1,0 +1,409 @@
+"""Ingestion throughput: records/s and chunks/s end to end, and where the time goes.
+
+:func:`run_ingest_benchmark` queues a deterministic multilingual collection
+(oral-history transcriptions with timecodes, catalogue cards, long documents
+with headings and pages) through the real intake path, drains it with the real
+sidecar into real PostgreSQL, and reports, all from the same run:
+
+- **ingest**: records/s and chunks/s of the drain, and the share of its time
+  spent chunking, counting tokens, embedding and writing;
+- **embed-only baseline**: the same chunk texts sent straight to ``/embed`` in
+  the same batch sizes, so ``ingest chunks/s / embed-only chunks/s`` is the
+  pipeline's efficiency (1.0 = the indexer costs nothing beyond the model);
+- **write baseline**: the same rows written one ``INSERT`` per chunk versus the
+  indexer's one multi-row upsert per record;
+- **re-index**: the whole collection pushed again unchanged, which must embed
+  nothing (incremental), as records/s against the first pass.
+
+Run it::
+
+    python -m benchmarks.ingest --records 300 --start-sidecar          # offline profile, embedded DB
+    python -m benchmarks.ingest --sidecar-url http://127.0.0.1:8001 --database-url postgresql://...
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from index import store
+from index.demo import demo_sections
+from index.drain import drain_once
+from index.intake import enqueue_records
+from index.models import resolve_model
+from index.partitions import ModelPartition, ensure_partition, get_partition
+from index.sections import SectionStore
+from index.settings import IngestSettings
+from inference.client import EmbedResult, SidecarClient
+
+from .report import Headline, SuiteResult, Table
+
+__all__ = ["RecordingClient", "as_suite", "make_records", "run_ingest_benchmark"]
+
+_WORDS = {
+    "lg-spa": (
+        "cuando llegó el agua tuvimos que marcharnos del pueblo con los colchones y las gallinas "
+        "el pantano cubrió la iglesia y el cementerio mi padre trabajaba en la era y mi madre cosía "
+        "la fábrica cerró y las familias jóvenes se fueron a la ciudad a buscar trabajo en invierno"
+    ).split(),
+    "lg-eng": (
+        "the harbour fell silent when the last boats were sold and the women mended nets on the quay "
+        "we salted the pilchards in the cellars under the houses and carried bread to the men at dawn "
+        "the mine closed and the young people moved away to the cities looking for work"
+    ).split(),
+    "lg-deu": (
+        "als die zeche stillgelegt wurde zogen die jungen leute weg und die siedlung wurde still "
+        "der staub war das schlimmste und viele kumpel bekamen die staublunge unter tage "
+        "wir gingen sonntags zum förderturm und sprachen über die alten zeiten"
+    ).split(),
+    "lg-cat": (
+        "la colònia es va buidar quan la fàbrica va tancar i les famílies van marxar a barcelona "
+        "el soroll dels telers era tan fort que ens xiulaven les orelles en sortir del torn de nit "
+        "la sirena marcava l'hora d'entrar l'hora de dinar i fins i tot l'hora de la missa"
+    ).split(),
+}
+_LANGS = tuple(_WORDS)
+
+
+def _sentence(rng: random.Random, lang: str, words: int) -> str:
+    picked = [rng.choice(_WORDS[lang]) for _ in range(words)]
+    return " ".join(picked).capitalize() + "."
+
+
+def _paragraph(rng: random.Random, lang: str, sentences: int) -> str:
+    return " ".join(_sentence(rng, lang, rng.randint(8, 22)) for _ in range(sentences))
+
+
+def make_records(n: int, *, seed: int = 0, first_id: int = 1) -> list[dict[str, Any]]:
+    """``n`` deterministic records over the demo sections: a third oral histories (summary +
+    timecoded transcription), a third coin cards, a third museum objects (card + long document
+    with headings and page markers); languages rotate through Spanish, English, German, Catalan."""
+    rng = random.Random(seed)
+    records = []
+    for i in range(n):
+        section_id = first_id + i
+        lang = _LANGS[i % len(_LANGS)]
+        kind = i % 3
+        title = f"Record {section_id}: " + _sentence(rng, lang, 4)[:-1]
+        if kind == 0:
+            turns = []
+            for t in range(rng.randint(4, 9)):
+                speaker = "Entrevista" if t % 2 == 0 else "Testimoni"
+                turns.append(
+                    f"[TC_00:{t:02d}:{rng.randint(0, 59):02d}_TC] {speaker}: {_paragraph(rng, lang, rng.randint(1, 4))}"
+                )
+            groups = {
+                "summary": {lang: _paragraph(rng, lang, 3)},
+                "transcription": {lang: "\n".join(turns) + f"\n[TC_00:{len(turns):02d}:59_TC]"},
+            }
+            section = "oh1"
+        elif kind == 1:
+            groups = {
+                "card": {lang: f"Inventory MN-{2000 + section_id}-{i:04d}. " + _paragraph(rng, lang, 3)}
+            }
+            section = "numisdata4"
+        else:
+            parts = [f"[h1] {_sentence(rng, lang, 5)[:-1]}"]
+            for page in range(1, rng.randint(2, 4) + 1):
+                parts.append(f"[page-n-{page}]")
+                parts.append(f"[h2] {_sentence(rng, lang, 3)[:-1]}")
+                parts.extend(
+                    _paragraph(rng, lang, rng.randint(2, 5)) + "\n" for _ in range(rng.randint(1, 3))
+                )
+            groups = {"card": {lang: _paragraph(rng, lang, 2)}, "fulltext": {lang: "\n".join(parts)}}
+            section = "mus1"
+        records.append(
+            {
+                "section_tipo": section,
+                "section_id": section_id,
+                "projects": [1 + i % 3],
+                "title": {lang: title},
+                "groups": groups,
+            }
+        )
+    return records
+
+
+async def _text_rows(pool: asyncpg.Pool, partition: ModelPartition) -> list[asyncpg.Record]:
+    return await pool.fetch(
+        f"SELECT section_tipo, section_id, component_tipo, lang, chunk_index, parent_key, source_hash, "
+        f"source_text, lexical_text, embedding, sparse, token_count, projects, chunk_meta "
+        f"FROM {partition.table} WHERE modality = 'text' ORDER BY section_tipo, section_id"
+    )
+
+
+def _by_record(rows: list[asyncpg.Record]) -> dict[tuple[str, int], list[store.ChunkRow]]:
+    out: dict[tuple[str, int], list[store.ChunkRow]] = {}
+    for r in rows:
+        out.setdefault((r["section_tipo"], r["section_id"]), []).append(
+            store.ChunkRow(
+                r["component_tipo"],
+                r["lang"],
+                r["chunk_index"],
+                r["parent_key"],
+                r["source_hash"],
+                r["source_text"],
+                r["lexical_text"],
+                r["embedding"],
+                r["sparse"],
+                r["token_count"],
+                json.loads(r["chunk_meta"]),
+            )
+        )
+    return out
+
+
+async def _write_baselines(pool: asyncpg.Pool, source: ModelPartition, dimension: int) -> dict[str, float]:
+    """rows/s of the indexer's multi-row upsert vs one INSERT per chunk, on the same rows."""
+    rows = await _text_rows(pool, source)
+    records = _by_record(rows)
+    projects = {(r["section_tipo"], r["section_id"]): r["projects"] for r in rows}
+    multi = await ensure_partition(pool, "bench-write-multirow", dimension)
+    single = await ensure_partition(pool, "bench-write-row-at-a-time", dimension)
+
+    started = time.perf_counter()
+    for key, chunk_rows in records.items():
+        async with pool.acquire() as conn, conn.transaction():
+            await store.upsert_chunks(conn, multi, key, projects[key], chunk_rows)
+    multi_s = time.perf_counter() - started
+
+    started = time.perf_counter()
+    for key, chunk_rows in records.items():
+        async with pool.acquire() as conn, conn.transaction():
+            for row in chunk_rows:  # the anti-pattern: one round trip per chunk
+                await store.upsert_chunks(conn, single, key, projects[key], [row])
+    single_s = time.perf_counter() - started
+    for partition in (multi, single):
+        await pool.execute(f"TRUNCATE {partition.table}")
+    n = len(rows)
+    return {
+        "rows": n,
+        "multirow_rows_per_s": n / multi_s if multi_s else float("nan"),
+        "row_at_a_time_rows_per_s": n / single_s if single_s else float("nan"),
+    }
+
+
+class RecordingClient(SidecarClient):
+    """The real client, keeping the texts sent to ``/embed`` (the embed-only baseline resends them)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.embedded: list[str] = []
+        self.recording = False
+
+    async def embed(self, model: str, texts: Sequence[str], **kwargs: Any) -> EmbedResult:
+        result = await super().embed(model, texts, **kwargs)
+        if self.recording:
+            self.embedded.extend(texts)
+        return result
+
+
+async def run_ingest_benchmark(
+    pool: asyncpg.Pool,
+    client: RecordingClient,
+    *,
+    records: int = 200,
+    text_model: str | None = None,
+    settings: IngestSettings | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Ingest ``records`` synthetic records end to end and measure; returns the figures.
+
+    ``client`` is a :class:`RecordingClient` (the real client, remembering what it embedded).
+    The database should hold nothing of the demo sections (ids start at 1).
+    """
+    settings = settings or IngestSettings()
+    sections = SectionStore(pool)
+    for tipo, descriptor in demo_sections().items():
+        await sections.put(tipo, descriptor)
+    model = await resolve_model(client, "text", text_model)
+    collection = make_records(records, seed=seed)
+
+    # Warm the sidecar (and the model partition) outside the timings.
+    await client.embed(model.id, ["warm-up"] * 8, truncate=True)
+    if await get_partition(pool, model.id) is None:
+        await ensure_partition(pool, model.id, model.dimension or 0)
+
+    started = time.perf_counter()
+    for start in range(0, len(collection), settings.max_records_per_request):
+        await enqueue_records(pool, collection[start : start + settings.max_records_per_request])
+    intake_s = time.perf_counter() - started
+
+    client.recording = True
+    started = time.perf_counter()
+    first = await drain_once(pool, client, settings, text_model=model.id)
+    drain_s = time.perf_counter() - started
+    client.recording = False
+    if first.failed or first.indexed != records or first.unavailable:
+        raise RuntimeError(f"the benchmark drain did not index everything: {first}")
+
+    partition = await get_partition(pool, model.id)
+    assert partition is not None
+    texts = list(client.embedded)
+    if len(texts) != first.chunks_embedded:
+        raise RuntimeError(f"recorded {len(texts)} embedded texts, the drain reports {first.chunks_embedded}")
+    started = time.perf_counter()
+    for start in range(0, len(texts), settings.embed_batch):
+        await client.embed(model.id, texts[start : start + settings.embed_batch], truncate=True)
+    embed_only_s = time.perf_counter() - started
+
+    # Incremental: the same collection again embeds nothing.
+    await enqueue_records(pool, collection)
+    started = time.perf_counter()
+    again = await drain_once(pool, client, settings, text_model=model.id)
+    again_s = time.perf_counter() - started
+
+    writes = await _write_baselines(pool, partition, model.dimension or 0)
+    phases = {k: round(v, 4) for k, v in first.seconds.items()}
+    return {
+        "model": model.id,
+        "device": model.device,
+        "records": records,
+        "chunks_embedded": first.chunks_embedded,
+        "rows_written": first.rows_written,
+        "truncated": first.truncated,
+        "intake_records_per_s": records / intake_s,
+        "drain_seconds": drain_s,
+        "records_per_s": records / drain_s,
+        "chunks_per_s": first.chunks_embedded / drain_s,
+        "phase_seconds": phases,
+        "phase_share": {k: v / drain_s for k, v in first.seconds.items()},
+        "embed_share": first.seconds.get("embed", 0.0) / drain_s,
+        "write_share": first.seconds.get("write", 0.0) / drain_s,
+        "embed_only_chunks": len(texts),
+        "embed_only_chunks_per_s": len(texts) / embed_only_s,
+        "pipeline_efficiency": (first.chunks_embedded / drain_s) / (len(texts) / embed_only_s),
+        "reindex_unchanged_records_per_s": records / again_s,
+        "reindex_chunks_embedded": again.chunks_embedded,
+        "reindex_rows_written": again.rows_written,
+        "write_baseline": writes,
+        "multirow_speedup": writes["multirow_rows_per_s"] / writes["row_at_a_time_rows_per_s"],
+        "settings": {"batch_records": settings.batch_records, "embed_batch": settings.embed_batch},
+    }
+
+
+def as_suite(result: dict[str, Any]) -> SuiteResult:
+    """The figures as a report suite (headlines against same-run baselines)."""
+    shares = result["phase_share"]
+    return SuiteResult(
+        suite="ingest",
+        headlines=[
+            Headline(
+                "ingest chunks/s",
+                result["chunks_per_s"],
+                "chunks/s",
+                "embed-only",
+                result["embed_only_chunks_per_s"],
+                bar=0.7,
+            ),
+            Headline(
+                "multi-row writes",
+                result["write_baseline"]["multirow_rows_per_s"],
+                "rows/s",
+                "row-at-a-time",
+                result["write_baseline"]["row_at_a_time_rows_per_s"],
+                bar=2.0,
+            ),
+            Headline(
+                "re-index unchanged",
+                result["reindex_unchanged_records_per_s"],
+                "records/s",
+                "first ingest",
+                result["records_per_s"],
+            ),
+        ],
+        tables=[
+            Table(
+                "Where the drain's time goes",
+                ["phase", "seconds", "share"],
+                [[p, result["phase_seconds"][p], shares[p]] for p in sorted(shares)],
+            )
+        ],
+        figures={k: v for k, v in result.items() if not isinstance(v, dict)},
+        notes=[
+            f"{result['records']} records, {result['chunks_embedded']} chunks embedded with "
+            f"{result['model']} on {result['device']}: {result['records_per_s']:.1f} records/s, "
+            f"{result['chunks_per_s']:.1f} chunks/s.",
+            f"Re-indexing the unchanged collection embedded {result['reindex_chunks_embedded']} chunks "
+            f"and wrote {result['reindex_rows_written']} rows.",
+        ],
+    )
+
+
+@contextlib.contextmanager
+def _offline_sidecar(start: bool, url: str | None) -> Iterator[str]:
+    if not start:
+        if not url:
+            raise SystemExit(
+                "give --sidecar-url (or RAG_SIDECAR_URL), or --start-sidecar for the offline profile"
+            )
+        yield url
+        return
+    from inference.config import load_config
+    from inference.launcher import running_sidecar
+    from inference.serve_app import default_config_path
+
+    with running_sidecar(load_config(default_config_path())) as started:
+        yield started
+
+
+@contextlib.asynccontextmanager
+async def _database(url: str | None) -> AsyncIterator[asyncpg.Pool]:
+    from schema.database import open_database
+    from schema.settings import DatabaseSettings
+
+    with tempfile.TemporaryDirectory(prefix="mnemo-bench-") as tmp:
+        settings = DatabaseSettings(database_url=url, data_dir=Path(tmp))
+        async with open_database(settings) as db:
+            yield db.pool
+
+
+async def _main(args: argparse.Namespace, sidecar_url: str) -> dict[str, Any]:
+    settings = IngestSettings()
+    if args.embed_batch:
+        settings = replace(settings, embed_batch=args.embed_batch)
+    async with _database(args.database_url) as pool, RecordingClient(sidecar_url, timeout=120) as client:
+        return await run_ingest_benchmark(
+            pool, client, records=args.records, text_model=args.text_model, settings=settings
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    import os
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.ingest", description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=300)
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get("RAG_DATABASE_URL"),
+        help="PostgreSQL with pgvector (default: a throw-away embedded one)",
+    )
+    parser.add_argument("--sidecar-url", default=os.environ.get("RAG_SIDECAR_URL"))
+    parser.add_argument("--start-sidecar", action="store_true", help="run the offline profile here")
+    parser.add_argument("--text-model", default=os.environ.get("RAG_TEXT_MODEL"))
+    parser.add_argument("--embed-batch", type=int, default=None)
+    parser.add_argument("--out", type=Path, default=None, help="also write REPORT.md + results.json here")
+    args = parser.parse_args(argv)
+    with _offline_sidecar(args.start_sidecar, args.sidecar_url) as url:
+        result = asyncio.run(_main(args, url))
+    print(json.dumps(result, indent=2))
+    if args.out:
+        from .report import write_report
+
+        print(write_report(args.out, [as_suite(result)], {"records": args.records}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,42 @@
+"""The ingestion benchmark runs end to end on the real sidecar and reports coherent figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import asyncpg
+
+from benchmarks.ingest import RecordingClient, as_suite, make_records, run_ingest_benchmark
+from benchmarks.report import write_report
+from index.chunker import chunk
+from index.settings import IngestSettings
+from tests.ingest_support import TEXT_MODEL
+
+
+def test_the_synthetic_collection_is_deterministic_and_structured() -> None:
+    a, b = make_records(9, seed=3), make_records(9, seed=3)
+    assert a == b and a != make_records(9, seed=4)
+    assert {r["section_tipo"] for r in a} == {"oh1", "numisdata4", "mus1"}
+    transcription = a[0]["groups"]["transcription"]
+    (text,) = transcription.values()
+    assert "[TC_00:00:" in text and len(chunk(text, mode="transcription")) >= 4
+    (fulltext,) = a[2]["groups"]["fulltext"].values()
+    assert "[h1]" in fulltext and "[page-n-1]" in fulltext
+
+
+async def test_the_benchmark_measures_a_small_collection(
+    db_pool: asyncpg.Pool, sidecar_url: str, tmp_path: Path
+) -> None:
+    async with RecordingClient(sidecar_url) as client:
+        result = await run_ingest_benchmark(
+            db_pool, client, records=9, text_model=TEXT_MODEL, settings=IngestSettings(embed_batch=32)
+        )
+    assert result["records"] == 9 and result["chunks_embedded"] == result["embed_only_chunks"] > 9
+    assert result["rows_written"] == result["chunks_embedded"] and result["truncated"] == 0
+    assert result["records_per_s"] > 0 and result["chunks_per_s"] > 0
+    assert 0 < result["embed_share"] < 1 and 0 < result["write_share"] < 1
+    assert set(result["phase_share"]) == {"chunk", "tokenize", "embed", "write"}
+    assert (result["reindex_chunks_embedded"], result["reindex_rows_written"]) == (0, 0)
+    assert result["write_baseline"]["rows"] == result["rows_written"]
+    report = write_report(tmp_path, [as_suite(result)], {"records": 9})
+    assert "ingest chunks/s" in report.read_text()
