@@ -132,7 +132,7 @@ class Retriever:
         self.metrics.query_cache.labels("miss").inc()
         with self.metrics.time_leg("embed"):
             try:
-                result = await self._embed(model_id, query)
+                result = await self._embed(model_id, [query])
             except SidecarError as exc:
                 log.warning("query embedding failed: %s", exc)
                 raise EmbeddingUnavailable(str(exc)) from exc
@@ -146,20 +146,41 @@ class Retriever:
         self.cache.put(model_id, query, vector)
         return model_id, vector
 
-    async def _embed(self, model_id: str, query: str):  # type: ignore[no-untyped-def]
+    async def _embed(self, model_id: str, texts: Sequence[str]):  # type: ignore[no-untyped-def]
         """Ask for sparse weights too until the sidecar says the model has no sparse head."""
         from inference.client import SidecarRejected
 
         if self._sparse_head is not False:
             try:
-                result = await self.client.embed(model_id, [query], truncate=True, return_sparse=True)  # type: ignore[attr-defined]
+                result = await self.client.embed(model_id, texts, truncate=True, return_sparse=True)  # type: ignore[attr-defined]
                 self._sparse_head = True
                 return result
             except SidecarRejected as exc:
                 if exc.code != "sparse_unsupported":
                     raise
                 self._sparse_head = False
-        return await self.client.embed(model_id, [query], truncate=True)  # type: ignore[attr-defined]
+        return await self.client.embed(model_id, texts, truncate=True)  # type: ignore[attr-defined]
+
+    async def warm_queries(self, queries: Sequence[str]) -> int:
+        """Embed many queries in batched sidecar calls and cache them (eval, benchmarks); returns the count."""
+        model = await self.text_model()
+        model_id: str = model.id  # type: ignore[attr-defined]
+        todo = list(dict.fromkeys(q for q in queries if self.cache.get(model_id, q) is None))
+        if not todo:
+            return 0
+        from inference.client import SidecarError
+
+        try:
+            result = await self._embed(model_id, todo)
+        except SidecarError as exc:
+            raise EmbeddingUnavailable(str(exc)) from exc
+        embeddings = np.asarray(result.embeddings, dtype=np.float32)
+        for i, query in enumerate(todo):
+            if _usable(embeddings[i], getattr(model, "dimension", None)):
+                sparse = result.sparse[i] if result.sparse else None
+                vector = QueryVector(embeddings[i] / np.linalg.norm(embeddings[i]), sparse or None)
+                self.cache.put(model_id, query, vector)
+        return len(todo)
 
     # -- legs, fusion, gate --------------------------------------------------------------------
 

@@ -6,7 +6,8 @@
 - :func:`lexical_search`: OR semantics over the accent-folded tsvector, ranked
   by BM25 (IDF from the partition's document frequencies, term-frequency
   saturation, length normalization). A rare term (a name, an inventory number)
-  outweighs common words, unlike ``ts_rank`` over AND-ed terms.
+  outweighs common words, unlike ``ts_rank`` over AND-ed terms. The query's
+  stop words (its guessed language's) are dropped; the index keeps every word.
 - :func:`sparse_search`: learned-sparse inner product (bge-m3 lexical weights).
 - :func:`seed_chunks`: a stored record's chunks with their vectors (``similar_to``).
 
@@ -29,6 +30,7 @@ import asyncpg
 import numpy as np
 
 from .partitions import ModelPartition
+from .stopwords import strip_stopwords
 from .text import fold
 
 __all__ = [
@@ -302,7 +304,7 @@ async def lexical_search(
     query of common words cannot turn into a full scan; every query term still
     contributes to the score of the chunks that match.
     """
-    terms = await query_terms(db, query)
+    terms = strip_stopwords(await query_terms(db, query))
     if not terms:
         return []
     corpus, idf = await stats.idf(db, partition, terms)

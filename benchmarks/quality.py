@@ -1,0 +1,219 @@
+"""Retrieval quality: Mnemo's retrieval modes beside same-run references, on BEIR data sets.
+
+References, computed in the same run on the same corpus:
+
+- ``exact_dense``: exact cosine search (numpy) over the very chunk vectors the
+  store holds, best chunk per record: what the dense leg would return with no
+  ANN index and no filters, so the difference is what HNSW + filters lose;
+- ``bm25``: ``bm25s`` (Lucene BM25, k1 1.5, b 0.75, its English stop words)
+  over title + text, as measured in the issue (0.667 on ``med``, 0.945 on ``xquad-es``);
+- ``rrf``: plain RRF (k 60, equal weights) of those two.
+
+Bars: the dense leg within 0.01 nDCG@10 of ``exact_dense``; the lexical leg at
+least 95% of ``bm25``; hybrid at least ``rrf`` minus 0.01.
+
+``python -m benchmarks.quality --dataset ../shared/datasets/med`` (a running
+sidecar at ``RAG_SIDECAR_URL``; the database at ``RAG_DATABASE_URL`` or embedded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gateway.eval import (
+    EVAL_LIMIT,
+    MODES,
+    BeirDataset,
+    EvalSession,
+    eval_session,
+    format_table,
+    load_beir,
+    score_runs,
+)
+from gateway.fusion import rrf
+from gateway.settings import GatewaySettings
+
+BM25_STOPWORDS = "en"
+
+
+async def exact_dense_runs(session: EvalSession) -> dict[str, list[str]]:
+    """Exact cosine over the stored chunk vectors, best chunk per record, top 100 per query."""
+    model = await session.retriever.text_model()
+    partition = await session.retriever.partition(model.id)  # type: ignore[attr-defined]
+    assert partition is not None
+    rows = await session.pool.fetch(
+        f"SELECT section_id, embedding FROM {partition.table} WHERE section_tipo = $1 AND modality = 'text'",
+        session.section_tipo,
+    )
+    record_of = np.array([r["section_id"] for r in rows])
+    vectors = np.stack(
+        [
+            np.asarray(r["embedding"].to_numpy() if hasattr(r["embedding"], "to_numpy") else r["embedding"])
+            for r in rows
+        ]
+    ).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    records, inverse = np.unique(record_of, return_inverse=True)
+    runs = {}
+    for qid, text in session.dataset.queries.items():
+        cached = session.retriever.cache.get(model.id, text)  # type: ignore[attr-defined]
+        assert cached is not None, "queries are embedded once, by the retrieval run"
+        sims = vectors @ cached.dense
+        best = np.full(len(records), -np.inf, dtype=np.float32)
+        np.maximum.at(best, inverse, sims)
+        order = np.argsort(-best, kind="stable")[:EVAL_LIMIT]
+        runs[qid] = [session.ids[int(records[i])] for i in order]
+    return runs
+
+
+def bm25_runs(dataset: BeirDataset) -> dict[str, list[str]]:
+    """bm25s over title + text (its defaults and English stop words), top 100 per query."""
+    import bm25s
+
+    doc_ids = list(dataset.corpus)
+    texts = [f"{title} {text}".strip() for title, text in dataset.corpus.values()]
+    retriever = bm25s.BM25()
+    retriever.index(bm25s.tokenize(texts, stopwords=BM25_STOPWORDS, show_progress=False), show_progress=False)
+    qids = list(dataset.queries)
+    tokens = bm25s.tokenize([dataset.queries[q] for q in qids], stopwords=BM25_STOPWORDS, show_progress=False)
+    k = min(EVAL_LIMIT, len(doc_ids))
+    results, _scores = retriever.retrieve(tokens, k=k, show_progress=False)
+    return {qid: [doc_ids[int(j)] for j in results[i]] for i, qid in enumerate(qids)}
+
+
+def rrf_runs(*runs: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
+    """Plain RRF (k 60, equal weights) of document rankings."""
+    out = {}
+    for qid in runs[0]:
+        fused = rrf({str(i): run.get(qid, []) for i, run in enumerate(runs)})
+        out[qid] = [f.key for f in fused][:EVAL_LIMIT]
+    return out
+
+
+def check_bars(
+    modes: Mapping[str, Mapping[str, float]], refs: Mapping[str, Mapping[str, float]]
+) -> dict[str, Any]:
+    """The issue's bars on nDCG@10, each with its value, target and verdict."""
+    bars = {}
+
+    def bar(name: str, mode: str, ref: str, target: float) -> None:
+        if mode in modes and ref in refs:
+            value = modes[mode]["ndcg@10"]
+            bars[name] = {"value": value, "target": round(target, 4), "pass": value >= target - 1e-9}
+
+    if "exact_dense" in refs:
+        bar("dense >= exact_dense - 0.01", "dense", "exact_dense", refs["exact_dense"]["ndcg@10"] - 0.01)
+    if "bm25" in refs:
+        bar("lexical >= 0.95 * bm25", "lexical", "bm25", 0.95 * refs["bm25"]["ndcg@10"])
+    if "rrf" in refs:
+        bar("hybrid >= rrf - 0.01", "hybrid", "rrf", refs["rrf"]["ndcg@10"] - 0.01)
+    return bars
+
+
+async def run_quality_benchmark(
+    dataset_dir: Path,
+    settings: GatewaySettings,
+    *,
+    database_url: str | None = None,
+    modes: Sequence[str] = MODES,
+    references: bool = True,
+    tune: bool = False,
+    keep: bool = False,
+) -> dict[str, Any]:
+    """Ingest one data set, evaluate the modes (and references, bars, tuning); a JSON-able dict."""
+    dataset = load_beir(dataset_dir)
+    started = time.perf_counter()
+    async with eval_session(dataset, settings, database_url=database_url, keep=keep) as session:
+        ingest_s = time.perf_counter() - started
+        await session.fetch_legs()
+        query_s = time.perf_counter() - started - ingest_s
+        model = await session.retriever.text_model()
+        out: dict[str, Any] = {
+            "dataset": dataset.name,
+            "model": model.id,  # type: ignore[attr-defined]
+            "documents": len(dataset.corpus),
+            "queries": len(dataset.queries),
+            "weights": dict(settings.weights),
+            "modes": session.evaluate(modes),
+            "timing_s": {"ingest": round(ingest_s, 1), "queries": round(query_s, 1)},
+        }
+        if references:
+            dense, bm25 = await exact_dense_runs(session), bm25_runs(dataset)
+            out["references"] = {
+                "exact_dense": score_runs(dense, dataset.qrels),
+                "bm25": score_runs(bm25, dataset.qrels),
+                "rrf": score_runs(rrf_runs(dense, bm25), dataset.qrels),
+            }
+            out["bars"] = check_bars(out["modes"], out["references"])
+        if tune:
+            out["tuned"] = session.tune()
+    return out
+
+
+def metrics_json(result: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """``{"<mode>": {"ndcg@10", "recall@100", "mrr@10"}}`` plus ``reference:<name>`` rows."""
+    out = {mode: dict(m) for mode, m in result["modes"].items()}
+    for name, m in result.get("references", {}).items():
+        out[f"reference:{name}"] = dict(m)
+    return out
+
+
+def render(result: Mapping[str, Any]) -> str:
+    """The human report: one table of modes and references, the bars, the tuned weights."""
+    rows = dict(result["modes"])
+    rows.update({f"ref: {k}": v for k, v in result.get("references", {}).items()})
+    title = (
+        f"{result['dataset']}: {result['documents']} documents, {result['queries']} queries, "
+        f"model {result['model']}, limit {EVAL_LIMIT}"
+    )
+    lines = [format_table(rows, title)]
+    for name, bar in result.get("bars", {}).items():
+        lines.append(
+            f"  bar {name}: {bar['value']:.4f} vs {bar['target']:.4f}  {'PASS' if bar['pass'] else 'FAIL'}"
+        )
+    if "tuned" in result:
+        t = result["tuned"]
+        lines.append(f"  tuned: {t['setting']}  (nDCG@10 {t['metrics']['ndcg@10']:.4f})")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from gateway.settings import load_gateway_settings
+
+    p = argparse.ArgumentParser(prog="python -m benchmarks.quality", description=__doc__.splitlines()[0])
+    p.add_argument("--dataset", type=Path, action="append", required=True, help="BEIR directory (repeatable)")
+    p.add_argument("--database-url", default=None)
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--tune", action="store_true")
+    p.add_argument("--json", type=Path, default=None, help="write every data set's result here")
+    args = p.parse_args(argv)
+    settings = load_gateway_settings(auth="off")
+    results = []
+    for directory in args.dataset:
+        result = asyncio.run(
+            run_quality_benchmark(
+                directory,
+                settings,
+                database_url=args.database_url,
+                modes=args.modes.split(","),
+                tune=args.tune,
+            )
+        )
+        print(render(result), flush=True)
+        results.append(result)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0 if all(b["pass"] for r in results for b in r.get("bars", {}).values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""The quality harness on the ADI collection: the real intake, drain and retrieval, with references."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.quality import metrics_json, run_quality_benchmark
+from gateway.eval import load_beir, mrr_at, ndcg_at, recall_at, score_runs, section_for
+from gateway.settings import load_gateway_settings
+from tests.conftest import SHARED
+
+pytestmark = pytest.mark.ray
+ADI = SHARED / "datasets" / "adi"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_metrics_by_hand() -> None:
+    rels = {"a": 1, "b": 1, "z": 0}
+    assert ndcg_at(["a", "b"], rels) == 1.0
+    assert ndcg_at(["x", "a"], rels) == pytest.approx((1 / 1.5849625) / (1 + 1 / 1.5849625))
+    assert recall_at(["a", "x"], rels) == 0.5 and mrr_at(["x", "z", "b"], rels) == pytest.approx(1 / 3)
+    assert score_runs({"q": ["a"]}, {"q": rels, "r": {"c": 1}})["mrr@10"] == 0.5  # a missing run scores 0
+    assert section_for("xquad-es") == "eval_xquad_es"
+
+
+def test_load_beir_keeps_judged_queries_only() -> None:
+    ds = load_beir(ADI)
+    assert len(ds.corpus) == 82 and ds.queries and set(ds.queries) == set(ds.qrels)
+
+
+async def test_adi_modes_references_and_bars(database_url: str, sidecar_url: str) -> None:
+    settings = load_gateway_settings(
+        {"RAG_SIDECAR_URL": sidecar_url, "RAG_TEXT_MODEL": "all-minilm-l6-v2"}, auth="off"
+    )
+    result = await run_quality_benchmark(ADI, settings, database_url=database_url, tune=True)
+    modes, refs = result["modes"], result["references"]
+    assert set(modes) == {"dense", "lexical", "hybrid"}  # MiniLM has no sparse head: that mode is skipped
+    for row in [*modes.values(), *refs.values()]:
+        assert 0.0 < row["ndcg@10"] <= 1.0 and 0.0 < row["recall@100"] <= 1.0 and 0.0 < row["mrr@10"] <= 1.0
+    # ADI is tiny (82 documents): an ANN index over it must be exact.
+    assert modes["dense"]["ndcg@10"] == pytest.approx(refs["exact_dense"]["ndcg@10"], abs=1e-3)
+    assert all(bar["pass"] for bar in result["bars"].values()), result["bars"]
+    assert result["tuned"]["metrics"]["ndcg@10"] >= modes["hybrid"]["ndcg@10"]
+    assert set(metrics_json(result)) == {
+        "dense",
+        "lexical",
+        "hybrid",
+        "reference:exact_dense",
+        "reference:bm25",
+        "reference:rrf",
+    }
+
+
+def test_mnemo_eval_cli_writes_the_json(database_url: str, sidecar_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "adi.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "eval",
+            "--dataset",
+            str(ADI),
+            "--modes",
+            "lexical,hybrid",
+            "--json",
+            str(out),
+            "--no-references",
+            "--database-url",
+            database_url,
+            "--sidecar-url",
+            sidecar_url,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ndcg@10" in proc.stdout and "hybrid" in proc.stdout
+    written = json.loads(out.read_text())
+    assert set(written) == {"lexical", "hybrid"} and set(written["hybrid"]) == {
+        "ndcg@10",
+        "recall@100",
+        "mrr@10",
+    }
