@@ -68,21 +68,23 @@ async def _snapshot(pool: asyncpg.Pool) -> list[tuple[Any, ...]]:
     ]
 
 
-def _edit(section_id: int) -> dict[str, Any]:
-    edited = record(section_id, projects=[9])
+async def _indexed_then_edited(pool: asyncpg.Pool, client: CountingClient) -> list[tuple[Any, ...]]:
+    """Index record 1, queue an edit of it (new projects, one group gone); return the stored rows."""
+    await enqueue_records(pool, [record(1)])
+    await drain_once(pool, client, SETTINGS, text_model=TEXT_MODEL)
+    before = await _snapshot(pool)
+    edited = record(1, projects=[9])
     edited["groups"]["summary"]["lg-eng"] = "A new summary: the bells of the drowned church."
     del edited["groups"]["transcription"]
-    return edited
+    await enqueue_records(pool, [edited])
+    return before
 
 
 async def test_a_drain_killed_between_embedding_and_commit_leaves_the_record_as_it_was(
     pool: asyncpg.Pool, sidecar_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with CountingClient(sidecar_url) as client:
-        await enqueue_records(pool, [record(1)])
-        await drain_once(pool, client, SETTINGS, text_model=TEXT_MODEL)
-        before = await _snapshot(pool)
-        await enqueue_records(pool, [_edit(1)])
+        before = await _indexed_then_edited(pool, client)
 
         real_delete_stale = index.store.delete_stale
 
@@ -112,10 +114,7 @@ async def test_a_drain_cancelled_inside_the_write_transaction_rolls_back(
     pool: asyncpg.Pool, sidecar_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with CountingClient(sidecar_url) as client:
-        await enqueue_records(pool, [record(1)])
-        await drain_once(pool, client, SETTINGS, text_model=TEXT_MODEL)
-        before = await _snapshot(pool)
-        await enqueue_records(pool, [_edit(1)])
+        before = await _indexed_then_edited(pool, client)
 
         real_upsert = index.store.upsert_chunks
         inside = asyncio.Event()
