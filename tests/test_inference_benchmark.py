@@ -1,0 +1,44 @@
+"""benchmarks.sidecar runs end to end (tiny durations) and reports what the suite needs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from benchmarks.sidecar import format_report, run_encoder_tokens_benchmark, run_sidecar_benchmark
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+
+def test_sidecar_benchmark_reports_cells_ratios_and_bars(sidecar_url: str) -> None:
+    result = run_sidecar_benchmark(
+        sidecar_url=sidecar_url,
+        concurrencies=(1, 2),
+        sizes=(1, 4),
+        seconds_per_cell=0.3,
+        baseline_seconds=0.2,
+        include_service=True,
+    )
+    assert {(c["mode"], c["concurrency"], c["request_size"]) for c in result["cells"]} == {
+        (mode, c, s) for mode in ("service", "sidecar") for c in (1, 2) for s in (1, 4)
+    }
+    for cell in result["cells"]:
+        assert cell["items_per_s"] > 0 and cell["tokens_per_s"] > cell["items_per_s"]  # > 1 token per text
+        assert cell["latency_ms"]["p50"] <= cell["latency_ms"]["p95"] <= cell["latency_ms"]["p99"]
+        assert math.isfinite(cell["ratio_to_inprocess"]) and cell["ratio_to_inprocess"] > 0
+    assert result["baseline"]["windows"] == 2 * (2 * 2 + 1)
+    assert set(result["bars"]) == {"c16_1item", "c16_32item"}  # not measured in this small grid
+    assert all(bar["ratio"] is None for bar in result["bars"].values())
+    report = format_report(result)
+    assert "in-process batch 32" in report and "sidecar c16_1item: n/a" in report
+
+
+def test_encoder_tokens_benchmark_runs_the_bge_m3_shape_small_on_cpu() -> None:
+    tiny = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
+    result = run_encoder_tokens_benchmark(
+        lengths=(16, 32), batch=2, seconds=0.1, device="cpu", config_overrides=tiny
+    )
+    assert result["device"] == "cpu" and result["dtype"] == "float32"
+    assert set(result["lengths"]) == {"16", "32"}
+    assert all(v["tokens_per_s"] > 0 for v in result["lengths"].values())
