@@ -258,11 +258,12 @@ class TextEncoder(Encoder):
         import torch
 
         mask = batch["attention_mask"]
+        states = hidden.float()  # pool in fp32 whatever the model ran in (bf16/fp16 on CUDA)
         if self.spec.pooling == "cls":
-            pooled = hidden[:, 0]
+            pooled = states[:, 0]
         else:
-            weights = mask.unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+            weights = mask.unsqueeze(-1).to(states.dtype)
+            pooled = (states * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
         dense = _normalize(pooled)
         sparse: list[dict[int, float] | None] = [None] * len(dense)
         if self.sparse_linear is not None:

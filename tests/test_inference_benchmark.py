@@ -15,19 +15,20 @@ def test_sidecar_benchmark_reports_cells_ratios_and_bars(sidecar_url: str) -> No
     result = run_sidecar_benchmark(
         sidecar_url=sidecar_url,
         concurrencies=(1, 2),
-        sizes=(1, 4),
+        sizes=(4,),
         seconds_per_cell=0.3,
-        baseline_seconds=0.2,
-        include_service=True,
+        baseline_seconds=0.1,
+        include_service=False,
     )
-    assert {(c["mode"], c["concurrency"], c["request_size"]) for c in result["cells"]} == {
-        (mode, c, s) for mode in ("service", "sidecar") for c in (1, 2) for s in (1, 4)
-    }
+    assert [(c["mode"], c["concurrency"], c["request_size"]) for c in result["cells"]] == [
+        ("sidecar", 1, 4),
+        ("sidecar", 2, 4),
+    ]
     for cell in result["cells"]:
         assert cell["items_per_s"] > 0 and cell["tokens_per_s"] > cell["items_per_s"]  # > 1 token per text
         assert cell["latency_ms"]["p50"] <= cell["latency_ms"]["p95"] <= cell["latency_ms"]["p99"]
         assert math.isfinite(cell["ratio_to_inprocess"]) and cell["ratio_to_inprocess"] > 0
-    assert result["baseline"]["windows"] == 2 * (2 * 2 + 1)
+    assert result["baseline"]["windows"] == 3  # one before the first cell, one after each
     assert set(result["bars"]) == {"c16_1item", "c16_32item"}  # not measured in this small grid
     assert all(bar["ratio"] is None for bar in result["bars"].values())
     report = format_report(result)

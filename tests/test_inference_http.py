@@ -12,9 +12,7 @@ import base64
 import dataclasses
 import io
 import json
-import struct
 import threading
-import zlib
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -29,7 +27,7 @@ from inference.config import SidecarConfig
 from inference.encoders import Encoder
 from inference.local_server import create_app
 from inference.service import ModelService
-from tests.fixtures.sidecar import until
+from tests.fixtures.sidecar import bomb_png, until
 
 MINILM = "all-minilm-l6-v2"
 SIGLIP = "tiny-siglip-random"
@@ -39,19 +37,6 @@ def _png(size: tuple[int, int] = (16, 16)) -> str:
     buffer = io.BytesIO()
     Image.new("RGB", size, (120, 30, 30)).save(buffer, format="PNG")
     return base64.b64encode(buffer.getvalue()).decode()
-
-
-def _bomb_png(width: int, height: int) -> str:
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    png = (
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-        + chunk(b"IDAT", zlib.compress(b"\0" * 64))
-        + chunk(b"IEND", b"")
-    )
-    return base64.b64encode(png).decode()
 
 
 @pytest.fixture
@@ -127,12 +112,16 @@ async def test_413_too_many_inputs_body_and_image_limits(
     assert (status, answer["error"]["code"]) == (413, "body_too_large")
 
     status, answer, _ = await _post(
-        http, f"{sidecar_url}/image", {"model": SIGLIP, "images": [_bomb_png(50_000, 50_000)]}
+        http,
+        f"{sidecar_url}/image",
+        {"model": SIGLIP, "images": [base64.b64encode(bomb_png(50_000, 50_000)).decode()]},
     )
     assert (status, answer["error"]["code"]) == (413, "image_too_many_pixels")
 
     status, answer, _ = await _post(
-        http, f"{sidecar_url}/image", {"model": SIGLIP, "images": [_bomb_png(3000, 3000)]}
+        http,
+        f"{sidecar_url}/image",
+        {"model": SIGLIP, "images": [base64.b64encode(bomb_png(3000, 3000)).decode()]},
     )
     assert (status, answer["error"]["code"]) == (413, "image_too_many_pixels")  # 9 MP > the 4 MP test limit
 

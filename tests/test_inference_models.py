@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import io
-import struct
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +15,7 @@ from inference.config import ConfigError, ModelSpec, ModelWeightsMissing, config
 from inference.encoders import Encoder, TextEmbedding
 from inference.errors import BadRequest, InputTooLong, PayloadTooLarge
 from inference.images import decode_base64, open_image
+from tests.fixtures.sidecar import bomb_png
 
 WORDS = st.sampled_from(
     "amphora coin dam village harvest mill letter mayor flood road silver bronze water leave church".split()
@@ -131,26 +130,11 @@ def test_over_long_input_is_refused_unless_truncated(inference_encoders: dict[st
     assert item.fields["input_ids"][-1] == encoder.tokenizer.eos_token_id  # special tokens kept
 
 
-def _png_header_only(width: int, height: int) -> bytes:
-    """A PNG that declares width x height pixels but carries almost no data (a decompression bomb)."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", header)
-        + chunk(b"IDAT", zlib.compress(b"\0" * 64))
-        + chunk(b"IEND", b"")
-    )
-
-
 def test_images_are_checked_from_the_header_before_decoding() -> None:
     with pytest.raises(PayloadTooLarge, match="pixel limit"):
-        open_image(_png_header_only(100_000, 100_000), 0, max_pixels=40_000_000)
+        open_image(bomb_png(100_000, 100_000), 0, max_pixels=40_000_000)
     with pytest.raises(PayloadTooLarge):  # past PIL's own bomb guard too
-        open_image(_png_header_only(20_000, 20_000), 0, max_pixels=10**12)
+        open_image(bomb_png(20_000, 20_000), 0, max_pixels=10**12)
     with pytest.raises(BadRequest, match="not a decodable image"):
         open_image(b"certainly not an image", 0, max_pixels=1000)
     buffer = io.BytesIO()
