@@ -88,19 +88,19 @@ async def _serve_gateway(args: argparse.Namespace) -> int:
 
 
 async def _up(args: argparse.Namespace) -> int:
-    from schema.cli import wait_for_stop_signal
-    from schema.database import open_database
+    from .logs import configure_logging
+    from .up import jwt_secret, run_up
 
-    async with open_database(database_settings(args)) as db:
-        where = (
-            f"embedded PostgreSQL, data in {db.embedded.data_dir}" if db.embedded else "external PostgreSQL"
-        )
-        print("Mnemo is up:", flush=True)
-        print(f"  database  {db.url}  ({where}, migrations applied)", flush=True)
-        print("Ctrl-C stops everything started here.", flush=True)
-        await wait_for_stop_signal()
-    print("Mnemo stopped.", flush=True)
-    return 0
+    try:
+        dbs = database_settings(args)
+        os.environ.setdefault("RAG_JWT_SECRET", jwt_secret(dbs.data_dir))
+        settings = _gateway_settings(args)
+    except SettingsError as exc:
+        print(f"mnemo up: {exc}", file=sys.stderr)
+        return 2
+    configure_logging("text", "WARNING")  # the console is for the printed guide; logs stay quiet
+    print("Mnemo is starting:", flush=True)
+    return await run_up(args, settings)
 
 
 async def _eval(args: argparse.Namespace) -> int:
@@ -141,8 +141,10 @@ def _add_gateway_flags(p: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("up", help="start the database, sidecar and gateway in the foreground")
-    add_database_flags(p)
+    p = subparsers.add_parser(
+        "up", help="start the database, sidecar and gateway, load the demo collection, print tokens"
+    )
+    _add_gateway_flags(p)
     p.set_defaults(run=lambda a: asyncio.run(_up(a)))
 
     p = subparsers.add_parser("gateway", help="serve the dd_rag_api gateway (POST /api/v1/json)")

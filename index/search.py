@@ -235,48 +235,63 @@ class _Stats:
 
 
 class CorpusStats:
-    """Per-partition BM25 statistics (chunk count, mean length, document frequencies), cached.
+    """BM25 statistics (chunk count, mean length, document frequencies) per partition and section scope, cached.
 
-    Statistics older than ``ttl`` seconds are recomputed; document frequencies
-    are counted per term on first use (a GIN index probe) and cached with them.
-    Corpus-wide statistics drift slowly, so a short staleness only nudges scores.
+    A query scoped to sections is scored with those sections' statistics (a
+    term common in one collection can be rare in another); an unscoped query
+    with the whole partition's. Statistics older than ``ttl`` seconds are
+    recomputed; document frequencies are counted per term on first use (a GIN
+    index probe) and cached with them. Corpus statistics drift slowly, so a
+    short staleness only nudges scores.
     """
 
     def __init__(self, ttl: float = 60.0) -> None:
         self.ttl = ttl
-        self._stats: dict[str, _Stats] = {}
+        self._stats: dict[tuple[str, tuple[str, ...] | None], _Stats] = {}
 
     def invalidate(self) -> None:
         self._stats.clear()
 
-    async def _base(self, db: Executor, partition: ModelPartition) -> _Stats:
+    async def _base(
+        self, db: Executor, partition: ModelPartition, sections: tuple[str, ...] | None
+    ) -> _Stats:
         now = time.monotonic()
-        cached = self._stats.get(partition.partition)
+        key = (partition.partition, sections)
+        cached = self._stats.get(key)
         if cached is not None and now - cached.at < self.ttl:
             return cached
         row = await db.fetchrow(
             f"""SELECT count(*) AS n,
                        coalesce(avg((SELECT sum(coalesce(array_length(u.positions, 1), 1))
                                      FROM unnest(e.lexical) u)), 0) AS avgdl
-                FROM {partition.table} e WHERE e.modality = 'text'"""
+                FROM {partition.table} e
+                WHERE e.modality = 'text' AND ($1::text[] IS NULL OR e.section_tipo = ANY($1::text[]))""",
+            None if sections is None else list(sections),
         )
         stats = _Stats(n=int(row["n"]), avgdl=float(row["avgdl"] or 0.0), at=now)
-        self._stats[partition.partition] = stats
+        self._stats[key] = stats
         return stats
 
     async def idf(
-        self, db: Executor, partition: ModelPartition, terms: Sequence[str]
+        self,
+        db: Executor,
+        partition: ModelPartition,
+        terms: Sequence[str],
+        sections: tuple[str, ...] | None = None,
     ) -> tuple[_Stats, dict[str, float]]:
         """BM25 IDF per term, ``ln(1 + (N - df + 0.5) / (df + 0.5))``; terms absent from the corpus dropped."""
-        stats = await self._base(db, partition)
+        sections = None if sections is None else tuple(sorted(set(sections)))
+        stats = await self._base(db, partition, sections)
         missing = [t for t in terms if t not in stats.df]
         if missing:
             rows = await db.fetch(
                 f"""SELECT t.term, (SELECT count(*) FROM {partition.table} e
-                                    WHERE e.modality = 'text' AND e.lexical @@ t.q) AS df
+                                    WHERE e.modality = 'text' AND e.lexical @@ t.q
+                                      AND ($3::text[] IS NULL OR e.section_tipo = ANY($3::text[]))) AS df
                     FROM unnest($1::text[], $2::tsquery[]) AS t(term, q)""",
                 missing,
                 [_tsquery_literal(t) for t in missing],
+                None if sections is None else list(sections),
             )
             for r in rows:
                 stats.df[r["term"]] = int(r["df"])
@@ -307,7 +322,7 @@ async def lexical_search(
     terms = strip_stopwords(await query_terms(db, query))
     if not terms:
         return []
-    corpus, idf = await stats.idf(db, partition, terms)
+    corpus, idf = await stats.idf(db, partition, terms, scope.section_tipos)
     if not idf or corpus.n == 0:
         return []
     selective = [t for t in idf if corpus.df[t] <= COMMON_TERM_SHARE * corpus.n] or list(idf)

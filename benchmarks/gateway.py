@@ -1,0 +1,343 @@
+"""Gateway latency and throughput: ``semantic_search`` over HTTP beside the raw dense-leg SQL, same run.
+
+Setup: at least 10,000 chunks of real sentences (MEDLINE and XQuAD paragraphs
+from ``../shared/datasets``) in one model partition with its HNSW index. The
+first ``--embedded`` sentences get their vectors from the sidecar; the rest get
+seeded mixtures of those vectors plus noise, because a 2-core CPU sidecar would
+spend the whole time budget embedding. Latency depends on the index's size and
+shape, not on which sentence a vector came from; the texts stay real so the
+lexical leg sees real term statistics.
+
+Measured: the gateway (a ``mnemo gateway`` subprocess, hybrid retrieval, ACL,
+JSON over HTTP, query vectors cached after one warm pass) at concurrency 1, 8
+and 32, and the dense leg's SQL alone (``index.search.dense_search`` on a pool
+of the same size) for the same query vectors. The overhead ratio is the
+gateway's p50 over the raw SQL's p50.
+
+``python -m benchmarks.gateway`` (a sidecar at ``RAG_SIDECAR_URL``; a throwaway
+embedded PostgreSQL unless ``--database-url``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import re
+import secrets
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .measure import closed_loop, ratio
+
+SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "datasets"
+SECTION = "bench1"
+CHUNKS_PER_RECORD = 5
+CONCURRENCY = (1, 8, 32)
+DEFAULT_QUERIES = 200
+
+
+def load_sentences(minimum: int, datasets: Path = SHARED) -> list[str]:
+    """Real sentences of at least 6 words from the BEIR corpora, cycled with a marker to reach ``minimum``."""
+    sentences: list[str] = []
+    for name in ("med", "xquad-es", "xquad-de", "adi"):
+        path = datasets / name / "corpus.jsonl"
+        if not path.exists():
+            continue
+        for line in path.read_text(encoding="utf-8").splitlines():
+            text = json.loads(line).get("text", "").replace("\ufeff", "")
+            for s in re.split(r"(?<=[.!?])\s+", text):
+                if len(s.split()) >= 6:
+                    sentences.append(s.strip())
+    if not sentences:
+        raise FileNotFoundError(f"no corpora under {datasets}")
+    out = list(sentences)
+    while len(out) < minimum:
+        out.append(f"{sentences[len(out) % len(sentences)]} (copy {len(out) // len(sentences)})")
+    return out
+
+
+def load_queries(n: int, datasets: Path = SHARED) -> list[str]:
+    queries: list[str] = []
+    for name in ("med", "xquad-es", "xquad-de", "adi"):
+        path = datasets / name / "queries.jsonl"
+        if path.exists():
+            queries += [json.loads(line)["text"] for line in path.read_text(encoding="utf-8").splitlines()]
+    rng = np.random.default_rng(7)
+    return [queries[i] for i in rng.permutation(len(queries))[:n]]
+
+
+def mixed_vectors(base: np.ndarray, n: int, seed: int = 0) -> np.ndarray:
+    """``n`` unit vectors, each a random mixture of two base vectors plus a little noise."""
+    rng = np.random.default_rng(seed)
+    i, j = rng.integers(0, len(base), n), rng.integers(0, len(base), n)
+    w = rng.uniform(0.5, 1.0, (n, 1)).astype(np.float32)
+    out = w * base[i] + (1 - w) * base[j] + rng.normal(0, 0.02, (n, base.shape[1])).astype(np.float32)
+    return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+
+async def load_corpus(pool: Any, client: Any, model: Any, sentences: Sequence[str], embedded: int) -> Any:
+    """Write the chunks (COPY) into the model's partition; returns the partition."""
+    from index.partitions import ensure_partition
+    from index.text import fold
+
+    real = np.asarray((await client.embed(model.id, list(sentences[:embedded]), truncate=True)).embeddings)
+    vectors = np.concatenate([real, mixed_vectors(real, len(sentences) - len(real))]).astype(np.float32)
+    partition = await ensure_partition(pool, model.id, model.dimension)
+    meta = json.dumps({"contributors": ["c1"], "title": "", "heading_path": []})
+    rows = [
+        (
+            model.id, "text", SECTION, i // CHUNKS_PER_RECORD + 1, "rag:card", "lg-nolan",
+            i % CHUNKS_PER_RECORD, "", f"b{i}", text, fold(text), vectors[i], [1], meta,
+        )
+        for i, text in enumerate(sentences)
+    ]  # fmt: skip
+    async with pool.acquire() as conn:
+        await conn.copy_records_to_table(
+            partition.partition,
+            records=rows,
+            columns=[
+                "model", "modality", "section_tipo", "section_id", "component_tipo", "lang", "chunk_index",
+                "view", "source_hash", "source_text", "lexical_text", "embedding", "projects", "chunk_meta",
+            ],
+        )  # fmt: skip
+        await conn.execute(f"ANALYZE {partition.table}")
+    return partition
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.asynccontextmanager
+async def gateway_process(database_url: str, sidecar_url: str, secret: str, log: Path) -> AsyncIterator[str]:
+    """``mnemo gateway`` in a subprocess on a free loopback port; yields its base URL."""
+    import aiohttp
+
+    port = _free_port()
+    env = {**os.environ, "RAG_JWT_SECRET": secret, "RAG_LOG_FORMAT": "json", "RAG_AUTH": "jwt"}
+    with log.open("wb") as out:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway.cli", "gateway", "--port", str(port),
+            "--database-url", database_url, "--sidecar-url", sidecar_url,
+            env=env, stdout=out, stderr=out,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as s:
+            for _ in range(600):
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with s.get(url + "/healthz") as r:
+                        if r.status == 200:
+                            break
+                if proc.returncode is not None:
+                    raise RuntimeError(f"the gateway exited ({proc.returncode}); see {log}")
+                await asyncio.sleep(0.2)
+            else:
+                raise TimeoutError(f"the gateway did not start; see {log}")
+        yield url
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+            await asyncio.wait_for(proc.wait(), 60)
+
+
+def _load_dict(result: Any) -> dict[str, Any]:
+    d = result.as_dict()
+    lat = d.pop("latency_s")
+    d["latency_ms"] = {k: round(v * 1000, 3) for k, v in lat.items() if k != "n"}
+    d["requests_per_s"] = round(d["requests_per_s"], 1)
+    return {k: v for k, v in d.items() if k not in ("items_per_request", "items_per_s")}
+
+
+async def run_gateway_benchmark(
+    *,
+    sidecar_url: str,
+    database_url: str | None = None,
+    chunks: int = 10_000,
+    embedded: int = 1_000,
+    queries: int = DEFAULT_QUERIES,
+    requests: int = 600,
+    max_seconds: float = 30.0,
+    concurrency: Sequence[int] = CONCURRENCY,
+    limit: int = 10,
+) -> dict[str, Any]:
+    """Set up the corpus, measure the gateway and the raw dense SQL; a JSON-able dict of figures."""
+    import aiohttp
+
+    from gateway.auth import issue_token
+    from index.models import resolve_model
+    from index.search import Scope, dense_search
+    from inference.client import SidecarClient
+    from schema import EmbeddedPostgres, create_pool, migrate
+
+    started = time.perf_counter()
+    workdir = Path(tempfile.mkdtemp(prefix="mnemo-bench-gateway-"))
+    embedded_pg = None
+    if database_url is None:
+        embedded_pg = EmbeddedPostgres(workdir / "pg")
+        database_url = embedded_pg.start()
+    try:
+        await migrate(database_url)
+        pool_size = 10
+        pool = await create_pool(database_url, max_size=pool_size)
+        async with SidecarClient(sidecar_url) as client:
+            model = await resolve_model(client, "text", os.environ.get("RAG_TEXT_MODEL"))
+            sentences = load_sentences(chunks)[:chunks]
+            partition = await load_corpus(pool, client, model, sentences, min(embedded, chunks))
+            texts = load_queries(queries)
+            qvecs = np.asarray(
+                (await client.embed(model.id, texts, truncate=True)).embeddings, dtype=np.float32
+            )
+        setup_s = time.perf_counter() - started
+
+        # The raw dense leg: the same SQL the gateway runs, on a pool of the gateway's size.
+        fetch = max(limit * 4, 20)
+
+        async def raw(i: int) -> None:
+            async with pool.acquire() as conn:
+                await dense_search(conn, partition, qvecs[i % len(qvecs)], Scope(), fetch)
+
+        for i in range(len(qvecs)):  # warm the buffer cache like the gateway's warm pass
+            await raw(i)
+        raw_runs = {
+            c: await closed_loop(raw, concurrency=c, requests=requests, max_seconds=max_seconds)
+            for c in concurrency
+        }
+
+        secret = secrets.token_urlsafe(48)
+        bearer = issue_token(secret=secret, sub="bench", projects=None, admin=True)
+        async with gateway_process(database_url, sidecar_url, secret, workdir / "gateway.log") as url:
+            headers = {"Authorization": f"Bearer {bearer}"}
+            connector = aiohttp.TCPConnector(limit=max(concurrency) * 2)
+            async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
+
+                async def search(i: int) -> None:
+                    body = {"dd_api": "dd_rag_api", "action": "semantic_search",
+                            "options": {"query": texts[i % len(texts)], "limit": limit}}  # fmt: skip
+                    async with session.post(url + "/api/v1/json", json=body) as r:
+                        payload = await r.json()
+                        if r.status != 200 or len(payload["data"]) != limit:
+                            raise RuntimeError(f"semantic_search failed: {r.status} {payload}")
+
+                cold = await closed_loop(
+                    search, concurrency=1, requests=len(texts), max_seconds=120
+                )  # embeds
+                gateway_runs = {
+                    c: await closed_loop(search, concurrency=c, requests=requests, max_seconds=max_seconds)
+                    for c in concurrency
+                }
+                async with session.get(url + "/metrics") as r:
+                    metrics_text = await r.text()
+        await pool.close()
+    finally:
+        if embedded_pg is not None:
+            embedded_pg.stop()
+
+    rows = []
+    for c in concurrency:
+        g, r = gateway_runs[c], raw_runs[c]
+        rows.append(
+            {
+                "concurrency": c,
+                "gateway": _load_dict(g),
+                "raw_dense_sql": _load_dict(r),
+                "overhead_p50": round(ratio(g.latency.median, r.latency.median), 2),
+                "throughput_ratio": round(ratio(g.requests_per_s, r.requests_per_s), 3),
+            }
+        )
+    legs = {
+        m.group(1): float(m.group(2))
+        for m in re.finditer(r'mnemo_retrieval_leg_seconds_sum\{leg="(\w+)"\} ([0-9.e+-]+)', metrics_text)
+    }
+    counts = {
+        m.group(1): float(m.group(2))
+        for m in re.finditer(r'mnemo_retrieval_leg_seconds_count\{leg="(\w+)"\} ([0-9.e+-]+)', metrics_text)
+    }
+    return {
+        "suite": "gateway",
+        "chunks": len(sentences),
+        "records": (len(sentences) + CHUNKS_PER_RECORD - 1) // CHUNKS_PER_RECORD,
+        "model": model.id,
+        "embedded_vectors": min(embedded, chunks),
+        "queries": len(texts),
+        "limit": limit,
+        "leg_fetch": fetch,
+        "setup_s": round(setup_s, 1),
+        "cold_first_pass": _load_dict(cold),
+        "by_concurrency": rows,
+        "leg_mean_ms": {k: round(1000 * v / counts[k], 3) for k, v in legs.items() if counts.get(k)},
+        "overhead_ratio_p50_c1": rows[0]["overhead_p50"] if rows else None,
+    }
+
+
+def render(result: dict[str, Any]) -> str:
+    lines = [
+        f"gateway: semantic_search (limit {result['limit']}) over {result['chunks']} chunks / "
+        f"{result['records']} records, model {result['model']}",
+        f"{'conc':>4}  {'gw p50':>8} {'gw p95':>8} {'gw p99':>8} {'gw rps':>8}   "
+        f"{'sql p50':>8} {'sql p95':>8} {'sql p99':>8} {'sql rps':>8}   {'p50 x':>6}",
+    ]
+    for row in result["by_concurrency"]:
+        g, r = row["gateway"], row["raw_dense_sql"]
+        lines.append(
+            f"{row['concurrency']:>4}  {g['latency_ms']['median']:>8.2f} {g['latency_ms']['p95']:>8.2f} "
+            f"{g['latency_ms']['p99']:>8.2f} {g['requests_per_s']:>8.1f}   {r['latency_ms']['median']:>8.2f} "
+            f"{r['latency_ms']['p95']:>8.2f} {r['latency_ms']['p99']:>8.2f} {r['requests_per_s']:>8.1f}   "
+            f"{row['overhead_p50']:>6.2f}"
+        )
+    lines.append(
+        "  (ms; gateway = HTTP + auth + dense + lexical legs + RRF + ACL; sql = the dense leg alone)"
+    )
+    lines.append(f"  mean per leg inside the gateway (ms): {result['leg_mean_ms']}")
+    cold = result["cold_first_pass"]["latency_ms"]
+    lines.append(
+        f"  first pass, query embedding included: p50 {cold['median']:.1f} ms, p95 {cold['p95']:.1f} ms"
+    )
+    lines.append(
+        f"  overhead ratio (gateway p50 / raw dense SQL p50, concurrency 1): {result['overhead_ratio_p50_c1']}"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.gateway", description=__doc__.splitlines()[0])
+    p.add_argument("--sidecar-url", default=os.environ.get("RAG_SIDECAR_URL", "http://127.0.0.1:8001"))
+    p.add_argument("--database-url", default=os.environ.get("RAG_DATABASE_URL") or None)
+    p.add_argument("--chunks", type=int, default=10_000)
+    p.add_argument("--embedded", type=int, default=1_000, help="chunks whose vectors come from the sidecar")
+    p.add_argument(
+        "--requests", type=int, default=600, help="requests per concurrency level (bounded by time)"
+    )
+    p.add_argument("--max-seconds", type=float, default=30.0)
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+    result = asyncio.run(
+        run_gateway_benchmark(
+            sidecar_url=args.sidecar_url,
+            database_url=args.database_url,
+            chunks=args.chunks,
+            embedded=args.embedded,
+            requests=args.requests,
+            max_seconds=args.max_seconds,
+        )
+    )
+    print(render(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
