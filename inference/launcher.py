@@ -74,6 +74,9 @@ def running_sidecar(
     if not ray.is_initialized():
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         ray.init(
+            # "local": always a fresh instance, never another process's cluster found through
+            # RAY_ADDRESS or /tmp/ray (several test sessions may run side by side on one machine).
+            address="local",
             include_dashboard=False,
             num_cpus=None if num_cpus is None else max(1, round(num_cpus)),
             object_store_memory=object_store_mb * 1024 * 1024,
