@@ -62,8 +62,14 @@ def running_sidecar(
 ) -> Iterator[str]:
     """Run the sidecar for ``config`` and yield its base URL; Serve and Ray stop on exit.
 
-    ``port=0`` picks a free port. A model that fails to load fails here, naming it.
+    ``port=0`` picks a free port. Missing weights fail before Ray starts (:class:`ModelWeightsMissing`
+    naming the path); a model that fails to load or warm up fails here too.
     """
+    from .config import resolve_weights
+
+    for spec in config.models:  # fail fast, naming the path, before any Ray process starts
+        resolve_weights(spec)
+
     import ray
     from ray import serve
 

@@ -177,6 +177,8 @@ def build_app(config: SidecarConfig, *, api_key: str | None = None) -> serve.App
             # bound in the batcher (429) trips before these do.
             max_ongoing_requests=max(spec.max_queued_items, 2 * spec.max_batch_size),
             max_queued_requests=max(spec.max_queued_items, 2 * spec.max_batch_size),
+            # Load errors (missing weights, out of memory at warm-up) repeat: fail the deploy soon.
+            max_constructor_retry_count=3,
         )
         handles[spec.id] = deployment.bind(spec.public(), limits)
     return Ingress.options(name=INGRESS_NAME).bind(config.to_dict(), handles, api_key)

@@ -182,3 +182,19 @@ def test_config_validation_and_shipped_profiles(tmp_path: Path) -> None:
         config_from_dict({"models": [{"id": "a", "kind": "text", "weights": "/x"}] * 2})
     with pytest.raises(ConfigError, match="max_queued_items"):
         config_from_dict({"models": [{"id": "a", "kind": "text", "weights": "/x", "max_queued_items": 4}]})
+
+
+def test_sidecar_start_fails_fast_naming_missing_weights(tmp_path: Path) -> None:
+    import ray
+
+    from inference.config import SidecarConfig
+    from inference.launcher import running_sidecar
+
+    was_running = ray.is_initialized()
+    spec = ModelSpec(id="bge-m3", kind="text", weights=str(tmp_path / "models" / "bge-m3"))
+    with (
+        pytest.raises(ModelWeightsMissing, match=f"{tmp_path}/models/bge-m3"),
+        running_sidecar(SidecarConfig(models=(spec,))),
+    ):
+        pass
+    assert ray.is_initialized() == was_running  # nothing was started
