@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from index.search import AclPushdown, Chunk, Scope
+from index.search import AclPushdown, ChunkHit, Scope
 
 from .auth import Principal
 
@@ -54,7 +54,7 @@ def contributors_readable(principal: Principal, section_tipo: str, contributors:
     return True
 
 
-def chunk_readable(principal: Principal, chunk: Chunk) -> bool:
+def chunk_readable(principal: Principal, chunk: ChunkHit) -> bool:
     """Section read, component/contributor read and per-record projects for one chunk."""
     if principal.admin:
         return True
@@ -68,7 +68,7 @@ def chunk_readable(principal: Principal, chunk: Chunk) -> bool:
     return principal.can_read_project(chunk.projects)
 
 
-def in_scope(scope: Scope, chunk: Chunk) -> bool:
+def in_scope(scope: Scope, chunk: ChunkHit) -> bool:
     if scope.section_tipos is not None and chunk.section_tipo not in scope.section_tipos:
         return False
     if scope.group is not None and chunk.component_tipo != "rag:" + scope.group:
@@ -76,6 +76,6 @@ def in_scope(scope: Scope, chunk: Chunk) -> bool:
     return scope.exclude_record is None or chunk.record != tuple(scope.exclude_record)
 
 
-def gate(principal: Principal, chunks: Iterable[Chunk], scope: Scope | None = None) -> list[Chunk]:
+def gate(principal: Principal, chunks: Iterable[ChunkHit], scope: Scope | None = None) -> list[ChunkHit]:
     """The chunks the caller may see, in their order (the one place results are authorized)."""
     return [c for c in chunks if (scope is None or in_scope(scope, c)) and chunk_readable(principal, c)]

@@ -24,7 +24,15 @@ import asyncpg
 import numpy as np
 
 from index.partitions import ModelPartition, get_partition
-from index.search import Chunk, CorpusStats, Scope, dense_search, lexical_search, seed_chunks, sparse_search
+from index.search import (
+    ChunkHit,
+    CorpusStats,
+    Scope,
+    dense_search,
+    lexical_search,
+    seed_chunks,
+    sparse_search,
+)
 
 from .acl import chunk_readable, gate, pushdown
 from .auth import Principal
@@ -50,7 +58,7 @@ class SeedNotFound(Exception):
 class Ranked:
     """A fused, authorized chunk: the fused score and its rank in each leg that found it."""
 
-    chunk: Chunk
+    chunk: ChunkHit
     score: float
     ranks: Mapping[str, int]
     similarity: float | None = None  # best single-leg cosine similarity, when a dense leg found it
@@ -60,7 +68,7 @@ class Ranked:
 class LegResults:
     """Each leg's ranked chunks for one query (before fusion and the gate)."""
 
-    lists: Mapping[str, Sequence[Chunk]]
+    lists: Mapping[str, Sequence[ChunkHit]]
 
 
 def over_fetch(limit: int) -> int:
@@ -212,7 +220,7 @@ class Retriever:
             raise EmbeddingUnavailable("query vector dimension does not match the store")
         scope = Scope(scope.section_tipos, scope.group, scope.exclude_record, pushdown(principal))
         s = self.settings
-        tasks: dict[str, asyncio.Task[list[Chunk]]] = {}
+        tasks: dict[str, asyncio.Task[list[ChunkHit]]] = {}
         async with asyncio.TaskGroup() as tg:
             if "dense" in legs:
                 tasks["dense"] = tg.create_task(
@@ -253,11 +261,10 @@ class Retriever:
         """Weighted RRF over the legs, then the ACL gate: authorized chunks, best first."""
         weights = self.settings.weights if weights is None else weights
         with self.metrics.time_leg("fusion"):
-            by_key: dict[tuple, Chunk] = {}
+            by_key: dict[tuple, ChunkHit] = {}
             similarity: dict[tuple, float] = {}
-            for name in sorted(
-                results.lists, key=lambda n: (n not in LEGS, LEGS.index(n) if n in LEGS else 0, n)
-            ):
+            order = [n for n in LEGS if n in results.lists] + sorted(set(results.lists) - set(LEGS))
+            for name in order:
                 for chunk in results.lists[name]:
                     by_key.setdefault(chunk.key, chunk)  # dense's row first (same content in every leg)
                     if name == "dense" or name.startswith("seed:"):
@@ -336,7 +343,7 @@ class Retriever:
         fetch = over_fetch(limit)
         s = self.settings
 
-        async def one(seed: Chunk) -> list[Chunk]:
+        async def one(seed: ChunkHit) -> list[ChunkHit]:
             return await self._timed(
                 "dense",
                 lambda c: dense_search(

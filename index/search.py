@@ -35,7 +35,7 @@ from .text import fold
 
 __all__ = [
     "AclPushdown",
-    "Chunk",
+    "ChunkHit",
     "CorpusStats",
     "Scope",
     "dense_search",
@@ -60,7 +60,7 @@ _IDENTITY_ORDER = "section_tipo, section_id, component_tipo, lang, chunk_index"
 
 
 @dataclass(frozen=True)
-class Chunk:
+class ChunkHit:
     """One stored text chunk returned by a leg, with the leg's score (higher is better)."""
 
     section_tipo: str
@@ -162,9 +162,9 @@ class _Sql:
         return " AND ".join(f"({w})" for w in self.where)
 
 
-def _chunk(row: asyncpg.Record, score: float, vector: np.ndarray | None = None) -> Chunk:
+def _chunk(row: asyncpg.Record, score: float, vector: np.ndarray | None = None) -> ChunkHit:
     meta = row["chunk_meta"]
-    return Chunk(
+    return ChunkHit(
         section_tipo=row["section_tipo"],
         section_id=row["section_id"],
         component_tipo=row["component_tipo"],
@@ -188,7 +188,7 @@ async def dense_search(
     *,
     ef_search: int = 100,
     max_scan_tuples: int = 20000,
-) -> list[Chunk]:
+) -> list[ChunkHit]:
     """Nearest chunks by cosine distance; score = ``1 - distance`` (cosine similarity).
 
     Runs in its own transaction so the ``SET LOCAL`` scan settings stay local.
@@ -311,7 +311,7 @@ async def lexical_search(
     limit: int,
     *,
     stats: CorpusStats,
-) -> list[Chunk]:
+) -> list[ChunkHit]:
     """BM25 over the folded tsvector with OR semantics; score = the BM25 sum.
 
     The match set is the chunks holding any query term rarer than
@@ -357,7 +357,7 @@ async def sparse_search(
     weights: Mapping[int, float],
     scope: Scope,
     limit: int,
-) -> list[Chunk]:
+) -> list[ChunkHit]:
     """Learned-sparse inner product over the chunks that have sparse weights; score = the dot product."""
     from .store import to_sparsevec
 
@@ -386,7 +386,7 @@ async def seed_chunks(
     section_id: int,
     *,
     group: str | None = None,
-) -> list[Chunk]:
+) -> list[ChunkHit]:
     """A stored record's text chunks with their dense vectors (ordered by group, language, index)."""
     sql = _Sql([section_tipo, section_id])
     sql.add("e.section_tipo = $1 AND e.section_id = $2")

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from gateway.acl import chunk_readable, contributors_readable, gate, pushdown
 from gateway.auth import Principal
 from index.partitions import get_partition
-from index.search import Chunk, Scope, dense_search
+from index.search import ChunkHit, Scope, dense_search
 from schema import create_pool
 from tests.fixtures.gateway import TEXT_MODEL
 
@@ -20,9 +20,9 @@ TIPOS = ["oh1", "rsc1", "fill1", "dd810"]
 COMPONENTS = ["oh1/oh22", "oh1/oh23", "dd810/dd812", "rsc1/rsc140", "fill1/f1"]
 
 
-def _chunk(tipo: str, component: str, contributors, projects=(1,)) -> Chunk:
+def _chunk(tipo: str, component: str, contributors, projects=(1,)) -> ChunkHit:
     meta = {} if contributors is None else {"contributors": contributors}
-    return Chunk(tipo, 1, component, "lg-eng", 0, "t", meta, tuple(projects), None, 0.0)
+    return ChunkHit(tipo, 1, component, "lg-eng", 0, "t", meta, tuple(projects), None, 0.0)
 
 
 def test_gate_rules() -> None:
