@@ -28,6 +28,8 @@ from .settings import GatewaySettings
 
 log = logging.getLogger(__name__)
 
+READY_TIMEOUT_S = 5.0  # a readiness probe answers promptly, even when a dependency hangs
+
 
 async def _database_ctx(app: web.Application) -> AsyncIterator[None]:
     """Open (embedded or external) PostgreSQL, apply migrations, share a pool."""
@@ -81,10 +83,13 @@ async def readyz(request: web.Request) -> web.Response:
     """Readiness: the database answers a query and the sidecar reports ready."""
     database = False
     try:
-        database = await request.app[POOL_KEY].fetchval("SELECT 1", timeout=5) == 1
+        database = await request.app[POOL_KEY].fetchval("SELECT 1", timeout=READY_TIMEOUT_S) == 1
     except Exception as exc:
         log.warning("readiness: database check failed: %s", exc)
-    sidecar = await request.app[SIDECAR_KEY].ready()
+    try:
+        sidecar = await asyncio.wait_for(request.app[SIDECAR_KEY].ready(), READY_TIMEOUT_S)
+    except TimeoutError:
+        sidecar = False
     if not (database and sidecar):
         down = [name for name, up in (("database", database), ("sidecar", sidecar)) if not up]
         raise ApiError("service.unavailable", "Not ready: " + ", ".join(down) + " unreachable")

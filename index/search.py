@@ -269,6 +269,8 @@ class CorpusStats:
             None if sections is None else list(sections),
         )
         stats = _Stats(n=int(row["n"]), avgdl=float(row["avgdl"] or 0.0), at=now)
+        for old in [k for k, v in self._stats.items() if now - v.at >= self.ttl]:  # scopes vary: prune
+            del self._stats[old]
         self._stats[key] = stats
         return stats
 
