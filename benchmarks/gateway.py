@@ -31,7 +31,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,8 +85,19 @@ def mixed_vectors(base: np.ndarray, n: int, seed: int = 0) -> np.ndarray:
     return out / np.linalg.norm(out, axis=1, keepdims=True)
 
 
-async def load_corpus(pool: Any, client: Any, model: Any, sentences: Sequence[str], embedded: int) -> Any:
-    """Write the chunks (COPY) into the model's partition; returns the partition."""
+async def load_corpus(
+    pool: Any,
+    client: Any,
+    model: Any,
+    sentences: Sequence[str],
+    embedded: int,
+    projects_of: Callable[[int], list[int]] | None = None,
+) -> Any:
+    """Write the chunks (COPY) into the model's partition; returns the partition.
+
+    ``projects_of(record_id)`` gives each record's projects (default ``[1]`` for all), for callers
+    that measure filters of a known selectivity.
+    """
     from index.partitions import ensure_partition
     from index.text import fold
 
@@ -97,7 +108,8 @@ async def load_corpus(pool: Any, client: Any, model: Any, sentences: Sequence[st
     rows = [
         (
             model.id, "text", SECTION, i // CHUNKS_PER_RECORD + 1, "rag:card", "lg-nolan",
-            i % CHUNKS_PER_RECORD, "", f"b{i}", text, fold(text), vectors[i], [1], meta,
+            i % CHUNKS_PER_RECORD, "", f"b{i}", text, fold(text), vectors[i],
+            projects_of(i // CHUNKS_PER_RECORD + 1) if projects_of else [1], meta,
         )
         for i, text in enumerate(sentences)
     ]  # fmt: skip
