@@ -3,11 +3,11 @@
 Three ways to embed the same texts with the same model:
 
 - ``inprocess-batch32``: the baseline. The model wrapper called directly, 32 texts per forward pass,
-  no batcher, no HTTP: the most this machine can do with this model. Measured in short windows
-  between the cells, each cell's ratio against the windows beside it: these machines are shared and
-  their speed drifts within a run.
+  no batcher, no HTTP: the most this machine can do with this model. Measured in windows around
+  each request size's cells, whose ratios use the windows beside them: these machines are shared
+  and their speed drifts within a run.
 - ``service``: the Ray-free :class:`~inference.service.ModelService` (token-budget batcher + executor)
-  driven by concurrent in-process callers: what batching itself costs.
+  driven by concurrent in-process callers: what batching itself costs (`--service`; off by default).
 - ``sidecar``: the Ray Serve sidecar over HTTP (proxy -> ingress -> model replica): what callers get.
 
 Each mode runs concurrency 1, 4 and 16 with 1-item and 32-item requests (closed loop, bounded in time)
@@ -112,16 +112,17 @@ async def _grid(
     sizes: Sequence[int],
     seconds: float,
 ) -> list[dict[str, Any]]:
-    """Every cell is bracketed by in-process baseline windows; its ratio uses their mean.
+    """Each request size's cells are bracketed by in-process baseline windows; ratios use their mean.
 
-    The machine is shared, so its speed drifts over a run; a baseline measured next to each cell
-    cancels most of that drift, where one baseline for the whole run would not.
+    The machine is shared, so its speed drifts over a run; baselines measured next to the cells cancel
+    most of that drift, where one baseline for the whole run would not.
     """
     cells = []
     before = baseline()
     for size in sizes:
         pick = _slices(texts, size)
         await call(pick(0))  # warm the path
+        group = []
         for concurrency in concurrencies:
             tokens = 0
 
@@ -133,12 +134,13 @@ async def _grid(
             load = await closed_loop(
                 one, concurrency=concurrency, requests=10**9, items_per_request=size, max_seconds=seconds
             )
-            after = baseline()
-            cell = _cell(mode, load, tokens)
+            group.append(_cell(mode, load, tokens))
+        after = baseline()
+        for cell in group:
             cell["baseline_items_per_s"] = (before + after) / 2
             cell["ratio_to_inprocess"] = ratio(cell["items_per_s"], cell["baseline_items_per_s"])
-            cells.append(cell)
-            before = after
+        cells += group
+        before = after
     return cells
 
 
@@ -349,7 +351,7 @@ def format_report(result: dict[str, Any]) -> str:
         f"(torch threads {result['machine']['torch_threads']}, CUDA {result['machine']['cuda']})",
         f"in-process batch 32: {base['items_per_s']:.1f} items/s, {base['tokens_per_s']:.0f} tokens/s "
         f"(mean of {base['windows']} windows, {base['min_items_per_s']:.1f} to {base['max_items_per_s']:.1f}: "
-        "each ratio uses the windows beside its cell)",
+        "each ratio uses the windows beside its cells)",
         "",
         f"{'mode':<8} {'conc':>4} {'size':>4} {'items/s':>9} {'tokens/s':>9} {'p50 ms':>8} {'p95 ms':>8} "
         f"{'p99 ms':>8} {'ratio':>6}",
