@@ -29,6 +29,7 @@ def _run(args: argparse.Namespace) -> int:
         api_key=settings.api_key,
         num_cpus=settings.num_cpus,
         object_store_mb=settings.object_store_mb,
+        log_to_driver=True,
     ) as url:
         models = ", ".join(f"{m.id} ({m.kind})" for m in config.models)
         print(f"sidecar ready at {url} serving {models} from {config.source}. Ctrl-C stops it.", flush=True)

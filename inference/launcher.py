@@ -59,6 +59,7 @@ def running_sidecar(
     num_cpus: float | None = None,
     object_store_mb: int = 256,
     ready_timeout_s: float = 300.0,
+    log_to_driver: bool = False,
 ) -> Iterator[str]:
     """Run the sidecar for ``config`` and yield its base URL; Serve and Ray stop on exit.
 
@@ -86,7 +87,7 @@ def running_sidecar(
             include_dashboard=False,
             num_cpus=None if num_cpus is None else max(1, round(num_cpus)),
             object_store_memory=object_store_mb * 1024 * 1024,
-            log_to_driver=False,
+            log_to_driver=log_to_driver,  # replica logs on this process's stderr (the CLI wants them)
             configure_logging=False,
             namespace="mnemo",
             runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}},
