@@ -8,6 +8,7 @@ different runs of a noisy shared machine.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
 import math
 import os
@@ -53,12 +54,34 @@ class Curve:
     y_label: str
     series: dict[str, list[tuple[float, float]]]
     log_x: bool = False
+    # "throughput": more is better, the knee is where adding x stops paying; "cost" (latency, build
+    # time, size): the report says how much y grows over the range and where it grows fastest.
+    kind: str = "throughput"
 
     def knees(self) -> dict[str, float | None]:
+        if self.kind != "throughput":
+            return {}
         return {
             label: knee([p[0] for p in points], [p[1] for p in points])
             for label, points in self.series.items()
         }
+
+    def growth(self) -> dict[str, str]:
+        """For cost curves: "grows x{r} from x0 to xN (steepest from a to b, x{s})" per series."""
+        out = {}
+        for label, points in self.series.items():
+            pts = sorted(points)
+            if len(pts) < 2 or pts[0][1] <= 0:
+                continue
+            steps = [
+                (b[1] / a[1] if a[1] > 0 else float("inf"), a[0], b[0]) for a, b in itertools.pairwise(pts)
+            ]
+            factor, a, b = max(steps)
+            text = f"x{pts[-1][1] / pts[0][1]:.2g} from {self.x_label} = {pts[0][0]:,g} to {pts[-1][0]:,g}"
+            if len(steps) > 1:
+                text += f" (steepest from {a:,g} to {b:,g}: x{factor:.2g})"
+            out[label] = text
+        return out
 
 
 @dataclass
@@ -179,7 +202,8 @@ def write_report(out_dir: Path, results: list[SuiteResult], config: dict[str, An
             {
                 **asdict(r),
                 "headlines": [{**asdict(h), "ratio": h.ratio, "meets_bar": h.meets_bar} for h in r.headlines],
-                "knees": {c.name: c.knees() for c in r.curves},
+                "knees": {c.name: c.knees() for c in r.curves if c.kind == "throughput"},
+                "growth": {c.name: c.growth() for c in r.curves if c.kind == "cost"},
             }
             for r in results
         ],
@@ -232,6 +256,8 @@ def write_report(out_dir: Path, results: list[SuiteResult], config: dict[str, An
             png = f"{_slug(r.suite)}-{_slug(c.name)}.png"
             _plot(c, out_dir / png)
             lines += [f"![{c.name}]({png})", ""]
+            for label, text in c.growth().items() if c.kind == "cost" else ():
+                lines.append(f"- {c.name}, {label}: {text}.")
             for label, x in c.knees().items():
                 where = (
                     f"the knee is at {c.x_label} = {x:g}: beyond it, gains drop under 10% per step"

@@ -1,0 +1,174 @@
+"""``mnemo bench``: run the benchmark suites and write one report folder per run.
+
+    mnemo bench                          # every CPU suite, quick plan (what `make bench` runs)
+    mnemo bench --suite gateway --full   # one suite, full plan (100k chunks, longer curves, peers)
+    mnemo bench --device cuda            # GPU mode: batcher + model code in-process (no Ray, no database)
+
+Each run writes ``results.json`` (machine, versions, config, every figure), ``REPORT.md`` (headlines
+beside their same-run baselines, tables, knees) and one PNG per curve into ``--out``.
+This module only registers the command; everything heavy loads inside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register"]
+
+log = logging.getLogger(__name__)
+
+SUITE_NAMES = ("sidecar", "ingest", "gateway", "quality", "gpu")
+
+
+def _suites(raw: str, device: str) -> list[str]:
+    names = [n.strip() for n in raw.split(",") if n.strip()]
+    if names == ["all"]:
+        return ["gpu"] if device == "cuda" else ["sidecar", "ingest", "gateway", "quality"]
+    unknown = sorted(set(names) - set(SUITE_NAMES))
+    if unknown or not names:
+        raise SystemExit(f"mnemo bench: unknown suite {unknown}; choose from {', '.join(SUITE_NAMES)} or all")
+    if device == "cuda" and names != ["gpu"]:
+        raise SystemExit(
+            "mnemo bench: --device cuda runs the GPU mode (suite gpu) alone; the other suites run the "
+            "sidecar on Ray and need PostgreSQL, so run them without --device"
+        )
+    return names
+
+
+def _gpu_suite(plan: Any, device: str, work_dir: Path):
+    from .gpu import GpuBenchConfig, as_suite, run_gpu_benchmark
+
+    tiny = device == "cpu"  # the real architectures would take hours on a CPU: a smoke run instead
+    config = GpuBenchConfig(
+        device=device,
+        dtypes=("float32",) if tiny else plan.gpu.dtypes,
+        lengths=tuple(min(n, 64) for n in plan.gpu.lengths) if tiny else plan.gpu.lengths,
+        seconds=min(plan.gpu.seconds, 0.5) if tiny else plan.gpu.seconds,
+        tiny=tiny,
+        work_dir=work_dir / "gpu-models",
+    )
+    suite = as_suite(run_gpu_benchmark(config))
+    if tiny:
+        suite.notes.insert(0, "CPU smoke run with miniature shapes: use --device cuda for real figures.")
+    return suite
+
+
+def _run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from .plan import FULL, QUICK, apply_overrides
+    from .report import SuiteResult, write_report
+    from .stack import open_stack
+    from .suites import SUITES
+
+    names = _suites(args.suite, args.device)
+    plan = FULL if args.full else QUICK
+    try:
+        plan = apply_overrides(plan, args.overrides)
+    except ValueError as exc:
+        print(f"mnemo bench: {exc}", file=sys.stderr)
+        return 2
+    if args.dataset:
+        import dataclasses
+
+        datasets = tuple(str(d.resolve()) for d in args.dataset)
+        plan = dataclasses.replace(plan, quality=dataclasses.replace(plan.quality, datasets=datasets))
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    out = args.out or Path("bench-results") / f"{stamp}-{plan.name}"
+    work_dir = (args.work_dir or Path(".mnemo") / "bench").resolve()
+
+    results: list[SuiteResult] = []
+    timings: dict[str, float] = {}
+    failed = False
+    if "gpu" in names:
+        started = time.perf_counter()
+        results.append(_gpu_suite(plan, args.device, work_dir))
+        timings["gpu"] = time.perf_counter() - started
+    cpu = [SUITES[n] for n in names if n != "gpu"]
+    if cpu:
+        with open_stack(
+            work_dir,
+            database=any(s.database for s in cpu),
+            sidecar=any(s.sidecar for s in cpu),
+            database_url=args.database_url,
+            sidecar_url=args.sidecar_url,
+        ) as stack:
+            for suite in cpu:
+                print(f"mnemo bench: {suite.name}: {suite.what} ...", flush=True)
+                started = time.perf_counter()
+                try:
+                    results.append(asyncio.run(suite.run(stack, plan)))
+                except Exception as exc:  # one broken suite must not hide the others' figures
+                    log.exception("suite %s failed", suite.name)
+                    results.append(SuiteResult(suite.name, skipped=f"FAILED: {type(exc).__name__}: {exc}"))
+                    failed = True
+                timings[suite.name] = time.perf_counter() - started
+                print(f"mnemo bench: {suite.name} done in {timings[suite.name]:.0f} s", flush=True)
+    for result in results:
+        result.notes.append(f"Suite wall time: {timings.get(result.suite, 0):.0f} s.")
+    config = {
+        "plan": plan.as_dict(),
+        "suites": names,
+        "device": args.device,
+        "sidecar": args.sidecar_url or "started for this run",
+        "database": "external (--database-url)" if args.database_url else "embedded, throwaway",
+        "argv": sys.argv[1:],
+        "suite_seconds": timings,
+    }
+    report = write_report(out, results, config)
+    text = report.read_text()
+    start = text.find("## Headlines")
+    end = text.find("\n## ", start + 1)
+    print(text[start:end] if start >= 0 else "(no headlines)")
+    print(f"report: {report}  (results.json and the plots beside it)")
+    return 1 if failed else 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "bench",
+        help="benchmark suites, each figure beside a baseline from the same run (REPORT.md, results.json, PNGs)",
+        description=__doc__.split("\n\n")[0],
+    )
+    p.add_argument(
+        "--suite",
+        default="all",
+        help="sidecar, ingest, gateway, quality, gpu (comma-separated), or all (default: every CPU suite)",
+    )
+    p.add_argument("--full", action="store_true", help="the full plan: 100k chunks, longer curves, peers")
+    p.add_argument(
+        "--out", type=Path, default=None, help="report folder (default bench-results/<UTC time>-<plan>)"
+    )
+    p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: GPU mode (the batcher and model code in-process, bge-m3 and SigLIP architectures)",
+    )
+    p.add_argument("--sidecar-url", default=None, help="drive this running sidecar (it must serve MiniLM)")
+    p.add_argument(
+        "--database-url",
+        default=None,
+        help="PostgreSQL server to create scratch databases on (needs CREATEDB)",
+    )
+    p.add_argument(
+        "--dataset", type=Path, action="append", default=None, help="BEIR data set for quality (repeatable)"
+    )
+    p.add_argument(
+        "--work-dir", type=Path, default=None, help="scratch and cached peers (default .mnemo/bench)"
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SUITE.FIELD=VALUE",
+        help="override one plan field, e.g. --set gateway.sizes=1000,5000 (see benchmarks/plan.py)",
+    )
+    p.set_defaults(run=_run)

