@@ -32,8 +32,10 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# Quick plan on CPU (< 10 min on 2 cores); e.g. `make bench BENCH_ARGS="--suite gateway --full"`.
+BENCH_ARGS ?=
 bench: install
-	$(BIN)/mnemo bench --suite all
+	$(BIN)/mnemo bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
