@@ -22,6 +22,8 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import psutil
+
 from .settings import GatewaySettings
 
 RESEARCHER_PERMS = {"oh1": 1, "numisdata4": 1}  # no mus1; no rsc35, so transcriptions stay hidden
@@ -66,6 +68,12 @@ async def sidecar_process(data_dir: Path, port: int) -> AsyncIterator[str]:
         waiting.result()
         yield url
     finally:
+        # Ray's agents outlive their raylet for a while; remember the whole tree so that
+        # nothing the sidecar started survives `mnemo up`.
+        try:
+            tree = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            tree = []
         if proc.returncode is None:
             proc.terminate()
             try:
@@ -73,6 +81,10 @@ async def sidecar_process(data_dir: Path, port: int) -> AsyncIterator[str]:
             except TimeoutError:
                 proc.kill()
                 await proc.wait()
+        _, alive = await asyncio.to_thread(psutil.wait_procs, tree, 15)
+        for leftover in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                leftover.kill()
 
 
 def _curl(url: str, token_var: str, action: str, options: dict) -> str:
@@ -132,7 +144,7 @@ async def run_up(args: argparse.Namespace, settings: GatewaySettings) -> int:
 
     from .app import create_app, serve
     from .auth import issue_token
-    from .resources import POOL_KEY
+    from .resources import DATABASE_URL_KEY, POOL_KEY
 
     secret = jwt_secret(settings.database.data_dir)
     settings = dataclasses.replace(settings, jwt_secret=secret, auth="jwt")
@@ -167,6 +179,11 @@ async def run_up(args: argparse.Namespace, settings: GatewaySettings) -> int:
             server.result()  # raises why it could not start
             return 1
         url = f"http://{settings.host}:{settings.port}"
+        data_dir = settings.database.data_dir.resolve()
+        where = (
+            "external server" if settings.database.database_url else f"embedded, data in {data_dir / 'pg'}"
+        )
+        print(f"  database  {app[DATABASE_URL_KEY]}  ({where}; migrations applied)", flush=True)
         print(f"  gateway   {url}", flush=True)
         queued = await load_demo(app[POOL_KEY])
         print(f"  demo      {queued} records queued; indexing...", flush=True)

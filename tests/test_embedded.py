@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
-import time
+import urllib.request
 from pathlib import Path
 
 import asyncpg
 import psutil
+import pytest
 
+from gateway.up import RESEARCHER_PERMS
+from inference.launcher import free_port
 from schema import EmbeddedPostgres, migrate
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -42,11 +47,25 @@ async def test_data_directory_is_reused_across_restarts(tmp_path: Path) -> None:
         await conn.close()
 
 
-def test_mnemo_up_reaches_a_migrated_database_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+def _post(url: str, token: str, action: str, options: dict) -> dict:
+    body = json.dumps({"dd_api": "dd_rag_api", "action": action, "options": options}).encode()
+    request = urllib.request.Request(
+        url + "/api/v1/json",
+        data=body,
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())
+
+
+@pytest.mark.timeout(900)
+def test_mnemo_up_serves_the_stack_and_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
+    """The README's `make up` path: database, its own sidecar, gateway, demo, tokens; Ctrl-C stops it all."""
     data_dir = (tmp_path / "state").resolve()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "up", "--data-dir", str(data_dir)],
+        [sys.executable, "-m", "gateway.cli", "up", "--data-dir", str(data_dir), "--port", str(port)],
         cwd=REPO_ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -55,20 +74,43 @@ def test_mnemo_up_reaches_a_migrated_database_and_stops_on_ctrl_c(tmp_path: Path
     )
     assert proc.stdout is not None
     lines: list[str] = []
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if "Ctrl-C stops everything" in line:
-            break
-    output = "".join(lines)
-    assert "migrations applied" in output, output
-    assert _postgres_processes(data_dir / "pg"), "the database is running while `up` runs"
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if "Ctrl-C stops everything" in line:
+                break
+        output = "".join(lines)
+        assert "migrations applied" in output and f"embedded, data in {data_dir / 'pg'}" in output, output
+        assert _postgres_processes(data_dir / "pg"), "the database is running while `up` runs"
+        assert f"gateway   http://127.0.0.1:{port}" in output
+        assert "indexed" in output
+        tokens = dict(re.findall(r"export (ADMIN|RESEARCHER)=(\S+)", output))
+        assert set(tokens) == {"ADMIN", "RESEARCHER"}, output
+
+        url = f"http://127.0.0.1:{port}"
+        query = {"query": "when the water came we had to leave", "limit": 50}
+        admin = _post(url, tokens["ADMIN"], "semantic_search", query)
+        researcher = _post(url, tokens["RESEARCHER"], "semantic_search", query)
+        assert admin["ok"] and researcher["ok"]
+        # limit 50 holds every record of the small demo collection, so the two lists compare exactly.
+        admin_records = {(h["section_tipo"], h["section_id"]) for h in admin["data"]}
+        researcher_records = {(h["section_tipo"], h["section_id"]) for h in researcher["data"]}
+        assert len(admin_records) < 50, "the demo fits in one page"
+        assert researcher_records, "the researcher may read oh1 and numisdata4"
+        assert {tipo for tipo, _ in researcher_records} <= set(RESEARCHER_PERMS)
+        assert researcher_records < admin_records, "the admin also sees what the researcher may not"
+
+        started = psutil.Process(proc.pid).children(recursive=True)
+        assert started, "up runs the sidecar (and Ray) as child processes"
+    except BaseException:
+        proc.kill()
+        proc.communicate(timeout=60)
+        raise
 
     proc.send_signal(signal.SIGINT)
-    rest, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 0, output + rest
+    rest, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, "".join(lines) + rest
     assert "Mnemo stopped." in rest
+    _, alive = psutil.wait_procs(started, timeout=60)
+    assert not alive, f"processes left behind: {[p.info for p in alive if hasattr(p, 'info')]}"
     assert not _postgres_processes(data_dir / "pg"), "Ctrl-C leaves no database process behind"
