@@ -27,10 +27,10 @@ __all__ = [
 # Archive identifiers: ontology tipos ("rsc140", "numisdata4"), embed-group ids
 # ("card", "fulltext"), data languages ("lg-spa", "lg-nolan"). Group ids are
 # bound as SQL parameters and appear in `component_tipo = 'rag:<group>'`.
-TIPO_PATTERN = r"^[A-Za-z][A-Za-z0-9_]{0,63}$"
-GROUP_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
-LANG_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]{0,31}$"
-CONTRIBUTOR_PATTERN = r"^[A-Za-z][A-Za-z0-9_]{0,63}(/[A-Za-z][A-Za-z0-9_]{0,63})?$"
+TIPO_PATTERN = r"^[A-Za-z][A-Za-z0-9_]{0,63}\Z"
+GROUP_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z"
+LANG_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]{0,31}\Z"
+CONTRIBUTOR_PATTERN = r"^[A-Za-z][A-Za-z0-9_]{0,63}(/[A-Za-z][A-Za-z0-9_]{0,63})?\Z"
 
 
 class FieldError(ValueError):

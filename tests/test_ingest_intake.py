@@ -124,6 +124,8 @@ async def test_section_store_round_trip(db_pool: asyncpg.Pool) -> None:
             "[0].groups.summary.lg-spa",
         ),
         (lambda r: r.update(colour="red"), "request.invalid_record", "[0].colour"),
+        # `$` alone would accept a trailing newline: identifiers are matched whole.
+        (lambda r: r.update(section_tipo="oh1\n"), "request.invalid_record", "[0].section_tipo"),
         (lambda r: r.update(section_tipo="oh2"), "request.unknown_section", "[0].section_tipo"),
         (lambda r: r["groups"].update(card={"lg-spa": "x"}), "request.unknown_group", "[0].groups.card"),
         (lambda r: r.update(contributors={"card": ["x1"]}), "request.unknown_group", "[0].contributors.card"),
