@@ -13,6 +13,7 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
@@ -162,25 +163,66 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+_PERCENTILE = re.compile(r"\s*\b(p50|p95|p99|median)$")
+_DASHES = {"p50": "-", "median": "-", "p95": "--", "p99": ":"}
+
+
+def _style(label: str, baseline: bool, colors: dict[str, str], palette: list[str]) -> dict[str, Any]:
+    """One color per measured thing, a dash per percentile; baselines grey and dotted."""
+    match = _PERCENTILE.search(label)
+    group = _PERCENTILE.sub("", label) if match else label
+    if baseline:
+        return {"color": "0.45", "linestyle": ":" if not match else _DASHES[match.group(1)], "marker": "s"}
+    if group not in colors:
+        colors[group] = palette[len(colors) % len(palette)]
+    return {"color": colors[group], "linestyle": _DASHES[match.group(1)] if match else "-", "marker": "o"}
+
+
 def _plot(curve: Curve, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=110)
+    fig, ax = plt.subplots(figsize=(7.2, 4.4), dpi=120)
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors: dict[str, str] = {}
+    xs_all: set[float] = set()
+    knees = curve.knees()
     for label, points in curve.series.items():
+        points = sorted(points)
         xs = [p[0] for p in points]
         ys = [p[1] for p in points]
-        ax.plot(xs, ys, marker="o", label=label)
+        xs_all.update(xs)
+        baseline = any(word in label.lower() for word in ("baseline", "in-process", "sql", "bare forward"))
+        ax.plot(xs, ys, label=label, linewidth=1.8, markersize=5, **_style(label, baseline, colors, palette))
+        x_knee = knees.get(label)
+        if x_knee is not None and not baseline:
+            y_knee = dict(points)[x_knee]
+            ax.annotate(
+                "knee",
+                (x_knee, y_knee),
+                xytext=(0, 12),
+                textcoords="offset points",
+                ha="center",
+                fontsize=8,
+                arrowprops={"arrowstyle": "-", "color": "0.4"},
+            )
     if curve.log_x:
-        ax.set_xscale("log", base=2)
+        ax.set_xscale("log")
+        ax.set_xticks(sorted(xs_all))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_ylim(bottom=0)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,g}"))
     ax.set_xlabel(curve.x_label)
     ax.set_ylabel(curve.y_label)
-    ax.set_title(curve.name)
+    ax.set_title(curve.name, fontsize=11)
     ax.grid(True, alpha=0.3)
+    ax.spines[["top", "right"]].set_visible(False)
     if len(curve.series) > 1:
-        ax.legend()
+        ax.legend(fontsize=8, frameon=False)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
