@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import inspect
 import logging
 import sys
 import time
@@ -103,7 +104,8 @@ def _run(args: argparse.Namespace) -> int:
                 print(f"mnemo bench: {suite.name}: {suite.what} ...", flush=True)
                 started = time.perf_counter()
                 try:
-                    results.append(asyncio.run(suite.run(stack, plan)))
+                    outcome = suite.run(stack, plan)
+                    results.append(asyncio.run(outcome) if inspect.isawaitable(outcome) else outcome)
                 except Exception as exc:  # one broken suite must not hide the others' figures
                     log.exception("suite %s failed", suite.name)
                     results.append(SuiteResult(suite.name, skipped=f"FAILED: {type(exc).__name__}: {exc}"))

@@ -52,12 +52,11 @@ def ensure_infinity(work_dir: Path, *, requirement: str = INFINITY_REQUIREMENT) 
     python = venv / "bin" / "python"
     log = work_dir / "peers" / "infinity-install.log"
     if not exe.is_file():
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "wb") as out:
-            try:
-                subprocess.run(
-                    [sys.executable, "-m", "venv", "--clear", str(venv)], check=True, stdout=out, stderr=out
-                )
+        try:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with open(log, "wb") as out:
+                venv_cmd = [sys.executable, "-m", "venv", "--clear", str(venv)]
+                subprocess.run(venv_cmd, check=True, stdout=out, stderr=out)
                 subprocess.run(
                     [str(python), "-m", "pip", "install", "--disable-pip-version-check", requirement],
                     check=True,
@@ -65,10 +64,10 @@ def ensure_infinity(work_dir: Path, *, requirement: str = INFINITY_REQUIREMENT) 
                     stderr=out,
                     timeout=INSTALL_TIMEOUT_S,
                 )
-            except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
-                raise PeerUnavailable(
-                    f"could not install {requirement} into {venv}: {exc}; last lines of {log}:\n{_tail(log)}"
-                ) from exc
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
+            raise PeerUnavailable(
+                f"could not install {requirement} into {venv}: {exc}; last lines of {log}:\n{_tail(log)}"
+            ) from exc
         if not exe.is_file():
             raise PeerUnavailable(f"{requirement} installed into {venv} but has no {exe.name} command")
     try:
@@ -231,8 +230,8 @@ def add_to_suite(suite: SuiteResult, peers: dict[str, Any]) -> None:
         if mine is not None and cell["concurrency"] == 16:
             suite.headlines.append(
                 Headline(
-                    f"sidecar vs {name}, {cell['request_size']}-item requests, concurrency 16 "
-                    "(each as its share of in-process batch 32)",
+                    f"sidecar / {name}, {cell['request_size']}-item requests, concurrency 16 "
+                    "(as shares of in-process)",
                     mine["ratio_to_inprocess"],
                     "",
                     name,

@@ -37,8 +37,8 @@ class SidecarPlan:
 
 @dataclasses.dataclass(frozen=True)
 class IngestPlan:
-    records: int = 48
-    batch_records: tuple[int, ...] = (1, 4, 16, 48)  # RAG_INGEST_BATCH_RECORDS: records per drain step
+    records: int = 24
+    batch_records: tuple[int, ...] = (1, 4, 24)  # RAG_INGEST_BATCH_RECORDS: records per drain step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +55,7 @@ class GatewayPlan:
 
 @dataclasses.dataclass(frozen=True)
 class QualityPlan:
-    datasets: tuple[str, ...] = ("adi", "xquad-es")
+    datasets: tuple[str, ...] = ("adi",)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -58,19 +58,24 @@ class Curve:
     # "throughput": more is better, the knee is where adding x stops paying; "cost" (latency, build
     # time, size): the report says how much y grows over the range and where it grows fastest.
     kind: str = "throughput"
+    baselines: tuple[str, ...] = ()  # series that are same-run baselines: drawn grey, not described
+    log_y: bool = False  # for latencies spanning orders of magnitude
 
     def knees(self) -> dict[str, float | None]:
         if self.kind != "throughput":
             return {}
         return {
-            label: knee([p[0] for p in points], [p[1] for p in points])
+            label: knee([p[0] for p in sorted(points)], [p[1] for p in sorted(points)])
             for label, points in self.series.items()
+            if label not in self.baselines
         }
 
     def growth(self) -> dict[str, str]:
         """For cost curves: "grows x{r} from x0 to xN (steepest from a to b, x{s})" per series."""
         out = {}
         for label, points in self.series.items():
+            if label in self.baselines:
+                continue
             pts = sorted(points)
             if len(pts) < 2 or pts[0][1] <= 0:
                 continue
@@ -195,7 +200,7 @@ def _plot(curve: Curve, path: Path) -> None:
         xs = [p[0] for p in points]
         ys = [p[1] for p in points]
         xs_all.update(xs)
-        baseline = any(word in label.lower() for word in ("baseline", "in-process", "sql", "bare forward"))
+        baseline = label in curve.baselines
         ax.plot(xs, ys, label=label, linewidth=1.8, markersize=5, **_style(label, baseline, colors, palette))
         x_knee = knees.get(label)
         if x_knee is not None and not baseline:
@@ -214,7 +219,10 @@ def _plot(curve: Curve, path: Path) -> None:
         ax.set_xticks(sorted(xs_all))
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,g}"))
         ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_ylim(bottom=0)
+    if curve.log_y:
+        ax.set_yscale("log")
+    else:
+        ax.set_ylim(bottom=0)
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,g}"))
     ax.set_xlabel(curve.x_label)
     ax.set_ylabel(curve.y_label)

@@ -34,6 +34,7 @@ __all__ = ["run_suite"]
 
 LIMIT = 10
 SQL = "dense leg SQL alone"
+SQL_LABEL = "SQL"  # the baseline's series in the latency plots
 
 
 class _EmbedOnce:
@@ -220,7 +221,7 @@ async def _gateway(
 def _series(points: list[dict[str, Any]], x: str) -> dict[str, list[tuple[float, float]]]:
     return {
         f"{who} {q}": [(p[x] * (100 if x == "visible" else 1), p[key][q]) for p in points]
-        for who, key in (("gateway", "gateway"), ("SQL", "sql"))
+        for who, key in (("gateway", "gateway"), (SQL_LABEL, "sql"))
         for q in ("p50", "p95")
     }
 
@@ -255,6 +256,7 @@ def _as_suite(plan: GatewayPlan, points: list[dict[str, Any]], setup: dict[str, 
             _series(points, "chunks"),
             log_x=True,
             kind="cost",
+            baselines=(f"{SQL_LABEL} p50", f"{SQL_LABEL} p95"),
         ),
         Curve(
             "HNSW build time vs corpus size",
@@ -274,6 +276,7 @@ def _as_suite(plan: GatewayPlan, points: list[dict[str, Any]], setup: dict[str, 
             _series(selectivity, "visible"),
             log_x=True,
             kind="cost",
+            baselines=(f"{SQL_LABEL} p50", f"{SQL_LABEL} p95"),
         ),
         Curve(
             f"Gateway throughput vs concurrency ({largest['chunks']:,} chunks)",
@@ -286,6 +289,7 @@ def _as_suite(plan: GatewayPlan, points: list[dict[str, Any]], setup: dict[str, 
                 SQL: [(p["concurrency"], p["sql"]["rps"]) for p in largest["by_concurrency"]],
             },
             log_x=True,
+            baselines=(SQL,),
         ),
     ]
 

@@ -87,7 +87,7 @@ def length_sweep(url: str, plan: SidecarPlan) -> dict[str, Any]:
     encoder = load_encoder(spec)
     points = []
     for length in [n for n in plan.lengths if n <= limit]:
-        texts = texts_of_length(encoder, 64, length)
+        texts = texts_of_length(encoder, 32, length)  # one batch per baseline window
         windows: list[dict[str, Any]] = []
 
         def baseline(texts: Sequence[str] = texts, windows: list = windows) -> float:
@@ -171,13 +171,22 @@ def _as_suite(grid: dict[str, Any], lengths: dict[str, Any], peers: dict[str, An
         )
     ]
     curves = [
-        Curve("Sidecar throughput vs concurrency", "concurrent callers", "items/s", throughput, log_x=True),
+        Curve(
+            "Sidecar throughput vs concurrency",
+            "concurrent callers",
+            "items/s",
+            throughput,
+            log_x=True,
+            baselines=(BASELINE,),
+        ),
         Curve(
             "Sidecar p95 latency vs concurrency",
             "concurrent callers",
             "p95 latency (ms)",
             latency,
             log_x=True,
+            kind="cost",
+            log_y=True,
         ),
     ]
     points = lengths["points"]
@@ -193,6 +202,7 @@ def _as_suite(grid: dict[str, Any], lengths: dict[str, Any], peers: dict[str, An
                     BASELINE: [(p["tokens_per_text"], p["baseline_tokens_per_s"]) for p in points],
                 },
                 log_x=True,
+                baselines=(BASELINE,),
             ),
             Curve(
                 f"Sidecar p95 latency vs text length ({load})",
@@ -200,6 +210,8 @@ def _as_suite(grid: dict[str, Any], lengths: dict[str, Any], peers: dict[str, An
                 "p95 latency (ms)",
                 {"sidecar": [(p["tokens_per_text"], p["latency_ms"]["p95"]) for p in points]},
                 log_x=True,
+                kind="cost",
+                log_y=True,
             ),
         ]
         tables.append(
@@ -247,14 +259,18 @@ def _as_suite(grid: dict[str, Any], lengths: dict[str, Any], peers: dict[str, An
     return suite
 
 
-async def run_suite(stack: BenchStack, plan: SidecarPlan) -> SuiteResult:
-    """The whole sidecar suite against ``stack``'s sidecar (run in a worker thread: the parts block)."""
+def run_suite(stack: BenchStack, plan: SidecarPlan) -> SuiteResult:
+    """The whole sidecar suite against ``stack``'s sidecar.
+
+    Plain (not async) so every in-process baseline runs on the main thread, as the sidecar benchmark's
+    own command does: torch's CPU thread pool is per calling thread, and hopping threads between
+    windows would slow the baseline and flatter the ratios.
+    """
     from .sidecar import run_sidecar_benchmark
 
     url = stack.sidecar_url
     assert url is not None
-    grid = await asyncio.to_thread(
-        run_sidecar_benchmark,
+    grid = run_sidecar_benchmark(
         model_id=BENCH_MODEL,
         sidecar_url=url,
         concurrencies=plan.concurrencies,
@@ -262,10 +278,10 @@ async def run_suite(stack: BenchStack, plan: SidecarPlan) -> SuiteResult:
         seconds_per_cell=plan.seconds_per_cell,
         baseline_seconds=plan.baseline_seconds,
     )
-    lengths = await asyncio.to_thread(length_sweep, url, plan)
+    lengths = length_sweep(url, plan)
     peers = None
     if plan.peers:
         from .peers import run_infinity_peer
 
-        peers = await asyncio.to_thread(run_infinity_peer, stack.work_dir, plan, grid)
+        peers = run_infinity_peer(stack.work_dir, plan, grid)
     return _as_suite(grid, lengths, peers)

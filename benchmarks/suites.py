@@ -1,6 +1,6 @@
 """The suites ``mnemo bench`` runs, each turning one part's measurements into a :class:`SuiteResult`.
 
-A suite is ``async fn(stack, plan) -> SuiteResult``. The measuring is done by each part's own
+A suite is ``fn(stack, plan) -> SuiteResult`` (async, or plain when it runs its own event loops). The measuring is done by each part's own
 module (``benchmarks.sidecar``, ``.ingest``, ``.gateway``, ``.quality``, ``.gpu``); the adapters here
 pick the plan's parameters, run them against the shared :class:`~benchmarks.stack.BenchStack`, and
 add the headlines (each beside its same-run baseline), tables and curves the report shows.
@@ -19,6 +19,8 @@ from .stack import BENCH_MODEL, BenchStack
 
 __all__ = ["CPU_SUITES", "SUITES", "Suite", "find_datasets"]
 
+EMBED_ONLY = "embed-only baseline (same texts, /embed alone)"
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Where bundled BEIR-layout data sets are looked for, in order.
 DATASET_ROOTS = (REPO_ROOT / "benchmarks" / "datasets", REPO_ROOT.parent / "shared" / "datasets")
@@ -27,7 +29,8 @@ DATASET_ROOTS = (REPO_ROOT / "benchmarks" / "datasets", REPO_ROOT.parent / "shar
 @dataclasses.dataclass(frozen=True)
 class Suite:
     name: str
-    run: Callable[[BenchStack, BenchPlan], Awaitable[SuiteResult]]
+    # async, or plain when the suite drives its own event loops (it then runs on the main thread)
+    run: Callable[[BenchStack, BenchPlan], SuiteResult | Awaitable[SuiteResult]]
     database: bool
     sidecar: bool
     what: str
@@ -71,11 +74,10 @@ async def ingest_suite(stack: BenchStack, plan: BenchPlan) -> SuiteResult:
             "chunks/s",
             {
                 "ingest (chunk, embed, write)": [(b, runs[b]["chunks_per_s"]) for b in sizes],
-                "embed-only baseline (same texts, /embed alone)": [
-                    (b, runs[b]["embed_only_chunks_per_s"]) for b in sizes
-                ],
+                EMBED_ONLY: [(b, runs[b]["embed_only_chunks_per_s"]) for b in sizes],
             },
             log_x=True,
+            baselines=(EMBED_ONLY,),
         )
     )
     suite.tables.append(
@@ -199,10 +201,10 @@ def _quality_headlines(result: dict[str, Any]) -> list[Headline]:
 # -- the registry ---------------------------------------------------------------------------------------
 
 
-async def sidecar_suite(stack: BenchStack, plan: BenchPlan) -> SuiteResult:
+def sidecar_suite(stack: BenchStack, plan: BenchPlan) -> SuiteResult:
     from .suite_sidecar import run_suite
 
-    return await run_suite(stack, plan.sidecar)
+    return run_suite(stack, plan.sidecar)
 
 
 async def gateway_suite(stack: BenchStack, plan: BenchPlan) -> SuiteResult:

@@ -112,3 +112,26 @@ def test_texts_of_length_have_exactly_that_many_tokens(minilm, tokens: int) -> N
     texts = texts_of_length(minilm, 8, tokens)
     assert len(set(texts)) == 8 and minilm.count_tokens(texts) == [tokens] * 8
     assert texts == texts_of_length(minilm, 8, tokens)  # reproducible
+
+
+def test_a_peer_that_cannot_be_installed_is_skipped_with_the_reason(tmp_path: Path) -> None:
+    from benchmarks.peers import PeerUnavailable, add_to_suite, ensure_infinity
+
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("a file where the work directory should be")
+    with pytest.raises(PeerUnavailable, match="could not install infinity-emb"):
+        ensure_infinity(blocked)
+    suite = SuiteResult("sidecar", figures={"grid": {"cells": []}})
+    add_to_suite(suite, {"status": "skipped", "peer": "infinity-emb", "reason": "no wheel for this Python"})
+    assert suite.notes == ["Peer infinity-emb skipped: no wheel for this Python"] and not suite.headlines
+
+
+def test_a_peer_that_dies_at_start_is_reported_with_its_log(tmp_path: Path) -> None:
+    from benchmarks.peers import PeerUnavailable, running_infinity
+
+    fake = tmp_path / "infinity_emb"
+    fake.write_text("#!/bin/sh\necho 'ImportError: no module named torch' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    with pytest.raises(PeerUnavailable, match=r"exited with 3[\s\S]*no module named torch"):
+        with running_infinity(fake, tmp_path, tmp_path / "serve.log"):
+            pass
