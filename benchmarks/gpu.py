@@ -39,7 +39,7 @@ from typing import Any
 from .measure import Summary, closed_loop, ratio, summarize
 from .report import Headline, SuiteResult, Table
 
-__all__ = ["PEAK_TFLOPS", "GpuBenchConfig", "as_suite", "peak_tflops", "run_gpu_benchmark"]
+__all__ = ["BGE_M3_SHAPE", "PEAK_TFLOPS", "GpuBenchConfig", "as_suite", "peak_tflops", "run_gpu_benchmark"]
 
 # Peak dense (no sparsity) tensor-core TFLOPS, bf16 / fp16 with fp32 accumulation, per NVIDIA's data
 # sheets (SXM parts unless named). The first pattern that matches the device name wins.
@@ -88,7 +88,7 @@ class GpuBenchConfig:
 
 # -- the two architectures, random weights, real checkpoint directories ---------------------------------
 
-_XLMR_LARGE = {  # BAAI/bge-m3's config.json
+BGE_M3_SHAPE = {  # BAAI/bge-m3's config.json: XLM-R large
     "vocab_size": 250_002,
     "hidden_size": 1024,
     "num_hidden_layers": 24,
@@ -98,7 +98,7 @@ _XLMR_LARGE = {  # BAAI/bge-m3's config.json
     "type_vocab_size": 1,
     "layer_norm_eps": 1e-5,
 }
-_XLMR_TINY = {**_XLMR_LARGE, "vocab_size": 1000, "hidden_size": 32, "num_hidden_layers": 2}
+_XLMR_TINY = {**BGE_M3_SHAPE, "vocab_size": 1000, "hidden_size": 32, "num_hidden_layers": 2}
 _XLMR_TINY.update(num_attention_heads=2, intermediate_size=64, max_position_embeddings=514)
 
 _SIGLIP_TINY = {
@@ -135,7 +135,7 @@ def build_bge_m3_architecture(out: Path, *, tiny: bool = False, device: str = "c
 
     if (out / "config.json").is_file():
         return out
-    shape = _XLMR_TINY if tiny else _XLMR_LARGE
+    shape = _XLMR_TINY if tiny else BGE_M3_SHAPE
     config = XLMRobertaConfig(**shape, pad_token_id=1, bos_token_id=0, eos_token_id=2)
     torch.manual_seed(0)
     with _build_on(device):
@@ -173,11 +173,23 @@ def build_siglip_base_architecture(out: Path, *, tiny: bool = False, device: str
     return out
 
 
-def _production_spec(model_id: str):
+def _load(model_id: str, path: Path, config: GpuBenchConfig, dtype: str, **extra: Any) -> tuple[Any, Any]:
+    """(spec, encoder): the production spec of ``model_id`` (batch limits from ``inference/models.yaml``)
+    pointed at the random-weight checkpoint, loaded by the sidecar's own loader."""
     from inference.config import load_config
+    from inference.encoders import load_encoder
 
-    path = Path(__file__).resolve().parent.parent / "inference" / "models.yaml"
-    return load_config(path, environ={"RAG_MODELS_DIR": "/nonexistent"}).model(model_id)
+    path_yaml = Path(__file__).resolve().parent.parent / "inference" / "models.yaml"
+    production = load_config(path_yaml, environ={"RAG_MODELS_DIR": "/nonexistent"}).model(model_id)
+    spec = dataclasses.replace(
+        production,
+        id=f"{model_id}-architecture-random",
+        weights=str(path),
+        device=config.device,
+        dtype=dtype,  # type: ignore[arg-type]
+        **extra,
+    )
+    return spec, load_encoder(spec)
 
 
 # -- timing -------------------------------------------------------------------------------------------
@@ -347,17 +359,7 @@ def _token_items(n: int, length: int, vocab: int, *, bos: bool, seed: int) -> li
 
 
 def _text_rows(path: Path, config: GpuBenchConfig, dtype: str, peak: float | None) -> list[dict[str, Any]]:
-    from inference.encoders import load_encoder
-
-    spec = dataclasses.replace(
-        _production_spec("bge-m3"),
-        id="bge-m3-architecture-random",
-        weights=str(path),
-        device=config.device,
-        dtype=dtype,  # type: ignore[arg-type]
-        sparse=config.sparse,
-    )
-    encoder = load_encoder(spec)
+    spec, encoder = _load("bge-m3", path, config, dtype, sparse=config.sparse)
     vocab = int(encoder.model.config.vocab_size)
     n = max(spec.max_batch_size, config.concurrency * config.request_size)
     return [
@@ -381,16 +383,7 @@ def _text_rows(path: Path, config: GpuBenchConfig, dtype: str, peak: float | Non
 def _siglip_rows(path: Path, config: GpuBenchConfig, dtype: str, peak: float | None) -> list[dict[str, Any]]:
     import torch
 
-    from inference.encoders import load_encoder
-
-    spec = dataclasses.replace(
-        _production_spec("siglip-base"),
-        id="siglip-base-architecture-random",
-        weights=str(path),
-        device=config.device,
-        dtype=dtype,  # type: ignore[arg-type]
-    )
-    encoder = load_encoder(spec)
+    spec, encoder = _load("siglip-base", path, config, dtype)
     n = max(spec.max_batch_size, config.concurrency * config.request_size)
     size = int(encoder.model.config.vision_config.image_size)
     generator = torch.Generator().manual_seed(0)

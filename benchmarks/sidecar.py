@@ -302,16 +302,9 @@ def run_encoder_tokens_benchmark(
 
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
-    shape: dict[str, Any] = {
-        "vocab_size": 250_002,
-        "hidden_size": 1024,
-        "num_hidden_layers": 24,
-        "num_attention_heads": 16,
-        "intermediate_size": 4096,
-        "max_position_embeddings": 8194,
-        "type_vocab_size": 1,
-        "pad_token_id": 1,
-    }
+    from .gpu import BGE_M3_SHAPE
+
+    shape: dict[str, Any] = {**BGE_M3_SHAPE, "pad_token_id": 1}
     config = XLMRobertaConfig(**{**shape, **(config_overrides or {})})
     kwargs = {"attn_implementation": "sdpa"} if device.startswith("cuda") else {}
     model = XLMRobertaModel(config, add_pooling_layer=False, **kwargs).to(device, torch_dtype).eval()
