@@ -7,6 +7,8 @@ migrations run once.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -24,13 +26,17 @@ SHARED = REPO_ROOT.parent / "shared"
 
 
 @pytest.fixture(scope="session")
-def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPostgres]:
-    server = EmbeddedPostgres(tmp_path_factory.mktemp("pg") / "data")
+def pg_server() -> Iterator[EmbeddedPostgres]:
+    # Not under pytest's basetemp: pytest prunes old basetemp folders, so a second pytest
+    # session on the same machine could delete a running server's data directory.
+    root = Path(tempfile.mkdtemp(prefix="mnemo-test-pg-"))
+    server = EmbeddedPostgres(root / "data")
     server.start()
     try:
         yield server
     finally:
         server.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
