@@ -37,3 +37,17 @@ def test_every_setting_is_documented_in_the_readme() -> None:
     for env, _default, help_text in describe_settings(DatabaseSettings):
         assert help_text
         assert f"`{env}`" in readme, f"{env} missing from README settings table"
+
+
+def test_every_rag_variable_the_code_reads_is_in_the_readme() -> None:
+    import re
+
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text()
+    named = set()
+    for package in ("schema", "inference", "index", "gateway", "benchmarks"):
+        for source in (root / package).rglob("*.py"):
+            named |= set(re.findall(r'"(RAG_[A-Z0-9_]+)"', source.read_text()))
+    assert len(named) > 10, "the scan found the settings"
+    missing = sorted(v for v in named if f"`{v}`" not in readme)
+    assert not missing, f"settings missing from the README table: {missing}"
