@@ -117,9 +117,9 @@ _SIGLIP_TINY = {
 def _tokenizer(model_max_length: int, *, bos: bool):
     # The tiny models' byte-level BPE tokenizer (XLM-R's special ids). Inputs here are built as token
     # ids directly, so its vocabulary is irrelevant; the encoder needs one to load and to pad.
-    from inference.tiny import _train_tokenizer
+    from inference.tiny import train_tokenizer
 
-    return _train_tokenizer(bos=bos, model_max_length=model_max_length)
+    return train_tokenizer(bos=bos, model_max_length=model_max_length)
 
 
 def _build_on(device: str):

@@ -147,7 +147,7 @@ async def _infinity_grid(url: str, texts: list[str], **grid: Any) -> list[dict[s
     """The sidecar grid's cells, against infinity's OpenAI-style ``/embeddings``."""
     import aiohttp
 
-    from .sidecar import _grid
+    from .sidecar import load_grid
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as http:
 
@@ -158,7 +158,7 @@ async def _infinity_grid(url: str, texts: list[str], **grid: Any) -> list[dict[s
                     raise RuntimeError(f"infinity answered {response.status}: {answer}")
                 return int(answer["usage"]["total_tokens"])
 
-        return await _grid("infinity", call, texts, **grid)
+        return await load_grid("infinity", call, texts, **grid)
 
 
 def run_infinity_peer(work_dir: Path, plan: SidecarPlan, grid: dict[str, Any]) -> dict[str, Any]:
@@ -167,7 +167,7 @@ def run_infinity_peer(work_dir: Path, plan: SidecarPlan, grid: dict[str, Any]) -
 
     from inference.encoders import load_encoder
 
-    from .sidecar import _bench_spec, corpus, measure_inprocess
+    from .sidecar import bench_spec, corpus, measure_inprocess
     from .stack import BENCH_MODEL, MINILM_WEIGHTS
 
     try:
@@ -176,7 +176,7 @@ def run_infinity_peer(work_dir: Path, plan: SidecarPlan, grid: dict[str, Any]) -
         return {"status": "skipped", "peer": "infinity-emb", "reason": str(exc)}
     threads = max(1, os.cpu_count() or 1)
     torch.set_num_threads(threads)
-    spec = _bench_spec(BENCH_MODEL, MINILM_WEIGHTS, "mean", threads)
+    spec = bench_spec(BENCH_MODEL, MINILM_WEIGHTS, "mean", threads)
     encoder = load_encoder(spec)
     from inference.config import resolve_weights
 

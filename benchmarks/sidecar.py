@@ -102,7 +102,7 @@ def measure_inprocess(encoder: Any, texts: Sequence[str], *, batch: int = 32, se
     return {"mode": "inprocess-batch32", "items_per_s": items / wall, "tokens_per_s": tokens / wall}
 
 
-async def _grid(
+async def load_grid(
     mode: str,
     call: Callable[[list[str]], Awaitable[int]],
     texts: Sequence[str],
@@ -154,12 +154,12 @@ async def _service_grid(spec: Any, encoder: Any, texts: Sequence[str], **grid: A
         return int((await service.embed(batch, truncate=True))["tokens"])
 
     try:
-        return await _grid("service", call, texts, **grid)
+        return await load_grid("service", call, texts, **grid)
     finally:
         await service.close()
 
 
-async def _http_grid(url: str, model: str, texts: Sequence[str], **grid: Any) -> list[dict[str, Any]]:
+async def http_grid(url: str, model: str, texts: Sequence[str], **grid: Any) -> list[dict[str, Any]]:
     import aiohttp
 
     limit = aiohttp.TCPConnector(limit=64)
@@ -173,10 +173,10 @@ async def _http_grid(url: str, model: str, texts: Sequence[str], **grid: Any) ->
                     raise RuntimeError(f"sidecar answered {response.status}: {answer}")
                 return int(answer["usage"]["tokens"])
 
-        return await _grid("sidecar", call, texts, **grid)
+        return await load_grid("sidecar", call, texts, **grid)
 
 
-def _bench_spec(model_id: str, weights: str, pooling: str, torch_threads: int) -> Any:
+def bench_spec(model_id: str, weights: str, pooling: str, torch_threads: int) -> Any:
     from inference.config import ModelSpec
 
     return ModelSpec(
@@ -220,7 +220,7 @@ def run_sidecar_benchmark(
 
     threads = torch_threads or max(1, os.cpu_count() or 1)
     torch.set_num_threads(threads)
-    spec = _bench_spec(model_id, weights, pooling, threads)
+    spec = bench_spec(model_id, weights, pooling, threads)
     encoder = load_encoder(spec)
     texts = corpus()
     windows: list[dict[str, Any]] = []
@@ -240,13 +240,13 @@ def run_sidecar_benchmark(
     if include_service:
         cells += asyncio.run(_service_grid(spec, encoder, texts, **grid))
     if sidecar_url:
-        cells += asyncio.run(_http_grid(sidecar_url, model_id, texts, **grid))
+        cells += asyncio.run(http_grid(sidecar_url, model_id, texts, **grid))
     else:
         from inference.launcher import running_sidecar
 
         config = SidecarConfig(models=(spec,), source="benchmarks.sidecar")
         with running_sidecar(config, num_cpus=os.cpu_count() or 2, object_store_mb=128, api_key="") as url:
-            cells += asyncio.run(_http_grid(url, model_id, texts, **grid))
+            cells += asyncio.run(http_grid(url, model_id, texts, **grid))
     speeds = [w["items_per_s"] for w in windows]
     ratios = {
         f"{c['mode']}_c{c['concurrency']}_{c['request_size']}item": c["ratio_to_inprocess"] for c in cells

@@ -31,10 +31,10 @@ def bench_sidecar_config():
     """MiniLM as the sidecar benchmark measures it, plus its 512-token twin."""
     from inference.config import SidecarConfig
 
-    from .sidecar import _bench_spec
+    from .sidecar import bench_spec
 
     threads = max(1, os.cpu_count() or 1)
-    spec = _bench_spec(BENCH_MODEL, MINILM_WEIGHTS, "mean", threads)
+    spec = bench_spec(BENCH_MODEL, MINILM_WEIGHTS, "mean", threads)
     # Ray schedules by CPU shares: the twin takes half a CPU so both fit beside the ingress on 2 cores
     # (it only works while the other is idle, during the length curve).
     long = dataclasses.replace(

@@ -70,7 +70,7 @@ def length_sweep(url: str, plan: SidecarPlan) -> dict[str, Any]:
 
     from inference.encoders import load_encoder
 
-    from .sidecar import _bench_spec, _http_grid, measure_inprocess
+    from .sidecar import bench_spec, http_grid, measure_inprocess
 
     served = _served(url)
     model = LONG_MODEL if LONG_MODEL in served else BENCH_MODEL
@@ -80,7 +80,7 @@ def length_sweep(url: str, plan: SidecarPlan) -> dict[str, Any]:
     threads = max(1, os.cpu_count() or 1)
     torch.set_num_threads(threads)
     spec = dataclasses.replace(
-        _bench_spec(model, MINILM_WEIGHTS, "mean", threads),
+        bench_spec(model, MINILM_WEIGHTS, "mean", threads),
         max_input_tokens=limit,
         max_batch_tokens=32 * limit,
     )
@@ -95,7 +95,7 @@ def length_sweep(url: str, plan: SidecarPlan) -> dict[str, Any]:
             return float(windows[-1]["items_per_s"])
 
         (cell,) = asyncio.run(
-            _http_grid(
+            http_grid(
                 url,
                 model,
                 texts,

@@ -37,7 +37,7 @@ def _alphabet_corpus() -> list[str]:
     return [*_CORPUS, "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ 0123456789 áéíóúàèòçñü"]
 
 
-def _train_tokenizer(*, bos: bool, model_max_length: int, vocab_size: int = 600):
+def train_tokenizer(*, bos: bool, model_max_length: int, vocab_size: int = 600):
     """A byte-level BPE tokenizer (every string encodes, nothing is unknown) with XLM-R's special ids."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
@@ -97,7 +97,7 @@ def _tiny_xlmr_sparse(out: Path) -> None:
     import torch
     from transformers import XLMRobertaModel
 
-    tokenizer = _train_tokenizer(bos=True, model_max_length=128)
+    tokenizer = train_tokenizer(bos=True, model_max_length=128)
     model = XLMRobertaModel(_xlmr_config(len(tokenizer)))
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -109,7 +109,7 @@ def _tiny_cross_encoder(out: Path) -> None:
     """bge-reranker's shape in miniature: XLM-R with a one-logit classification head."""
     from transformers import XLMRobertaForSequenceClassification
 
-    tokenizer = _train_tokenizer(bos=True, model_max_length=128)
+    tokenizer = train_tokenizer(bos=True, model_max_length=128)
     model = XLMRobertaForSequenceClassification(_xlmr_config(len(tokenizer), num_labels=1))
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -119,7 +119,7 @@ def _tiny_siglip(out: Path) -> None:
     """A SigLIP with 32x32 images, 8x8 patches and a 32-token text tower."""
     from transformers import SiglipConfig, SiglipImageProcessor, SiglipModel
 
-    tokenizer = _train_tokenizer(bos=False, model_max_length=32)
+    tokenizer = train_tokenizer(bos=False, model_max_length=32)
     common = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
     config = SiglipConfig(
         text_config={
