@@ -295,8 +295,7 @@ class Retriever:
         weights: Mapping[str, float] | None = None,
     ) -> list[Ranked]:
         """The best authorized passages (chunks) for a query."""
-        results = await self.query_legs(principal, query, scope, over_fetch(limit), legs)
-        return self.fuse(principal, results, scope, weights=weights)[:limit]
+        return (await self._ranked(principal, query, scope, limit, legs, weights))[:limit]
 
     async def records(
         self,
@@ -309,9 +308,21 @@ class Retriever:
         weights: Mapping[str, float] | None = None,
     ) -> list[Ranked]:
         """The best authorized records for a query (each its best chunk)."""
-        results = await self.query_legs(principal, query, scope, over_fetch(limit), legs)
-        ranked = self.fuse(principal, results, scope, weights=weights)
+        ranked = await self._ranked(principal, query, scope, limit, legs, weights)
         return collapse(ranked, lambda r: r.chunk.record)[:limit]
+
+    async def _ranked(
+        self,
+        principal: Principal,
+        query: str,
+        scope: Scope,
+        limit: int,
+        legs: Sequence[str],
+        weights: Mapping[str, float] | None,
+    ) -> list[Ranked]:
+        """Every authorized candidate of the over-fetched legs, fused: what both shapes cut from."""
+        results = await self.query_legs(principal, query, scope, over_fetch(limit), legs)
+        return self.fuse(principal, results, scope, weights=weights)
 
     async def similar(
         self,
