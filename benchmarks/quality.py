@@ -29,7 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from gateway.eval import (
+from gateway.fusion import rrf
+from gateway.settings import GatewaySettings
+
+from .eval import (
     EVAL_LIMIT,
     MODES,
     BeirDataset,
@@ -39,8 +42,6 @@ from gateway.eval import (
     load_beir,
     score_runs,
 )
-from gateway.fusion import rrf
-from gateway.settings import GatewaySettings
 
 BM25_STOPWORDS = "en"
 

@@ -23,7 +23,11 @@ EMBED_ONLY = "embed-only baseline (same texts, /embed alone)"
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Where bundled BEIR-layout data sets are looked for, in order.
-DATASET_ROOTS = (REPO_ROOT / "benchmarks" / "datasets", REPO_ROOT.parent / "shared" / "datasets")
+# ../shared/datasets beside the checkout, or beside a folder above it (a git worktree under wt/).
+DATASET_ROOTS = (
+    REPO_ROOT / "benchmarks" / "datasets",
+    *(root / "shared" / "datasets" for root in REPO_ROOT.parents),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,11 +134,11 @@ def find_datasets(
 
 async def quality_suite(stack: BenchStack, plan: BenchPlan) -> SuiteResult:
     """The eval harness per data set: modes beside exact-dense, BM25 and RRF references, with bars."""
-    from gateway.eval import METRICS
     from gateway.settings import load_gateway_settings
     from index.settings import SidecarClientSettings
     from schema import load_settings
 
+    from .eval import METRICS
     from .quality import run_quality_benchmark
 
     directories, missing = find_datasets(plan.quality.datasets)

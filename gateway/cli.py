@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 # Owned by: schema (migrate, db), inference (sidecar), index (drain, ingest, queue),
-# gateway (gateway, up, token, eval), benchmarks (bench).
+# gateway (gateway, up, token), benchmarks (bench, eval).
 COMMAND_MODULES = (
     "schema.cli",
     "inference.cli",

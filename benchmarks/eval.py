@@ -31,12 +31,11 @@ from typing import Any
 
 import asyncpg
 
+from gateway.auth import Principal
+from gateway.fusion import collapse
+from gateway.retrieval import LegResults, Retriever, over_fetch
+from gateway.settings import LEGS, GatewaySettings
 from index.search import Scope
-
-from .auth import Principal
-from .fusion import collapse
-from .retrieval import LegResults, Retriever, over_fetch
-from .settings import LEGS, GatewaySettings
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +130,56 @@ def format_table(results: Mapping[str, Mapping[str, float]], title: str = "") ->
     return "\n".join(lines)
 
 
+async def index_section(
+    pool: asyncpg.Pool,
+    client: Any,
+    settings: Any,  # index.settings.IngestSettings
+    section_tipo: str,
+    *,
+    text_model: str | None,
+    max_wait: float = 3600.0,
+    poll: float = 0.5,
+) -> dict[str, Any]:
+    """Drain ``section_tipo``'s queued records and wait until none is left; other sections' stay queued.
+
+    Beside a running gateway, its drain may hold the lock or claim some of these
+    records: a scoped pass then does nothing or part of the work, and we wait for
+    the queue rows to go (whoever indexes them). A record that fails (it would be
+    retried only minutes later) or a sidecar outage ends the wait with an error.
+    """
+    from index.drain import drain_once
+
+    totals: dict[str, Any] = {"passes": 0, "indexed": 0, "chunks_embedded": 0, "rows_written": 0}
+    deadline = asyncio.get_running_loop().time() + max_wait
+    while True:
+        report = await drain_once(
+            pool, client, settings, text_model=text_model, section_tipos=(section_tipo,)
+        )
+        totals["passes"] += 1
+        for key in ("indexed", "chunks_embedded", "rows_written"):
+            totals[key] += getattr(report, key)
+        if report.unavailable:
+            raise RuntimeError(f"the corpus was not fully indexed: {report.error}")
+        stats = await pool.fetchrow(
+            "SELECT count(*) AS queued, count(*) FILTER (WHERE last_error IS NOT NULL) AS failed, "
+            "min(last_error) AS error FROM rag_index_queue WHERE section_tipo = $1",
+            section_tipo,
+        )
+        if not stats["queued"]:
+            return totals
+        if stats["failed"]:
+            raise RuntimeError(
+                f"the corpus was not fully indexed ({stats['queued']} records still queued, "
+                f"{stats['failed']} failing): {stats['error']}"
+            )
+        if asyncio.get_running_loop().time() > deadline:
+            raise RuntimeError(
+                f"the corpus was not fully indexed after {max_wait:.0f} s ({stats['queued']} records queued)"
+            )
+        if report.skipped or not report.processed:  # another drain holds the lock or our records
+            await asyncio.sleep(poll)
+
+
 @dataclass
 class EvalSession:
     """An ingested data set and the retrieval engine that queries it."""
@@ -143,9 +192,8 @@ class EvalSession:
     ids: dict[int, str] = field(default_factory=dict)  # section_id -> doc id
     legs: dict[str, LegResults] = field(default_factory=dict)  # query id -> its legs (fetched once)
 
-    async def ingest(self, *, ingest_settings: Any = None) -> dict[str, Any]:
-        """Store the descriptor, queue every document through the intake and drain until indexed."""
-        from index.drain import drain_once
+    async def ingest(self, *, ingest_settings: Any = None, max_wait: float = 3600.0) -> dict[str, Any]:
+        """Store the descriptor, queue every document through the intake, index this section only."""
         from index.intake import enqueue_records
         from index.sections import SectionStore
         from index.settings import IngestSettings
@@ -180,22 +228,16 @@ class EvalSession:
             records.append(record)
         for start in range(0, len(records), settings.max_records_per_request):
             await enqueue_records(self.pool, records[start : start + settings.max_records_per_request])
-        report = await drain_once(
-            self.pool, self.client, settings, text_model=self.retriever.settings.sidecar.text_model
-        )
-        stats = await self.pool.fetchrow(
-            "SELECT count(*) FILTER (WHERE section_tipo = $1) AS queued, "
-            "count(*) FILTER (WHERE section_tipo = $1 AND last_error IS NOT NULL) AS failed "
-            "FROM rag_index_queue",
+        report = await index_section(
+            self.pool,
+            self.client,
+            settings,
             self.section_tipo,
+            text_model=self.retriever.settings.sidecar.text_model,
+            max_wait=max_wait,
         )
-        if report.unavailable or stats["queued"]:
-            raise RuntimeError(
-                f"the corpus was not fully indexed ({stats['queued']} records still queued, "
-                f"{stats['failed']} failing): {report.error or 'see the queue'}"
-            )
         self.retriever.stats.invalidate()
-        return report.as_dict()
+        return report
 
     async def fetch_legs(self, *, concurrency: int = 4) -> None:
         """Every query's legs at ``limit`` 100 (each leg over-fetching ``max(limit * 4, 20)``)."""
