@@ -155,9 +155,19 @@ async def _eval(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         print(f"mnemo eval: {exc}", file=sys.stderr)
         return 2
-    result = await run_quality_benchmark(
-        args.dataset, settings, modes=modes, references=not args.no_references, tune=args.tune, keep=args.keep
-    )
+    try:
+        result = await run_quality_benchmark(
+            args.dataset,
+            settings,
+            modes=modes,
+            references=not args.no_references,
+            tune=args.tune,
+            keep=args.keep,
+            apply=args.apply,
+        )
+    except LookupError as exc:  # --apply to a section without a descriptor
+        print(f"mnemo eval: --apply: {exc}", file=sys.stderr)
+        return 2
     print(render(result))
     if args.json:
         args.json.write_text(json.dumps(metrics_json(result), indent=2) + "\n")
@@ -175,7 +185,17 @@ def _register_eval(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--modes", default="dense,lexical,sparse,hybrid", help="comma-separated modes")
     p.add_argument("--json", type=Path, default=None, help='write {"<mode>": {"ndcg@10", ...}} here')
-    p.add_argument("--tune", action="store_true", help="report the fusion weights that score best here")
+    p.add_argument(
+        "--tune",
+        action="store_true",
+        help="choose fusion method and weights, reported 2-fold cross-validated (tuned on half the queries)",
+    )
+    p.add_argument(
+        "--apply",
+        metavar="SECTION",
+        default=None,
+        help="tune, then store the choice in SECTION's descriptor (the gateway fuses that section with it)",
+    )
     p.add_argument("--no-references", action="store_true", help="skip exact-dense / BM25 / RRF references")
     p.add_argument("--keep", action="store_true", help="keep the eval section indexed (faster re-runs)")
     p.add_argument("--sidecar-url", default=None, help="inference sidecar URL (env RAG_SIDECAR_URL)")

@@ -34,7 +34,7 @@ import asyncpg
 from gateway.auth import Principal
 from gateway.fusion import collapse
 from gateway.retrieval import LegResults, Retriever, over_fetch
-from gateway.settings import LEGS, GatewaySettings
+from gateway.settings import FUSION_METHODS, LEGS, GatewaySettings
 from index.search import Scope
 
 log = logging.getLogger(__name__)
@@ -102,18 +102,27 @@ def mrr_at(ranked: Sequence[str], rels: Mapping[str, int], k: int = 10) -> float
     return 0.0
 
 
-def score_runs(runs: Mapping[str, Sequence[str]], qrels: Mapping[str, Mapping[str, int]]) -> dict[str, float]:
-    """Mean nDCG@10, recall@100 and MRR@10 over every judged query (a missing run scores 0)."""
-    n = len(qrels)
-    if n == 0:
-        return dict.fromkeys(METRICS, 0.0)
-    sums = dict.fromkeys(METRICS, 0.0)
+def per_query_metrics(
+    runs: Mapping[str, Sequence[str]], qrels: Mapping[str, Mapping[str, int]]
+) -> dict[str, dict[str, float]]:
+    """nDCG@10, recall@100 and MRR@10 of every judged query (a missing run scores 0)."""
+    out = {}
     for qid, rels in qrels.items():
         ranked = runs.get(qid, [])
-        sums["ndcg@10"] += ndcg_at(ranked, rels)
-        sums["recall@100"] += recall_at(ranked, rels)
-        sums["mrr@10"] += mrr_at(ranked, rels)
-    return {m: round(v / n, 4) for m, v in sums.items()}
+        out[qid] = {
+            "ndcg@10": ndcg_at(ranked, rels),
+            "recall@100": recall_at(ranked, rels),
+            "mrr@10": mrr_at(ranked, rels),
+        }
+    return out
+
+
+def score_runs(runs: Mapping[str, Sequence[str]], qrels: Mapping[str, Mapping[str, int]]) -> dict[str, float]:
+    """Mean nDCG@10, recall@100 and MRR@10 over every judged query (a missing run scores 0)."""
+    if not qrels:
+        return dict.fromkeys(METRICS, 0.0)
+    per_query = per_query_metrics(runs, qrels)
+    return {m: round(sum(q[m] for q in per_query.values()) / len(per_query), 4) for m in METRICS}
 
 
 def section_for(name: str) -> str:
@@ -256,12 +265,12 @@ class EvalSession:
     def available_legs(self) -> list[str]:
         return [leg for leg in LEGS if any(leg in r.lists for r in self.legs.values())]
 
-    def runs(self, weights: Mapping[str, float]) -> dict[str, list[str]]:
-        """Fuse each query's legs with ``weights``, gate, collapse to records: doc ids, best first."""
+    def runs(self, weights: Mapping[str, float], method: str | None = None) -> dict[str, list[str]]:
+        """Fuse each query's legs (``method``, ``weights``), gate, collapse to records: doc ids, best first."""
         scope = Scope(section_tipos=(self.section_tipo,))
         out = {}
         for qid, legs in self.legs.items():
-            ranked = self.retriever.fuse(EVAL_PRINCIPAL, legs, scope, weights=weights)
+            ranked = self.retriever.fuse(EVAL_PRINCIPAL, legs, scope, weights=weights, method=method)
             records = collapse(ranked, lambda r: r.chunk.record)[:EVAL_LIMIT]
             out[qid] = [self.ids[r.chunk.section_id] for r in records if r.chunk.section_id in self.ids]
         return out
@@ -283,22 +292,43 @@ class EvalSession:
         return results
 
     def tune(self, grid: Sequence[float] = TUNE_GRID) -> dict[str, Any]:
-        """The per-leg weights (dense fixed at 1: RRF is scale-free) with the best nDCG@10."""
+        """Fusion method and per-leg weights (dense fixed at 1), chosen by 2-fold cross-validation.
+
+        ``metrics`` is the cross-validated figure (each query scored by the choice made on the
+        other half); ``weights``/``fusion`` are chosen on all queries (what ``--apply`` stores).
+        """
+        from .tuning import cross_validate
+
         legs = self.available_legs()
         others = [leg for leg in legs if leg != "dense"]
-        best: dict[str, Any] | None = None
-        for combo in itertools.product(grid, repeat=len(others)):
-            weights = {"dense": 1.0, **dict(zip(others, combo, strict=True))}
-            metrics = score_runs(self.runs(weights), self.dataset.qrels)
-            key = (metrics["ndcg@10"], metrics["mrr@10"], -sum(combo))
-            if best is None or key > best["_key"]:
-                best = {"_key": key, "weights": weights, "metrics": metrics}
-        assert best is not None
-        weights = best["weights"]
+        candidates = [
+            (method, (("dense", 1.0), *zip(others, combo, strict=True)))
+            for method in FUSION_METHODS
+            for combo in itertools.product(grid, repeat=len(others))
+        ]
+
+        def evaluate(candidate: tuple[str, tuple[tuple[str, float], ...]]) -> dict[str, dict[str, float]]:
+            method, weights = candidate
+            return per_query_metrics(self.runs(dict(weights), method), self.dataset.qrels)
+
+        result = cross_validate(candidates, evaluate, list(self.dataset.qrels))
+        method, weights = result["chosen"]
         return {
-            "weights": weights,
-            "setting": "RAG_FUSION_WEIGHTS=" + ",".join(f"{k}={v:g}" for k, v in weights.items()),
-            "metrics": best["metrics"],
+            "fusion": method,
+            "weights": dict(weights),
+            "setting": f"RAG_FUSION={method} RAG_FUSION_WEIGHTS="
+            + ",".join(f"{k}={v:g}" for k, v in weights),
+            "metrics": result["cv"],
+            "in_sample": result["in_sample"],
+            "folds": [
+                {
+                    "fusion": f["chosen"][0],
+                    "weights": dict(f["chosen"][1]),
+                    "train": f["train"],
+                    "test": f["test"],
+                }
+                for f in result["folds"]
+            ],
         }
 
     async def cleanup(self) -> None:
@@ -307,6 +337,25 @@ class EvalSession:
             await conn.execute("DELETE FROM rag_embeddings WHERE section_tipo = $1", self.section_tipo)
             await conn.execute("DELETE FROM rag_index_queue WHERE section_tipo = $1", self.section_tipo)
             await conn.execute("DELETE FROM rag_sections WHERE section_tipo = $1", self.section_tipo)
+
+
+async def apply_tuning(pool: asyncpg.Pool, section_tipo: str, tuned: Mapping[str, Any], dataset: str) -> None:
+    """Store ``tuned`` fusion in ``section_tipo``'s descriptor (``retrieval``), which the gateway reads.
+
+    Raises ``LookupError`` when the section has no descriptor (nothing to tune for).
+    """
+    from index.sections import SectionStore
+
+    sections = SectionStore(pool)
+    descriptor = await sections.get(section_tipo)
+    if descriptor is None:
+        raise LookupError(f"section {section_tipo!r} has no descriptor in this database")
+    descriptor["retrieval"] = {
+        "fusion": tuned["fusion"],
+        "weights": dict(tuned["weights"]),
+        "tuned_on": {"dataset": dataset, "cross_validated": dict(tuned["metrics"])},
+    }
+    await sections.put(section_tipo, descriptor)
 
 
 @asynccontextmanager

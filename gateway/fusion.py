@@ -84,3 +84,47 @@ def collapse(items: Iterable[T], group_of: Callable[[T], G]) -> list[T]:
             seen.add(group)
             out.append(item)
     return out
+
+
+def score_fusion(
+    lists: Mapping[str, Sequence[tuple[K, float]]],
+    *,
+    weights: Mapping[str, float] | None = None,
+) -> list[Fused[K]]:
+    """Fuse scored lists by their min-max normalized scores, summed with ``weights``, best first.
+
+    Each list's scores are mapped onto [0, 1] by its own minimum and maximum (a list
+    whose scores are all equal maps them to 1); an item a list did not return gets 0
+    from it. Unlike RRF, how far an item stands above the rest of its list counts, so
+    a leg that is sure of its best hit (a BM25 score far above the next) outweighs a
+    leg whose scores are all alike (a dense leg that does not know the language).
+    The scale of each leg (cosine, BM25 sums) does not matter: the ranking is
+    unchanged by any positive affine change of one list's scores. Ties as in
+    :func:`rrf`: best single rank, then key.
+    """
+    normalized: dict[K, dict[str, float]] = {}
+    ranks: dict[K, dict[str, int]] = {}
+    for name in sorted(lists):
+        weight = _weight(weights, name)
+        if weight == 0 or not lists[name]:
+            continue
+        scores = [float(score) for _, score in lists[name]]
+        if not all(math.isfinite(x) for x in scores):
+            raise ValueError(f"list {name!r} has a score that is not finite")
+        high, low = max(scores), min(scores)
+        for position, (key, score) in enumerate(lists[name], start=1):
+            if name in ranks.setdefault(key, {}):
+                continue  # a key repeated inside one list counts at its first (best) rank
+            ranks[key][name] = position
+            unit = (float(score) - low) / (high - low) if high > low else 1.0
+            normalized.setdefault(key, {})[name] = weight * unit
+    fused = [Fused(key, math.fsum(normalized[key].values()), ranks[key]) for key in normalized]
+    fused.sort(key=lambda f: (-f.score, f.best_rank, f.key))
+    return fused
+
+
+def _weight(weights: Mapping[str, float] | None, name: str) -> float:
+    weight = 1.0 if weights is None else float(weights.get(name, 1.0))
+    if weight < 0 or math.isnan(weight) or math.isinf(weight):
+        raise ValueError(f"weight of {name!r} must be finite and >= 0")
+    return weight

@@ -17,6 +17,7 @@ from index.settings import SidecarClientSettings
 from schema.settings import DatabaseSettings, SettingsError, load_settings, setting
 
 LEGS = ("dense", "lexical", "sparse")
+FUSION_METHODS = ("score", "rrf")
 MIN_SECRET_BYTES = 32
 
 
@@ -117,10 +118,17 @@ class GatewaySettings:
     rrf_k: int = setting(
         "RAG_RRF_K", 60, "Reciprocal Rank Fusion constant k: larger flattens the advantage of top ranks."
     )
+    fusion: str = setting(
+        "RAG_FUSION",
+        "score",
+        "How the legs are fused: `score` (min-max normalized scores, summed with the weights: a leg "
+        "sure of its best hit outweighs a leg whose scores are all alike) or `rrf` (weighted Reciprocal "
+        "Rank Fusion, ranks only). A section's descriptor may override it (`mnemo eval --apply`).",
+    )
     fusion_weights: str = setting(
         "RAG_FUSION_WEIGHTS",
         "dense=1,lexical=1,sparse=1",
-        "Per-leg weights of the weighted RRF (`mnemo eval --tune` suggests values for a data set).",
+        "Per-leg weights of the fusion (`mnemo eval --tune` reports cross-validated values for a data set).",
     )
     lexical_stats_ttl: float = setting(
         "RAG_LEXICAL_STATS_TTL",
@@ -179,6 +187,8 @@ class GatewaySettings:
         if self.log_format not in ("json", "text"):
             raise SettingsError(f"RAG_LOG_FORMAT={self.log_format!r}: use json or text")
         parse_weights(self.fusion_weights)
+        if self.fusion not in FUSION_METHODS:
+            raise SettingsError(f"RAG_FUSION={self.fusion!r}: use one of {', '.join(FUSION_METHODS)}")
 
 
 def load_gateway_settings(
