@@ -39,6 +39,7 @@ def test_cross_validated_never_beats_the_per_fold_oracle(rows: list[list[float]]
     a, b = two_folds(qids)
     oracle = sum(max(sum(table[c][q]["ndcg@10"] for q in fold) for c in table) for fold in (a, b)) / 6
     assert result["cv"]["ndcg@10"] <= round(oracle, 4) + 1e-9
-    assert result["in_sample"]["ndcg@10"] >= max(
-        round(sum(table[c][q]["ndcg@10"] for q in qids) / 6, 4) for c in table
-    ) - 1e-9
+    assert (
+        result["in_sample"]["ndcg@10"]
+        >= max(round(sum(table[c][q]["ndcg@10"] for q in qids) / 6, 4) for c in table) - 1e-9
+    )
