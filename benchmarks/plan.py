@@ -55,7 +55,10 @@ class GatewayPlan:
 
 @dataclasses.dataclass(frozen=True)
 class QualityPlan:
-    datasets: tuple[str, ...] = ("adi",)
+    # "*": every BEIR data set found (benchmarks/datasets, ../shared/datasets), so a regression on
+    # any of them shows in the one table; names or paths narrow it.
+    datasets: tuple[str, ...] = ("*",)
+    tune: bool = True  # the 2-fold cross-validated tuned figure beside the defaults
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +95,6 @@ FULL = BenchPlan(
     gateway=GatewayPlan(
         sizes=(1_000, 10_000, 100_000), embedded=1_000, queries=200, seconds=10.0, requests=3_000
     ),
-    quality=QualityPlan(datasets=("adi", "med", "xquad-es", "xquad-de")),
 )
 
 

@@ -121,6 +121,12 @@ def test_every_suite_writes_a_report_with_baselines_and_plots(
     names = [h["name"] for h in quality["headlines"]]
     assert names == ["lexical nDCG@10 (tiny-beir)", "hybrid nDCG@10 (tiny-beir)", "dense nDCG@10 (tiny-beir)"]
     assert quality["headlines"][0]["bar"] == 0.95
+    (table,) = quality["tables"]  # one table: every data set, each leg, hybrid, tuned, references
+    modes = {row[1] for row in table["rows"]}
+    assert {"dense", "lexical", "hybrid", "hybrid, tuned (2-fold CV)", "ref: BM25 (bm25s)"} <= modes
+    assert table["columns"] == ["data set", "mode", "ndcg@10", "recall@100", "mrr@10"]
+    (chart,) = quality["bars"]  # and one plot
+    assert chart["categories"] == ["tiny-beir"] and (out / "quality-ndcg-10-per-data-set.png").is_file()
 
     assert suites["gpu"]["figures"]["config"]["tiny"] is True
 
