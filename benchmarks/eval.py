@@ -43,7 +43,7 @@ MODES = ("dense", "lexical", "sparse", "hybrid")
 EVAL_LIMIT = 100
 METRICS = ("ndcg@10", "recall@100", "mrr@10")
 EVAL_PRINCIPAL = Principal("mnemo-eval", projects=None, admin=True)
-TUNE_GRID = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
+TUNE_GRID = (0.25, 0.5, 1.0, 2.0, 4.0)  # lexical (and sparse) weight, dense fixed at 1
 
 
 @dataclass(frozen=True)

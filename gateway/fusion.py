@@ -86,41 +86,79 @@ def collapse(items: Iterable[T], group_of: Callable[[T], G]) -> list[T]:
     return out
 
 
+NORMALIZATIONS = ("dbsf", "minmax")
+DBSF_SIGMAS = 3.0
+
+
 def score_fusion(
     lists: Mapping[str, Sequence[tuple[K, float]]],
     *,
     weights: Mapping[str, float] | None = None,
+    normalize: str = "dbsf",
 ) -> list[Fused[K]]:
-    """Fuse scored lists by their min-max normalized scores, summed with ``weights``, best first.
+    """Fuse scored lists by normalized scores, summed with ``weights``, best first.
 
-    Each list's scores are mapped onto [0, 1] by its own minimum and maximum (a list
-    whose scores are all equal maps them to 1); an item a list did not return gets 0
-    from it. Unlike RRF, how far an item stands above the rest of its list counts, so
-    a leg that is sure of its best hit (a BM25 score far above the next) outweighs a
-    leg whose scores are all alike (a dense leg that does not know the language).
-    The scale of each leg (cosine, BM25 sums) does not matter: the ranking is
-    unchanged by any positive affine change of one list's scores. Ties as in
-    :func:`rrf`: best single rank, then key.
+    Unlike RRF, how far an item stands above the rest of its list counts: a leg
+    that is sure of its best hit (a BM25 score far above the others) outweighs a
+    leg whose scores are all alike (a dense model that does not know the
+    language). That is the per-query evidence the fusion adapts to; nothing is
+    learned per collection.
+
+    - ``dbsf`` (distribution-based score fusion): each list's scores are placed
+      on its own mean +/- 3 standard deviations, mapped onto [0, 1] and clipped.
+      A hit 3 sigma above its list's bulk counts fully; the bulk counts about
+      half; an item a list did not return gets 0 from it. The mean and spread of
+      a few hundred candidates are stable, unlike a min-max range whose floor is
+      whatever the last over-fetched candidate scored.
+    - ``minmax``: each list's minimum -> 0, maximum -> 1.
+
+    A list whose scores are all equal (or a single item) maps them to 1. The scale
+    of each leg (cosine, BM25 sums) does not matter: the ranking is unchanged by
+    any positive affine change of one list's scores. Ties as in :func:`rrf`: best
+    single rank, then key.
     """
+    if normalize not in NORMALIZATIONS:
+        raise ValueError(f"normalize must be one of {NORMALIZATIONS}, not {normalize!r}")
     normalized: dict[K, dict[str, float]] = {}
     ranks: dict[K, dict[str, int]] = {}
-    for name in sorted(lists):
+    for name in sorted(lists):  # canonical order: the input order must not matter
         weight = _weight(weights, name)
         if weight == 0 or not lists[name]:
             continue
-        scores = [float(score) for _, score in lists[name]]
-        if not all(math.isfinite(x) for x in scores):
-            raise ValueError(f"list {name!r} has a score that is not finite")
-        high, low = max(scores), min(scores)
-        for position, (key, score) in enumerate(lists[name], start=1):
-            if name in ranks.setdefault(key, {}):
-                continue  # a key repeated inside one list counts at its first (best) rank
-            ranks[key][name] = position
-            unit = (float(score) - low) / (high - low) if high > low else 1.0
-            normalized.setdefault(key, {})[name] = weight * unit
+        rows = _first_occurrences(lists[name])
+        unit = _unit_scores([score for _, score in rows], normalize)
+        for position, ((key, _), value) in enumerate(zip(rows, unit, strict=True), start=1):
+            ranks.setdefault(key, {})[name] = position
+            normalized.setdefault(key, {})[name] = weight * value
     fused = [Fused(key, math.fsum(normalized[key].values()), ranks[key]) for key in normalized]
     fused.sort(key=lambda f: (-f.score, f.best_rank, f.key))
     return fused
+
+
+def _first_occurrences(rows: Sequence[tuple[K, float]]) -> list[tuple[K, float]]:
+    """A key repeated inside one list counts once, at its first (best) place."""
+    seen: set[K] = set()
+    out = []
+    for key, score in rows:
+        if key not in seen:
+            seen.add(key)
+            out.append((key, float(score)))
+    return out
+
+
+def _unit_scores(scores: Sequence[float], normalize: str) -> list[float]:
+    if not all(math.isfinite(x) for x in scores):
+        raise ValueError("scores must be finite")
+    if normalize == "minmax":
+        low, high = min(scores), max(scores)
+    else:
+        mean = math.fsum(scores) / len(scores)
+        sigma = math.sqrt(math.fsum((x - mean) ** 2 for x in scores) / len(scores))
+        low, high = mean - DBSF_SIGMAS * sigma, mean + DBSF_SIGMAS * sigma
+    # Relative to the spread: a float-rounding spread is no spread (every score the same).
+    if not high - low > 1e-9 * max(1.0, abs(high), abs(low)):
+        return [1.0] * len(scores)
+    return [min(1.0, max(0.0, (x - low) / (high - low))) for x in scores]
 
 
 def _weight(weights: Mapping[str, float] | None, name: str) -> float:

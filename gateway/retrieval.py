@@ -281,7 +281,7 @@ class Retriever:
         weights: Mapping[str, float] | None = None,
         method: str | None = None,
     ) -> list[Ranked]:
-        """Fuse the legs (``method``: ``score`` or ``rrf``, default the settings'), then the ACL gate."""
+        """Fuse the legs (``method``: ``dbsf``, ``minmax`` or ``rrf``; default the settings'), then gate."""
         weights = self.settings.weights if weights is None else weights
         method = self.settings.fusion if method is None else method
         with self.metrics.time_leg("fusion"):
@@ -303,6 +303,7 @@ class Retriever:
                 fused = score_fusion(
                     {name: [(c.key, c.score) for c in rows] for name, rows in results.lists.items()},
                     weights=weights,
+                    normalize=method,
                 )
         with self.metrics.time_leg("acl"):
             allowed = gate(principal, (by_key[f.key] for f in fused), scope)

@@ -17,7 +17,7 @@ from index.settings import SidecarClientSettings
 from schema.settings import DatabaseSettings, SettingsError, load_settings, setting
 
 LEGS = ("dense", "lexical", "sparse")
-FUSION_METHODS = ("score", "rrf")
+FUSION_METHODS = ("dbsf", "minmax", "rrf")
 MIN_SECRET_BYTES = 32
 
 
@@ -120,10 +120,11 @@ class GatewaySettings:
     )
     fusion: str = setting(
         "RAG_FUSION",
-        "score",
-        "How the legs are fused: `score` (min-max normalized scores, summed with the weights: a leg "
-        "sure of its best hit outweighs a leg whose scores are all alike) or `rrf` (weighted Reciprocal "
-        "Rank Fusion, ranks only). A section's descriptor may override it (`mnemo eval --apply`).",
+        "dbsf",
+        "How the legs are fused. `dbsf`: each leg's scores normalized by their own mean +/- 3 sigma, "
+        "summed with the weights, so a leg sure of its best hit outweighs a leg whose scores are all "
+        "alike; `minmax`: the same with min-max normalization; `rrf`: weighted Reciprocal Rank Fusion "
+        "(ranks only). A section's descriptor may override it (`mnemo eval --apply`).",
     )
     fusion_weights: str = setting(
         "RAG_FUSION_WEIGHTS",
