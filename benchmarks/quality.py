@@ -179,10 +179,13 @@ async def run_quality_benchmark(
 
 
 def metrics_json(result: Mapping[str, Any]) -> dict[str, dict[str, float]]:
-    """``{"<mode>": {"ndcg@10", "recall@100", "mrr@10"}}`` plus ``reference:<name>`` rows."""
+    """``{"<mode>": {"ndcg@10", "recall@100", "mrr@10"}}`` plus ``reference:<name>`` rows (and
+    ``tuned:cross_validated`` after tuning)."""
     out = {mode: dict(m) for mode, m in result["modes"].items()}
     for name, m in result.get("references", {}).items():
         out[f"reference:{name}"] = dict(m)
+    if "tuned" in result:
+        out["tuned:cross_validated"] = dict(result["tuned"]["metrics"])
     return out
 
 
