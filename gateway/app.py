@@ -44,12 +44,7 @@ async def _database_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def _sidecar_ctx(app: web.Application) -> AsyncIterator[None]:
     """The sidecar client shared by intake and readiness checks (retries with backoff)."""
-    from inference.client import SidecarClient
-
-    sidecar = app[SETTINGS_KEY].sidecar
-    client = SidecarClient(
-        sidecar.sidecar_url, api_key=sidecar.sidecar_api_key, timeout=sidecar.sidecar_timeout
-    )
+    client = app[SETTINGS_KEY].sidecar.client()
     app[SIDECAR_KEY] = client
     try:
         yield
@@ -59,14 +54,9 @@ async def _sidecar_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def _retriever_ctx(app: web.Application) -> AsyncIterator[None]:
     """The retrieval engine, with its own sidecar client: one quick retry, then a 503 for the caller."""
-    from inference.client import SidecarClient
-
     from .retrieval import Retriever
 
-    sidecar = app[SETTINGS_KEY].sidecar
-    client = SidecarClient(
-        sidecar.sidecar_url, api_key=sidecar.sidecar_api_key, timeout=sidecar.sidecar_timeout, max_retries=1
-    )
+    client = app[SETTINGS_KEY].sidecar.client(max_retries=1)
     app[RETRIEVER_KEY] = Retriever(app[POOL_KEY], client, app[SETTINGS_KEY], app[METRICS_KEY])
     try:
         yield

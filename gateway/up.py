@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import os
 import secrets
 import shlex
 import sys
@@ -55,9 +54,9 @@ DEMO_EXAMPLES: tuple[DemoExample, ...] = (
 )
 
 
-def jwt_secret(data_dir: Path) -> str:
-    """``RAG_JWT_SECRET``, or a random one kept in ``<data dir>/jwt_secret`` (0600) across restarts."""
-    configured = os.environ.get("RAG_JWT_SECRET")
+def jwt_secret(configured: str | None, data_dir: Path) -> str:
+    """The configured ``RAG_JWT_SECRET``, or a random one kept in ``<data dir>/jwt_secret`` (0600)
+    across restarts."""
     if configured:
         return configured
     path = data_dir / "jwt_secret"
@@ -158,8 +157,11 @@ async def _wait_for_drain(app: object, timeout_s: float = 900.0) -> dict:
     raise TimeoutError(f"the demo collection was not indexed in {timeout_s:.0f}s: {stats}")
 
 
-async def run_up(args: argparse.Namespace, settings: GatewaySettings) -> int:
-    """Start everything, load the demo, print tokens and examples, serve until stopped."""
+async def run_up(args: argparse.Namespace, settings: GatewaySettings, *, own_sidecar: bool) -> int:
+    """Start everything, load the demo, print tokens and examples, serve until stopped.
+
+    ``own_sidecar``: start a sidecar with the offline profile (no sidecar URL was configured).
+    """
     from index.demo import load_demo
     from inference.net import free_port
 
@@ -167,11 +169,11 @@ async def run_up(args: argparse.Namespace, settings: GatewaySettings) -> int:
     from .auth import issue_token
     from .resources import DATABASE_URL_KEY, POOL_KEY
 
-    secret = jwt_secret(settings.database.data_dir)
-    settings = dataclasses.replace(settings, jwt_secret=secret, auth="jwt")
+    secret = settings.jwt_secret
+    assert secret is not None  # the command resolved it (configured or kept in the data dir)
     stack = contextlib.AsyncExitStack()
     async with stack:
-        if args.sidecar_url or os.environ.get("RAG_SIDECAR_URL"):
+        if not own_sidecar:
             sidecar_url = settings.sidecar.sidecar_url
             print(f"  sidecar   {sidecar_url}  (already running)", flush=True)
         else:

@@ -45,15 +45,12 @@ async def _database(args: argparse.Namespace) -> AsyncIterator[Any]:
 
 @contextlib.asynccontextmanager
 async def _sidecar(args: argparse.Namespace) -> AsyncIterator[tuple[Any, Any]]:
-    from inference.client import SidecarClient
     from schema.settings import load_settings
 
     from .settings import SidecarClientSettings
 
     settings = load_settings(SidecarClientSettings, sidecar_url=args.sidecar_url, text_model=args.text_model)
-    async with SidecarClient(
-        settings.sidecar_url, api_key=settings.sidecar_api_key, timeout=settings.sidecar_timeout
-    ) as client:
+    async with settings.client() as client:
         yield client, settings
 
 

@@ -11,10 +11,9 @@ import contextlib
 import io
 import json
 import logging
-import os
 from collections.abc import Iterator
 
-from .config import SidecarConfig
+from .config import SidecarConfig, opt_out_of_ray_usage_stats
 from .net import free_port, wait_ready
 
 __all__ = ["example_requests", "free_port", "running_sidecar", "wait_ready"]
@@ -53,7 +52,7 @@ def running_sidecar(
     port = port or free_port(host)
     started_ray = False
     if not ray.is_initialized():
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        opt_out_of_ray_usage_stats()
         ray.init(
             # "local": always a fresh instance, never another process's cluster found through
             # RAY_ADDRESS or /tmp/ray (several test sessions may run side by side on one machine).
