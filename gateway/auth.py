@@ -10,6 +10,7 @@ and HS256-signed-with-the-public-key tricks fail as invalid tokens.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from typing import Any
 import jwt
 from aiohttp import web
 
-from index.validation import PROJECT_ID_MAX
+from index.validation import CONTRIBUTOR_PATTERN, PROJECT_ID_MAX
 
 from .errors import ApiError
 from .resources import PRINCIPAL_KEY, SETTINGS_KEY, VERIFIER_KEY
@@ -32,6 +33,10 @@ ADMIN_LEVEL = 3  # the archive's levels: 0 none, 1 read, 2 write, 3 admin
 # a token is not a place for megabytes of grants.
 MAX_CLAIM_ITEMS = 10_000
 MAX_SUB_CHARS = 256
+# A perms key is a section tipo or "section/component": the grammar ingestion stores them in. Keys
+# reach SQL as parameters, where a NUL or a lone surrogate would be a database error (a 500).
+_PERM_KEY = re.compile(CONTRIBUTOR_PATTERN)
+_UNPRINTABLE = re.compile("[\x00-\x1f\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -80,7 +85,7 @@ def _int_in(value: Any, low: int, high: int) -> bool:
 
 def _claims_to_principal(claims: Mapping[str, Any]) -> Principal:
     sub = claims.get("sub")
-    if not isinstance(sub, str) or not sub or len(sub) > MAX_SUB_CHARS:
+    if not isinstance(sub, str) or not sub or len(sub) > MAX_SUB_CHARS or _UNPRINTABLE.search(sub):
         raise ApiError.invalid_token(f"The token's subject must be 1..{MAX_SUB_CHARS} characters")
     raw_projects = claims.get("projects", [])
     projects: frozenset[int] | None
@@ -101,7 +106,10 @@ def _claims_to_principal(claims: Mapping[str, Any]) -> Principal:
     if (
         not isinstance(raw_perms, dict)
         or len(raw_perms) > MAX_CLAIM_ITEMS
-        or not all(isinstance(k, str) and _int_in(v, 0, ADMIN_LEVEL) for k, v in raw_perms.items())
+        or not all(
+            isinstance(k, str) and _PERM_KEY.match(k) and _int_in(v, 0, ADMIN_LEVEL)
+            for k, v in raw_perms.items()
+        )
     ):
         raise ApiError.invalid_token(
             f'The token\'s "perms" claim must map at most {MAX_CLAIM_ITEMS} tipos to levels 0..{ADMIN_LEVEL}'

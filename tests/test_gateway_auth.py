@@ -92,6 +92,10 @@ def test_rs256_with_a_public_key_and_no_algorithm_confusion(tmp_path: Path) -> N
         {"perms": {"oh1": 4}},
         {"sub": "x" * 300},
         {"projects": list(range(10_001))},
+        # Keys and subjects that would reach SQL or the logs: the archive's tipo grammar, printable.
+        {"perms": {"oh1\u0000": 1}},
+        {"perms": {"oh1/\ud800": 1}},
+        {"sub": "root\u0000"},
     ],
 )
 def test_malformed_claims_are_invalid_tokens(claims: dict) -> None:
