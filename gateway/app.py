@@ -20,7 +20,7 @@ from aiohttp import web
 from .auth import setup_auth
 from .dispatch import json_api
 from .errors import ApiError, envelope_ok, error_middleware
-from .intake import setup_intake
+from .intake import DRAIN_KEY, setup_intake
 from .metrics import Metrics
 from .observe import observe_middleware
 from .openapi import openapi
@@ -95,7 +95,12 @@ async def readyz(request: web.Request) -> web.Response:
     if not (database and sidecar):
         down = [name for name, up in (("database", database), ("sidecar", sidecar)) if not up]
         raise ApiError("service.unavailable", "Not ready: " + ", ".join(down) + " unreachable")
-    return envelope_ok(request, {"status": "ready", "database": True, "sidecar": True})
+    # Search still serves while a crashed drain waits to restart, so readiness holds; the drain's
+    # state is reported here so that a monitor sees records are not being indexed.
+    drain = request.app.get(DRAIN_KEY)
+    drain_status = drain.status() if drain is not None else None
+    status = "degraded" if drain_status and drain_status["state"] == "crashed" else "ready"
+    return envelope_ok(request, {"status": status, "database": True, "sidecar": True, "drain": drain_status})
 
 
 async def metrics(request: web.Request) -> web.Response:

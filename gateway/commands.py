@@ -102,7 +102,7 @@ async def _serve_gateway(args: argparse.Namespace) -> int:
 
 async def _up(args: argparse.Namespace) -> int:
     from .logs import configure_logging
-    from .up import jwt_secret, run_up
+    from .up import SidecarStartError, jwt_secret, run_up
 
     try:
         dbs = database_settings(args)
@@ -113,7 +113,11 @@ async def _up(args: argparse.Namespace) -> int:
         return 2
     configure_logging("text", "WARNING")  # the console is for the printed guide; logs stay quiet
     print("Mnemo is starting:", flush=True)
-    return await run_up(args, settings)
+    try:
+        return await run_up(args, settings)
+    except SidecarStartError as exc:
+        print(f"mnemo up: {exc}", file=sys.stderr, flush=True)
+        return 1
 
 
 async def _eval(args: argparse.Namespace) -> int:

@@ -201,7 +201,7 @@ async def _drain_ctx(app: web.Application) -> AsyncIterator[None]:
         metrics=app[_METRICS_KEY],
     )
     app[DRAIN_KEY] = drain
-    task = asyncio.create_task(drain.run(), name="mnemo-drain") if settings.drain_enabled else None
+    task = asyncio.create_task(drain.supervise(), name="mnemo-drain") if settings.drain_enabled else None
     try:
         yield
     finally:
