@@ -2,8 +2,9 @@
 
 :func:`load_beir` reads ``corpus.jsonl``, ``queries.jsonl`` and ``qrels/test.tsv``.
 :class:`EvalSession` ingests the corpus into its own section (descriptor, then
-``enqueue_records`` + ``drain_once``, exactly what ``POST /v1/records`` and the
-gateway's drain do), asks every query through :class:`gateway.retrieval.Retriever`
+``enqueue_records`` + a drain pass scoped to that section, exactly what
+``POST /v1/records`` and the gateway's drain do; beside a running gateway it waits
+for whichever drain takes its records), asks every query through :class:`gateway.retrieval.Retriever`
 with ``limit`` 100 (the API's [1, 50] clamp is the API's, not retrieval's) and
 scores nDCG@10, recall@100 and MRR@10 per mode:
 
@@ -12,7 +13,9 @@ scores nDCG@10, recall@100 and MRR@10 per mode:
 
 Each query's legs are fetched once and fused per mode, which is the same as
 running each mode on its own (the legs are independent); :meth:`EvalSession.tune`
-reuses them to find the fusion weights that would have scored best.
+reuses them to choose the fusion method and weights by 2-fold cross-validation
+(:mod:`benchmarks.tuning`), and :func:`apply_tuning` stores a choice in a section's
+descriptor. Nothing here is read at query time by the gateway.
 """
 
 from __future__ import annotations

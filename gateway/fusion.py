@@ -1,5 +1,9 @@
-"""Weighted Reciprocal Rank Fusion and collapsing to records: pure functions, no I/O.
+"""Fusion of the retrieval legs and collapsing to records: pure functions, no I/O.
 
+:func:`score_fusion` (the default, ``dbsf``, or ``minmax``) fuses normalized scores, so
+how far a hit stands above the rest of its leg counts; :func:`rrf` fuses ranks only.
+
+Weighted Reciprocal Rank Fusion:
 An item's fused score is ``sum over lists of weight / (k + rank)`` (rank
 1-based, ``k`` = 60 by default; an item first in two lists of weight 1 scores
 ``2/61``, as in the archive). Departures from the archive's ``fuse()``, on
@@ -12,9 +16,10 @@ purpose:
   item key itself, and scores are summed exactly rounded (``math.fsum``), so a
   tie is a tie whatever the summation order.
 
-Properties (tests/test_fusion_properties.py): invariant to list order;
-monotone (raising an item in one list never lowers its fused position); an item
-first in every list is first.
+Properties (tests/test_fusion_properties.py), for both: invariant to list order;
+an item first in every list is first; for RRF and min-max, monotone (raising an
+item in one list never lowers its fused position); for score fusion, each leg's
+scale does not matter.
 """
 
 from __future__ import annotations

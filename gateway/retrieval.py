@@ -1,4 +1,4 @@
-"""Hybrid retrieval: query vector -> dense, lexical and learned-sparse legs -> weighted RRF -> ACL gate.
+"""Hybrid retrieval: query vector -> dense, lexical and learned-sparse legs -> fusion -> ACL gate.
 
 The pipeline every text action shares:
 
@@ -6,7 +6,8 @@ The pipeline every text action shares:
    :class:`EmbeddingUnavailable`, never a blind ranking;
 2. the legs in parallel over the model's partition, each over-fetching
    ``max(limit * 4, 20)`` with the scope and the caller's ACL pushed into SQL;
-3. weighted Reciprocal Rank Fusion (:mod:`gateway.fusion`);
+3. fusion (:mod:`gateway.fusion`): distribution-normalized scores by default
+   (``RAG_FUSION``), or the fusion tuned for the searched sections (their descriptors);
 4. the ACL gate (:mod:`gateway.acl`) on every fused candidate;
 5. passages as they are, or collapsed to the best chunk per record.
 
