@@ -23,7 +23,15 @@ from .intake import setup_intake
 from .metrics import Metrics
 from .observe import observe_middleware
 from .openapi import openapi
-from .resources import DATABASE_URL_KEY, METRICS_KEY, POOL_KEY, RETRIEVER_KEY, SETTINGS_KEY, SIDECAR_KEY
+from .resources import (
+    ASK_KEY,
+    DATABASE_URL_KEY,
+    METRICS_KEY,
+    POOL_KEY,
+    RETRIEVER_KEY,
+    SETTINGS_KEY,
+    SIDECAR_KEY,
+)
 from .settings import GatewaySettings
 
 log = logging.getLogger(__name__)
@@ -74,6 +82,29 @@ async def _retriever_ctx(app: web.Application) -> AsyncIterator[None]:
         await client.close()
 
 
+async def _ask_ctx(app: web.Application) -> AsyncIterator[None]:
+    """ask's services: the reranker (the retriever's sidecar client), the generator, the section store."""
+    from index.sections import SectionStore
+
+    from .ask import AskServices
+    from .providers import build_provider
+    from .rerank import Reranker
+
+    settings = app[SETTINGS_KEY]
+    retriever = app[RETRIEVER_KEY]
+    reranker = Reranker(
+        retriever.client, settings.sidecar.rerank_model, settings.ask.rerank_timeout, app[METRICS_KEY]
+    )
+    provider = build_provider(settings.ask, retriever)
+    app[ASK_KEY] = AskServices(
+        settings.ask, reranker, provider, SectionStore(app[POOL_KEY]), app[METRICS_KEY]
+    )
+    try:
+        yield
+    finally:
+        await provider.close()
+
+
 async def healthz(request: web.Request) -> web.Response:
     """Liveness: the process answers."""
     return envelope_ok(request, {"status": "ok"})
@@ -119,6 +150,7 @@ def create_app(settings: GatewaySettings, *, database_url: str | None = None) ->
     app.cleanup_ctx.append(_database_ctx)
     app.cleanup_ctx.append(_sidecar_ctx)
     app.cleanup_ctx.append(_retriever_ctx)
+    app.cleanup_ctx.append(_ask_ctx)
     app.router.add_post("/api/v1/json", json_api)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
