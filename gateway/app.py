@@ -135,6 +135,24 @@ async def metrics(request: web.Request) -> web.Response:
     return response
 
 
+def _add_engine(app: web.Application, settings: GatewaySettings) -> None:
+    """The resources every action runs on: database pool, sidecar clients, retrieval, ask services."""
+    app[SETTINGS_KEY] = settings
+    app[METRICS_KEY] = Metrics()
+    app.cleanup_ctx.append(_database_ctx)
+    app.cleanup_ctx.append(_sidecar_ctx)
+    app.cleanup_ctx.append(_retriever_ctx)
+    app.cleanup_ctx.append(_ask_ctx)
+
+
+def create_engine(settings: GatewaySettings) -> web.Application:
+    """The gateway's engine without routes or the ingestion drain: what ``mnemo mcp`` runs the
+    actions on (start it with ``web.AppRunner(engine).setup()``)."""
+    app = web.Application()
+    _add_engine(app, settings)
+    return app
+
+
 def create_app(settings: GatewaySettings, *, database_url: str | None = None) -> web.Application:
     """The gateway app. ``database_url`` overrides the configured database (tests, eval)."""
     if database_url is not None:
@@ -144,13 +162,8 @@ def create_app(settings: GatewaySettings, *, database_url: str | None = None) ->
     app = web.Application(
         middlewares=[observe_middleware, error_middleware], client_max_size=settings.max_body_bytes
     )
-    app[SETTINGS_KEY] = settings
-    app[METRICS_KEY] = Metrics()
+    _add_engine(app, settings)
     setup_auth(app, settings)
-    app.cleanup_ctx.append(_database_ctx)
-    app.cleanup_ctx.append(_sidecar_ctx)
-    app.cleanup_ctx.append(_retriever_ctx)
-    app.cleanup_ctx.append(_ask_ctx)
     app.router.add_post("/api/v1/json", json_api)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

@@ -201,9 +201,7 @@ class OpenAIProvider:
         self.temperature = temperature
         self.timeout = timeout
         self.max_tokens = max_tokens
-        self.local = locality == "local" or (
-            locality == "auto" and is_local_endpoint(endpoint, local_hosts)
-        )
+        self.local = locality == "local" or (locality == "auto" and is_local_endpoint(endpoint, local_hosts))
         self._session: aiohttp.ClientSession | None = None
 
     @property

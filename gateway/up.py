@@ -117,6 +117,10 @@ def examples(url: str, admin: str, researcher: str) -> str:
         ),
         "  " + _curl(url, "RESEARCHER", "embed_groups", {"section_tipo": "mus1"}) + "   # {groups: []}",
         "",
+        "A grounded answer with [n] citations (offline: the extractive provider, no language model):",
+        "  " + _curl(url, "ADMIN", "ask", {"query": "What happened when the water came to Valdemora?"}),
+        "  " + _curl(url, "RESEARCHER", "ask", {"query": "What happened when the water came to Valdemora?"}),
+        "",
         f"Also: {url}/openapi.json  {url}/metrics  {url}/readyz",
     ]
     return "\n".join(lines)
