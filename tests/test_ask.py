@@ -261,6 +261,7 @@ async def test_external_generation_is_off_by_default(corpus_database_url: str, s
 
 
 async def test_forbidden_contributing_section_is_withheld(corpus_database_url: str, sidecar_url: str) -> None:
+    query = "Amphora inventory INV-2024/0173"
     async with running_chat_server() as chat:
         env = _openai(
             chat,
@@ -269,18 +270,26 @@ async def test_forbidden_contributing_section_is_withheld(corpus_database_url: s
             RAG_EXTERNAL_PROVIDER_FORBIDDEN_SECTIONS="dd810",
         )
         async with running_gateway(corpus_database_url, sidecar_url, **env) as gw:
-            data = await gw.ok("ask", {"query": "Amphora inventory INV-2024/0173", "limit": 20})
-            assert ("oh1", 4) in _records(data["withheld"]) and ("oh1", 4) not in _records(data["provenance"])
-            assert len(chat.requests) == 1
-            assert "INV-2024/0173" not in json.dumps(chat.requests[0]["body"])
-            # A forbidden host section: everything in scope is withheld, no call is made.
-            forbidden = {**env, "RAG_EXTERNAL_PROVIDER_FORBIDDEN_SECTIONS": "oh1"}
+            # Only oh1-4 grounds this query, and dd810 contributes to it: nothing may leave.
+            status, body = await gw.call("ask", {"query": query})
+            assert status == 200 and body["msg"] == "external_generation_restricted"
+            assert _records(body["data"]["provenance"]) == {("oh1", 4)} and chat.requests == []
+        # With every passage grounding (floor -1), oh1-4 is withheld and the rest is sent.
+        async with running_gateway(
+            corpus_database_url, sidecar_url, **env, RAG_GROUNDING_MIN_SIMILARITY="-1"
+        ) as gw:
+            data = await gw.ok("ask", {"query": query, "limit": 20})
+        assert _records(data["withheld"]) == {("oh1", 4)} and ("oh1", 4) not in _records(data["provenance"])
+        assert len(chat.requests) == 1 and len(data["provenance"]) == 19
+        assert "INV-2024/0173" not in json.dumps(chat.requests[0]["body"])
+        # A forbidden host section: everything in scope is withheld.
+        forbidden = {**env, "RAG_EXTERNAL_PROVIDER_FORBIDDEN_SECTIONS": "oh1"}
         async with running_gateway(corpus_database_url, sidecar_url, **forbidden) as gw:
             status, body = await gw.call("ask", {"query": DAM, "section_tipo": "oh1"})
-            assert (
-                status == 200 and body["msg"] == "external_generation_restricted" and len(chat.requests) == 1
-            )
-            assert _records(body["data"]["provenance"]) <= {("oh1", i) for i in range(1, 9)}
+        assert status == 200 and body["msg"] == "external_generation_restricted" and len(chat.requests) == 1
+        assert body["data"]["provenance"] and _records(body["data"]["provenance"]) <= {
+            ("oh1", i) for i in range(9)
+        }
 
 
 async def test_a_local_endpoint_may_receive_everything(corpus_database_url: str, sidecar_url: str) -> None:

@@ -39,7 +39,14 @@ async def test_tools_answer_like_the_http_api(corpus_gateway: Gateway) -> None:
     server = build_mcp_server(corpus_gateway.app, principal_from_token(settings, RESEARCHER))
     async with Client(server) as client:
         tools = {t.name: t for t in (await client.list_tools()).tools}
-        assert set(tools) == {"semantic_search", "retrieve", "get_agent_context", "read_chunk", "similar_to", "ask"}
+        assert set(tools) == {
+            "semantic_search",
+            "retrieve",
+            "get_agent_context",
+            "read_chunk",
+            "similar_to",
+            "ask",
+        }
         assert all(t.input_schema["type"] == "object" and t.description for t in tools.values())
         assert tools["ask"].input_schema["required"] == ["query"]
         passages = await corpus_gateway.ok("retrieve", {"query": DAM}, bearer=RESEARCHER)
@@ -66,7 +73,11 @@ async def test_tool_errors_carry_the_api_error(corpus_gateway: Gateway) -> None:
     settings = corpus_gateway.app[SETTINGS_KEY]
     server = build_mcp_server(corpus_gateway.app, principal_from_token(settings, RESEARCHER))
     async with Client(server) as client:
-        for name, arguments in (("ask", {}), ("read_chunk", {"chunk_id": "nope"}), ("retrieve", {"limit": 3})):
+        for name, arguments in (
+            ("ask", {}),
+            ("read_chunk", {"chunk_id": "nope"}),
+            ("retrieve", {"limit": 3}),
+        ):
             status, body = await corpus_gateway.call(name, arguments, bearer=RESEARCHER)
             is_error, payload = await _tool(client, name, arguments)
             assert is_error and status == 400
@@ -83,3 +94,51 @@ def test_the_principal_is_fixed_from_a_verified_token(corpus_gateway: Gateway) -
         with pytest.raises(McpStartupError, match="RAG_MCP_TOKEN"):
             principal_from_token(settings, bad)
     assert principal_from_token(dataclasses.replace(settings, auth="off"), None) is ANONYMOUS_ADMIN
+
+
+def _mcp_env(database_url: str, sidecar_url: str, **extra: str) -> dict[str, str]:
+    from tests.fixtures.gateway import SECRET, TEXT_MODEL
+
+    return {
+        "RAG_JWT_SECRET": SECRET,
+        "RAG_DATABASE_URL": database_url,
+        "RAG_SIDECAR_URL": sidecar_url,
+        "RAG_TEXT_MODEL": TEXT_MODEL,
+        **extra,
+    }
+
+
+async def test_mnemo_mcp_over_stdio(
+    corpus_gateway: Gateway, corpus_database_url: str, sidecar_url: str
+) -> None:
+    """The real transport: an MCP client starts ``mnemo mcp`` and talks to it over stdin/stdout."""
+    import sys
+    from pathlib import Path
+
+    from mcp.client.stdio import StdioServerParameters
+
+    mnemo = str(Path(sys.executable).with_name("mnemo"))
+    params = StdioServerParameters(
+        command=mnemo,
+        args=["--log-level", "WARNING", "mcp"],
+        env=_mcp_env(corpus_database_url, sidecar_url, RAG_MCP_TOKEN=RESEARCHER),
+    )
+    async with Client(params, read_timeout_seconds=120) as client:
+        assert "ask" in {t.name for t in (await client.list_tools()).tools}
+        _, payload = await _tool(client, "retrieve", {"query": DAM, "limit": 3})
+    body = await corpus_gateway.ok("retrieve", {"query": DAM, "limit": 3}, bearer=RESEARCHER)
+    assert payload == {"msg": "ok", "data": body}
+
+
+def test_mnemo_mcp_refuses_to_start_without_a_valid_token() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    mnemo = str(Path(sys.executable).with_name("mnemo"))
+    for extra in ({}, {"RAG_MCP_TOKEN": "not-a-jwt"}):
+        env = {"PATH": "/usr/bin:/bin", **_mcp_env("postgresql://unused/x", "http://127.0.0.1:9", **extra)}
+        done = subprocess.run(
+            [mnemo, "mcp"], env=env, capture_output=True, text=True, timeout=120, check=False
+        )
+        assert done.returncode == 2 and "RAG_MCP_TOKEN" in done.stderr, done.stderr
