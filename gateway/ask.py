@@ -216,6 +216,7 @@ async def prepare(ctx: ActionContext, options: Mapping[str, Any]) -> Prepared:
         system_prompt=system_prompt(supplied[0].ranked.chunk.section_tipo, descriptors, s.llm_system_prompt),
         passages=[p.text for p in supplied],
         titles=[str(p.ranked.chunk.meta.get("title") or "") for p in supplied],
+        similarities=[p.ranked.similarity for p in supplied],
     )
     return prepared
 

@@ -50,6 +50,11 @@ DEFAULT_SYSTEM_PROMPT = (
 # Lexical overlap counts half as much as cosine similarity: enough to prefer the sentence that
 # names the query's rare words (a name, a year) among semantically similar ones.
 LEXICAL_WEIGHT = 0.5
+# A sentence inherits part of its passage's retrieval similarity: a sentence that resembles the
+# query out of context ("What do you remember?") loses to one from a passage that is on topic.
+PASSAGE_WEIGHT = 0.5
+# Sentences scoring below this share of the best one are left out rather than padding the answer.
+RELATIVE_FLOOR = 0.7
 # A sentence this close to one already chosen adds nothing.
 REDUNDANT_COSINE = 0.92
 MAX_SENTENCES_EMBEDDED = 256
@@ -66,6 +71,7 @@ class GenerationRequest:
     system_prompt: str
     passages: Sequence[str]  # passage n is passages[n - 1]
     titles: Sequence[str] = ()
+    similarities: Sequence[float | None] = ()  # each passage's dense similarity to the query, if known
 
 
 @dataclass(frozen=True)
@@ -147,15 +153,20 @@ class ExtractiveProvider:
         query, rows = vectors[0], vectors[1:]
         terms = content_terms(request.query)
         scores = []
-        for (_, sentence), row in zip(candidates, rows, strict=True):
+        for (n, sentence), row in zip(candidates, rows, strict=True):
             overlap = len(terms & content_terms(sentence)) / len(terms) if terms else 0.0
-            scores.append(float(row @ query) + LEXICAL_WEIGHT * overlap)
+            known = request.similarities[n - 1] if n <= len(request.similarities) else None
+            scores.append(float(row @ query) + LEXICAL_WEIGHT * overlap + PASSAGE_WEIGHT * (known or 0.0))
+        # A question in a passage (an interviewer's) rarely answers one; use them only when nothing else.
+        statements = [i for i, (_, s) in enumerate(candidates) if not s.rstrip().endswith(("?", "？"))]
+        pool = sorted(statements or range(len(candidates)), key=lambda i: (-scores[i], i))
+        floor = scores[pool[0]] * RELATIVE_FLOOR if scores[pool[0]] > 0 else float("-inf")
         chosen: list[int] = []
-        for i in sorted(range(len(candidates)), key=lambda i: (-scores[i], i)):
+        for i in pool:
+            if len(chosen) == self.sentences or scores[i] < floor:
+                break
             if all(float(rows[i] @ rows[j]) < REDUNDANT_COSINE for j in chosen):
                 chosen.append(i)
-            if len(chosen) == self.sentences:
-                break
         answer = " ".join(f"{candidates[i][1].strip()} [{candidates[i][0]}]" for i in chosen)
         return Generation(answer, self._model, {"sentences_scored": len(candidates)})
 

@@ -80,9 +80,10 @@ class AskSettings:
     )
     rerank_depth: int = setting(
         "RAG_RERANK_DEPTH",
-        20,
-        "Fused candidates the cross-encoder reorders (at least `limit`). Deeper can promote more, costs "
-        "one cross-encoder pass per candidate.",
+        0,
+        "Fused candidates the cross-encoder reorders before the cut to `limit` (0: just the `limit` "
+        "best, so reranking changes the order, never the set). Deeper lets a good cross-encoder "
+        "promote candidates; with a weak one it lets noise in.",
     )
     rerank_timeout: float = setting(
         "RAG_RERANK_TIMEOUT",
@@ -168,7 +169,7 @@ class AskSettings:
             raise SettingsError("RAG_LLM_ENDPOINT must be an http(s) URL")
         for name, value, low in (
             ("RAG_CONTEXT_TOKEN_BUDGET", self.context_token_budget, 1),
-            ("RAG_RERANK_DEPTH", self.rerank_depth, 1),
+            ("RAG_RERANK_DEPTH", self.rerank_depth, 0),
             ("RAG_EXPAND_NEIGHBOURS", self.expand_neighbours, 0),
             ("RAG_EXPAND_PARENT_CHUNKS", self.expand_parent_chunks, 1),
             ("RAG_LLM_MAX_OUTPUT_TOKENS", self.llm_max_output_tokens, 1),

@@ -281,7 +281,7 @@ async def test_forbidden_contributing_section_is_withheld(corpus_database_url: s
             data = await gw.ok("ask", {"query": query, "limit": 20})
         assert _records(data["withheld"]) == {("oh1", 4)} and ("oh1", 4) not in _records(data["provenance"])
         assert len(chat.requests) == 1 and len(data["provenance"]) == 19
-        assert "INV-2024/0173" not in json.dumps(chat.requests[0]["body"])
+        assert "Amphora catalogued" not in json.dumps(chat.requests[0]["body"])  # oh1-4 stayed home
         # A forbidden host section: everything in scope is withheld.
         forbidden = {**env, "RAG_EXTERNAL_PROVIDER_FORBIDDEN_SECTIONS": "oh1"}
         async with running_gateway(corpus_database_url, sidecar_url, **forbidden) as gw:
