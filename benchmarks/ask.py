@@ -130,14 +130,13 @@ async def run_ask_benchmark(
     from gateway.retrieval import Retriever
     from gateway.settings import load_gateway_settings
     from index.sections import SectionStore
-    from inference.client import SidecarClient
     from schema.database import open_database
 
     env = {"RAG_SIDECAR_URL": sidecar_url, "RAG_QUERY_CACHE_SIZE": "0", "RAG_AUTH": "off"}
     settings = load_gateway_settings(env)
     with tempfile.TemporaryDirectory(prefix="mnemo-bench-ask-") as tmp:
         database = dataclasses.replace(settings.database, database_url=database_url, data_dir=Path(tmp))
-        async with open_database(database) as db, SidecarClient(sidecar_url, timeout=120) as client:
+        async with open_database(database) as db, settings.sidecar.client(timeout=120) as client:
             metrics = Metrics()
             retriever = Retriever(db.pool, client, settings, metrics)
             sessions: dict[str, EvalSession] = {}
