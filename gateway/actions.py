@@ -19,7 +19,7 @@ from . import options as opt
 from .auth import Principal
 from .errors import ApiError
 from .locator import chunk_id
-from .retrieval import EmbeddingUnavailable, Ranked, Retriever, SeedNotFound
+from .retrieval import EmbeddingUnavailable, QueryRejected, Ranked, Retriever, SeedNotFound
 
 if TYPE_CHECKING:
     from .ask import AskServices
@@ -94,6 +94,13 @@ def _text_scope(options: Mapping[str, Any]) -> tuple[str, Scope, int]:
     )
 
 
+def query_error(exc: EmbeddingUnavailable | QueryRejected) -> ApiError:
+    """A failed query embedding, at the edge: bad input is the caller's 400, anything else a 503."""
+    if isinstance(exc, QueryRejected):
+        return ApiError.invalid_options(f"query: the embedding model refused it ({exc.code}: {exc.message})")
+    return ApiError.embedding_unavailable()
+
+
 def _rerank_flags(item: dict[str, Any], r: Ranked, reranked: bool | None) -> dict[str, Any]:
     """With ``rerank: true``, each item says whether the cross-encoder ordered it (and its score)."""
     if reranked is not None:
@@ -123,8 +130,8 @@ async def semantic_search(ctx: ActionContext, options: Mapping[str, Any]) -> tup
     rerank = opt.flag(options, "rerank", False)
     try:
         ranked = await ctx.retriever.records(ctx.principal, query, scope, _depth(ctx, limit, rerank))
-    except EmbeddingUnavailable as exc:
-        raise ApiError.embedding_unavailable() from exc
+    except (EmbeddingUnavailable, QueryRejected) as exc:
+        raise query_error(exc) from exc
     ranked, reranked = await _reranked(ctx, query, ranked, limit, rerank)
     return "ok", [_rerank_flags(hit(r), r, reranked) for r in ranked]
 
@@ -138,8 +145,8 @@ async def _passages(ctx: ActionContext, options: Mapping[str, Any]) -> list[dict
     expand = opt.expand(options)
     try:
         ranked = await ctx.retriever.passages(ctx.principal, query, scope, _depth(ctx, limit, rerank))
-    except EmbeddingUnavailable as exc:
-        raise ApiError.embedding_unavailable() from exc
+    except (EmbeddingUnavailable, QueryRejected) as exc:
+        raise query_error(exc) from exc
     ranked, reranked = await _reranked(ctx, query, ranked, limit, rerank)
     if expand is None:
         return [_rerank_flags(passage(r), r, reranked) for r in ranked]

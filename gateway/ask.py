@@ -33,13 +33,13 @@ from index.chunker import estimate_tokens
 from index.search import Scope
 
 from . import options as opt
-from .actions import services_of
+from .actions import query_error, services_of
 from .citations import citations, validate_markers
 from .egress import passage_sections, restricted_sections
 from .errors import ApiError, request_id
 from .expand import Expanded, expand_passages, unexpanded
 from .providers import DEFAULT_SYSTEM_PROMPT, Generation, GenerationFailed, GenerationRequest
-from .retrieval import EmbeddingUnavailable, Ranked
+from .retrieval import EmbeddingUnavailable, QueryRejected, Ranked
 
 if TYPE_CHECKING:
     from index.sections import SectionStore
@@ -176,8 +176,8 @@ async def prepare(ctx: ActionContext, options: Mapping[str, Any]) -> Prepared:
     depth = max(limit, s.rerank_depth) if rerank else limit
     try:
         ranked = await ctx.retriever.passages(ctx.principal, query, scope, depth)
-    except EmbeddingUnavailable as exc:
-        raise ApiError.embedding_unavailable() from exc
+    except (EmbeddingUnavailable, QueryRejected) as exc:
+        raise query_error(exc) from exc
     ranked = grounded_passages(ranked, s.grounding_min_similarity)
     if not ranked:
         return Prepared(NO_CONTEXT, expand=expand)
