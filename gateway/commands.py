@@ -130,6 +130,28 @@ async def _up(args: argparse.Namespace) -> int:
         return 1
 
 
+async def _mcp(args: argparse.Namespace) -> int:
+    from index.settings import SidecarClientSettings
+    from schema.settings import load_settings
+
+    from .mcp import McpStartupError, serve_mcp
+    from .settings import McpSettings, load_gateway_settings
+
+    try:
+        sidecar = load_settings(SidecarClientSettings, sidecar_url=args.sidecar_url)
+        settings = load_gateway_settings(database=database_settings(args), sidecar=sidecar)
+        mcp = load_settings(McpSettings, host=args.host, port=args.port)
+    except SettingsError as exc:
+        print(f"mnemo mcp: {exc}", file=sys.stderr)
+        return 2
+    try:
+        await serve_mcp(settings, mcp.token, args.transport, mcp.host, mcp.port)
+    except McpStartupError as exc:
+        print(f"mnemo mcp: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _add_gateway_flags(p: argparse.ArgumentParser) -> None:
     add_database_flags(p)
     p.add_argument("--host", default=None, help="listen address (env RAG_GATEWAY_HOST, default 127.0.0.1)")
@@ -149,6 +171,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(run=lambda a: asyncio.run(_serve_gateway(a)))
 
     p = subparsers.add_parser(
+<<<<<<< HEAD
+=======
+        "mcp",
+        help="serve the read actions as MCP tools (stdio, or streamable HTTP), as the RAG_MCP_TOKEN principal",
+    )
+    add_database_flags(p)
+    p.add_argument("--transport", choices=("stdio", "http"), default="stdio", help="default stdio")
+    p.add_argument("--host", default=None, help="HTTP listen address (env RAG_MCP_HOST, default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="HTTP listen port (env RAG_MCP_PORT, default 8090)")
+    p.add_argument("--sidecar-url", default=None, help="inference sidecar URL (env RAG_SIDECAR_URL)")
+    p.set_defaults(run=lambda a: asyncio.run(_mcp(a)))
+
+
+    p = subparsers.add_parser(
+>>>>>>> ask
         "token",
         help="print a development JWT (HS256 with RAG_JWT_SECRET, or RS256 with --private-key)",
     )

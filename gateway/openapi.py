@@ -40,11 +40,33 @@ _SEED_OPTIONS = {
         "group": _GROUP,
     },
 }
+_RERANK = {"type": "boolean", "description": "cross-encoder reorder (default: off; on in ask)"}
+_EXPAND = {"enum": ["neighbours", "parent"], "description": "small-to-big expansion"}
+
+
+def _with(base: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {**base, "properties": {**base["properties"], **extra}}
+
+
+_PASSAGE_OPTIONS = _with(_QUERY_OPTIONS, rerank=_RERANK, expand=_EXPAND)
+_READ_CHUNK_OPTIONS = {
+    "type": "object",
+    "required": ["chunk_id"],
+    "properties": {
+        "chunk_id": {
+            "type": "string",
+            "description": "section-id/component/lang/index, as passages carry it",
+        },
+        "before": {"type": "integer", "minimum": 0, "maximum": 10, "default": 1},
+        "after": {"type": "integer", "minimum": 0, "maximum": 10, "default": 1},
+    },
+}
 OPTION_SCHEMAS: dict[str, dict[str, Any]] = {
-    "semantic_search": _QUERY_OPTIONS,
-    "retrieve": _QUERY_OPTIONS,
-    "get_agent_context": _QUERY_OPTIONS,
-    "ask": _QUERY_OPTIONS,
+    "semantic_search": _with(_QUERY_OPTIONS, rerank=_RERANK),
+    "retrieve": _PASSAGE_OPTIONS,
+    "get_agent_context": _PASSAGE_OPTIONS,
+    "read_chunk": _READ_CHUNK_OPTIONS,
+    "ask": _with(_PASSAGE_OPTIONS, stream={"type": "boolean", "description": "server-sent events"}),
     "search_by_text_image": _QUERY_OPTIONS,
     "similar_to": _SEED_OPTIONS,
     "similar_objects": _SEED_OPTIONS,

@@ -82,6 +82,7 @@ class Ranked:
     score: float
     ranks: Mapping[str, int]
     similarity: float | None = None  # best single-leg cosine similarity, when a dense leg found it
+    rerank_score: float | None = None  # the cross-encoder's score, when reranked
 
 
 @dataclass(frozen=True)
