@@ -171,8 +171,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(run=lambda a: asyncio.run(_serve_gateway(a)))
 
     p = subparsers.add_parser(
-<<<<<<< HEAD
-=======
         "mcp",
         help="serve the read actions as MCP tools (stdio, or streamable HTTP), as the RAG_MCP_TOKEN principal",
     )
@@ -183,9 +181,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--sidecar-url", default=None, help="inference sidecar URL (env RAG_SIDECAR_URL)")
     p.set_defaults(run=lambda a: asyncio.run(_mcp(a)))
 
-
     p = subparsers.add_parser(
->>>>>>> ask
         "token",
         help="print a development JWT (HS256 with RAG_JWT_SECRET, or RS256 with --private-key)",
     )
