@@ -156,25 +156,39 @@ def from_schema(schema: dict[str, Any], hints: dict[str, list[Any]]) -> st.Searc
 
 
 def _paths(value: Any, prefix: tuple = ()) -> list[tuple]:
-    """Every key path into nested dicts (the places a mutation can land)."""
+    """Every key or index path into nested dicts and lists (the places a mutation can land)."""
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
     out = []
-    if isinstance(value, dict):
-        for k, v in value.items():
-            out.append((*prefix, k))
-            out += _paths(v, (*prefix, k))
+    for k, v in items:
+        out.append((*prefix, k))
+        out += _paths(v, (*prefix, k))
     return out
 
 
+def _get(body: Any, path: tuple) -> Any:
+    for key in path:
+        body = body[key]
+    return body
+
+
 def _set(body: Any, path: tuple, value: Any) -> Any:
+    """A copy of ``body`` with ``value`` at ``path`` (the empty path replaces the whole body)."""
+    if not path:
+        return value
     body = json.loads(json.dumps(body))
     target = body
     for key in path[:-1]:
         target = target[key]
-    target[path[-1]] = value
+    if isinstance(target, list) and not isinstance(path[-1], int):
+        target.append({path[-1]: value})  # an extra key beside list items: a new item holding it
+    else:
+        target[path[-1]] = value
     return body
 
 
 def _drop(body: Any, path: tuple) -> Any:
+    if not path:
+        return {}
     body = json.loads(json.dumps(body))
     target = body
     for key in path[:-1]:
@@ -193,7 +207,7 @@ def _encode(body: Any, raw: str | None = None) -> bytes:
 @st.composite
 def _mutated(draw: st.DrawFn, valid: st.SearchStrategy[Any], klass: str, oversize: int) -> bytes:
     body = draw(valid)
-    paths = _paths(body) or [("x",)]
+    paths = _paths(body) or [()]
     where = draw(st.sampled_from(paths))
     if klass == "valid":
         return _encode(body)
@@ -201,10 +215,14 @@ def _mutated(draw: st.DrawFn, valid: st.SearchStrategy[Any], klass: str, oversiz
         other = draw(st.sampled_from([123, "x", [], {}, None, True, 1.5, [[1]], {"a": {"b": 1}}]))
         return _encode(_set(body, where, other))
     if klass == "missing_field":
-        return _encode(_drop(body, where) if _paths(body) else body)
+        return _encode(_drop(body, where))
     if klass == "extra_field":
         name = draw(st.sampled_from(["zz_extra", "__proto__", "", "model\x00", "options"]))
-        return _encode(_set(body, (*where[:-1], name), draw(st.sampled_from([1, "x", {}, [None]]))))
+        parents = [p for p in [(), *paths] if p == () or isinstance(_get(body, p), dict | list)]
+        parent = draw(st.sampled_from(parents))
+        if not isinstance(_get(body, parent), dict | list):
+            return _encode({name: body})
+        return _encode(_set(body, (*parent, name), draw(st.sampled_from([1, "x", {}, [None]]))))
     if klass == "huge_string":
         size = draw(st.sampled_from([70_000, 300_000, 1_000_000]))
         return _encode(_set(body, where, draw(st.sampled_from(["a", "é", "木 "])) * size))

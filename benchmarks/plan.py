@@ -72,6 +72,7 @@ class ReliabilityPlan:
     seconds: float = 240.0  # deadline per service's fuzz run (and for indexing the corpus)
     gateway_oversize_bytes: int = 8 * 1024 * 1024 + 1  # past RAG_MAX_BODY_BYTES's default
     sidecar_oversize_bytes: int = 8 * 1024 * 1024 + 1  # past the bench sidecar's max_body_bytes
+    sigterm_callers: int = 8  # closed-loop callers when the gateway gets SIGTERM (0: skip that fault)
 
 
 @dataclasses.dataclass(frozen=True)

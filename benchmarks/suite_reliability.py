@@ -261,6 +261,26 @@ def _as_suite(result: dict[str, Any]) -> SuiteResult:
             ],
         ]
     figures += [[f"{name} healthy afterwards", ok, True] for name, ok in result["healthy_after"].items()]
+    if "sigterm" in result:
+        term = result["sigterm"]
+        figures += [
+            [
+                f"SIGTERM under load ({term['callers']} callers): requests sent before it",
+                term["requests_before_sigterm"],
+                "",
+            ],
+            ["SIGTERM: requests sent before it that failed", term["failed_before_sigterm"], 0],
+            [
+                "SIGTERM: sent after it, dropped or 5xx (not refused cleanly)",
+                term["after_sigterm"]["broken"],
+                0,
+            ],
+            [
+                "SIGTERM: gateway exit code / seconds to exit",
+                f"{term['exit_code']} / {term['seconds_to_exit']}",
+                "0 / -",
+            ],
+        ]
     tables.insert(0, Table("Reliability figures", ["figure", "value", "goal"], figures))
     if "images" in result:
         tables.append(
@@ -300,4 +320,20 @@ async def run_suite(stack: BenchStack, plan: ReliabilityPlan) -> SuiteResult:
     log = stack.work_dir / "reliability-gateway.log"
     async with gateway_process(database, stack.sidecar_url, secret, log, text_model=BENCH_MODEL) as url:
         result = await asyncio.to_thread(_run, url, stack.sidecar_url, secret, plan)
+    if plan.sigterm_callers > 0:
+        from gateway.auth import issue_token
+
+        from .faults import sigterm_under_load
+
+        admin = issue_token(secret=secret, sub="bench-admin", projects=None, admin=True)
+        result["sigterm"] = await asyncio.to_thread(
+            sigterm_under_load,
+            database,
+            stack.sidecar_url,
+            secret,
+            admin,
+            stack.work_dir / "reliability-sigterm.log",
+            text_model=BENCH_MODEL,
+            callers=plan.sigterm_callers,
+        )
     return _as_suite(result)

@@ -156,6 +156,7 @@ def test_reliability_suite_writes_its_figures(sidecar_url: str, pg_server, tmp_p
     args = ["bench", "--suite", "reliability", "--out", str(out), "--sidecar-url", sidecar_url]
     args += ["--database-url", pg_server.url, "--work-dir", str(tmp_path / "work")]
     args += ["--set", "reliability.cases_per_route=2", "--set", "reliability.sidecar_oversize_bytes=4194305"]
+    args += ["--set", "reliability.sigterm_callers=3"]
     assert mnemo(args) == 0
     (suite,) = json.loads((out / "results.json").read_text())["suites"]
     assert suite["skipped"] is None, suite
@@ -166,4 +167,7 @@ def test_reliability_suite_writes_its_figures(sidecar_url: str, pg_server, tmp_p
     assert figures["acl"]["rows_leaked"] == 0 and figures["acl"]["restricted_rows"] > 0
     assert figures["tokens"]["not_refused"] == [] and figures["images"]["server_errors"] == 0
     assert figures["healthy_after"] == {"gateway": True, "sidecar": True}
+    sigterm = figures["sigterm"]
+    assert sigterm["requests_before_sigterm"] > 0 and sigterm["failed_before_sigterm"] == 0, sigterm
+    assert sigterm["after_sigterm"]["broken"] == 0 and sigterm["exit_code"] == 0, sigterm
     assert "Reliability figures" in (out / "REPORT.md").read_text()
