@@ -15,8 +15,10 @@ import json
 import urllib.request
 from typing import Any
 
+import pytest
+
 from benchmarks.attacks import AclProbe, bad_images, forged_tokens, image_attacks, leak_check, token_attacks
-from benchmarks.fuzz import fuzz_service, gateway_contract, sidecar_contract
+from benchmarks.fuzz import CLASSES, _mutated, fuzz_service, gateway_contract, sidecar_contract
 from gateway.resources import SETTINGS_KEY
 from inference.api import OPEN_ROUTES, SidecarAPI
 from inference.config import SidecarConfig
@@ -182,3 +184,21 @@ async def test_hostile_images_are_coded_4xx_or_embedded(sidecar_url: str) -> Non
     assert result["server_errors"] == 0 and not result["problems"], result
     assert result["embedded"] > 0 and result["refused_4xx"] > 0, result
     assert (await asyncio.to_thread(_get, sidecar_url + "/healthz"))["status"] == "ok"
+
+
+@pytest.mark.parametrize("klass", [c for c in CLASSES if c not in ("path_params", "query_junk")])
+def test_every_mutation_applies_to_objects_batches_and_scalars(klass: str) -> None:
+    """Regression: a record batch (a JSON list) crashed the generator ('list indices must be integers')."""
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import strategies as st
+
+    bodies = st.sampled_from([{"a": {"b": [1, "x"]}}, [{"section_id": 1, "groups": {}}, {"x": [2]}], 5, []])
+
+    @settings(
+        max_examples=25, database=None, phases=[Phase.generate], suppress_health_check=list(HealthCheck)
+    )
+    @given(_mutated(bodies, klass, 64))
+    def check(body: bytes) -> None:
+        assert isinstance(body, bytes)
+
+    check()
