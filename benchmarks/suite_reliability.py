@@ -11,6 +11,7 @@ pushed through its own intake routes; the sidecar is the run's shared one (with 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import secrets
 import urllib.request
@@ -185,7 +186,7 @@ def _run(gateway_url: str, sidecar_url: str, secret: str, plan: ReliabilityPlan)
         oversize=plan.gateway_oversize_bytes,
         **budget,
     )
-    images = [[bad_images()["1x1 PNG"]]] if IMAGE_MODEL in served else []
+    images = [[base64.b64encode(bad_images()["1x1 PNG"]).decode()]] if IMAGE_MODEL in served else []
     sidecar = fuzz_service(
         sidecar_url,
         _get(sidecar_url + "/openapi.json"),
