@@ -28,13 +28,13 @@ __all__ = ["register"]
 
 log = logging.getLogger(__name__)
 
-SUITE_NAMES = ("sidecar", "ingest", "gateway", "quality", "gpu")
+SUITE_NAMES = ("sidecar", "ingest", "gateway", "quality", "reliability", "gpu")
 
 
 def _suites(raw: str, device: str) -> list[str]:
     names = [n.strip() for n in raw.split(",") if n.strip()]
     if names == ["all"]:
-        return ["gpu"] if device == "cuda" else ["sidecar", "ingest", "gateway", "quality"]
+        return ["gpu"] if device == "cuda" else ["sidecar", "ingest", "gateway", "quality", "reliability"]
     unknown = sorted(set(names) - set(SUITE_NAMES))
     if unknown or not names:
         raise SystemExit(f"mnemo bench: unknown suite {unknown}; choose from {', '.join(SUITE_NAMES)} or all")
@@ -101,6 +101,7 @@ def _run(args: argparse.Namespace) -> int:
             sidecar=any(s.sidecar for s in cpu),
             database_url=args.database_url,
             sidecar_url=args.sidecar_url,
+            image_model=any(s.images for s in cpu),
         ) as stack:
             for suite in cpu:
                 print(f"mnemo bench: {suite.name}: {suite.what} ...", flush=True)
@@ -213,7 +214,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--suite",
         default="all",
-        help="sidecar, ingest, gateway, quality, gpu (comma-separated), or all (default: every CPU suite)",
+        help="sidecar, ingest, gateway, quality, reliability, gpu (comma-separated), or all (default: every CPU suite)",
     )
     p.add_argument("--full", action="store_true", help="the full plan: 100k chunks, longer curves, peers")
     p.add_argument(

@@ -38,6 +38,7 @@ class Suite:
     database: bool
     sidecar: bool
     what: str
+    images: bool = False  # the run's sidecar also serves a tiny image model
 
 
 # -- ingest ---------------------------------------------------------------------------------------------
@@ -263,6 +264,12 @@ async def gateway_suite(stack: BenchStack, plan: BenchPlan) -> SuiteResult:
     return await run_suite(stack, plan.gateway)
 
 
+async def reliability_suite(stack: BenchStack, plan: BenchPlan) -> SuiteResult:
+    from .suite_reliability import run_suite
+
+    return await run_suite(stack, plan.reliability)
+
+
 SUITES: dict[str, Suite] = {
     s.name: s
     for s in (
@@ -273,6 +280,14 @@ SUITES: dict[str, Suite] = {
         ),
         Suite(
             "quality", quality_suite, True, True, "nDCG@10 / recall@100 / MRR@10 vs BM25, exact dense, RRF"
+        ),
+        Suite(
+            "reliability",
+            reliability_suite,
+            True,
+            True,
+            "fuzzing both /openapi.json, forged tokens, ACL leaks, hostile images: counts with goal 0",
+            images=True,
         ),
     )
 }

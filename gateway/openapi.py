@@ -12,6 +12,8 @@ from typing import Any
 
 from aiohttp import web
 
+from index.intake import RECORD_SCHEMA
+
 from .actions import ACTIONS
 from .errors import ERRORS, json_response
 
@@ -175,6 +177,18 @@ def _json_api_operation() -> dict[str, Any]:
     }
 
 
+# Request bodies of the intake routes (the dispatch endpoint's is built per action above): without
+# them a client generated from this document, or the reliability fuzzer, sends no body at all.
+_REQUEST_BODIES: dict[tuple[str, str], dict[str, Any]] = {
+    ("/v1/records", "post"): {
+        "oneOf": [RECORD_SCHEMA, {"type": "array", "items": RECORD_SCHEMA, "minItems": 1}]
+    },
+    ("/v1/sections/{section_tipo}", "put"): {"type": "object", "description": "the section's descriptor"},
+    ("/v1/queue/retry", "post"): {"type": "object"},
+    ("/v1/sections/{section_tipo}/reconcile", "post"): {"type": "object"},
+}
+
+
 def _summary(handler: Any) -> str:
     doc = inspect.getdoc(handler) or ""
     return doc.strip().splitlines()[0] if doc.strip() else handler.__name__.replace("_", " ")
@@ -201,6 +215,9 @@ def build_spec(app: web.Application) -> dict[str, Any]:
                     }
                 },
             }
+            body = _REQUEST_BODIES.get((path, method))
+            if body is not None:
+                operation["requestBody"] = {"content": {"application/json": {"schema": body}}}
             params = [p.strip("{}") for p in path.split("/") if p.startswith("{")]
             if params:
                 operation["parameters"] = [
