@@ -161,13 +161,22 @@ class AclProbe:
     twins: Sequence[tuple[dict[str, Any], dict[str, Any]]] = ()
 
 
+# ask's citations name a record in the archive's camelCase; the oracle reads snake_case.
+_CAMEL_KEYS = {"sectionTipo": "section_tipo", "sectionId": "section_id", "componentTipo": "component_tipo"}
+
+
+def _snake(row: dict[str, Any]) -> dict[str, Any]:
+    return {_CAMEL_KEYS.get(k, k): v for k, v in row.items()}
+
+
 def _rows(data: Any) -> list[dict[str, Any]]:
+    """Every row an answer carries, keyed as the oracle reads them."""
     if isinstance(data, list):
-        return [r for r in data if isinstance(r, dict)]
+        return [_snake(r) for r in data if isinstance(r, dict)]
     if isinstance(data, dict):
         for key in ("hits", "passages", "results", "neighbours", "citations", "records"):
             if isinstance(data.get(key), list):
-                return [r for r in data[key] if isinstance(r, dict)]
+                return [_snake(r) for r in data[key] if isinstance(r, dict)]
     return []
 
 

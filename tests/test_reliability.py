@@ -167,7 +167,7 @@ async def test_no_row_leaks_and_forged_tokens_are_refused(corpus_gateway: Gatewa
     result = await asyncio.to_thread(leak_check, corpus_gateway.url, _probe())
     assert result["restricted_rows"] > 0, result  # the oracle has something to judge
     assert result["admin_rows"] > result["restricted_rows"], result  # and the admin sees more
-    assert result["rows_leaked"] == 0, result
+    assert result["rows_leaked"] == 0, result["leaks"]
     assert not result["twins_differing"], result
     search = {"dd_api": "dd_rag_api", "action": "semantic_search", "options": {"query": "water"}}
     refused = await asyncio.to_thread(token_attacks, corpus_gateway.url, forged_tokens(SECRET), search)
