@@ -23,7 +23,15 @@ from .intake import setup_intake
 from .metrics import Metrics
 from .observe import observe_middleware
 from .openapi import openapi
-from .resources import DATABASE_URL_KEY, METRICS_KEY, POOL_KEY, RETRIEVER_KEY, SETTINGS_KEY, SIDECAR_KEY
+from .resources import (
+    DATABASE_URL_KEY,
+    METRICS_KEY,
+    POOL_KEY,
+    RETRIEVER_KEY,
+    SETTINGS_KEY,
+    SIDECAR_KEY,
+    VECTOR_CACHE_KEY,
+)
 from .settings import GatewaySettings
 
 log = logging.getLogger(__name__)
@@ -74,6 +82,31 @@ async def _retriever_ctx(app: web.Application) -> AsyncIterator[None]:
         await client.close()
 
 
+async def _vector_cache_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The FAISS cache: loads in the background (pgvector serves until a partition is ready)."""
+    settings = app[SETTINGS_KEY]
+    if settings.faiss_cache == "off":
+        yield
+        return
+    from index.cache_metrics import CacheMetrics
+    from index.vector_cache import CacheConfig, VectorCache
+
+    cache = VectorCache(
+        app[POOL_KEY],
+        app[DATABASE_URL_KEY],
+        CacheConfig(mode=settings.faiss_cache, max_bytes=settings.faiss_max_bytes),
+        CacheMetrics(app[METRICS_KEY].registry),
+    )
+    app[VECTOR_CACHE_KEY] = cache
+    app[RETRIEVER_KEY].vector_cache = cache
+    await cache.start()
+    try:
+        yield
+    finally:
+        app[RETRIEVER_KEY].vector_cache = None
+        await cache.stop()
+
+
 async def healthz(request: web.Request) -> web.Response:
     """Liveness: the process answers."""
     return envelope_ok(request, {"status": "ok"})
@@ -93,7 +126,11 @@ async def readyz(request: web.Request) -> web.Response:
     if not (database and sidecar):
         down = [name for name, up in (("database", database), ("sidecar", sidecar)) if not up]
         raise ApiError("service.unavailable", "Not ready: " + ", ".join(down) + " unreachable")
-    return envelope_ok(request, {"status": "ready", "database": True, "sidecar": True})
+    data: dict[str, object] = {"status": "ready", "database": True, "sidecar": True}
+    cache = request.app.get(VECTOR_CACHE_KEY)
+    # A cold or lagging cache does not make the gateway unready: pgvector answers meanwhile.
+    data["faiss"] = {"mode": "off"} if cache is None else cache.status()
+    return envelope_ok(request, data)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -119,6 +156,7 @@ def create_app(settings: GatewaySettings, *, database_url: str | None = None) ->
     app.cleanup_ctx.append(_database_ctx)
     app.cleanup_ctx.append(_sidecar_ctx)
     app.cleanup_ctx.append(_retriever_ctx)
+    app.cleanup_ctx.append(_vector_cache_ctx)
     app.router.add_post("/api/v1/json", json_api)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

@@ -26,6 +26,8 @@ VERIFIER_KEY: web.AppKey[TokenVerifier] = web.AppKey("token_verifier")
 RETRIEVER_KEY: web.AppKey[Any] = web.AppKey("retriever")
 METRICS_KEY: web.AppKey[Any] = web.AppKey("metrics")
 DATABASE_URL_KEY: web.AppKey[str] = web.AppKey("database_url", str)
+# The FAISS cache (index.vector_cache.VectorCache), present unless RAG_FAISS_CACHE=off.
+VECTOR_CACHE_KEY: web.AppKey[Any] = web.AppKey("vector_cache")
 
 # Per-request state.
 REQUEST_ID_KEY: web.RequestKey[str] = web.RequestKey("request_id", str)
@@ -46,5 +48,6 @@ __all__ = [
     "RETRIEVER_KEY",
     "SETTINGS_KEY",
     "SIDECAR_KEY",
+    "VECTOR_CACHE_KEY",
     "VERIFIER_KEY",
 ]
