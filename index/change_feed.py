@@ -85,10 +85,16 @@ async def current_watermark(conn: asyncpg.Connection, partition: ModelPartition)
 
 
 def pending_sql(model: str, watermark: str, xmin: str) -> str:
-    """SQL selecting the keys changed after a watermark (parameters named by the caller)."""
-    return f"""SELECT {", ".join("c." + c for c in KEY_COLUMNS)}
-               FROM rag_embedding_changes c
-               WHERE c.model = {model} AND (c.seq > {watermark} OR c.xid >= {xmin}::text::xid8)"""
+    """SQL selecting the keys changed after a watermark (parameters named by the caller).
+
+    Two index scans (sequence, then transaction id) rather than one OR, which the planner would
+    answer by reading every change row of the model.
+    """
+    keys = ", ".join("c." + c for c in KEY_COLUMNS)
+    return f"""SELECT {keys} FROM rag_embedding_changes c WHERE c.model = {model} AND c.seq > {watermark}
+               UNION ALL
+               SELECT {keys} FROM rag_embedding_changes c
+               WHERE c.xid >= {xmin}::text::xid8 AND c.model = {model} AND c.seq <= {watermark}"""
 
 
 async def changes_since(
@@ -96,15 +102,18 @@ async def changes_since(
 ) -> ChangeBatch:
     """Every key of the partition changed after ``watermark``, with its current vector (one snapshot)."""
     keys = ", ".join("c." + c for c in KEY_COLUMNS)
-    join = " AND ".join(f"e.{c} = c.{c}" for c in KEY_COLUMNS)
+    # The model leads the primary key: without it the join cannot use the index.
+    join = " AND ".join(f"e.{c} = c.{c}" for c in ("model", *KEY_COLUMNS))
     async with conn.transaction(isolation="repeatable_read", readonly=True):
         xmin = int(await conn.fetchval(f"SELECT {_XMIN}"))
         rows = await conn.fetch(
             f"""SELECT {keys}, c.seq, extract(epoch FROM clock_timestamp() - c.changed_at)::float8 AS lag,
                        e.embedding
-                FROM rag_embedding_changes c
-                LEFT JOIN {partition.table} e ON {join} AND e.modality = $4
-                WHERE c.model = $1 AND (c.seq > $2 OR c.xid >= $3::text::xid8)""",
+                FROM (SELECT * FROM rag_embedding_changes WHERE model = $1 AND seq > $2
+                      UNION ALL
+                      SELECT * FROM rag_embedding_changes
+                      WHERE xid >= $3::text::xid8 AND model = $1 AND seq <= $2) c
+                LEFT JOIN {partition.table} e ON {join} AND e.modality = $4""",
             partition.model,
             watermark.seq,
             str(watermark.xmin),

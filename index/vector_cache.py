@@ -34,7 +34,7 @@ import io
 import logging
 import struct
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -257,6 +257,8 @@ class VectorCache:
         self._dirty: set[str | None] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._lag_since: float | None = None  # first unapplied notification
+        self.recent_lags: deque[float] = deque(maxlen=10_000)  # write -> applied, seconds (benchmarks)
+        self.applied_log: deque[tuple[float, str, int]] = deque(maxlen=10_000)  # (monotonic, model, seq)
         self.device = self._device()
 
     @property
@@ -515,10 +517,12 @@ class VectorCache:
                 await asyncio.to_thread(write)
                 await self._update_scopes(pc, [c.key for c in batch.changes])
                 pc.publish(fresh, batch.watermark)
+                self.applied_log.append((time.monotonic(), pc.partition.model, batch.watermark.seq))
             finally:
                 pc.applying = False
             for lag in batch.lags:
                 self.metrics.apply_lag.observe(lag)
+                self.recent_lags.append(lag)
             deletes = sum(c.vector is None for c in batch.changes)
             self.metrics.changes.labels("delete").inc(deletes)
             self.metrics.changes.labels("upsert").inc(len(batch.changes) - deletes)
@@ -578,10 +582,11 @@ class VectorCache:
             n = len(params)
             join = (
                 f" JOIN unnest(${n + 1}::text[], ${n + 2}::bigint[], ${n + 3}::text[], ${n + 4}::text[],"
-                f" ${n + 5}::text[], ${n + 6}::int[]) AS k({', '.join(KEY_COLUMNS)}) ON "
+                f" ${n + 5}::text[], ${n + 6}::int[]) AS k({', '.join(KEY_COLUMNS)})"
+                f" ON e.model = ${n + 7} AND "  # the model leads the primary key: the join uses it
                 + " AND ".join(f"e.{c} = k.{c}" for c in KEY_COLUMNS)
             )
-            params = [*params, *([k[i] for k in among] for i in range(len(KEY_COLUMNS)))]
+            params = [*params, *([k[i] for k in among] for i in range(len(KEY_COLUMNS))), partition.model]
         rows = await conn.fetch(f"SELECT {keys} FROM {partition.table} e{join} WHERE {where}", *params)
         return [tuple(r) for r in rows]  # type: ignore[misc]
 
@@ -682,7 +687,7 @@ class VectorCache:
             SELECT {hit_columns()}, e.embedding::{cast} <=> $1::{cast} AS distance,
                    k.cached AND NOT k.pending AS trusted
             FROM {partition.table} e
-            JOIN k ON {" AND ".join(f"e.{c} = k.{c}" for c in KEY_COLUMNS)}
+            JOIN k ON e.model = ${n + 7} AND {" AND ".join(f"e.{c} = k.{c}" for c in KEY_COLUMNS)}
             WHERE {where}
             ORDER BY distance, {identity_order()}"""
         rows = await conn.fetch(

@@ -30,7 +30,7 @@ CREATE TABLE IF NOT EXISTS rag_embedding_changes (
     PRIMARY KEY (model, section_tipo, section_id, component_tipo, lang, view, chunk_index)
 );
 CREATE INDEX IF NOT EXISTS rag_embedding_changes_seq_idx ON rag_embedding_changes (model, seq);
-CREATE INDEX IF NOT EXISTS rag_embedding_changes_xid_idx ON rag_embedding_changes (xid);
+CREATE INDEX IF NOT EXISTS rag_embedding_changes_xid_idx ON rag_embedding_changes (model, xid);
 
 CREATE OR REPLACE FUNCTION rag_embeddings_changed() RETURNS trigger
 LANGUAGE plpgsql
