@@ -284,3 +284,62 @@ def test_metrics_render_the_cache_families() -> None:
     for family in ("mnemo_faiss_searches_total", "mnemo_faiss_sync_lag_seconds", "mnemo_faiss_partitions"):
         assert family in text
     assert json.dumps({"ok": True})
+
+
+async def test_cache_survives_a_postgres_restart_and_catches_up() -> None:
+    """A dedicated server (stopping the session one would disturb other tests): the listener
+    reconnects, the feed catches up on what was written after the restart, answers stay exact."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from schema import EmbeddedPostgres, create_pool, init_connection, migrate
+
+    root = Path(tempfile.mkdtemp(prefix="mnemo-test-restart-"))
+    server = EmbeddedPostgres(root / "pg")
+    url = server.start()
+    try:
+        await migrate(url)
+        pool = await create_pool(url, max_size=3)
+        cache = VectorCache(pool, url, CacheConfig(mode="cpu", poll_s=0.5))
+        try:
+            partition = await _populate(pool, 40)
+            await cache.start()
+            for _ in range(200):
+                pc = cache.partitions.get(partition.partition)
+                if pc is not None and pc.state == "ready" and cache.listener and cache.listener.connected:
+                    break
+                await asyncio.sleep(0.05)
+            reconnects = cache.listener.reconnects
+            server.stop()
+            server = EmbeddedPostgres(root / "pg")
+            url = server.start()
+            conn = await asyncpg.connect(url)
+            await init_connection(conn)
+            try:
+                q = np.random.default_rng(2).standard_normal(DIM).astype(np.float32)
+                fresh = ChunkRow("oh22", "lg-spa", 0, None, "fresh", "t", "t", q)
+                await upsert_chunks(conn, partition, ("oh1", 900), [1], [fresh])
+                await delete_record(conn, ("rsc1", 1))
+                seq = await conn.fetchval("SELECT max(seq) FROM rag_embedding_changes")
+                for _ in range(400):  # the feed reconnects (backoff) and catches up by itself
+                    pc = cache.partitions[partition.partition]
+                    if pc.watermark.seq >= seq and cache.listener.connected:
+                        break
+                    await asyncio.sleep(0.05)
+                assert cache.listener.reconnects > reconnects
+                assert pc.watermark.seq >= seq, "the cache did not catch up after the restart"
+                assert ("oh1", 900) in {k[:2] for k in pc.slot_of}
+                assert ("rsc1", 1) not in {k[:2] for k in pc.slot_of}
+                hits = await cache.search(conn, partition, q, Scope(), 5)
+                assert hits is not None and hits[0].record == ("oh1", 900)
+                exact = await dense_search(conn, partition, q, Scope(), 5, exact=True)
+                _same(hits, exact)
+            finally:
+                await conn.close()
+        finally:
+            await cache.stop()
+            await pool.close()
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
