@@ -16,8 +16,10 @@ the master after writes, before the cache publishes them.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+from collections.abc import Iterator
 
 import faiss
 import numpy as np
@@ -33,20 +35,57 @@ GPU_MAX_K = 2048
 GPU_MIN_DENSITY = 0.25
 
 
+class ReadWriteLock:
+    """Many readers (searches, which FAISS runs without the GIL, so they overlap) or one writer
+    (an append may move the index's storage; a search must never read it meanwhile)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writing = False
+
+    @contextlib.contextmanager
+    def read(self) -> Iterator[None]:
+        with self._cond:
+            while self._writing:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                if not self._readers:
+                    self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[None]:
+        with self._cond:
+            while self._writing or self._readers:
+                self._cond.wait()
+            self._writing = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()
+
+
 def gpu_available() -> bool:
     """True when this FAISS build has GPU support and sees at least one device."""
     return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
 
 
 class FlatIndex:
-    """A CPU ``IndexFlatIP`` addressed by slot; every call holds the index's lock."""
+    """A CPU ``IndexFlatIP`` addressed by slot; searches share the lock, writes hold it alone."""
 
     device = "cpu"
 
     def __init__(self, dimension: int) -> None:
         self.dimension = dimension
         self._index = faiss.IndexFlatIP(dimension)
-        self.lock = threading.Lock()
+        self.lock = ReadWriteLock()
 
     @property
     def ntotal(self) -> int:
@@ -63,22 +102,22 @@ class FlatIndex:
 
     def append(self, vectors: np.ndarray) -> None:
         """Add vectors at the end (slots ``ntotal .. ntotal + len - 1``)."""
-        with self.lock:
+        with self.lock.write():
             self._index.add(np.ascontiguousarray(vectors, dtype=np.float32))
 
     def write(self, slots: np.ndarray, vectors: np.ndarray) -> None:
         """Overwrite existing slots in place (an update, or a dead slot reused)."""
         if len(slots):
-            with self.lock:
+            with self.lock.write():
                 self._view()[slots] = vectors
 
     def vectors(self, slots: np.ndarray) -> np.ndarray:
-        with self.lock:
+        with self.lock.read():
             return self._view()[slots].copy()
 
     def search(self, query: np.ndarray, k: int, bitmap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` slots by inner product among the slots set in ``bitmap`` (packed, little-endian)."""
-        with self.lock:
+        with self.lock.read():
             return self._search_cpu(query, k, bitmap)
 
     def _search_cpu(self, query: np.ndarray, k: int, bitmap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -110,6 +149,7 @@ class GpuFlatIndex(FlatIndex):
         config = faiss.GpuIndexFlatConfig()
         config.useFloat16 = fp16
         self._gpu = faiss.GpuIndexFlatIP(self._resources, dimension, config)
+        self._gpu_mutex = threading.Lock()  # GPU indexes (and their resources) are not thread-safe
         self._dirty = False
 
     @property
@@ -126,7 +166,7 @@ class GpuFlatIndex(FlatIndex):
 
     def refresh(self) -> None:
         """Rebuild the GPU copy from the master (a GPU flat index cannot rewrite a row in place)."""
-        with self.lock:
+        with self.lock.write():
             if not self._dirty:
                 return
             self._gpu.reset()
@@ -135,7 +175,7 @@ class GpuFlatIndex(FlatIndex):
             self._dirty = False
 
     def search(self, query: np.ndarray, k: int, bitmap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        with self.lock:
+        with self.lock.read():
             n = self.ntotal
             permitted = (
                 int(np.unpackbits(bitmap[: (n + 7) // 8], bitorder="little", count=n).sum()) if n else 0
@@ -145,7 +185,8 @@ class GpuFlatIndex(FlatIndex):
             # Broad scope: a full GPU scan, then the bitmap; widen k until enough permitted slots survive.
             fetch = min(GPU_MAX_K, n, max(k, int(np.ceil(k * n / max(permitted, 1) * 2))))
             while True:
-                scores, slots = self._gpu.search(query.reshape(1, -1).astype(np.float32), fetch)
+                with self._gpu_mutex:
+                    scores, slots = self._gpu.search(query.reshape(1, -1).astype(np.float32), fetch)
                 scores, slots = scores[0], slots[0]
                 valid = slots >= 0
                 scores, slots = scores[valid], slots[valid]

@@ -317,8 +317,18 @@ class VectorCache:
 
     async def _load_all(self) -> None:
         for partition in await list_partitions(self.pool):
-            await self.load(partition)
+            await self._load_logged(partition)
         self._tasks.append(asyncio.create_task(self._follow(), name="faiss-sync"))
+
+    async def _load_logged(self, partition: ModelPartition) -> None:
+        """Load one partition; a failure is logged and the partition marked failed (pgvector serves it)."""
+        try:
+            await self.load(partition)
+        except (OSError, ValueError, RuntimeError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            log.exception("faiss cache: loading %s failed; pgvector serves it", partition.partition)
+            pc = self.partitions.get(partition.partition)
+            if pc is not None:
+                self._set_state(pc, "failed")
 
     async def _follow(self) -> None:
         """Apply the feed: on every notification, after reconnects, and every ``poll_s`` regardless."""
@@ -329,7 +339,8 @@ class VectorCache:
             dirty, self._dirty = self._dirty, set()
             try:
                 await self.sync(None if None in dirty or not dirty else dirty)
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            except (OSError, ValueError, RuntimeError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                # Answers stay exact meanwhile (the search adds every pending key); the lag grows and shows.
                 log.warning("faiss cache: sync failed (%s); retrying", exc)
                 self._dirty |= dirty or {None}
                 await asyncio.sleep(0.5)
@@ -478,7 +489,7 @@ class VectorCache:
             for model in wanted - known:
                 for partition in await list_partitions(self.pool):
                     if partition.model == model:
-                        await self.load(partition)
+                        await self._load_logged(partition)
         for pc in list(self.partitions.values()):
             if wanted is not None and pc.partition.model not in wanted:
                 continue
