@@ -322,7 +322,7 @@ async def test_cache_survives_a_postgres_restart_and_catches_up() -> None:
                 await upsert_chunks(conn, partition, ("oh1", 900), [1], [fresh])
                 await delete_record(conn, ("rsc1", 1))
                 seq = await conn.fetchval("SELECT max(seq) FROM rag_embedding_changes")
-                for _ in range(400):  # the feed reconnects (backoff) and catches up by itself
+                for _ in range(1200):  # the feed reconnects (backoff) and catches up by itself
                     pc = cache.partitions[partition.partition]
                     if pc.watermark.seq >= seq and cache.listener.connected:
                         break
