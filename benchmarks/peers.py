@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,8 +22,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from inference.net import free_port
+
 from .plan import SidecarPlan
 from .report import Headline, SuiteResult, Table
+from .settings import child_environment
 
 __all__ = ["PeerUnavailable", "add_to_suite", "ensure_infinity", "run_infinity_peer"]
 
@@ -83,18 +85,12 @@ def ensure_infinity(work_dir: Path, *, requirement: str = INFINITY_REQUIREMENT) 
     return exe, version
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def running_infinity(exe: Path, model_dir: Path, log: Path, *, batch_size: int = 32) -> Iterator[str]:
     """``infinity_emb v2`` on a free loopback port, on CPU; yields its base URL, stops it on exit."""
-    port = _free_port()
+    port = free_port()
     threads = str(os.cpu_count() or 1)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": threads, "DO_NOT_TRACK": "1"}
+    env = child_environment(HF_HUB_OFFLINE="1", OMP_NUM_THREADS=threads, DO_NOT_TRACK="1")
     command = [
         str(exe),
         "v2",

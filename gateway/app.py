@@ -19,7 +19,7 @@ from aiohttp import web
 from .auth import setup_auth
 from .dispatch import json_api
 from .errors import ApiError, envelope_ok, error_middleware
-from .intake import setup_intake
+from .intake import DRAIN_KEY, setup_intake
 from .metrics import Metrics
 from .observe import observe_middleware
 from .openapi import openapi
@@ -52,12 +52,7 @@ async def _database_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def _sidecar_ctx(app: web.Application) -> AsyncIterator[None]:
     """The sidecar client shared by intake and readiness checks (retries with backoff)."""
-    from inference.client import SidecarClient
-
-    sidecar = app[SETTINGS_KEY].sidecar
-    client = SidecarClient(
-        sidecar.sidecar_url, api_key=sidecar.sidecar_api_key, timeout=sidecar.sidecar_timeout
-    )
+    client = app[SETTINGS_KEY].sidecar.client()
     app[SIDECAR_KEY] = client
     try:
         yield
@@ -67,14 +62,9 @@ async def _sidecar_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def _retriever_ctx(app: web.Application) -> AsyncIterator[None]:
     """The retrieval engine, with its own sidecar client: one quick retry, then a 503 for the caller."""
-    from inference.client import SidecarClient
-
     from .retrieval import Retriever
 
-    sidecar = app[SETTINGS_KEY].sidecar
-    client = SidecarClient(
-        sidecar.sidecar_url, api_key=sidecar.sidecar_api_key, timeout=sidecar.sidecar_timeout, max_retries=1
-    )
+    client = app[SETTINGS_KEY].sidecar.client(max_retries=1)
     app[RETRIEVER_KEY] = Retriever(app[POOL_KEY], client, app[SETTINGS_KEY], app[METRICS_KEY])
     try:
         yield
@@ -126,11 +116,18 @@ async def readyz(request: web.Request) -> web.Response:
     if not (database and sidecar):
         down = [name for name, up in (("database", database), ("sidecar", sidecar)) if not up]
         raise ApiError("service.unavailable", "Not ready: " + ", ".join(down) + " unreachable")
-    data: dict[str, object] = {"status": "ready", "database": True, "sidecar": True}
+    # Search still serves while a crashed drain waits to restart, so readiness holds; the drain's
+    # state is reported here so that a monitor sees records are not being indexed.
+    drain = request.app.get(DRAIN_KEY)
+    drain_status = drain.status() if drain is not None else None
+    status = "degraded" if drain_status and drain_status["state"] == "crashed" else "ready"
     cache = request.app.get(VECTOR_CACHE_KEY)
-    # A cold or lagging cache does not make the gateway unready: pgvector answers meanwhile.
-    data["faiss"] = {"mode": "off"} if cache is None else cache.status()
-    return envelope_ok(request, data)
+    # A cold or lagging cache does not make the gateway unready either: pgvector answers meanwhile.
+    faiss = {"mode": "off"} if cache is None else cache.status()
+    return envelope_ok(
+        request,
+        {"status": status, "database": True, "sidecar": True, "drain": drain_status, "faiss": faiss},
+    )
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -51,6 +51,12 @@ ERRORS: dict[str, ErrorSpec] = {
     "request.payload_too_large": ErrorSpec(413, "request", "The request body is too large"),
     "request.unsupported_media_type": ErrorSpec(415, "request", "The request body must be JSON"),
     "request.method_not_allowed": ErrorSpec(405, "request", "Method not allowed"),
+    # Intake (index.intake.IntakeError and index.sections.DescriptorError codes)
+    "request.invalid_record": ErrorSpec(400, "request", "The record is invalid"),
+    "request.invalid_descriptor": ErrorSpec(400, "request", "The section descriptor is invalid"),
+    "request.unknown_section": ErrorSpec(422, "request", "The section has no descriptor"),
+    "request.unknown_group": ErrorSpec(422, "request", "The section declares no such embed group"),
+    "request.too_many_records": ErrorSpec(413, "request", "Too many records in one request"),
     "not_found": ErrorSpec(404, "request", "Not found"),
     "auth.not_logged": ErrorSpec(401, "auth", "Authentication required"),
     "auth.invalid_token": ErrorSpec(401, "auth", "The bearer token is invalid"),

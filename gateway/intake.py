@@ -33,10 +33,9 @@ from index.metrics import IngestMetrics
 from index.reconcile import reconcile_section
 from index.sections import DescriptorError, SectionStore, validate_section_tipo
 from index.settings import IngestSettings
-from schema.settings import load_settings
 
 from .auth import require_admin
-from .errors import ERRORS, ApiError, ErrorSpec, envelope_ok
+from .errors import ApiError, envelope_ok
 from .resources import METRICS_KEY, POOL_KEY, SETTINGS_KEY, SIDECAR_KEY
 
 __all__ = ["DRAIN_KEY", "INGEST_SETTINGS_KEY", "setup_intake"]
@@ -44,17 +43,6 @@ __all__ = ["DRAIN_KEY", "INGEST_SETTINGS_KEY", "setup_intake"]
 INGEST_SETTINGS_KEY: web.AppKey[IngestSettings] = web.AppKey("ingest_settings", IngestSettings)
 DRAIN_KEY: web.AppKey[DrainLoop] = web.AppKey("drain", DrainLoop)
 _METRICS_KEY: web.AppKey[IngestMetrics] = web.AppKey("ingest_metrics", IngestMetrics)
-
-# Intake's codes, added to the gateway's one status table.
-INTAKE_ERRORS = {
-    "request.invalid_record": ErrorSpec(400, "request", "The record is invalid"),
-    "request.invalid_descriptor": ErrorSpec(400, "request", "The section descriptor is invalid"),
-    "request.unknown_section": ErrorSpec(422, "request", "The section has no descriptor"),
-    "request.unknown_group": ErrorSpec(422, "request", "The section declares no such embed group"),
-    "request.too_many_records": ErrorSpec(413, "request", "Too many records in one request"),
-}
-for _code, _spec in INTAKE_ERRORS.items():
-    ERRORS.setdefault(_code, _spec)
 
 
 def _api_error(exc: IntakeError | DescriptorError) -> ApiError:
@@ -203,7 +191,7 @@ async def _drain_ctx(app: web.Application) -> AsyncIterator[None]:
         metrics=app[_METRICS_KEY],
     )
     app[DRAIN_KEY] = drain
-    task = asyncio.create_task(drain.run(), name="mnemo-drain") if settings.drain_enabled else None
+    task = asyncio.create_task(drain.supervise(), name="mnemo-drain") if settings.drain_enabled else None
     try:
         yield
     finally:
@@ -217,14 +205,7 @@ def setup_intake(app: web.Application) -> None:
     """Add the intake routes and the background drain (call after the pool and sidecar
     cleanup contexts are registered: the drain starts once they have)."""
     if INGEST_SETTINGS_KEY not in app:
-        settings = app[SETTINGS_KEY]
-        composed = getattr(settings, "ingest", None)
-        app[INGEST_SETTINGS_KEY] = (
-            composed
-            if isinstance(composed, IngestSettings)
-            # Not composed into the gateway's settings: read RAG_INGEST_* once, here, at start.
-            else load_settings(IngestSettings, drain_interval=getattr(settings, "drain_interval", None))
-        )
+        app[INGEST_SETTINGS_KEY] = app[SETTINGS_KEY].ingest
     metrics = app.get(METRICS_KEY)
     app[_METRICS_KEY] = IngestMetrics(getattr(metrics, "registry", None))
     app.router.add_put("/v1/sections/{section_tipo}", put_section)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from index.settings import SidecarClientSettings
+from index.settings import IngestSettings, SidecarClientSettings
 from schema.settings import DatabaseSettings, SettingsError, load_settings, setting
 
 LEGS = ("dense", "lexical", "sparse")
@@ -155,6 +155,7 @@ class GatewaySettings:
     log_format: str = setting("RAG_LOG_FORMAT", "json", "`json` (one object per line) or `text`.")
     database: DatabaseSettings = dataclasses.field(default_factory=DatabaseSettings)
     sidecar: SidecarClientSettings = dataclasses.field(default_factory=SidecarClientSettings)
+    ingest: IngestSettings = dataclasses.field(default_factory=IngestSettings)
 
     @property
     def weights(self) -> dict[str, float]:
@@ -206,14 +207,16 @@ def load_gateway_settings(
     *,
     database: DatabaseSettings | None = None,
     sidecar: SidecarClientSettings | None = None,
+    ingest: IngestSettings | None = None,
     **overrides: Any,
 ) -> GatewaySettings:
-    """Gateway settings plus the composed database and sidecar settings from one environment."""
+    """Gateway settings plus the composed database, sidecar and ingestion settings from one environment."""
     return load_settings(
         GatewaySettings,
         environ,
         database=database or load_settings(DatabaseSettings, environ),
         sidecar=sidecar or load_settings(SidecarClientSettings, environ),
+        ingest=ingest or load_settings(IngestSettings, environ),
         **overrides,
     )
 

@@ -276,3 +276,9 @@ class SidecarSettings:
         except ValueError as exc:
             raise ConfigError(f"sidecar settings: {exc}") from exc
         return cls(**values)
+
+
+def opt_out_of_ray_usage_stats() -> None:
+    """Ray reads its usage-stats switch from the environment at ``ray.init``: an offline sidecar
+    never phones home, unless the operator has set the variable themselves."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

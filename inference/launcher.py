@@ -11,42 +11,15 @@ import contextlib
 import io
 import json
 import logging
-import os
-import socket
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 
-from .config import SidecarConfig
+from .config import SidecarConfig, opt_out_of_ray_usage_stats
+from .net import free_port, wait_ready
 
 __all__ = ["example_requests", "free_port", "running_sidecar", "wait_ready"]
 
 log = logging.getLogger(__name__)
 APP_NAME = "mnemo-sidecar"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_ready(url: str, timeout_s: float = 300.0) -> None:
-    """Poll ``GET /readyz`` until 200; raise ``TimeoutError`` with the last answer otherwise."""
-    deadline = time.monotonic() + timeout_s
-    last = "no answer"
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{url}/readyz", timeout=5) as response:
-                if response.status == 200:
-                    return
-        except urllib.error.HTTPError as exc:
-            last = f"{exc.code} {exc.read()[:300]!r}"
-        except OSError as exc:
-            last = repr(exc)
-        time.sleep(0.25)
-    raise TimeoutError(f"sidecar at {url} not ready after {timeout_s:.0f}s: {last}")
 
 
 @contextlib.contextmanager
@@ -79,7 +52,7 @@ def running_sidecar(
     port = port or free_port(host)
     started_ray = False
     if not ray.is_initialized():
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        opt_out_of_ray_usage_stats()
         ray.init(
             # "local": always a fresh instance, never another process's cluster found through
             # RAY_ADDRESS or /tmp/ray (several test sessions may run side by side on one machine).
