@@ -317,7 +317,8 @@ class VectorCache:
 
     async def _load_all(self) -> None:
         for partition in await list_partitions(self.pool):
-            await self._load_logged(partition)
+            if partition.partition not in self.partitions:  # one loaded before start() stays as it is
+                await self._load_logged(partition)
         self._tasks.append(asyncio.create_task(self._follow(), name="faiss-sync"))
 
     async def _load_logged(self, partition: ModelPartition) -> None:
