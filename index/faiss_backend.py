@@ -133,6 +133,31 @@ class FlatIndex:
         keep = slots[0] >= 0
         return scores[0][keep], slots[0][keep]
 
+    def search_batch(
+        self, queries: np.ndarray, k: int, masks: list[np.ndarray]
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Exact top-``k`` per query among its own permitted slots (``masks``: bool per slot).
+
+        One matrix product reads the stored vectors once for the whole batch: a flat scan is
+        bound by memory bandwidth, so concurrent callers share that cost instead of paying it each.
+        """
+        with self.lock.read():
+            n = self.ntotal
+            scores = self._view() @ np.ascontiguousarray(queries, dtype=np.float32).T if n else None
+        out = []
+        for j, mask in enumerate(masks):
+            permitted = np.zeros(n, dtype=bool)
+            permitted[: min(n, len(mask))] = mask[:n]
+            kk = min(k, int(permitted.sum()))
+            if scores is None or kk == 0:
+                out.append((np.empty(0, np.float32), np.empty(0, np.int64)))
+                continue
+            column = np.where(permitted, scores[:, j], -np.inf)
+            top = np.argpartition(-column, kk - 1)[:kk]
+            top = top[np.argsort(-column[top], kind="stable")]
+            out.append((column[top].astype(np.float32), top.astype(np.int64)))
+        return out
+
     def refresh(self) -> None:
         """Bring derived copies up to date with the master (nothing to do on CPU)."""
 
@@ -163,6 +188,15 @@ class GpuFlatIndex(FlatIndex):
     def write(self, slots: np.ndarray, vectors: np.ndarray) -> None:
         super().write(slots, vectors)
         self._dirty = self._dirty or bool(len(slots))
+
+    def search_batch(
+        self, queries: np.ndarray, k: int, masks: list[np.ndarray]
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """One GPU search per query (each with its own bitmap): the GPU scan is already cheap."""
+        return [
+            self.search(q, k, np.packbits(m[: self.ntotal], bitorder="little"))
+            for q, m in zip(queries, masks, strict=True)
+        ]
 
     def refresh(self) -> None:
         """Rebuild the GPU copy from the master (a GPU flat index cannot rewrite a row in place)."""

@@ -61,6 +61,7 @@ log = logging.getLogger(__name__)
 __all__ = ["CacheConfig", "CacheUnavailable", "PartitionCache", "VectorCache"]
 
 MODES = ("off", "auto", "cpu", "cuda")
+MAX_SEARCH_BATCH = 64  # concurrent searches answered by one scan of a partition
 ScopeKey = Hashable
 
 
@@ -101,6 +102,11 @@ class PartitionCache:
     scopes: OrderedDict[ScopeKey, tuple[Scope, np.ndarray]] = field(default_factory=OrderedDict)
     applying: bool = False
     load_seconds: float | None = None
+    # Searches waiting for the batcher: (query, k, permitted slots, the caller's future).
+    waiting: list[tuple[np.ndarray, int, np.ndarray, asyncio.Future[np.ndarray]]] = field(
+        default_factory=list
+    )
+    batching: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
@@ -256,6 +262,7 @@ class VectorCache:
         self._wake = asyncio.Event()
         self._dirty: set[str | None] = set()
         self._tasks: list[asyncio.Task[None]] = []
+        self._batchers: set[asyncio.Task[None]] = set()
         self._lag_since: float | None = None  # first unapplied notification
         self.recent_lags: deque[float] = deque(maxlen=10_000)  # write -> applied, seconds (benchmarks)
         self.applied_log: deque[tuple[float, str, int]] = deque(maxlen=10_000)  # (monotonic, model, seq)
@@ -603,7 +610,7 @@ class VectorCache:
         rows = await conn.fetch(f"SELECT {keys} FROM {partition.table} e{join} WHERE {where}", *params)
         return [tuple(r) for r in rows]  # type: ignore[misc]
 
-    async def _mask(self, pc: PartitionCache, scope: Scope) -> np.ndarray:
+    async def _mask(self, conn: asyncpg.Connection, pc: PartitionCache, scope: Scope) -> np.ndarray:
         """The slots the scope (without its excluded record) permits, from cache or built once."""
         if scope.section_tipos is None and scope.group is None and scope.acl is None:
             return pc.alive
@@ -613,8 +620,9 @@ class VectorCache:
             pc.scopes.move_to_end(key)
             return hit[1]
         version = pc.version
-        async with self.pool.acquire() as conn:
-            members = await self._scope_keys(conn, pc.partition, scope)
+        # On the caller's connection: taking a second one from the pool while the caller holds one
+        # deadlocks once every pooled connection belongs to a waiting search.
+        members = await self._scope_keys(conn, pc.partition, scope)
         mask = np.zeros(len(pc.key_of), dtype=bool)
         mask[[pc.slot_of[k] for k in members if k in pc.slot_of]] = True
         # Kept only when no change was published meanwhile (else it may disagree with the watermark
@@ -647,7 +655,7 @@ class VectorCache:
             self.metrics.searches.labels("over_budget" if pc and pc.state == "over_budget" else "cold").inc()
             return None
         watermark = pc.watermark  # captured before the bitmap: what the bitmap may rely on
-        mask = await self._mask(pc, replace(scope, exclude_record=None))
+        mask = await self._mask(conn, pc, replace(scope, exclude_record=None))
         n = pc.index.ntotal
         bits = np.zeros(n, dtype=bool)
         m = min(n, len(mask))
@@ -655,11 +663,10 @@ class VectorCache:
         if scope.exclude_record is not None:
             bits[list(pc.record_slots.get(tuple(scope.exclude_record), ()))] = False
         permitted = int(bits.sum())
-        packed = np.packbits(bits, bitorder="little")
         query = _normalized(np.asarray(vector, dtype=np.float32))
         fetch = min(permitted, 2 * limit + 8)
         while True:
-            _, slots = await asyncio.to_thread(pc.index.search, query, fetch, packed)
+            slots = await self._slots(pc, query, fetch, bits)
             keys = [k for k in (pc.key_of[s] for s in slots) if k is not None]
             rows, trusted = await self._reread(conn, pc.partition, vector, scope, keys, watermark)
             # Exact when the trusted (unchanged since the watermark) cache candidates cover the top-k,
@@ -672,6 +679,49 @@ class VectorCache:
                 log.info("faiss cache: too many pending changes among the candidates; pgvector serves")
                 return None
             fetch = min(permitted, fetch * 4)
+
+    async def _slots(self, pc: PartitionCache, query: np.ndarray, k: int, bits: np.ndarray) -> np.ndarray:
+        """The top-``k`` permitted slots for ``query``, through the partition's batcher."""
+        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+        pc.waiting.append((query, k, bits, future))
+        if not pc.batching:
+            pc.batching = True
+            task = asyncio.create_task(self._run_batches(pc))
+            self._batchers.add(task)
+            task.add_done_callback(self._batchers.discard)
+        return await future
+
+    async def _run_batches(self, pc: PartitionCache) -> None:
+        """Serve waiting searches: alone with a bitmap selector, or many with one shared scan.
+
+        Whatever arrives while a batch runs forms the next one (TEI-style continuous batching);
+        every waiter gets its slots or the exception.
+        """
+        try:
+            while pc.waiting:
+                batch, pc.waiting = pc.waiting[:MAX_SEARCH_BATCH], pc.waiting[MAX_SEARCH_BATCH:]
+                try:
+                    if len(batch) == 1:
+                        query, k, bits, _ = batch[0]
+                        packed = np.packbits(bits, bitorder="little")
+                        results = [await asyncio.to_thread(pc.index.search, query, k, packed)]
+                    else:
+                        results = await asyncio.to_thread(
+                            pc.index.search_batch,
+                            np.stack([b[0] for b in batch]),
+                            max(b[1] for b in batch),
+                            [b[2] for b in batch],
+                        )
+                except Exception as exc:  # handed to every waiter, who decides
+                    for *_, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                for (_, k, _, future), (_, slots) in zip(batch, results, strict=True):
+                    if not future.done():
+                        future.set_result(slots[:k])
+        finally:
+            pc.batching = False
 
     async def _reread(
         self,

@@ -343,3 +343,40 @@ async def test_cache_survives_a_postgres_restart_and_catches_up() -> None:
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+async def test_concurrent_searches_share_a_scan_and_stay_exact(loaded) -> None:
+    """Searches arriving together are answered by one batched scan, each under its own scope."""
+    pool, partition, cache = loaded
+    principals = [
+        Principal("root", None, {}, admin=True),
+        Principal("p", frozenset({1}), {"oh1": 1, "rsc1": 1}),
+        Principal("p", frozenset({2, 3}), {"fill1": 1, "oh1": 1, "oh1/oh23": 0}),
+        Principal("p", None, {"rsc1": 1, "rsc1/rsc140": 1}),
+    ]
+    cases = [
+        (np.random.default_rng(100 + i).standard_normal(DIM).astype(np.float32), Scope(acl=pushdown(p)), k)
+        for i, (p, k) in enumerate((p, k) for p in principals for k in (3, 10, 25))
+    ]
+    calls = []
+    for q, scope, k in cases:
+        calls.append(_cached(cache, pool, partition, q, scope, k))
+    got = await asyncio.gather(*calls)
+    for (q, scope, k), hits in zip(cases, got, strict=True):
+        _same(hits, await _exact(pool, partition, q, scope, k))
+
+
+def test_batched_scan_equals_selector_search() -> None:
+    from index.faiss_backend import FlatIndex
+
+    rng = np.random.default_rng(0)
+    index = FlatIndex(8)
+    index.append(rng.standard_normal((500, 8)).astype(np.float32))
+    queries = rng.standard_normal((6, 8)).astype(np.float32)
+    masks = [rng.random(500) < share for share in (1.0, 0.5, 0.1, 0.01, 0.002, 0.0)]
+    batched = index.search_batch(queries, 7, masks)
+    for q, mask, (scores, slots) in zip(queries, masks, batched, strict=True):
+        one_scores, one_slots = index.search(q, 7, np.packbits(mask, bitorder="little"))
+        assert slots.tolist() == one_slots.tolist()
+        assert np.allclose(scores, one_scores, atol=1e-5)
+        assert all(mask[s] for s in slots)
