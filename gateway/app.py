@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hmac
 import logging
 import signal
 from collections.abc import AsyncIterator
@@ -32,6 +33,7 @@ from .resources import (
     SIDECAR_KEY,
     VECTOR_CACHE_KEY,
 )
+from .server import GatewayRunner, concurrency_middleware, handler_args
 from .settings import GatewaySettings
 
 log = logging.getLogger(__name__)
@@ -131,7 +133,14 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    """Prometheus exposition of this gateway's metrics."""
+    """Prometheus exposition of this gateway's metrics (behind ``RAG_METRICS_TOKEN`` when set)."""
+    expected = request.app[SETTINGS_KEY].metrics_token
+    if expected is not None:
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if not token:
+            raise ApiError.not_logged()
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected.encode()):
+            raise ApiError.invalid_token("The metrics token is invalid")
     body, content_type = request.app[METRICS_KEY].render()
     response = web.Response(body=body)
     response.headers["Content-Type"] = content_type
@@ -145,7 +154,9 @@ def create_app(settings: GatewaySettings, *, database_url: str | None = None) ->
             settings, database=dataclasses.replace(settings.database, database_url=database_url)
         )
     app = web.Application(
-        middlewares=[observe_middleware, error_middleware], client_max_size=settings.max_body_bytes
+        middlewares=[observe_middleware, error_middleware, concurrency_middleware(settings.max_concurrency)],
+        client_max_size=settings.max_body_bytes,
+        handler_args=handler_args(settings),
     )
     app[SETTINGS_KEY] = settings
     app[METRICS_KEY] = Metrics()
@@ -183,7 +194,7 @@ async def serve(
                 installed.append(sig)
             except (NotImplementedError, RuntimeError):  # not the main thread
                 pass
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
+    runner = GatewayRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)

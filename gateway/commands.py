@@ -18,18 +18,31 @@ from schema.settings import SettingsError, configured
 
 
 def _parse_perm(raw: str) -> tuple[str, int]:
+    from index.validation import FieldError, parse_id
+
+    from .auth import ADMIN_LEVEL
+
     key, sep, level = raw.partition("=")
-    if not sep or not key or not level.strip().lstrip("-").isdigit():
-        raise argparse.ArgumentTypeError(f"--perm {raw!r}: use TIPO=LEVEL or SECTION/COMPONENT=LEVEL")
-    return key.strip(), int(level)
+    try:
+        if not sep or not key:
+            raise FieldError("level", "missing")
+        return key.strip(), parse_id(level.strip(), field="level", maximum=ADMIN_LEVEL)
+    except FieldError as exc:
+        raise argparse.ArgumentTypeError(
+            f"--perm {raw!r}: use TIPO=LEVEL or SECTION/COMPONENT=LEVEL, LEVEL in 0..{ADMIN_LEVEL}"
+        ) from exc
 
 
 def _parse_projects(raw: str) -> list[int] | None:
+    from index.validation import PROJECT_ID_MAX, FieldError, parse_id
+
     if raw.strip() == "*":
         return None
     try:
-        return [int(p) for p in raw.split(",") if p.strip()]
-    except ValueError as exc:
+        return [
+            parse_id(p.strip(), field="project", maximum=PROJECT_ID_MAX) for p in raw.split(",") if p.strip()
+        ]
+    except FieldError as exc:
         raise argparse.ArgumentTypeError(f"--projects {raw!r}: a comma-separated list of ids, or *") from exc
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -33,8 +32,10 @@ from index.metrics import IngestMetrics
 from index.reconcile import reconcile_section
 from index.sections import DescriptorError, SectionStore, validate_section_tipo
 from index.settings import IngestSettings
+from index.validation import FieldError, parse_id
 
 from .auth import require_admin
+from .body import read_json
 from .errors import ApiError, envelope_ok
 from .resources import METRICS_KEY, POOL_KEY, SETTINGS_KEY, SIDECAR_KEY
 
@@ -51,11 +52,7 @@ def _api_error(exc: IntakeError | DescriptorError) -> ApiError:
 
 
 async def _json_body(request: web.Request) -> Any:
-    raw = await request.read()
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError("request.invalid_json") from exc
+    return await read_json(request)
 
 
 def _section_tipo(request: web.Request) -> str:
@@ -113,16 +110,17 @@ async def post_records(request: web.Request) -> web.Response:
 async def delete_record(request: web.Request) -> web.Response:
     require_admin(request)
     section_tipo = _section_tipo(request)
-    raw_id = request.match_info["section_id"]
-    if not raw_id.isdigit():
-        raise ApiError("request.invalid_record", f"section_id: {raw_id!r} is not a non-negative integer")
     try:
-        await enqueue_delete(request.app[POOL_KEY], section_tipo, int(raw_id))
+        section_id = parse_id(request.match_info["section_id"], field="section_id")
+    except FieldError as exc:
+        raise ApiError("request.invalid_record", str(exc)) from exc
+    try:
+        await enqueue_delete(request.app[POOL_KEY], section_tipo, section_id)
     except IntakeError as exc:
         raise _api_error(exc) from exc
     _wake(request)
     response = envelope_ok(
-        request, {"section_tipo": section_tipo, "section_id": int(raw_id), "queued": 1}, msg="accepted"
+        request, {"section_tipo": section_tipo, "section_id": section_id, "queued": 1}, msg="accepted"
     )
     response.set_status(202)
     return response

@@ -112,6 +112,8 @@ def _ingest_records_command(args: argparse.Namespace) -> int:
 async def _ingest_records(args: argparse.Namespace, path: Path, total: int) -> int:
     from tqdm import tqdm
 
+    from inference.strict_json import JsonRejected, loads_strict
+
     from .intake import enqueue_valid
 
     queued = 0
@@ -139,10 +141,13 @@ async def _ingest_records(args: argparse.Namespace, path: Path, total: int) -> i
                 if not line.strip():
                     continue
                 try:
-                    batch.append(json.loads(line))
+                    # The same parser and limits as POST /v1/records (NUL and lone surrogates
+                    # included, which PostgreSQL would refuse for the whole batch).
+                    batch.append(loads_strict(line.encode("utf-8"), forbid_nul=True))
                     lines.append(number)
-                except json.JSONDecodeError as exc:
-                    rejected.append(f"line {number}: request.invalid_json: {exc.msg}")
+                except JsonRejected as exc:
+                    code = "request.invalid_text" if exc.reason == "invalid_text" else "request.invalid_json"
+                    rejected.append(f"line {number}: {code}: {exc}")
                     bar.update(1)
                 if len(batch) >= args.batch:
                     await flush()

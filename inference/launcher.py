@@ -33,10 +33,13 @@ def running_sidecar(
     object_store_mb: int = 256,
     ready_timeout_s: float = 300.0,
     log_to_driver: bool = False,
+    request_timeout_s: float = 120.0,
+    keep_alive_timeout_s: int = 30,
 ) -> Iterator[str]:
     """Run the sidecar for ``config`` and yield its base URL; Serve and Ray stop on exit.
 
-    ``port=0`` picks a free port. Missing weights fail before Ray starts (:class:`ModelWeightsMissing`
+    ``port=0`` picks a free port. ``request_timeout_s`` and ``keep_alive_timeout_s`` go to Serve's
+    HTTP proxy (see :class:`~inference.config.SidecarSettings`). Missing weights fail before Ray starts (:class:`ModelWeightsMissing`
     naming the path); a model that fails to load or warm up fails here too.
     """
     from .config import resolve_weights
@@ -67,7 +70,15 @@ def running_sidecar(
         )
         started_ray = True
     try:
-        serve.start(http_options={"host": host, "port": port}, proxy_location="HeadOnly")
+        serve.start(
+            http_options={
+                "host": host,
+                "port": port,
+                "request_timeout_s": request_timeout_s,
+                "keep_alive_timeout_s": keep_alive_timeout_s,
+            },
+            proxy_location="HeadOnly",
+        )
         serve.run(build_app(config, api_key=api_key), name=APP_NAME, route_prefix="/")
         url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
         wait_ready(url, ready_timeout_s)

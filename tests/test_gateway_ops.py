@@ -18,7 +18,7 @@ from gateway.app import create_app, serve
 from gateway.logs import REQUEST_ID, JsonFormatter, RequestIdFilter
 from gateway.openapi import build_spec
 from gateway.settings import load_gateway_settings
-from inference.net import free_port
+from inference.net import await_ready, free_port
 from tests.fixtures.gateway import SECRET, Gateway, running_gateway
 
 pytestmark = pytest.mark.ray
@@ -139,13 +139,7 @@ async def test_mnemo_gateway_stops_cleanly_on_sigterm(corpus_database_url: str, 
         stderr=asyncio.subprocess.PIPE,
     )
     try:
-        for _ in range(300):
-            try:
-                status, _text = await _get(f"http://127.0.0.1:{port}/healthz")
-                if status == 200:
-                    break
-            except aiohttp.ClientConnectionError:
-                await asyncio.sleep(0.2)
+        await await_ready(f"http://127.0.0.1:{port}", 120, path="/healthz", process=proc)
         proc.send_signal(signal.SIGTERM)
         _out, err = await asyncio.wait_for(proc.communicate(), 60)
     finally:

@@ -50,7 +50,9 @@ async def _http(
     bearer: str | None = ADMIN,
     raw: bytes | None = None,
 ) -> tuple[int, dict[str, Any]]:
-    headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
+    headers = {"Content-Type": "application/json"}
+    if bearer:
+        headers["Authorization"] = f"Bearer {bearer}"
     data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
     async with (
         aiohttp.ClientSession() as s,
