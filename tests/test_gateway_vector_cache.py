@@ -48,7 +48,7 @@ async def test_cache_serves_the_dense_leg_exactly(corpus_database_url: str, side
             for principal in (RESEARCHER, Principal("root", None, {}, admin=True)):
                 scope = Scope(acl=pushdown(principal))
                 legs = await retriever.query_legs(principal, query, scope, 20, legs=("dense",))
-                model_id, vector = await retriever.embed_query(query)
+                model_id, vector = await retriever.embed_query(principal, query)
                 partition = await retriever.partition(model_id)
                 async with retriever.pool.acquire() as conn:
                     exact = await dense_search(conn, partition, vector.dense, scope, 20, exact=True)
