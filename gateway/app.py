@@ -25,6 +25,7 @@ from .metrics import Metrics
 from .observe import observe_middleware
 from .openapi import openapi
 from .resources import (
+    ASK_KEY,
     DATABASE_URL_KEY,
     METRICS_KEY,
     POOL_KEY,
@@ -99,6 +100,29 @@ async def _vector_cache_ctx(app: web.Application) -> AsyncIterator[None]:
         await cache.stop()
 
 
+async def _ask_ctx(app: web.Application) -> AsyncIterator[None]:
+    """ask's services: the reranker (the retriever's sidecar client), the generator, the section store."""
+    from index.sections import SectionStore
+
+    from .ask import AskServices
+    from .providers import build_provider
+    from .rerank import Reranker
+
+    settings = app[SETTINGS_KEY]
+    retriever = app[RETRIEVER_KEY]
+    reranker = Reranker(
+        retriever.client, settings.sidecar.rerank_model, settings.ask.rerank_timeout, app[METRICS_KEY]
+    )
+    provider = build_provider(settings.ask, retriever)
+    app[ASK_KEY] = AskServices(
+        settings.ask, reranker, provider, SectionStore(app[POOL_KEY]), app[METRICS_KEY]
+    )
+    try:
+        yield
+    finally:
+        await provider.close()
+
+
 async def healthz(request: web.Request) -> web.Response:
     """Liveness: the process answers."""
     return envelope_ok(request, {"status": "ok"})
@@ -147,6 +171,25 @@ async def metrics(request: web.Request) -> web.Response:
     return response
 
 
+def _add_engine(app: web.Application, settings: GatewaySettings) -> None:
+    """The resources every action runs on: database pool, sidecar clients, retrieval, ask services."""
+    app[SETTINGS_KEY] = settings
+    app[METRICS_KEY] = Metrics()
+    app.cleanup_ctx.append(_database_ctx)
+    app.cleanup_ctx.append(_sidecar_ctx)
+    app.cleanup_ctx.append(_retriever_ctx)
+    app.cleanup_ctx.append(_vector_cache_ctx)
+    app.cleanup_ctx.append(_ask_ctx)
+
+
+def create_engine(settings: GatewaySettings) -> web.Application:
+    """The gateway's engine without routes or the ingestion drain: what ``mnemo mcp`` runs the
+    actions on (start it with ``web.AppRunner(engine).setup()``)."""
+    app = web.Application()
+    _add_engine(app, settings)
+    return app
+
+
 def create_app(settings: GatewaySettings, *, database_url: str | None = None) -> web.Application:
     """The gateway app. ``database_url`` overrides the configured database (tests, eval)."""
     if database_url is not None:
@@ -158,13 +201,8 @@ def create_app(settings: GatewaySettings, *, database_url: str | None = None) ->
         client_max_size=settings.max_body_bytes,
         handler_args=handler_args(settings),
     )
-    app[SETTINGS_KEY] = settings
-    app[METRICS_KEY] = Metrics()
+    _add_engine(app, settings)
     setup_auth(app, settings)
-    app.cleanup_ctx.append(_database_ctx)
-    app.cleanup_ctx.append(_sidecar_ctx)
-    app.cleanup_ctx.append(_retriever_ctx)
-    app.cleanup_ctx.append(_vector_cache_ctx)
     app.router.add_post("/api/v1/json", json_api)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

@@ -97,3 +97,36 @@ def seed(options: Mapping[str, Any]) -> tuple[str, int]:
     if not _is_int(sid) or sid < 0 or sid > ID_MAX:
         raise ApiError.invalid_options("section_id must be a non-negative integer")
     return tipo, sid
+
+
+def flag(options: Mapping[str, Any], name: str, default: bool) -> bool:
+    """A boolean option (``rerank``, ``stream``); ``default`` when absent."""
+    value = options.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ApiError.invalid_options(f"{name} must be a boolean")
+    return value
+
+
+EXPAND_MODES = ("neighbours", "parent")
+
+
+def expand(options: Mapping[str, Any]) -> str | None:
+    """``expand``: ``"neighbours"`` or ``"parent"`` (small-to-big); None when absent."""
+    value = options.get("expand")
+    if value is None:
+        return None
+    if value not in EXPAND_MODES:
+        raise ApiError.invalid_options('expand must be "neighbours" or "parent"')
+    return str(value)
+
+
+def bounded_int(options: Mapping[str, Any], name: str, default: int, low: int, high: int) -> int:
+    """An integer option that must lie in [low, high] (out of range is an error, not a clamp)."""
+    value = options.get(name)
+    if value is None:
+        return default
+    if not _is_int(value) or not low <= value <= high:
+        raise ApiError.invalid_options(f"{name} must be an integer in [{low}, {high}]")
+    return int(value)

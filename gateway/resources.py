@@ -28,6 +28,8 @@ METRICS_KEY: web.AppKey[Any] = web.AppKey("metrics")
 DATABASE_URL_KEY: web.AppKey[str] = web.AppKey("database_url", str)
 # The FAISS cache (index.vector_cache.VectorCache), present unless RAG_FAISS_CACHE=off.
 VECTOR_CACHE_KEY: web.AppKey[Any] = web.AppKey("vector_cache")
+# ask's reranker, generator and section store (gateway.ask.AskServices).
+ASK_KEY: web.AppKey[Any] = web.AppKey("ask_services")
 
 # Per-request state.
 REQUEST_ID_KEY: web.RequestKey[str] = web.RequestKey("request_id", str)
@@ -39,6 +41,7 @@ ALLOWED_METHODS_KEY: web.RequestKey[Any] = web.RequestKey("allowed_methods")
 __all__ = [
     "ACTION_KEY",
     "ALLOWED_METHODS_KEY",
+    "ASK_KEY",
     "DATABASE_URL_KEY",
     "ERROR_CODE_KEY",
     "METRICS_KEY",

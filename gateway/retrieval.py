@@ -1,4 +1,4 @@
-"""Hybrid retrieval: query vector -> dense, lexical and learned-sparse legs -> weighted RRF -> ACL gate.
+"""Hybrid retrieval: query vector -> dense, lexical and learned-sparse legs -> fusion -> ACL gate.
 
 The pipeline every text action shares:
 
@@ -6,7 +6,8 @@ The pipeline every text action shares:
    :class:`EmbeddingUnavailable`, never a blind ranking;
 2. the legs in parallel over the model's partition, each over-fetching
    ``max(limit * 4, 20)`` with the scope and the caller's ACL pushed into SQL;
-3. weighted Reciprocal Rank Fusion (:mod:`gateway.fusion`);
+3. fusion (:mod:`gateway.fusion`): distribution-normalized scores by default
+   (``RAG_FUSION``), or the fusion tuned for the searched sections (their descriptors);
 4. the ACL gate (:mod:`gateway.acl`) on every fused candidate;
 5. passages as they are, or collapsed to the best chunk per record.
 
@@ -25,6 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -46,10 +49,10 @@ from index.search import (
 
 from .acl import chunk_readable, gate, pushdown
 from .auth import Principal
-from .fusion import collapse, rrf
+from .fusion import collapse, rrf, score_fusion
 from .metrics import Metrics
 from .query_cache import QueryVector, QueryVectorCache
-from .settings import LEGS, GatewaySettings
+from .settings import FUSION_METHODS, LEGS, GatewaySettings
 
 if TYPE_CHECKING:  # FAISS loads only when the app builds a cache
     from index.vector_cache import VectorCache
@@ -92,6 +95,7 @@ class Ranked:
     score: float
     ranks: Mapping[str, int]
     similarity: float | None = None  # best single-leg cosine similarity, when a dense leg found it
+    rerank_score: float | None = None  # the cross-encoder's score, when reranked
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,23 @@ class LegResults:
 
     lists: Mapping[str, Sequence[ChunkHit]]
     exact: Mapping[ChunkKey, float] = field(default_factory=dict)  # cached cosine of each candidate
+
+
+def _tuned_fusion(entry: object) -> tuple[str, tuple[tuple[str, float], ...]] | None:
+    """A descriptor's ``retrieval`` entry as (method, weights), or None when absent or unusable."""
+    if not isinstance(entry, Mapping):
+        return None
+    method, weights = entry.get("fusion"), entry.get("weights")
+    if method not in FUSION_METHODS or not isinstance(weights, Mapping):
+        log.warning("ignoring a section's tuned fusion %r: unknown method or no weights", entry)
+        return None
+    try:
+        clean = tuple(sorted((str(leg), float(w)) for leg, w in weights.items() if leg in LEGS))
+    except (TypeError, ValueError):
+        return None
+    if not clean or any(not math.isfinite(w) or w < 0 for _, w in clean) or not any(w for _, w in clean):
+        return None
+    return str(method), clean
 
 
 def over_fetch(limit: int) -> int:
@@ -131,6 +152,9 @@ class Retriever:
         self._model: object | None = None  # inference.client.ModelInfo, resolved on first use
         self._partitions: dict[str, ModelPartition] = {}
         self._sparse_head: bool | None = None  # learned of the model on the first query
+        # section tipo -> (when read, (method, weights) tuned for it or None)
+        self._fusion_cache: dict[str, tuple[float, tuple[str, tuple[tuple[str, float], ...]] | None]] = {}
+        self._ttl = settings.lexical_stats_ttl
 
     # -- model, partition, query vector -------------------------------------------------------
 
@@ -331,9 +355,11 @@ class Retriever:
         scope: Scope,
         *,
         weights: Mapping[str, float] | None = None,
+        method: str | None = None,
     ) -> list[Ranked]:
-        """Weighted RRF over the legs, then the ACL gate: authorized chunks, best first."""
+        """Fuse the legs (``method``: ``dbsf``, ``minmax`` or ``rrf``; default the settings'), then gate."""
         weights = self.settings.weights if weights is None else weights
+        method = self.settings.fusion if method is None else method
         with self.metrics.time_leg("fusion"):
             by_key: dict[tuple, ChunkHit] = {}
             similarity: dict[tuple, float] = {}
@@ -343,11 +369,18 @@ class Retriever:
                     by_key.setdefault(chunk.key, chunk)  # dense's row first (same content in every leg)
                     if name == "dense" or name.startswith("seed:"):
                         similarity[chunk.key] = max(similarity.get(chunk.key, -1.0), chunk.score)
-            fused = rrf(
-                {name: [c.key for c in rows] for name, rows in results.lists.items()},
-                k=self.settings.rrf_k,
-                weights=weights,
-            )
+            if method == "rrf":
+                fused = rrf(
+                    {name: [c.key for c in rows] for name, rows in results.lists.items()},
+                    k=self.settings.rrf_k,
+                    weights=weights,
+                )
+            else:
+                fused = score_fusion(
+                    {name: [(c.key, c.score) for c in rows] for name, rows in results.lists.items()},
+                    weights=weights,
+                    normalize=method,
+                )
             if results.exact:  # re-scored with exact cached vectors: RRF ties go to the closer one
                 similarity.update(results.exact)
                 fused.sort(key=lambda f: (-f.score, f.best_rank, -similarity.get(f.key, -2.0)))
@@ -399,7 +432,37 @@ class Retriever:
     ) -> list[Ranked]:
         """Every authorized candidate of the over-fetched legs, fused: what both shapes cut from."""
         results = await self.query_legs(principal, query, scope, over_fetch(limit), legs)
-        return self.fuse(principal, results, scope, weights=weights)
+        method = None
+        if weights is None:
+            method, weights = await self.section_fusion(scope)
+        return self.fuse(principal, results, scope, weights=weights, method=method)
+
+    async def section_fusion(self, scope: Scope) -> tuple[str | None, Mapping[str, float] | None]:
+        """The fusion tuned for the searched sections (``retrieval`` in their descriptors), if they agree.
+
+        ``mnemo eval --tune --apply SECTION`` stores it. A query over several sections uses it
+        only when all of them carry the same one; otherwise (and unscoped) the settings' fusion.
+        Descriptors are cached for ``RAG_LEXICAL_STATS_TTL`` seconds, like the corpus statistics.
+        """
+        if not scope.section_tipos:
+            return None, None
+        now = time.monotonic()
+        missing = [
+            t
+            for t in scope.section_tipos
+            if now - self._fusion_cache.get(t, (-math.inf, None))[0] >= self._ttl
+        ]
+        if missing:
+            from index.sections import SectionStore
+
+            found = await SectionStore(self.pool).get_many(missing)
+            for tipo in missing:
+                self._fusion_cache[tipo] = (now, _tuned_fusion((found.get(tipo) or {}).get("retrieval")))
+        tuned = {self._fusion_cache[t][1] for t in scope.section_tipos}
+        if len(tuned) != 1 or None in tuned:
+            return None, None
+        method, weights = tuned.pop()  # type: ignore[misc]
+        return method, dict(weights)
 
     async def similar(
         self,
@@ -438,5 +501,5 @@ class Retriever:
         lists = {f"seed:{i:04d}": rows for i, rows in enumerate(found)}
         vectors = [seed.vector for seed in seeds if seed.vector is not None]
         results = LegResults(lists, self._rescore(partition, vectors, lists))
-        ranked = self.fuse(principal, results, scope, weights={})
+        ranked = self.fuse(principal, results, scope, weights={}, method="rrf")
         return collapse(ranked, lambda r: r.chunk.record)[:limit]

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -78,8 +79,12 @@ async def drain_once(
     *,
     text_model: str | None = None,
     stop: asyncio.Event | None = None,
+    section_tipos: Sequence[str] | None = None,
 ) -> DrainReport:
     """Index queued records until none is ready (or ``stop`` is set, between batches).
+
+    ``section_tipos`` limits the pass to those sections' records (others stay queued for the
+    gateway's drain); the pass still takes the one drain lock, so writes stay single-flighted.
 
     ``text_model`` is ``RAG_TEXT_MODEL`` (None: the first text model the sidecar
     lists). Raises ``ModelNotServed`` for a configured model the sidecar lacks:
@@ -91,7 +96,7 @@ async def drain_once(
             report.skipped = True
             return report
         try:
-            await _drain(pool, client, settings, text_model, stop, report)
+            await _drain(pool, client, settings, text_model, stop, report, section_tipos)
         finally:
             await lock_conn.execute("SELECT pg_advisory_unlock($1)", queue.DRAIN_LOCK_KEY)
     return report
@@ -104,10 +109,13 @@ async def _drain(
     text_model: str | None,
     stop: asyncio.Event | None,
     report: DrainReport,
+    section_tipos: Sequence[str] | None = None,
 ) -> None:
     indexer: Indexer | None = None
     while stop is None or not stop.is_set():
-        items = await queue.claim_ready(pool, settings.batch_records, settings.max_attempts)
+        items = await queue.claim_ready(
+            pool, settings.batch_records, settings.max_attempts, section_tipos=section_tipos
+        )
         if not items:
             return
         try:
