@@ -32,6 +32,7 @@ from .resources import (
     RETRIEVER_KEY,
     SETTINGS_KEY,
     SIDECAR_KEY,
+    VECTOR_CACHE_KEY,
 )
 from .server import GatewayRunner, concurrency_middleware, handler_args
 from .settings import GatewaySettings
@@ -72,6 +73,31 @@ async def _retriever_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         await client.close()
+
+
+async def _vector_cache_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The FAISS cache: loads in the background (pgvector serves until a partition is ready)."""
+    settings = app[SETTINGS_KEY]
+    if settings.faiss_cache == "off":
+        yield
+        return
+    from index.cache_metrics import CacheMetrics
+    from index.vector_cache import CacheConfig, VectorCache
+
+    cache = VectorCache(
+        app[POOL_KEY],
+        app[DATABASE_URL_KEY],
+        CacheConfig(mode=settings.faiss_cache, max_bytes=settings.faiss_max_bytes),
+        CacheMetrics(app[METRICS_KEY].registry),
+    )
+    app[VECTOR_CACHE_KEY] = cache
+    app[RETRIEVER_KEY].vector_cache = cache
+    await cache.start()
+    try:
+        yield
+    finally:
+        app[RETRIEVER_KEY].vector_cache = None
+        await cache.stop()
 
 
 async def _ask_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -121,7 +147,13 @@ async def readyz(request: web.Request) -> web.Response:
     drain = request.app.get(DRAIN_KEY)
     drain_status = drain.status() if drain is not None else None
     status = "degraded" if drain_status and drain_status["state"] == "crashed" else "ready"
-    return envelope_ok(request, {"status": status, "database": True, "sidecar": True, "drain": drain_status})
+    cache = request.app.get(VECTOR_CACHE_KEY)
+    # A cold or lagging cache does not make the gateway unready either: pgvector answers meanwhile.
+    faiss = {"mode": "off"} if cache is None else cache.status()
+    return envelope_ok(
+        request,
+        {"status": status, "database": True, "sidecar": True, "drain": drain_status, "faiss": faiss},
+    )
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -146,6 +178,7 @@ def _add_engine(app: web.Application, settings: GatewaySettings) -> None:
     app.cleanup_ctx.append(_database_ctx)
     app.cleanup_ctx.append(_sidecar_ctx)
     app.cleanup_ctx.append(_retriever_ctx)
+    app.cleanup_ctx.append(_vector_cache_ctx)
     app.cleanup_ctx.append(_ask_ctx)
 
 

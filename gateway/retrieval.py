@@ -12,6 +12,14 @@ The pipeline every text action shares:
 5. passages as they are, or collapsed to the best chunk per record.
 
 ``similar_to`` skips the sidecar: it searches with the seed's stored vectors.
+
+With the FAISS cache (:mod:`index.vector_cache`) holding the partition, the
+dense leg (and ``similar_to``'s neighbours) come from it: exact top-k with the
+scope and ACL inside the search, rows re-read from the store. Every fused
+candidate is then re-scored with its exact cached vector: that cosine is the
+candidate's ``similarity`` and decides between candidates RRF leaves tied
+(before the identity tie-break). Cache off, cold or over budget: the SQL leg,
+exactly as without a cache.
 """
 
 from __future__ import annotations
@@ -21,7 +29,8 @@ import logging
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import asyncpg
 import numpy as np
@@ -29,6 +38,7 @@ import numpy as np
 from index.partitions import ModelPartition, get_partition
 from index.search import (
     ChunkHit,
+    ChunkKey,
     CorpusStats,
     Scope,
     dense_search,
@@ -43,6 +53,9 @@ from .fusion import collapse, rrf, score_fusion
 from .metrics import Metrics
 from .query_cache import QueryVector, QueryVectorCache
 from .settings import FUSION_METHODS, LEGS, GatewaySettings
+
+if TYPE_CHECKING:  # FAISS loads only when the app builds a cache
+    from index.vector_cache import VectorCache
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +103,7 @@ class LegResults:
     """Each leg's ranked chunks for one query (before fusion and the gate)."""
 
     lists: Mapping[str, Sequence[ChunkHit]]
+    exact: Mapping[ChunkKey, float] = field(default_factory=dict)  # cached cosine of each candidate
 
 
 def _tuned_fusion(entry: object) -> tuple[str, tuple[tuple[str, float], ...]] | None:
@@ -129,6 +143,7 @@ class Retriever:
         self, pool: asyncpg.Pool, client: object, settings: GatewaySettings, metrics: Metrics | None = None
     ) -> None:
         self.pool = pool
+        self.vector_cache: VectorCache | None = None  # set by the app once the cache exists
         self.client = client  # inference.client.SidecarClient
         self.settings = settings
         self.metrics = metrics or Metrics()
@@ -247,6 +262,49 @@ class Retriever:
             async with self.pool.acquire() as conn:
                 return await coro_factory(conn)
 
+    async def _dense(
+        self, partition: ModelPartition, vector: np.ndarray, scope: Scope, fetch: int
+    ) -> tuple[list[ChunkHit], bool]:
+        """The dense leg: from the FAISS cache when it can answer exactly, else pgvector's HNSW.
+
+        Returns the hits and whether the cache served them.
+        """
+        s = self.settings
+        with self.metrics.time_leg("dense"):
+            async with self.pool.acquire() as conn:
+                if self.vector_cache is not None:
+                    hits = await self.vector_cache.search(conn, partition, vector, scope, fetch)
+                    if hits is not None:
+                        return hits, True
+                hits = await dense_search(
+                    conn,
+                    partition,
+                    vector,
+                    scope,
+                    fetch,
+                    ef_search=s.hnsw_ef_search,
+                    max_scan_tuples=s.hnsw_max_scan_tuples,
+                )
+                return hits, False
+
+    def _rescore(
+        self,
+        partition: ModelPartition,
+        vectors: Sequence[np.ndarray],
+        lists: Mapping[str, Sequence[ChunkHit]],
+    ) -> dict[ChunkKey, float]:
+        """Exact cosine (best over ``vectors``) of every candidate the cache holds; {} when cold."""
+        if self.vector_cache is None:
+            return {}
+        keys = list(dict.fromkeys(c.key for rows in lists.values() for c in rows))
+        row_keys = [(t, i, comp, lang, "", idx) for t, i, comp, lang, idx in keys]  # text rows: view ''
+        best: dict[ChunkKey, float] = {}
+        for vector in vectors:
+            for row_key, score in self.vector_cache.similarities(partition, vector, row_keys).items():
+                key = (row_key[0], row_key[1], row_key[2], row_key[3], row_key[5])
+                best[key] = max(score, best.get(key, -1.0))
+        return best
+
     async def query_legs(
         self,
         principal: Principal,
@@ -269,24 +327,11 @@ class Retriever:
             )
             raise EmbeddingUnavailable("query vector dimension does not match the store")
         scope = Scope(scope.section_tipos, scope.group, scope.exclude_record, pushdown(principal))
-        s = self.settings
         tasks: dict[str, asyncio.Task[list[ChunkHit]]] = {}
+        dense: asyncio.Task[tuple[list[ChunkHit], bool]] | None = None
         async with asyncio.TaskGroup() as tg:
             if "dense" in legs:
-                tasks["dense"] = tg.create_task(
-                    self._timed(
-                        "dense",
-                        lambda c: dense_search(
-                            c,
-                            partition,
-                            vector.dense,
-                            scope,
-                            fetch,
-                            ef_search=s.hnsw_ef_search,
-                            max_scan_tuples=s.hnsw_max_scan_tuples,
-                        ),
-                    )
-                )
+                dense = tg.create_task(self._dense(partition, vector.dense, scope, fetch))
             if "lexical" in legs:
                 tasks["lexical"] = tg.create_task(
                     self._timed(
@@ -298,7 +343,10 @@ class Retriever:
                 tasks["sparse"] = tg.create_task(
                     self._timed("sparse", lambda c: sparse_search(c, partition, vector.sparse, scope, fetch))
                 )
-        return LegResults({name: task.result() for name, task in tasks.items()})
+        lists = {name: task.result() for name, task in tasks.items()}
+        if dense is not None:
+            lists = {"dense": dense.result()[0], **lists}
+        return LegResults(lists, self._rescore(partition, [vector.dense], lists))
 
     def fuse(
         self,
@@ -333,6 +381,9 @@ class Retriever:
                     weights=weights,
                     normalize=method,
                 )
+            if results.exact:  # re-scored with exact cached vectors: RRF ties go to the closer one
+                similarity.update(results.exact)
+                fused.sort(key=lambda f: (-f.score, f.best_rank, -similarity.get(f.key, -2.0)))
         with self.metrics.time_leg("acl"):
             allowed = gate(principal, (by_key[f.key] for f in fused), scope)
             dropped = len(fused) - len(allowed)
@@ -441,23 +492,14 @@ class Retriever:
         seeds = seeds[: self.settings.similar_seed_chunks]
         scope = Scope(group=group, exclude_record=(section_tipo, section_id), acl=pushdown(principal))
         fetch = over_fetch(limit)
-        s = self.settings
 
         async def one(seed: ChunkHit) -> list[ChunkHit]:
-            return await self._timed(
-                "dense",
-                lambda c: dense_search(
-                    c,
-                    partition,
-                    seed.vector,
-                    scope,
-                    fetch,
-                    ef_search=s.hnsw_ef_search,
-                    max_scan_tuples=s.hnsw_max_scan_tuples,
-                ),
-            )
+            assert seed.vector is not None
+            return (await self._dense(partition, seed.vector, scope, fetch))[0]
 
-        lists = await asyncio.gather(*(one(seed) for seed in seeds))
-        results = LegResults({f"seed:{i:04d}": rows for i, rows in enumerate(lists)})
+        found = await asyncio.gather(*(one(seed) for seed in seeds))
+        lists = {f"seed:{i:04d}": rows for i, rows in enumerate(found)}
+        vectors = [seed.vector for seed in seeds if seed.vector is not None]
+        results = LegResults(lists, self._rescore(partition, vectors, lists))
         ranked = self.fuse(principal, results, scope, weights={}, method="rrf")
         return collapse(ranked, lambda r: r.chunk.record)[:limit]

@@ -17,6 +17,7 @@ from index.settings import IngestSettings, SidecarClientSettings
 from schema.settings import DatabaseSettings, SettingsError, load_settings, setting
 
 LEGS = ("dense", "lexical", "sparse")
+FAISS_MODES = ("off", "auto", "cpu", "cuda")
 FUSION_METHODS = ("dbsf", "minmax", "rrf")
 MIN_SECRET_BYTES = 32
 
@@ -310,6 +311,21 @@ class GatewaySettings:
         8,
         "Stored chunks of a seed record `similar_to` searches with (fused). More covers long records.",
     )
+    faiss_cache: str = setting(
+        "RAG_FAISS_CACHE",
+        "auto",
+        "FAISS vector cache in the gateway's process: `auto` (GPU when one and `faiss-gpu` are present, "
+        "else CPU; each partition that fits `RAG_FAISS_MAX_BYTES`), `cpu`, `cuda` (refuses to start "
+        "without a GPU), or `off`. On: exact dense search at any ACL selectivity and exact re-scoring, "
+        "for the memory of every vector and a load at start (pgvector serves meanwhile).",
+    )
+    faiss_max_bytes: int = setting(
+        "RAG_FAISS_MAX_BYTES",
+        2 * 1024**3,
+        "Memory the FAISS cache may hold (all partitions; fp32 = 4 bytes x dimension per vector, plus "
+        "the fp16/fp32 GPU copy on CUDA). A partition that does not fit is logged, counted and left "
+        "to pgvector.",
+    )
     shutdown_timeout: float = setting(
         "RAG_SHUTDOWN_TIMEOUT", 30.0, "Seconds SIGTERM waits for in-flight requests before closing."
     )
@@ -363,6 +379,10 @@ class GatewaySettings:
         if self.log_format not in ("json", "text"):
             raise SettingsError(f"RAG_LOG_FORMAT={self.log_format!r}: use json or text")
         parse_weights(self.fusion_weights)
+        if self.faiss_cache not in FAISS_MODES:
+            raise SettingsError(f"RAG_FAISS_CACHE={self.faiss_cache!r}: use one of {', '.join(FAISS_MODES)}")
+        if self.faiss_max_bytes < 0:
+            raise SettingsError("RAG_FAISS_MAX_BYTES must be >= 0")
         if self.fusion not in FUSION_METHODS:
             raise SettingsError(f"RAG_FUSION={self.fusion!r}: use one of {', '.join(FUSION_METHODS)}")
 

@@ -39,9 +39,13 @@ __all__ = [
     "ChunkHit",
     "CorpusStats",
     "Scope",
+    "chunk_from_row",
     "dense_search",
+    "hit_columns",
+    "identity_order",
     "lexical_search",
     "query_terms",
+    "scope_where",
     "scored_terms",
     "seed_chunks",
     "sparse_search",
@@ -164,6 +168,31 @@ class _Sql:
         return " AND ".join(f"({w})" for w in self.where)
 
 
+def scope_where(scope: Scope, params: Sequence[Any] = ()) -> tuple[str, list[Any]]:
+    """The WHERE clause (alias ``e``) of a text search in ``scope``, with its parameters after ``params``.
+
+    The same push-down every leg applies; the FAISS cache builds its scope bitmaps from it.
+    """
+    sql = _Sql(params)
+    sql.apply_scope(scope)
+    return sql.where_sql, sql.params
+
+
+def hit_columns() -> str:
+    """The columns (alias ``e``) :func:`chunk_from_row` reads."""
+    return _COLUMNS
+
+
+def identity_order() -> str:
+    """The tie order of every leg: the chunk's identity."""
+    return _IDENTITY_ORDER
+
+
+def chunk_from_row(row: asyncpg.Record, score: float, vector: np.ndarray | None = None) -> ChunkHit:
+    """A :class:`ChunkHit` from a row selected with :func:`hit_columns`."""
+    return _chunk(row, score, vector)
+
+
 def _chunk(row: asyncpg.Record, score: float, vector: np.ndarray | None = None) -> ChunkHit:
     meta = row["chunk_meta"]
     return ChunkHit(
@@ -190,12 +219,15 @@ async def dense_search(
     *,
     ef_search: int = 100,
     max_scan_tuples: int = 20000,
+    exact: bool = False,
 ) -> list[ChunkHit]:
     """Nearest chunks by cosine distance; score = ``1 - distance`` (cosine similarity).
 
     Runs in its own transaction so the ``SET LOCAL`` scan settings stay local.
     ``relaxed_order`` lets the HNSW scan continue past filtered-out rows; the
     outer query restores exact distance order (ties by chunk identity).
+    ``exact`` keeps the planner off the HNSW index: a full scan, the ground
+    truth that recall and the FAISS cache are measured against.
     """
     sql = _Sql([np.asarray(vector, dtype=np.float32)])
     sql.apply_scope(scope)
@@ -212,6 +244,8 @@ async def dense_search(
         await conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
         await conn.execute(f"SET LOCAL hnsw.ef_search = {min(1000, max(int(ef_search), int(limit)))}")
         await conn.execute(f"SET LOCAL hnsw.max_scan_tuples = {int(max_scan_tuples)}")
+        if exact:
+            await conn.execute("SET LOCAL enable_indexscan = off")
         rows = await conn.fetch(query, *sql.params)
     return [_chunk(r, 1.0 - float(r["distance"])) for r in rows]
 
