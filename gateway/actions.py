@@ -23,6 +23,7 @@ from .retrieval import EmbeddingUnavailable, QueryRejected, Ranked, Retriever, S
 
 if TYPE_CHECKING:
     from .ask import AskServices
+    from .expand import Expanded
 
 SNIPPET_CHARS = 240
 
@@ -138,7 +139,6 @@ async def semantic_search(ctx: ActionContext, options: Mapping[str, Any]) -> tup
 
 async def _passages(ctx: ActionContext, options: Mapping[str, Any]) -> list[dict[str, Any]]:
     from .ask import provenance
-    from .expand import expand_passages
 
     query, scope, limit = _text_scope(options)
     rerank = opt.flag(options, "rerank", False)
@@ -150,15 +150,7 @@ async def _passages(ctx: ActionContext, options: Mapping[str, Any]) -> list[dict
     ranked, reranked = await _reranked(ctx, query, ranked, limit, rerank)
     if expand is None:
         return [_rerank_flags(passage(r), r, reranked) for r in ranked]
-    s = services_of(ctx).settings
-    expanded = await expand_passages(
-        ctx.retriever,
-        ctx.principal,
-        ranked,
-        expand,
-        neighbours=s.expand_neighbours,
-        parent_limit=s.expand_parent_chunks,
-    )
+    expanded = await expand_as_configured(ctx, ranked, expand)
     return [_rerank_flags(provenance(p), p.ranked, reranked) for p in expanded]
 
 
@@ -219,6 +211,21 @@ def services_of(ctx: ActionContext) -> AskServices:
     if ctx.services is None:  # an app built without them: a wiring bug, not the caller's error
         raise RuntimeError("the ask services (reranker, generator) are not configured")
     return ctx.services
+
+
+async def expand_as_configured(ctx: ActionContext, ranked: list[Ranked], mode: str) -> list[Expanded]:
+    """Small-to-big expansion of ``ranked`` (``mode``: neighbours or parent) with the configured widths."""
+    from .expand import expand_passages
+
+    s = services_of(ctx).settings
+    return await expand_passages(
+        ctx.retriever,
+        ctx.principal,
+        ranked,
+        mode,
+        neighbours=s.expand_neighbours,
+        parent_limit=s.expand_parent_chunks,
+    )
 
 
 async def similar_to(ctx: ActionContext, options: Mapping[str, Any]) -> tuple[str, Any]:

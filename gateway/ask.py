@@ -33,11 +33,11 @@ from index.chunker import estimate_tokens
 from index.search import Scope
 
 from . import options as opt
-from .actions import query_error, services_of
+from .actions import expand_as_configured, query_error, services_of
 from .citations import citations, validate_markers
 from .egress import passage_sections, restricted_sections
 from .errors import ApiError, request_id
-from .expand import Expanded, expand_passages, unexpanded
+from .expand import Expanded, unexpanded
 from .providers import DEFAULT_SYSTEM_PROMPT, Generation, GenerationFailed, GenerationRequest
 from .retrieval import EmbeddingUnavailable, QueryRejected, Ranked
 
@@ -189,14 +189,7 @@ async def prepare(ctx: ActionContext, options: Mapping[str, Any]) -> Prepared:
     if expand is None:
         passages = unexpanded(ranked)
     else:
-        passages = await expand_passages(
-            ctx.retriever,
-            ctx.principal,
-            ranked,
-            expand,
-            neighbours=s.expand_neighbours,
-            parent_limit=s.expand_parent_chunks,
-        )
+        passages = await expand_as_configured(ctx, ranked, expand)
     passages = fit_budget(passages, s.context_token_budget)
     sections = set().union(*(passage_sections(p.chunks) for p in passages))
     descriptors = await services.sections.get_many(sorted(sections))

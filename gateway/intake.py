@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
 
 from aiohttp import web
 
@@ -51,10 +50,6 @@ def _api_error(exc: IntakeError | DescriptorError) -> ApiError:
     return ApiError(code, f"{exc.field}: {exc.message}" if exc.field else exc.message)
 
 
-async def _json_body(request: web.Request) -> Any:
-    return await read_json(request)
-
-
 def _section_tipo(request: web.Request) -> str:
     section_tipo = request.match_info["section_tipo"]
     try:
@@ -72,7 +67,7 @@ def _wake(request: web.Request) -> None:
 async def put_section(request: web.Request) -> web.Response:
     require_admin(request)
     section_tipo = _section_tipo(request)
-    body = await _json_body(request)
+    body = await read_json(request)
     try:
         descriptor = await SectionStore(request.app[POOL_KEY]).put(section_tipo, body)
     except DescriptorError as exc:
@@ -91,7 +86,7 @@ async def get_section(request: web.Request) -> web.Response:
 
 async def post_records(request: web.Request) -> web.Response:
     require_admin(request)
-    body = await _json_body(request)
+    body = await read_json(request)
     try:
         records = as_record_list(body)
         queued = await enqueue_records(
@@ -138,7 +133,7 @@ async def queue_stats(request: web.Request) -> web.Response:
 
 async def queue_retry(request: web.Request) -> web.Response:
     require_admin(request)
-    body = await _json_body(request) if request.can_read_body else {}
+    body = await read_json(request) if request.can_read_body else {}
     if not isinstance(body, dict):
         raise ApiError.invalid_request("the body must be an object")
     section_tipo = body.get("section_tipo")
@@ -161,7 +156,7 @@ async def queue_retry(request: web.Request) -> web.Response:
 async def reconcile(request: web.Request) -> web.Response:
     require_admin(request)
     section_tipo = _section_tipo(request)
-    body = await _json_body(request)
+    body = await read_json(request)
     if not isinstance(body, dict):
         raise ApiError("request.invalid_record", 'the body must be {"ids": [...], "records": [...]}')
     ids = body.get("ids", [])
