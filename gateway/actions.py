@@ -15,6 +15,7 @@ import asyncpg
 
 from index.search import Scope
 
+from . import objects as _objects
 from . import options as opt
 from .auth import Principal
 from .errors import ApiError
@@ -165,16 +166,18 @@ ACTIONS: dict[str, ActionSpec] = {
         not_implemented("ask"), summary="Grounded answer with citations (not implemented yet)."
     ),
     "similar_objects": ActionSpec(
-        not_implemented("similar_objects"), media=True, summary="Visual similarity (not implemented yet)."
+        _objects.similar_objects,
+        media=True,
+        summary="Objects visually (and by context) close to a seed object's stored images.",
     ),
     "search_by_text_image": ActionSpec(
-        not_implemented("search_by_text_image"),
+        _objects.search_by_text_image,
         media=True,
-        summary="Text into image space (not implemented yet).",
+        summary="A text query into the image space (the image-text model's text tower).",
     ),
     "characterize_object": ActionSpec(
-        not_implemented("characterize_object"),
+        _objects.characterize_object,
         media=True,
-        summary="Neighbour-based proposals (not implemented yet).",
+        summary="Neighbour-aggregated role proposals (vote, date range) with evidence; no LLM.",
     ),
 }

@@ -25,6 +25,7 @@ from .observe import observe_middleware
 from .openapi import openapi
 from .resources import DATABASE_URL_KEY, METRICS_KEY, POOL_KEY, RETRIEVER_KEY, SETTINGS_KEY, SIDECAR_KEY
 from .settings import GatewaySettings
+from .thumbnails import setup_thumbnails
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +125,7 @@ def create_app(settings: GatewaySettings, *, database_url: str | None = None) ->
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     setup_intake(app)
+    setup_thumbnails(app)
     app.router.add_get("/openapi.json", openapi)
     return app
 

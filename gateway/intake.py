@@ -32,17 +32,18 @@ from index.intake import IntakeError, as_record_list, enqueue_delete, enqueue_re
 from index.metrics import IngestMetrics
 from index.reconcile import reconcile_section
 from index.sections import DescriptorError, SectionStore, validate_section_tipo
-from index.settings import IngestSettings
+from index.settings import IngestSettings, MediaSettings
 from schema.settings import load_settings
 
 from .auth import require_admin
 from .errors import ERRORS, ApiError, ErrorSpec, envelope_ok
 from .resources import METRICS_KEY, POOL_KEY, SETTINGS_KEY, SIDECAR_KEY
 
-__all__ = ["DRAIN_KEY", "INGEST_SETTINGS_KEY", "setup_intake"]
+__all__ = ["DRAIN_KEY", "INGEST_SETTINGS_KEY", "MEDIA_SETTINGS_KEY", "setup_intake"]
 
 INGEST_SETTINGS_KEY: web.AppKey[IngestSettings] = web.AppKey("ingest_settings", IngestSettings)
 DRAIN_KEY: web.AppKey[DrainLoop] = web.AppKey("drain", DrainLoop)
+MEDIA_SETTINGS_KEY: web.AppKey[MediaSettings] = web.AppKey("media_settings", MediaSettings)
 _METRICS_KEY: web.AppKey[IngestMetrics] = web.AppKey("ingest_metrics", IngestMetrics)
 
 # Intake's codes, added to the gateway's one status table.
@@ -113,6 +114,7 @@ async def post_records(request: web.Request) -> web.Response:
             request.app[POOL_KEY],
             records,
             max_records=request.app[INGEST_SETTINGS_KEY].max_records_per_request,
+            media=request.app[MEDIA_SETTINGS_KEY],
         )
     except IntakeError as exc:
         raise _api_error(exc) from exc
@@ -200,6 +202,8 @@ async def _drain_ctx(app: web.Application) -> AsyncIterator[None]:
         app[SIDECAR_KEY],
         settings,
         text_model=app[SETTINGS_KEY].sidecar.text_model,
+        image_model=app[SETTINGS_KEY].sidecar.image_model,
+        media=app[MEDIA_SETTINGS_KEY],
         metrics=app[_METRICS_KEY],
     )
     app[DRAIN_KEY] = drain
@@ -224,6 +228,11 @@ def setup_intake(app: web.Application) -> None:
             if isinstance(composed, IngestSettings)
             # Not composed into the gateway's settings: read RAG_INGEST_* once, here, at start.
             else load_settings(IngestSettings, drain_interval=getattr(settings, "drain_interval", None))
+        )
+    if MEDIA_SETTINGS_KEY not in app:
+        composed_media = getattr(app[SETTINGS_KEY], "media", None)
+        app[MEDIA_SETTINGS_KEY] = (
+            composed_media if isinstance(composed_media, MediaSettings) else load_settings(MediaSettings)
         )
     metrics = app.get(METRICS_KEY)
     app[_METRICS_KEY] = IngestMetrics(getattr(metrics, "registry", None))

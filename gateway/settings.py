@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from index.settings import SidecarClientSettings
+from index.settings import MediaSettings, SidecarClientSettings
 from schema.settings import DatabaseSettings, SettingsError, load_settings, setting
 
 LEGS = ("dense", "lexical", "sparse")
@@ -133,12 +133,24 @@ class GatewaySettings:
         8,
         "Stored chunks of a seed record `similar_to` searches with (fused). More covers long records.",
     )
+    near_duplicate_similarity: float = setting(
+        "RAG_NEAR_DUPLICATE_SIMILARITY",
+        0.93,
+        "Cosine similarity floor of `similar_objects` with `near_duplicate: true`. Higher finds only "
+        "the same photograph; lower also re-photographs and die links (model dependent).",
+    )
+    characterize_top_k: int = setting(
+        "RAG_CHARACTERIZE_TOP_K",
+        20,
+        "Neighbours `characterize_object` aggregates. More smooths the vote; fewer keeps it local.",
+    )
     shutdown_timeout: float = setting(
         "RAG_SHUTDOWN_TIMEOUT", 30.0, "Seconds SIGTERM waits for in-flight requests before closing."
     )
     log_format: str = setting("RAG_LOG_FORMAT", "json", "`json` (one object per line) or `text`.")
     database: DatabaseSettings = dataclasses.field(default_factory=DatabaseSettings)
     sidecar: SidecarClientSettings = dataclasses.field(default_factory=SidecarClientSettings)
+    media: MediaSettings = dataclasses.field(default_factory=MediaSettings)
 
     @property
     def weights(self) -> dict[str, float]:
@@ -169,6 +181,7 @@ class GatewaySettings:
             ("RAG_HNSW_MAX_SCAN_TUPLES", self.hnsw_max_scan_tuples, 1),
             ("RAG_RRF_K", self.rrf_k, 0),
             ("RAG_SIMILAR_SEED_CHUNKS", self.similar_seed_chunks, 1),
+            ("RAG_CHARACTERIZE_TOP_K", self.characterize_top_k, 1),
         ):
             if value < low:
                 raise SettingsError(f"{name} must be at least {low}")
@@ -179,6 +192,8 @@ class GatewaySettings:
         if self.log_format not in ("json", "text"):
             raise SettingsError(f"RAG_LOG_FORMAT={self.log_format!r}: use json or text")
         parse_weights(self.fusion_weights)
+        if not 0.0 < self.near_duplicate_similarity <= 1.0:
+            raise SettingsError("RAG_NEAR_DUPLICATE_SIMILARITY must be in (0, 1]")
 
 
 def load_gateway_settings(
@@ -186,14 +201,16 @@ def load_gateway_settings(
     *,
     database: DatabaseSettings | None = None,
     sidecar: SidecarClientSettings | None = None,
+    media: MediaSettings | None = None,
     **overrides: Any,
 ) -> GatewaySettings:
-    """Gateway settings plus the composed database and sidecar settings from one environment."""
+    """Gateway settings plus the composed database, sidecar and media settings from one environment."""
     return load_settings(
         GatewaySettings,
         environ,
         database=database or load_settings(DatabaseSettings, environ),
         sidecar=sidecar or load_settings(SidecarClientSettings, environ),
+        media=media or load_settings(MediaSettings, environ),
         **overrides,
     )
 
