@@ -143,13 +143,38 @@ async def pool(db_pool: asyncpg.Pool) -> asyncpg.Pool:
     [
         ({"tipo": "numd5", "path": "../SOURCE.txt"}, {}, "request.media_not_allowed", "[0].images[0].path"),
         ({"tipo": "numd5", "path": "1c/missing.jpg"}, {}, "request.invalid_image", "[0].images[0].path"),
-        ({"tipo": "numd5", "url": "https://x.org/a.jpg"}, {}, "request.media_not_allowed", "[0].images[0].url"),
+        (
+            {"tipo": "numd5", "url": "https://x.org/a.jpg"},
+            {},
+            "request.media_not_allowed",
+            "[0].images[0].url",
+        ),
         ({"tipo": "numd5", "data": "%%%"}, {}, "request.invalid_image", "[0].images[0].data"),
         ({"tipo": "numd5"}, {}, "request.media_not_allowed", "[0].images[0]"),
-        ({"tipo": "numd9", "path": "1c/train_10_24.jpg"}, {}, "request.unknown_image_component", "[0].images[0].tipo"),
-        ({"tipo": "numd5", "path": "1c/train_10_24.jpg", "view": "a b"}, {}, "request.invalid_record", "[0].images[0].view"),
-        ({"tipo": "numd5", "path": "1c/train_10_24.jpg"}, {"numd99": "x"}, "request.unknown_metadata_component", "[0].metadata.numd99"),
-        ({"tipo": "numd5", "path": "1c/train_10_24.jpg"}, {"numd10": {"from": "x"}}, "request.invalid_record", "[0].metadata.numd10.from"),
+        (
+            {"tipo": "numd9", "path": "1c/train_10_24.jpg"},
+            {},
+            "request.unknown_image_component",
+            "[0].images[0].tipo",
+        ),
+        (
+            {"tipo": "numd5", "path": "1c/train_10_24.jpg", "view": "a b"},
+            {},
+            "request.invalid_record",
+            "[0].images[0].view",
+        ),
+        (
+            {"tipo": "numd5", "path": "1c/train_10_24.jpg"},
+            {"numd99": "x"},
+            "request.unknown_metadata_component",
+            "[0].metadata.numd99",
+        ),
+        (
+            {"tipo": "numd5", "path": "1c/train_10_24.jpg"},
+            {"numd10": {"from": "x"}},
+            "request.invalid_record",
+            "[0].metadata.numd10.from",
+        ),
     ],
 )
 async def test_intake_refuses_bad_images_naming_the_field(
@@ -189,7 +214,9 @@ async def test_images_are_indexed_incrementally_and_removed(pool: asyncpg.Pool, 
         await enqueue_records(
             pool,
             [
-                coin(1, obverse, reverse, numd10="1e", numd30="bimetallic", numd20={"from": 2002, "to": 2010}),
+                coin(
+                    1, obverse, reverse, numd10="1e", numd30="bimetallic", numd20={"from": 2002, "to": 2010}
+                ),
                 coin(2, obverse, archive_thumb, numd10="2e"),
             ],
             media=MEDIA,
@@ -206,7 +233,11 @@ async def test_images_are_indexed_incrementally_and_removed(pool: asyncpg.Pool, 
         first = rows[0]
         meta = json.loads(first["chunk_meta"])
         assert first["source_text"] == "Coin 1 · denomination: 1e · material: bimetallic · period: 2002–2010"
-        assert meta["roles"]["period"] == {"tipo": "numd20", "kind": "date", "value": {"from": 2002, "to": 2010}}
+        assert meta["roles"]["period"] == {
+            "tipo": "numd20",
+            "kind": "date",
+            "value": {"from": 2002, "to": 2010},
+        }
         assert meta["thumb_url"] == "/v1/thumbnails/coins1/1/numd5/0" and meta["own_thumbnail"] is True
         assert json.loads(rows[3]["chunk_meta"])["thumb_url"] == "https://archive.example.org/thumbs/2.jpg"
         assert rows[0]["source_hash"] == rows[2]["source_hash"]
@@ -226,7 +257,11 @@ async def test_images_are_indexed_incrementally_and_removed(pool: asyncpg.Pool, 
         report = await drain(pool, client)
         assert report.images_embedded == 0
         rows = await image_rows(pool)
-        assert [(r["section_id"], r["component_tipo"]) for r in rows] == [(1, "numd5"), (2, "numd5"), (2, "numd6")]
+        assert [(r["section_id"], r["component_tipo"]) for r in rows] == [
+            (1, "numd5"),
+            (2, "numd5"),
+            (2, "numd6"),
+        ]
         assert rows[0]["source_text"] == "Coin 1 · denomination: 1 euro"
         assert await get_thumbnail(pool, "coins1", 1, "numd6", 0) is None
         assert await get_thumbnail(pool, "coins1", 1, "numd5", 0) is not None
