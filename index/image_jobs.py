@@ -362,7 +362,10 @@ class ImageJob:
         batch: Sequence[ManifestItem],
         stored: Mapping[tuple[int, str, str, int], StoredImage],
         results: Sequence[PreparedImage | str | ImageRejected],
+        vectors: Mapping[str, np.ndarray] | None = None,
     ) -> None:
+        """Write one batch's rows. ``vectors`` by content hash: embedded elsewhere (the Ray job's
+        actors); None: new images are embedded through the sidecar here."""
         assert self.partition is not None
         tipo = self.options.section_tipo
         fresh: dict[str, bytes] = {}
@@ -407,7 +410,11 @@ class ImageJob:
                 meta=meta,
             )
             rows.append((item, row, prepared))
-        vectors = await self._embed(fresh)
+        if vectors is None:
+            vectors = await self._embed(fresh)
+        else:
+            vectors = dict(vectors)
+            self.report.embedded += len(fresh)
         reuse = {r.content_hash for _, r, p in rows if p is None}
         if reuse:
             records = sorted({(tipo, item.section_id) for item, _, p in rows if p is None})

@@ -21,6 +21,7 @@ from index.sections import SectionStore
 from index.settings import MediaSettings
 from inference.client import SidecarClient
 from schema import create_pool
+from tests.conftest import REPO_ROOT
 from tests.fixtures.gateway import ADMIN, Gateway, running_gateway, token
 from tests.image_support import COIN_SECTION, COINS, IMAGE_MODEL
 
@@ -330,3 +331,88 @@ async def test_media_switch_and_a_missing_image_model(
     ) as gw:
         status, body = await gw.call("search_by_text_image", {"query": "coin"})
         assert status == 503 and body["error"]["code"] == "rag.embedding_unavailable"
+
+
+# -- the Ray Data variant ----------------------------------------------------------------------------
+
+
+async def test_ray_data_job_writes_the_same_rows_as_the_single_machine_job(
+    database_url: str, sidecar_url: str, sidecar_config: Any, tmp_path: Path
+) -> None:
+    """On a local two-node Ray cluster with the offline tiny SigLIP: the rows (hashes, summaries, meta,
+    thumbnails) equal the sidecar job's, the vectors to float tolerance (same encoder code)."""
+    import asyncio
+    import sys
+
+    import numpy as np
+    import yaml
+
+    from index.image_store import get_thumbnail
+
+    spec = sidecar_config.model(IMAGE_MODEL)
+    config = tmp_path / "models.yaml"
+    config.write_text(
+        yaml.safe_dump({"models": [{"id": spec.id, "kind": spec.kind, "weights": spec.weights}]})
+    )
+    manifest = _manifest(tmp_path / "six.jsonl", [*LINES[:5], {"path": "missing.jpg"}])
+    pool = await create_pool(database_url, max_size=2)
+    try:
+        for section in ("single1", "ray1"):
+            await SectionStore(pool).put(
+                section, {**COIN_SECTION, "context": {**COIN_SECTION["context"], "compare_scope": []}}
+            )
+        async with SidecarClient(sidecar_url) as client:
+            single = await run_image_job(
+                pool,
+                client,
+                manifest,
+                JobOptions("single1", projects=(1,), batch_size=4, media=MEDIA, rejects=tmp_path / "a.jsonl"),
+            )
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "tests.ray_image_job",
+            database_url,
+            str(manifest),
+            "ray1",
+            str(config),
+            stdout=asyncio.subprocess.PIPE,
+            cwd=str(REPO_ROOT),
+        )
+        out, _ = await proc.communicate()
+        assert proc.returncode == 0
+        report = json.loads(out.decode().strip().splitlines()[-1])
+        assert report["nodes"] == 2
+        assert (report["embedded"], report["rejected"], report["rows_written"]) == (5, 1, 5)
+        assert (single.embedded, single.rejected) == (5, 1)
+        partition = await get_partition(pool, IMAGE_MODEL)
+        assert partition is not None
+        rows = {
+            section: await pool.fetch(
+                f"""SELECT section_id, component_tipo, view, chunk_index, source_hash, source_text, projects,
+                           chunk_meta, embedding FROM {partition.table}
+                    WHERE section_tipo = $1 ORDER BY section_id""",
+                section,
+            )
+            for section in ("single1", "ray1")
+        }
+        assert len(rows["single1"]) == len(rows["ray1"]) == 5
+        for a, b in zip(rows["single1"], rows["ray1"], strict=True):
+            same = (
+                "section_id",
+                "component_tipo",
+                "view",
+                "chunk_index",
+                "source_hash",
+                "source_text",
+                "projects",
+            )
+            assert [a[k] for k in same] == [b[k] for k in same]
+            meta_a, meta_b = json.loads(a["chunk_meta"]), json.loads(b["chunk_meta"])
+            assert meta_a["roles"] == meta_b["roles"] and meta_a["view"] == meta_b["view"]
+            assert np.allclose(a["embedding"].to_numpy(), b["embedding"].to_numpy(), atol=1e-5)
+            assert await get_thumbnail(pool, "single1", a["section_id"], "numd5", 0) == await get_thumbnail(
+                pool, "ray1", b["section_id"], "numd5", 0
+            )
+    finally:
+        await pool.close()
