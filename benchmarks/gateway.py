@@ -24,10 +24,8 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import re
 import secrets
-import socket
 import sys
 import tempfile
 import time
@@ -37,7 +35,10 @@ from typing import Any
 
 import numpy as np
 
+from inference.net import ProcessExited, await_ready, free_port
+
 from .measure import closed_loop, ratio
+from .settings import child_environment, configured_database_url, configured_sidecar, configured_text_model
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "datasets"
 SECTION = "bench1"
@@ -126,19 +127,14 @@ async def load_corpus(
     return partition
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.asynccontextmanager
-async def gateway_process(database_url: str, sidecar_url: str, secret: str, log: Path) -> AsyncIterator[str]:
+async def gateway_process(
+    database_url: str, sidecar_url: str, secret: str, log: Path, *, text_model: str | None = None
+) -> AsyncIterator[str]:
     """``mnemo gateway`` in a subprocess on a free loopback port; yields its base URL."""
-    import aiohttp
-
-    port = _free_port()
-    env = {**os.environ, "RAG_JWT_SECRET": secret, "RAG_LOG_FORMAT": "json", "RAG_AUTH": "jwt"}
+    port = free_port()
+    extra = {"RAG_TEXT_MODEL": text_model} if text_model else {}
+    env = child_environment(RAG_JWT_SECRET=secret, RAG_LOG_FORMAT="json", RAG_AUTH="jwt", **extra)
     with log.open("wb") as out:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "gateway.cli", "gateway", "--port", str(port),
@@ -147,17 +143,10 @@ async def gateway_process(database_url: str, sidecar_url: str, secret: str, log:
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        async with aiohttp.ClientSession() as s:
-            for _ in range(600):
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with s.get(url + "/healthz") as r:
-                        if r.status == 200:
-                            break
-                if proc.returncode is not None:
-                    raise RuntimeError(f"the gateway exited ({proc.returncode}); see {log}")
-                await asyncio.sleep(0.2)
-            else:
-                raise TimeoutError(f"the gateway did not start; see {log}")
+        try:
+            await await_ready(url, 120.0, path="/healthz", process=proc)
+        except (ProcessExited, TimeoutError) as exc:
+            raise RuntimeError(f"the gateway did not start ({exc}); see {log}") from exc
         yield url
     finally:
         if proc.returncode is None:
@@ -184,6 +173,7 @@ async def run_gateway_benchmark(
     max_seconds: float = 30.0,
     concurrency: Sequence[int] = CONCURRENCY,
     limit: int = 10,
+    text_model: str | None = None,
 ) -> dict[str, Any]:
     """Set up the corpus, measure the gateway and the raw dense SQL; a JSON-able dict of figures."""
     import aiohttp
@@ -205,7 +195,7 @@ async def run_gateway_benchmark(
         pool_size = 10
         pool = await create_pool(database_url, max_size=pool_size)
         async with SidecarClient(sidecar_url) as client:
-            model = await resolve_model(client, "text", os.environ.get("RAG_TEXT_MODEL"))
+            model = await resolve_model(client, "text", text_model)
             sentences = load_sentences(chunks)[:chunks]
             partition = await load_corpus(pool, client, model, sentences, min(embedded, chunks))
             texts = load_queries(queries)
@@ -325,8 +315,9 @@ def render(result: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.gateway", description=__doc__.splitlines()[0])
-    p.add_argument("--sidecar-url", default=os.environ.get("RAG_SIDECAR_URL", "http://127.0.0.1:8001"))
-    p.add_argument("--database-url", default=os.environ.get("RAG_DATABASE_URL") or None)
+    p.add_argument("--sidecar-url", default=None, help="default: RAG_SIDECAR_URL, else http://127.0.0.1:8001")
+    p.add_argument("--database-url", default=None, help="default: RAG_DATABASE_URL, else embedded")
+    p.add_argument("--text-model", default=None, help="default: RAG_TEXT_MODEL, else the first text model")
     p.add_argument("--chunks", type=int, default=10_000)
     p.add_argument("--embedded", type=int, default=1_000, help="chunks whose vectors come from the sidecar")
     p.add_argument(
@@ -337,8 +328,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     result = asyncio.run(
         run_gateway_benchmark(
-            sidecar_url=args.sidecar_url,
-            database_url=args.database_url,
+            sidecar_url=configured_sidecar(args.sidecar_url).sidecar_url,
+            database_url=configured_database_url(args.database_url),
+            text_model=configured_text_model(args.text_model),
             chunks=args.chunks,
             embedded=args.embedded,
             requests=args.requests,

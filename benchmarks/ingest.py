@@ -380,21 +380,25 @@ async def _main(args: argparse.Namespace, sidecar_url: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import os
+    from .settings import configured_database_url, configured_sidecar, configured_text_model
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.ingest", description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=300)
     parser.add_argument(
         "--database-url",
-        default=os.environ.get("RAG_DATABASE_URL"),
-        help="PostgreSQL with pgvector (default: a throw-away embedded one)",
+        default=None,
+        help="PostgreSQL with pgvector (default: RAG_DATABASE_URL, else a throw-away embedded one)",
     )
-    parser.add_argument("--sidecar-url", default=os.environ.get("RAG_SIDECAR_URL"))
+    parser.add_argument("--sidecar-url", default=None, help="default: RAG_SIDECAR_URL")
     parser.add_argument("--start-sidecar", action="store_true", help="run the offline profile here")
-    parser.add_argument("--text-model", default=os.environ.get("RAG_TEXT_MODEL"))
+    parser.add_argument("--text-model", default=None, help="default: RAG_TEXT_MODEL")
     parser.add_argument("--embed-batch", type=int, default=None)
     parser.add_argument("--out", type=Path, default=None, help="also write REPORT.md + results.json here")
     args = parser.parse_args(argv)
+    args.database_url = configured_database_url(args.database_url)
+    args.text_model = configured_text_model(args.text_model)
+    if args.sidecar_url is None and not args.start_sidecar:
+        args.sidecar_url = configured_sidecar(None).sidecar_url
     with _offline_sidecar(args.start_sidecar, args.sidecar_url) as url:
         result = asyncio.run(_main(args, url))
     print(json.dumps(result, indent=2))

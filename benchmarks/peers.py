@@ -13,18 +13,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from inference.net import ProcessExited, free_port, log_tail, wait_ready
+
 from .plan import SidecarPlan
 from .report import Headline, SuiteResult, Table
+from .settings import child_environment
 
 __all__ = ["PeerUnavailable", "add_to_suite", "ensure_infinity", "run_infinity_peer"]
 
@@ -36,13 +35,6 @@ START_TIMEOUT_S = 300.0
 
 class PeerUnavailable(RuntimeError):
     """The peer could not be installed or started (the message says which and why)."""
-
-
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
 
 
 def ensure_infinity(work_dir: Path, *, requirement: str = INFINITY_REQUIREMENT) -> tuple[Path, str]:
@@ -66,7 +58,7 @@ def ensure_infinity(work_dir: Path, *, requirement: str = INFINITY_REQUIREMENT) 
                 )
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
             raise PeerUnavailable(
-                f"could not install {requirement} into {venv}: {exc}; last lines of {log}:\n{_tail(log)}"
+                f"could not install {requirement} into {venv}: {exc}; last lines of {log}:\n{log_tail(log) or '(no log)'}"
             ) from exc
         if not exe.is_file():
             raise PeerUnavailable(f"{requirement} installed into {venv} but has no {exe.name} command")
@@ -83,18 +75,12 @@ def ensure_infinity(work_dir: Path, *, requirement: str = INFINITY_REQUIREMENT) 
     return exe, version
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def running_infinity(exe: Path, model_dir: Path, log: Path, *, batch_size: int = 32) -> Iterator[str]:
     """``infinity_emb v2`` on a free loopback port, on CPU; yields its base URL, stops it on exit."""
-    port = _free_port()
+    port = free_port()
     threads = str(os.cpu_count() or 1)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": threads, "DO_NOT_TRACK": "1"}
+    env = child_environment(HF_HUB_OFFLINE="1", OMP_NUM_THREADS=threads, DO_NOT_TRACK="1")
     command = [
         str(exe),
         "v2",
@@ -117,21 +103,12 @@ def running_infinity(exe: Path, model_dir: Path, log: Path, *, batch_size: int =
         proc = subprocess.Popen(command, stdout=out, stderr=out, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                raise PeerUnavailable(
-                    f"infinity_emb exited with {proc.returncode}; last lines of {log}:\n{_tail(log)}"
-                )
-            with contextlib.suppress(urllib.error.URLError, OSError):
-                with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            if time.monotonic() > deadline:
-                raise PeerUnavailable(
-                    f"infinity_emb did not answer /health in {START_TIMEOUT_S:.0f} s; see {log}"
-                )
-            time.sleep(1.0)
+        try:
+            wait_ready(url, START_TIMEOUT_S, path="/health", exit_code=proc.poll)
+        except ProcessExited as exc:
+            raise PeerUnavailable(f"infinity_emb {exc}; last lines of {log}:\n{log_tail(log)}") from exc
+        except TimeoutError as exc:
+            raise PeerUnavailable(f"infinity_emb did not answer /health ({exc}); see {log}") from exc
         yield url
     finally:
         if proc.poll() is None:

@@ -17,7 +17,6 @@ concurrency points (1, 8, 32). Headlines: the gateway's p50 and throughput over 
 from __future__ import annotations
 
 import contextlib
-import os
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -206,16 +205,8 @@ async def _gateway(
     """The gateway benchmark's ``mnemo gateway`` subprocess, told which text model the corpus is in."""
     from .gateway import gateway_process
 
-    previous = os.environ.get("RAG_TEXT_MODEL")
-    os.environ["RAG_TEXT_MODEL"] = model  # read by the subprocess at spawn
-    try:
-        async with gateway_process(database_url, sidecar_url, secret, log) as url:
-            yield url
-    finally:
-        if previous is None:
-            os.environ.pop("RAG_TEXT_MODEL", None)
-        else:
-            os.environ["RAG_TEXT_MODEL"] = previous
+    async with gateway_process(database_url, sidecar_url, secret, log, text_model=model) as url:
+        yield url
 
 
 def _series(points: list[dict[str, Any]], x: str) -> dict[str, list[tuple[float, float]]]:

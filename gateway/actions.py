@@ -19,7 +19,7 @@ from . import objects as _objects
 from . import options as opt
 from .auth import Principal
 from .errors import ApiError
-from .retrieval import EmbeddingUnavailable, Ranked, Retriever, SeedNotFound
+from .retrieval import EmbeddingUnavailable, QueryRejected, Ranked, Retriever, SeedNotFound
 
 SNIPPET_CHARS = 240
 
@@ -82,12 +82,19 @@ def _text_scope(options: Mapping[str, Any]) -> tuple[str, Scope, int]:
     )
 
 
+def query_error(exc: EmbeddingUnavailable | QueryRejected) -> ApiError:
+    """A failed query embedding, at the edge: bad input is the caller's 400, anything else a 503."""
+    if isinstance(exc, QueryRejected):
+        return ApiError.invalid_options(f"query: the embedding model refused it ({exc.code}: {exc.message})")
+    return ApiError.embedding_unavailable()
+
+
 async def semantic_search(ctx: ActionContext, options: Mapping[str, Any]) -> tuple[str, Any]:
     query, scope, limit = _text_scope(options)
     try:
         ranked = await ctx.retriever.records(ctx.principal, query, scope, limit)
-    except EmbeddingUnavailable as exc:
-        raise ApiError.embedding_unavailable() from exc
+    except (EmbeddingUnavailable, QueryRejected) as exc:
+        raise query_error(exc) from exc
     return "ok", [hit(r) for r in ranked]
 
 
@@ -95,8 +102,8 @@ async def _passages(ctx: ActionContext, options: Mapping[str, Any]) -> list[dict
     query, scope, limit = _text_scope(options)
     try:
         ranked = await ctx.retriever.passages(ctx.principal, query, scope, limit)
-    except EmbeddingUnavailable as exc:
-        raise ApiError.embedding_unavailable() from exc
+    except (EmbeddingUnavailable, QueryRejected) as exc:
+        raise query_error(exc) from exc
     return [passage(r) for r in ranked]
 
 

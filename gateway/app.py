@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hmac
 import logging
 import signal
 from collections.abc import AsyncIterator
@@ -19,11 +20,12 @@ from aiohttp import web
 from .auth import setup_auth
 from .dispatch import json_api
 from .errors import ApiError, envelope_ok, error_middleware
-from .intake import setup_intake
+from .intake import DRAIN_KEY, setup_intake
 from .metrics import Metrics
 from .observe import observe_middleware
 from .openapi import openapi
 from .resources import DATABASE_URL_KEY, METRICS_KEY, POOL_KEY, RETRIEVER_KEY, SETTINGS_KEY, SIDECAR_KEY
+from .server import GatewayRunner, concurrency_middleware, handler_args
 from .settings import GatewaySettings
 from .thumbnails import setup_thumbnails
 
@@ -45,12 +47,7 @@ async def _database_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def _sidecar_ctx(app: web.Application) -> AsyncIterator[None]:
     """The sidecar client shared by intake and readiness checks (retries with backoff)."""
-    from inference.client import SidecarClient
-
-    sidecar = app[SETTINGS_KEY].sidecar
-    client = SidecarClient(
-        sidecar.sidecar_url, api_key=sidecar.sidecar_api_key, timeout=sidecar.sidecar_timeout
-    )
+    client = app[SETTINGS_KEY].sidecar.client()
     app[SIDECAR_KEY] = client
     try:
         yield
@@ -60,14 +57,9 @@ async def _sidecar_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def _retriever_ctx(app: web.Application) -> AsyncIterator[None]:
     """The retrieval engine, with its own sidecar client: one quick retry, then a 503 for the caller."""
-    from inference.client import SidecarClient
-
     from .retrieval import Retriever
 
-    sidecar = app[SETTINGS_KEY].sidecar
-    client = SidecarClient(
-        sidecar.sidecar_url, api_key=sidecar.sidecar_api_key, timeout=sidecar.sidecar_timeout, max_retries=1
-    )
+    client = app[SETTINGS_KEY].sidecar.client(max_retries=1)
     app[RETRIEVER_KEY] = Retriever(app[POOL_KEY], client, app[SETTINGS_KEY], app[METRICS_KEY])
     try:
         yield
@@ -94,11 +86,23 @@ async def readyz(request: web.Request) -> web.Response:
     if not (database and sidecar):
         down = [name for name, up in (("database", database), ("sidecar", sidecar)) if not up]
         raise ApiError("service.unavailable", "Not ready: " + ", ".join(down) + " unreachable")
-    return envelope_ok(request, {"status": "ready", "database": True, "sidecar": True})
+    # Search still serves while a crashed drain waits to restart, so readiness holds; the drain's
+    # state is reported here so that a monitor sees records are not being indexed.
+    drain = request.app.get(DRAIN_KEY)
+    drain_status = drain.status() if drain is not None else None
+    status = "degraded" if drain_status and drain_status["state"] == "crashed" else "ready"
+    return envelope_ok(request, {"status": status, "database": True, "sidecar": True, "drain": drain_status})
 
 
 async def metrics(request: web.Request) -> web.Response:
-    """Prometheus exposition of this gateway's metrics."""
+    """Prometheus exposition of this gateway's metrics (behind ``RAG_METRICS_TOKEN`` when set)."""
+    expected = request.app[SETTINGS_KEY].metrics_token
+    if expected is not None:
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if not token:
+            raise ApiError.not_logged()
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected.encode()):
+            raise ApiError.invalid_token("The metrics token is invalid")
     body, content_type = request.app[METRICS_KEY].render()
     response = web.Response(body=body)
     response.headers["Content-Type"] = content_type
@@ -112,7 +116,9 @@ def create_app(settings: GatewaySettings, *, database_url: str | None = None) ->
             settings, database=dataclasses.replace(settings.database, database_url=database_url)
         )
     app = web.Application(
-        middlewares=[observe_middleware, error_middleware], client_max_size=settings.max_body_bytes
+        middlewares=[observe_middleware, error_middleware, concurrency_middleware(settings.max_concurrency)],
+        client_max_size=settings.max_body_bytes,
+        handler_args=handler_args(settings),
     )
     app[SETTINGS_KEY] = settings
     app[METRICS_KEY] = Metrics()
@@ -150,7 +156,7 @@ async def serve(
                 installed.append(sig)
             except (NotImplementedError, RuntimeError):  # not the main thread
                 pass
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
+    runner = GatewayRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)

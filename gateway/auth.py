@@ -10,6 +10,7 @@ and HS256-signed-with-the-public-key tricks fail as invalid tokens.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,8 @@ from typing import Any
 import jwt
 from aiohttp import web
 
+from index.validation import CONTRIBUTOR_PATTERN, PROJECT_ID_MAX
+
 from .errors import ApiError
 from .resources import PRINCIPAL_KEY, SETTINGS_KEY, VERIFIER_KEY
 from .settings import GatewaySettings
@@ -26,6 +29,14 @@ from .settings import GatewaySettings
 log = logging.getLogger(__name__)
 
 ADMIN_LEVEL = 3  # the archive's levels: 0 none, 1 read, 2 write, 3 admin
+# Claims are bounded at the door: each value reaches SQL as int4 (projects) or is a level, and
+# a token is not a place for megabytes of grants.
+MAX_CLAIM_ITEMS = 10_000
+MAX_SUB_CHARS = 256
+# A perms key is a section tipo or "section/component": the grammar ingestion stores them in. Keys
+# reach SQL as parameters, where a NUL or a lone surrogate would be a database error (a 500).
+_PERM_KEY = re.compile(CONTRIBUTOR_PATTERN)
+_UNPRINTABLE = re.compile("[\x00-\x1f\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -68,25 +79,41 @@ class Principal:
 ANONYMOUS_ADMIN = Principal(sub="anonymous (RAG_AUTH=off)", projects=None, admin=True)
 
 
+def _int_in(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
 def _claims_to_principal(claims: Mapping[str, Any]) -> Principal:
     sub = claims.get("sub")
-    if not isinstance(sub, str) or not sub:
-        raise ApiError.invalid_token("The token has no subject")
+    if not isinstance(sub, str) or not sub or len(sub) > MAX_SUB_CHARS or _UNPRINTABLE.search(sub):
+        raise ApiError.invalid_token(f"The token's subject must be 1..{MAX_SUB_CHARS} characters")
     raw_projects = claims.get("projects", [])
     projects: frozenset[int] | None
     if raw_projects == "*":
         projects = None
-    elif isinstance(raw_projects, list) and all(
-        isinstance(p, int) and not isinstance(p, bool) for p in raw_projects
+    elif (
+        isinstance(raw_projects, list)
+        and len(raw_projects) <= MAX_CLAIM_ITEMS
+        and all(_int_in(p, 0, PROJECT_ID_MAX) for p in raw_projects)
     ):
         projects = frozenset(raw_projects)
     else:
-        raise ApiError.invalid_token('The token\'s "projects" claim must be a list of ids or "*"')
+        raise ApiError.invalid_token(
+            f'The token\'s "projects" claim must be "*" or a list of at most {MAX_CLAIM_ITEMS} ids '
+            f"in 0..{PROJECT_ID_MAX}"
+        )
     raw_perms = claims.get("perms", {})
-    if not isinstance(raw_perms, dict) or not all(
-        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in raw_perms.items()
+    if (
+        not isinstance(raw_perms, dict)
+        or len(raw_perms) > MAX_CLAIM_ITEMS
+        or not all(
+            isinstance(k, str) and _PERM_KEY.match(k) and _int_in(v, 0, ADMIN_LEVEL)
+            for k, v in raw_perms.items()
+        )
     ):
-        raise ApiError.invalid_token('The token\'s "perms" claim must map tipos to integer levels')
+        raise ApiError.invalid_token(
+            f'The token\'s "perms" claim must map at most {MAX_CLAIM_ITEMS} tipos to levels 0..{ADMIN_LEVEL}'
+        )
     admin = claims.get("admin", False)
     if not isinstance(admin, bool):
         raise ApiError.invalid_token('The token\'s "admin" claim must be a boolean')

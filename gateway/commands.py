@@ -8,43 +8,62 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
+import dataclasses
 import sys
 from pathlib import Path
+from typing import Any
 
 from schema.cli import add_database_flags, database_settings
-from schema.settings import SettingsError
+from schema.settings import SettingsError, configured
 
 
 def _parse_perm(raw: str) -> tuple[str, int]:
+    from index.validation import FieldError, parse_id
+
+    from .auth import ADMIN_LEVEL
+
     key, sep, level = raw.partition("=")
-    if not sep or not key or not level.strip().lstrip("-").isdigit():
-        raise argparse.ArgumentTypeError(f"--perm {raw!r}: use TIPO=LEVEL or SECTION/COMPONENT=LEVEL")
-    return key.strip(), int(level)
+    try:
+        if not sep or not key:
+            raise FieldError("level", "missing")
+        return key.strip(), parse_id(level.strip(), field="level", maximum=ADMIN_LEVEL)
+    except FieldError as exc:
+        raise argparse.ArgumentTypeError(
+            f"--perm {raw!r}: use TIPO=LEVEL or SECTION/COMPONENT=LEVEL, LEVEL in 0..{ADMIN_LEVEL}"
+        ) from exc
 
 
 def _parse_projects(raw: str) -> list[int] | None:
+    from index.validation import PROJECT_ID_MAX, FieldError, parse_id
+
     if raw.strip() == "*":
         return None
     try:
-        return [int(p) for p in raw.split(",") if p.strip()]
-    except ValueError as exc:
+        return [
+            parse_id(p.strip(), field="project", maximum=PROJECT_ID_MAX) for p in raw.split(",") if p.strip()
+        ]
+    except FieldError as exc:
         raise argparse.ArgumentTypeError(f"--projects {raw!r}: a comma-separated list of ids, or *") from exc
 
 
 def _token(args: argparse.Namespace) -> int:
-    from .auth import issue_token
-    from .settings import MIN_SECRET_BYTES
+    from schema.settings import load_settings
 
+    from .auth import issue_token
+    from .settings import GatewaySettings
+
+    try:
+        # auth="off": the secret is optional here (--private-key signs instead); its length
+        # is still checked when one is set.
+        settings = load_settings(GatewaySettings, auth="off")
+    except SettingsError as exc:
+        print(f"mnemo token: {exc}", file=sys.stderr)
+        return 2
     private_key = Path(args.private_key).read_text() if args.private_key else None
-    secret = None if private_key else os.environ.get("RAG_JWT_SECRET")
-    if private_key is None:
-        if not secret:
-            print("mnemo token: set RAG_JWT_SECRET (HS256) or pass --private-key (RS256)", file=sys.stderr)
-            return 2
-        if len(secret.encode()) < MIN_SECRET_BYTES:
-            print(f"mnemo token: RAG_JWT_SECRET must be at least {MIN_SECRET_BYTES} bytes", file=sys.stderr)
-            return 2
+    secret = None if private_key else settings.jwt_secret
+    if private_key is None and not secret:
+        print("mnemo token: set RAG_JWT_SECRET (HS256) or pass --private-key (RS256)", file=sys.stderr)
+        return 2
     token = issue_token(
         secret=secret,
         private_key_pem=private_key,
@@ -53,14 +72,14 @@ def _token(args: argparse.Namespace) -> int:
         perms=dict(args.perm),
         admin=args.admin,
         ttl=args.ttl,
-        audience=os.environ.get("RAG_JWT_AUDIENCE") or None,
-        issuer=os.environ.get("RAG_JWT_ISSUER") or None,
+        audience=settings.jwt_audience or None,
+        issuer=settings.jwt_issuer or None,
     )
     print(token)
     return 0
 
 
-def _gateway_settings(args: argparse.Namespace):  # -> GatewaySettings
+def _gateway_settings(args: argparse.Namespace, **overrides: Any):  # -> GatewaySettings
     from index.settings import SidecarClientSettings
     from schema.settings import load_settings
 
@@ -68,7 +87,7 @@ def _gateway_settings(args: argparse.Namespace):  # -> GatewaySettings
 
     sidecar = load_settings(SidecarClientSettings, sidecar_url=getattr(args, "sidecar_url", None))
     return load_gateway_settings(
-        database=database_settings(args), sidecar=sidecar, host=args.host, port=args.port
+        database=database_settings(args), sidecar=sidecar, host=args.host, port=args.port, **overrides
     )
 
 
@@ -89,18 +108,26 @@ async def _serve_gateway(args: argparse.Namespace) -> int:
 
 async def _up(args: argparse.Namespace) -> int:
     from .logs import configure_logging
-    from .up import jwt_secret, run_up
+    from .up import SidecarStartError, jwt_secret, run_up
 
     try:
-        dbs = database_settings(args)
-        os.environ.setdefault("RAG_JWT_SECRET", jwt_secret(dbs.data_dir))
-        settings = _gateway_settings(args)
+        # The secret may come from <data dir>/jwt_secret, so it is not required up front.
+        settings = _gateway_settings(args, auth="off")
+        secret = jwt_secret(settings.jwt_secret, settings.database.data_dir)
+        settings = dataclasses.replace(settings, auth="jwt", jwt_secret=secret)
+        settings.validate()
     except SettingsError as exc:
         print(f"mnemo up: {exc}", file=sys.stderr)
         return 2
     configure_logging("text", "WARNING")  # the console is for the printed guide; logs stay quiet
     print("Mnemo is starting:", flush=True)
-    return await run_up(args, settings)
+    try:
+        return await run_up(
+            args, settings, own_sidecar=not (args.sidecar_url or configured("RAG_SIDECAR_URL"))
+        )
+    except SidecarStartError as exc:
+        print(f"mnemo up: {exc}", file=sys.stderr, flush=True)
+        return 1
 
 
 async def _eval(args: argparse.Namespace) -> int:

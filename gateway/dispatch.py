@@ -9,13 +9,13 @@ action validates its own options and runs.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from aiohttp import web
 
 from .actions import ACTIONS, NO_GROUPS, ActionContext
 from .auth import authenticate
+from .body import read_json
 from .errors import ApiError, envelope_ok
 from .resources import ACTION_KEY, POOL_KEY, RETRIEVER_KEY, SETTINGS_KEY
 
@@ -23,11 +23,7 @@ API_NAME = "dd_rag_api"
 
 
 async def _read_body(request: web.Request) -> dict[str, Any]:
-    raw = await request.read()
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ApiError("request.invalid_json") from exc
+    body = await read_json(request)
     if not isinstance(body, dict):
         raise ApiError.invalid_request("The request body must be a JSON object")
     return body

@@ -28,6 +28,15 @@ from .resources import ALLOWED_METHODS_KEY, ERROR_CODE_KEY, REQUEST_ID_KEY
 
 log = logging.getLogger(__name__)
 
+# How the access log and metrics record a request whose client went away (nginx's 499).
+CLIENT_ABORT = "client_abort"
+CLIENT_CLOSED_STATUS = 499
+
+
+class ClientGone(Exception):
+    """The client closed the connection before its request was read: nobody is left to answer."""
+
+
 REQUEST_ID_HEADER = "X-Request-Id"
 # An incoming id is echoed only when it is short and plain, so logs cannot be forged through it.
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -44,6 +53,13 @@ class ErrorSpec:
 # The status table: every code the gateway emits, its HTTP status, category and default message.
 ERRORS: dict[str, ErrorSpec] = {
     "request.invalid_json": ErrorSpec(400, "request", "The request body is not valid JSON"),
+    "request.invalid_text": ErrorSpec(
+        400, "request", "A string holds a NUL character or a lone UTF-16 surrogate"
+    ),
+    "request.json_too_deep": ErrorSpec(400, "request", "The JSON body is nested too deeply"),
+    "request.number_too_long": ErrorSpec(400, "request", "A number in the JSON body is too long"),
+    "request.invalid_encoding": ErrorSpec(400, "request", "The body does not match its Content-Encoding"),
+    "request.timeout": ErrorSpec(408, "request", "The request body was not received in time"),
     "request.invalid_request": ErrorSpec(400, "request", "The request is malformed"),
     "request.unknown_api": ErrorSpec(400, "request", "Unknown dd_api"),
     "request.unknown_action": ErrorSpec(400, "request", "Unknown action"),
@@ -51,6 +67,12 @@ ERRORS: dict[str, ErrorSpec] = {
     "request.payload_too_large": ErrorSpec(413, "request", "The request body is too large"),
     "request.unsupported_media_type": ErrorSpec(415, "request", "The request body must be JSON"),
     "request.method_not_allowed": ErrorSpec(405, "request", "Method not allowed"),
+    # Intake (index.intake.IntakeError and index.sections.DescriptorError codes)
+    "request.invalid_record": ErrorSpec(400, "request", "The record is invalid"),
+    "request.invalid_descriptor": ErrorSpec(400, "request", "The section descriptor is invalid"),
+    "request.unknown_section": ErrorSpec(422, "request", "The section has no descriptor"),
+    "request.unknown_group": ErrorSpec(422, "request", "The section declares no such embed group"),
+    "request.too_many_records": ErrorSpec(413, "request", "Too many records in one request"),
     "request.invalid_image": ErrorSpec(400, "request", "The record image is not usable"),
     "request.media_not_allowed": ErrorSpec(
         400, "request", "The image source is outside RAG_MEDIA_ROOT or the allowed RAG_MEDIA_BASE_URL"
@@ -73,6 +95,7 @@ ERRORS: dict[str, ErrorSpec] = {
     "rag.generation_failed": ErrorSpec(503, "rag", "The grounded answer could not be generated", True),
     "rag.not_implemented": ErrorSpec(501, "rag", "This action is not implemented yet"),
     "service.unavailable": ErrorSpec(503, "service", "The service is temporarily unavailable", True),
+    "service.overloaded": ErrorSpec(429, "service", "Too many requests in flight; retry shortly", True),
     "internal": ErrorSpec(500, "internal", "Internal error"),
 }
 
@@ -179,8 +202,15 @@ def envelope_ok(request: web.Request, data: Any, msg: str = "ok") -> web.Respons
     return json_response(request, {"ok": True, "request_id": request_id(request), "msg": msg, "data": data})
 
 
+RETRY_AFTER_S = 1  # what a 429 asks a client to wait: in-flight requests finish in about that time
+
+
 def error_response(request: web.Request, error: ApiError) -> web.Response:
     response = json_response(request, error.body(request_id(request)), status=error.status)
+    if error.status == 429:
+        response.headers["Retry-After"] = str(RETRY_AFTER_S)
+    if error.status == 408:  # a client too slow to send its body does not keep the connection
+        response.force_close()
     if error.code == "request.method_not_allowed":
         allowed = request.get(ALLOWED_METHODS_KEY)
         if allowed:
@@ -190,6 +220,7 @@ def error_response(request: web.Request, error: ApiError) -> web.Response:
 
 _HTTP_CODES = {
     400: "request.invalid_request",
+    408: "request.timeout",
     404: "not_found",
     405: "request.method_not_allowed",
     413: "request.payload_too_large",
@@ -217,6 +248,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except ApiError as exc:
         request[ERROR_CODE_KEY] = exc.code
         return error_response(request, exc)
+    except ClientGone as exc:  # nobody reads this answer: record the abort, not an internal error
+        log.info("client hung up during %s %s: %s", request.method, request.path, exc)
+        request[ERROR_CODE_KEY] = CLIENT_ABORT
+        return web.Response(status=CLIENT_CLOSED_STATUS)
     except web.HTTPException as exc:
         if exc.status < 400:  # redirects and the like pass through
             raise

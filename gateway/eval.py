@@ -199,7 +199,7 @@ class EvalSession:
 
     async def fetch_legs(self, *, concurrency: int = 4) -> None:
         """Every query's legs at ``limit`` 100 (each leg over-fetching ``max(limit * 4, 20)``)."""
-        await self.retriever.warm_queries(list(self.dataset.queries.values()))
+        await self.retriever.warm_queries(EVAL_PRINCIPAL, list(self.dataset.queries.values()))
         scope = Scope(section_tipos=(self.section_tipo,))
         gate = asyncio.Semaphore(concurrency)
 

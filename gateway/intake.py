@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -33,10 +32,11 @@ from index.metrics import IngestMetrics
 from index.reconcile import reconcile_section
 from index.sections import DescriptorError, SectionStore, validate_section_tipo
 from index.settings import IngestSettings, MediaSettings
-from schema.settings import load_settings
+from index.validation import FieldError, parse_id
 
 from .auth import require_admin
-from .errors import ERRORS, ApiError, ErrorSpec, envelope_ok
+from .body import read_json
+from .errors import ApiError, envelope_ok
 from .resources import METRICS_KEY, POOL_KEY, SETTINGS_KEY, SIDECAR_KEY
 
 __all__ = ["DRAIN_KEY", "INGEST_SETTINGS_KEY", "MEDIA_SETTINGS_KEY", "setup_intake"]
@@ -46,17 +46,6 @@ DRAIN_KEY: web.AppKey[DrainLoop] = web.AppKey("drain", DrainLoop)
 MEDIA_SETTINGS_KEY: web.AppKey[MediaSettings] = web.AppKey("media_settings", MediaSettings)
 _METRICS_KEY: web.AppKey[IngestMetrics] = web.AppKey("ingest_metrics", IngestMetrics)
 
-# Intake's codes, added to the gateway's one status table.
-INTAKE_ERRORS = {
-    "request.invalid_record": ErrorSpec(400, "request", "The record is invalid"),
-    "request.invalid_descriptor": ErrorSpec(400, "request", "The section descriptor is invalid"),
-    "request.unknown_section": ErrorSpec(422, "request", "The section has no descriptor"),
-    "request.unknown_group": ErrorSpec(422, "request", "The section declares no such embed group"),
-    "request.too_many_records": ErrorSpec(413, "request", "Too many records in one request"),
-}
-for _code, _spec in INTAKE_ERRORS.items():
-    ERRORS.setdefault(_code, _spec)
-
 
 def _api_error(exc: IntakeError | DescriptorError) -> ApiError:
     code = exc.code if isinstance(exc, IntakeError) else "request.invalid_descriptor"
@@ -64,11 +53,7 @@ def _api_error(exc: IntakeError | DescriptorError) -> ApiError:
 
 
 async def _json_body(request: web.Request) -> Any:
-    raw = await request.read()
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError("request.invalid_json") from exc
+    return await read_json(request)
 
 
 def _section_tipo(request: web.Request) -> str:
@@ -127,16 +112,17 @@ async def post_records(request: web.Request) -> web.Response:
 async def delete_record(request: web.Request) -> web.Response:
     require_admin(request)
     section_tipo = _section_tipo(request)
-    raw_id = request.match_info["section_id"]
-    if not raw_id.isdigit():
-        raise ApiError("request.invalid_record", f"section_id: {raw_id!r} is not a non-negative integer")
     try:
-        await enqueue_delete(request.app[POOL_KEY], section_tipo, int(raw_id))
+        section_id = parse_id(request.match_info["section_id"], field="section_id")
+    except FieldError as exc:
+        raise ApiError("request.invalid_record", str(exc)) from exc
+    try:
+        await enqueue_delete(request.app[POOL_KEY], section_tipo, section_id)
     except IntakeError as exc:
         raise _api_error(exc) from exc
     _wake(request)
     response = envelope_ok(
-        request, {"section_tipo": section_tipo, "section_id": int(raw_id), "queued": 1}, msg="accepted"
+        request, {"section_tipo": section_tipo, "section_id": section_id, "queued": 1}, msg="accepted"
     )
     response.set_status(202)
     return response
@@ -207,7 +193,7 @@ async def _drain_ctx(app: web.Application) -> AsyncIterator[None]:
         metrics=app[_METRICS_KEY],
     )
     app[DRAIN_KEY] = drain
-    task = asyncio.create_task(drain.run(), name="mnemo-drain") if settings.drain_enabled else None
+    task = asyncio.create_task(drain.supervise(), name="mnemo-drain") if settings.drain_enabled else None
     try:
         yield
     finally:
@@ -221,19 +207,9 @@ def setup_intake(app: web.Application) -> None:
     """Add the intake routes and the background drain (call after the pool and sidecar
     cleanup contexts are registered: the drain starts once they have)."""
     if INGEST_SETTINGS_KEY not in app:
-        settings = app[SETTINGS_KEY]
-        composed = getattr(settings, "ingest", None)
-        app[INGEST_SETTINGS_KEY] = (
-            composed
-            if isinstance(composed, IngestSettings)
-            # Not composed into the gateway's settings: read RAG_INGEST_* once, here, at start.
-            else load_settings(IngestSettings, drain_interval=getattr(settings, "drain_interval", None))
-        )
+        app[INGEST_SETTINGS_KEY] = app[SETTINGS_KEY].ingest
     if MEDIA_SETTINGS_KEY not in app:
-        composed_media = getattr(app[SETTINGS_KEY], "media", None)
-        app[MEDIA_SETTINGS_KEY] = (
-            composed_media if isinstance(composed_media, MediaSettings) else load_settings(MediaSettings)
-        )
+        app[MEDIA_SETTINGS_KEY] = app[SETTINGS_KEY].media
     metrics = app.get(METRICS_KEY)
     app[_METRICS_KEY] = IngestMetrics(getattr(metrics, "registry", None))
     app.router.add_put("/v1/sections/{section_tipo}", put_section)

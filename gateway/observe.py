@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
 from aiohttp import web
 
-from .errors import Handler, request_id
+from .errors import CLIENT_ABORT, CLIENT_CLOSED_STATUS, Handler, request_id
 from .logs import REQUEST_ID
 from .resources import ACTION_KEY, ERROR_CODE_KEY, METRICS_KEY
 
@@ -29,6 +30,12 @@ async def observe_middleware(request: web.Request, handler: Handler) -> web.Stre
         response = await handler(request)
         status = response.status
         return response
+    except asyncio.CancelledError:
+        # aiohttp cancels the handler when the client disconnects (handler_cancellation): the work
+        # stopped because nobody waits for it; this is not an internal error.
+        status = CLIENT_CLOSED_STATUS
+        request[ERROR_CODE_KEY] = CLIENT_ABORT
+        raise
     finally:
         elapsed = time.perf_counter() - start
         action = request.get(ACTION_KEY) or _route_name(request)

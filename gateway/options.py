@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from index.sections import VIEW_PATTERN
-from index.validation import GROUP_ID_PATTERN, TIPO_PATTERN
+from index.validation import GROUP_ID_PATTERN, ID_MAX, TIPO_PATTERN, FieldError, parse_id
 
 from .errors import ApiError
 
@@ -90,11 +90,14 @@ def seed(options: Mapping[str, Any]) -> tuple[str, int]:
     if not is_tipo(tipo):
         raise ApiError.invalid_options("section_tipo is not a valid tipo")
     sid = options.get("section_id")
-    if isinstance(sid, str) and sid.isdigit() and sid.isascii():
-        sid = int(sid)
     if sid is None:
         raise ApiError.invalid_options("Missing section_id")
-    if not _is_int(sid) or sid < 0 or sid >= 2**63:
+    if isinstance(sid, str):  # the archive sends ids as strings too; ASCII digits only
+        try:
+            return tipo, parse_id(sid, field="section_id")
+        except FieldError as exc:
+            raise ApiError.invalid_options(str(exc)) from exc
+    if not _is_int(sid) or sid < 0 or sid > ID_MAX:
         raise ApiError.invalid_options("section_id must be a non-negative integer")
     return tipo, sid
 

@@ -1,9 +1,13 @@
-"""A small LRU cache of query vectors, keyed by model and normalized query text.
+"""A small LRU cache of query vectors, keyed by caller, model and normalized query text.
 
 Researchers and UIs repeat queries (paging, facet changes, retries); a cached
 vector skips the sidecar round trip. Normalization is conservative (Unicode
 NFC, whitespace collapsed) so two strings share a vector only when the model
 would see the same input.
+
+The caller is part of the key: a shared cache would let one researcher learn,
+from a fast answer (a hit), that someone else asked the same question. With
+the caller in the key a hit only ever reveals the caller's own past queries.
 """
 
 from __future__ import annotations
@@ -28,22 +32,23 @@ def normalize_query(text: str) -> str:
 class QueryVectorCache:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._items: OrderedDict[tuple[str, str], QueryVector] = OrderedDict()
+        self._items: OrderedDict[tuple[str, str, str], QueryVector] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def get(self, model: str, query: str) -> QueryVector | None:
-        key = (model, normalize_query(query))
+    def get(self, model: str, query: str, *, owner: str) -> QueryVector | None:
+        """The cached vector of ``owner``'s ``query`` (``owner``: the caller's subject)."""
+        key = (owner, model, normalize_query(query))
         item = self._items.get(key)
         if item is not None:
             self._items.move_to_end(key)
         return item
 
-    def put(self, model: str, query: str, vector: QueryVector) -> None:
+    def put(self, model: str, query: str, vector: QueryVector, *, owner: str) -> None:
         if self.capacity <= 0:
             return
-        key = (model, normalize_query(query))
+        key = (owner, model, normalize_query(query))
         self._items[key] = vector
         self._items.move_to_end(key)
         while len(self._items) > self.capacity:

@@ -43,11 +43,28 @@ from .settings import LEGS, GatewaySettings
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EmbeddingUnavailable", "LegResults", "Ranked", "Retriever", "SeedNotFound", "over_fetch"]
+__all__ = [
+    "EmbeddingUnavailable",
+    "LegResults",
+    "QueryRejected",
+    "Ranked",
+    "Retriever",
+    "SeedNotFound",
+    "over_fetch",
+]
 
 
 class EmbeddingUnavailable(Exception):
     """The sidecar did not give a usable query vector (down, overloaded, refused, or malformed)."""
+
+
+class QueryRejected(Exception):
+    """The sidecar refused the query text itself (a 4xx for the input): the caller's error, not an outage."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
 
 
 class SeedNotFound(Exception):
@@ -127,13 +144,13 @@ class Retriever:
                 self._partitions[model_id] = cached
         return cached
 
-    async def embed_query(self, query: str) -> tuple[str, QueryVector]:
-        """(model id, query vector); cached by model and normalized query."""
-        from inference.client import SidecarError
+    async def embed_query(self, principal: Principal, query: str) -> tuple[str, QueryVector]:
+        """(model id, query vector); cached per caller, model and normalized query."""
+        from inference.client import SidecarError, SidecarRejected
 
         model = await self.text_model()
         model_id: str = model.id  # type: ignore[attr-defined]
-        cached = self.cache.get(model_id, query)
+        cached = self.cache.get(model_id, query, owner=principal.sub)
         if cached is not None:
             self.metrics.query_cache.labels("hit").inc()
             return model_id, cached
@@ -141,6 +158,11 @@ class Retriever:
         with self.metrics.time_leg("embed"):
             try:
                 result = await self._embed(model_id, [query])
+            except SidecarRejected as exc:
+                # A 4xx other than 429 is about this input (a text the model cannot take): retrying
+                # or reporting an outage would both be wrong.
+                log.info("the sidecar refused the query: %s", exc)
+                raise QueryRejected(exc.code, exc.message) from exc
             except SidecarError as exc:
                 log.warning("query embedding failed: %s", exc)
                 raise EmbeddingUnavailable(str(exc)) from exc
@@ -151,7 +173,7 @@ class Retriever:
             raise EmbeddingUnavailable("no usable query vector")
         sparse = result.sparse[0] if result.sparse else None
         vector = QueryVector(dense=dense / np.linalg.norm(dense), sparse=sparse or None)
-        self.cache.put(model_id, query, vector)
+        self.cache.put(model_id, query, vector, owner=principal.sub)
         return model_id, vector
 
     async def _embed(self, model_id: str, texts: Sequence[str]):  # type: ignore[no-untyped-def]
@@ -169,11 +191,15 @@ class Retriever:
                 self._sparse_head = False
         return await self.client.embed(model_id, texts, truncate=True)  # type: ignore[attr-defined]
 
-    async def warm_queries(self, queries: Sequence[str]) -> int:
-        """Embed many queries in batched sidecar calls and cache them (eval, benchmarks); returns the count."""
+    async def warm_queries(self, principal: Principal, queries: Sequence[str]) -> int:
+        """Embed many queries in batched sidecar calls and cache them for ``principal`` (eval, benchmarks).
+
+        Returns how many were embedded.
+        """
         model = await self.text_model()
         model_id: str = model.id  # type: ignore[attr-defined]
-        todo = list(dict.fromkeys(q for q in queries if self.cache.get(model_id, q) is None))
+        owner = principal.sub
+        todo = list(dict.fromkeys(q for q in queries if self.cache.get(model_id, q, owner=owner) is None))
         if not todo:
             return 0
         from inference.client import SidecarError
@@ -187,7 +213,7 @@ class Retriever:
             if _usable(embeddings[i], getattr(model, "dimension", None)):
                 sparse = result.sparse[i] if result.sparse else None
                 vector = QueryVector(embeddings[i] / np.linalg.norm(embeddings[i]), sparse or None)
-                self.cache.put(model_id, query, vector)
+                self.cache.put(model_id, query, vector, owner=owner)
         return len(todo)
 
     # -- legs, fusion, gate --------------------------------------------------------------------
@@ -206,7 +232,7 @@ class Retriever:
         legs: Sequence[str] = LEGS,
     ) -> LegResults:
         """Run the requested legs for a text query (ACL pushed into SQL; not yet gated)."""
-        model_id, vector = await self.embed_query(query)
+        model_id, vector = await self.embed_query(principal, query)
         partition = await self.partition(model_id)
         if partition is None:
             return LegResults({})

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from index.settings import MediaSettings, SidecarClientSettings
+from index.settings import IngestSettings, MediaSettings, SidecarClientSettings
 from schema.settings import DatabaseSettings, SettingsError, load_settings, setting
 
 LEGS = ("dense", "lexical", "sparse")
@@ -99,10 +99,35 @@ class GatewaySettings:
         8 * 1024 * 1024,
         "Largest request body accepted (413 beyond). Record batches need room; smaller limits abuse.",
     )
+    max_concurrency: int = setting(
+        "RAG_GATEWAY_MAX_CONCURRENCY",
+        64,
+        "Requests served at once; beyond it the gateway answers 429 `service.overloaded` with "
+        "`Retry-After` (health, readiness and metrics are never refused).",
+    )
+    idle_timeout: float = setting(
+        "RAG_GATEWAY_IDLE_TIMEOUT",
+        75.0,
+        "Seconds a connection may stay idle, or take to send a request's line and headers, before it "
+        "is closed (aiohttp's keep-alive timer covers both). Keep it above a reverse proxy's upstream "
+        "idle timeout.",
+    )
+    body_timeout: float = setting(
+        "RAG_GATEWAY_BODY_TIMEOUT",
+        30.0,
+        "Seconds a client has to send a request body once its headers arrived (408 `request.timeout`).",
+    )
+    metrics_token: str | None = setting(
+        "RAG_METRICS_TOKEN",
+        None,
+        "When set, `GET /metrics` needs `Authorization: Bearer <token>` (401 otherwise). Unset: open, "
+        "for a scraper on a private network.",
+    )
     query_cache_size: int = setting(
         "RAG_QUERY_CACHE_SIZE",
         1024,
-        "Query vectors kept in an LRU cache (per model and normalized query); 0 disables it.",
+        "Query vectors kept in an LRU cache (per caller, model and normalized query: one user's "
+        "queries never speed up another's); 0 disables it.",
     )
     hnsw_ef_search: int = setting(
         "RAG_HNSW_EF_SEARCH",
@@ -150,6 +175,7 @@ class GatewaySettings:
     log_format: str = setting("RAG_LOG_FORMAT", "json", "`json` (one object per line) or `text`.")
     database: DatabaseSettings = dataclasses.field(default_factory=DatabaseSettings)
     sidecar: SidecarClientSettings = dataclasses.field(default_factory=SidecarClientSettings)
+    ingest: IngestSettings = dataclasses.field(default_factory=IngestSettings)
     media: MediaSettings = dataclasses.field(default_factory=MediaSettings)
 
     @property
@@ -181,12 +207,17 @@ class GatewaySettings:
             ("RAG_HNSW_MAX_SCAN_TUPLES", self.hnsw_max_scan_tuples, 1),
             ("RAG_RRF_K", self.rrf_k, 0),
             ("RAG_SIMILAR_SEED_CHUNKS", self.similar_seed_chunks, 1),
+            ("RAG_GATEWAY_MAX_CONCURRENCY", self.max_concurrency, 1),
             ("RAG_CHARACTERIZE_TOP_K", self.characterize_top_k, 1),
         ):
             if value < low:
                 raise SettingsError(f"{name} must be at least {low}")
         if self.hnsw_ef_search > 1000:
             raise SettingsError("RAG_HNSW_EF_SEARCH must be at most 1000 (pgvector's limit)")
+        if not (self.idle_timeout > 0 and self.body_timeout > 0):
+            raise SettingsError("RAG_GATEWAY_IDLE_TIMEOUT and RAG_GATEWAY_BODY_TIMEOUT must be > 0")
+        if self.metrics_token is not None and len(self.metrics_token) < 16:
+            raise SettingsError("RAG_METRICS_TOKEN must be at least 16 characters")
         if self.jwt_leeway < 0 or self.shutdown_timeout < 0 or self.lexical_stats_ttl < 0:
             raise SettingsError("RAG_JWT_LEEWAY, RAG_SHUTDOWN_TIMEOUT, RAG_LEXICAL_STATS_TTL are >= 0")
         if self.log_format not in ("json", "text"):
@@ -201,15 +232,18 @@ def load_gateway_settings(
     *,
     database: DatabaseSettings | None = None,
     sidecar: SidecarClientSettings | None = None,
+    ingest: IngestSettings | None = None,
     media: MediaSettings | None = None,
     **overrides: Any,
 ) -> GatewaySettings:
-    """Gateway settings plus the composed database, sidecar and media settings from one environment."""
+    """Gateway settings plus the composed database, sidecar, ingestion and media settings from one
+    environment."""
     return load_settings(
         GatewaySettings,
         environ,
         database=database or load_settings(DatabaseSettings, environ),
         sidecar=sidecar or load_settings(SidecarClientSettings, environ),
+        ingest=ingest or load_settings(IngestSettings, environ),
         media=media or load_settings(MediaSettings, environ),
         **overrides,
     )

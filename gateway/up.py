@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import os
 import secrets
 import shlex
 import sys
@@ -26,13 +25,38 @@ import psutil
 
 from .settings import GatewaySettings
 
-RESEARCHER_PERMS = {"oh1": 1, "numisdata4": 1}  # no mus1; no rsc35, so transcriptions stay hidden
+# The researcher reads the oral histories and the coin catalogue, whose cards also draw on the
+# mint register (contributor numisdata6/numisdata16), so numisdata6 is granted too; not mus1, and
+# not rsc35, so the interview transcriptions stay hidden.
+RESEARCHER_PERMS = {"oh1": 1, "numisdata4": 1, "numisdata6": 1}
 RESEARCHER_PROJECTS = [1]
 
 
-def jwt_secret(data_dir: Path) -> str:
-    """``RAG_JWT_SECRET``, or a random one kept in ``<data dir>/jwt_secret`` (0600) across restarts."""
-    configured = os.environ.get("RAG_JWT_SECRET")
+@dataclasses.dataclass(frozen=True)
+class DemoExample:
+    """One printed example request; ``expect_empty`` marks the ones meant to show a refusal."""
+
+    token_var: str  # ADMIN or RESEARCHER
+    action: str
+    options: dict
+    expect_empty: bool = False
+    comment: str = ""
+
+
+_WATER = {"query": "when the water came we had to leave", "limit": 5}
+DEMO_EXAMPLES: tuple[DemoExample, ...] = (
+    DemoExample("ADMIN", "retrieve", _WATER),
+    DemoExample("RESEARCHER", "retrieve", _WATER),
+    DemoExample("ADMIN", "semantic_search", {"query": "amphora MAC-2231"}),
+    DemoExample("RESEARCHER", "semantic_search", {"query": "amphora MAC-2231"}),
+    DemoExample("RESEARCHER", "similar_to", {"section_tipo": "numisdata4", "section_id": 101, "limit": 3}),
+    DemoExample("RESEARCHER", "embed_groups", {"section_tipo": "mus1"}, True, "   # {groups: []}"),
+)
+
+
+def jwt_secret(configured: str | None, data_dir: Path) -> str:
+    """The configured ``RAG_JWT_SECRET``, or a random one kept in ``<data dir>/jwt_secret`` (0600)
+    across restarts."""
     if configured:
         return configured
     path = data_dir / "jwt_secret"
@@ -45,10 +69,17 @@ def jwt_secret(data_dir: Path) -> str:
     return secret
 
 
+SIDECAR_START_TIMEOUT_S = 600.0  # a cold start on two loaded cores with model loading and warm-up
+
+
+class SidecarStartError(RuntimeError):
+    """The sidecar ``mnemo up`` started died or never answered ready."""
+
+
 @contextlib.asynccontextmanager
 async def sidecar_process(data_dir: Path, port: int) -> AsyncIterator[str]:
     """``mnemo sidecar`` on ``port`` (its log in ``<data dir>/sidecar.log``) until ready; stopped on exit."""
-    from inference.launcher import wait_ready
+    from inference.net import ProcessExited, await_ready, log_tail
 
     log_path = data_dir / "sidecar.log"
     await asyncio.to_thread(data_dir.mkdir, parents=True, exist_ok=True)
@@ -58,14 +89,13 @@ async def sidecar_process(data_dir: Path, port: int) -> AsyncIterator[str]:
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        waiting = asyncio.create_task(asyncio.to_thread(wait_ready, url, 600.0))
-        exited = asyncio.create_task(proc.wait())
-        done, _ = await asyncio.wait({waiting, exited}, return_when=asyncio.FIRST_COMPLETED)
-        if exited in done:
-            waiting.cancel()
-            raise RuntimeError(f"the sidecar exited with {proc.returncode}; see {log_path}")
-        exited.cancel()
-        waiting.result()
+        try:
+            await await_ready(url, SIDECAR_START_TIMEOUT_S, process=proc)
+        except (ProcessExited, TimeoutError) as exc:
+            await asyncio.sleep(0.2)  # let the last lines reach the log
+            raise SidecarStartError(
+                f"the sidecar did not start ({exc}); last lines of {log_path}:\n{log_tail(log_path)}"
+            ) from exc
         yield url
     finally:
         # Ray's agents outlive their raylet for a while; remember the whole tree so that
@@ -100,25 +130,15 @@ def examples(url: str, admin: str, researcher: str) -> str:
         "Tokens (1 hour; `mnemo token --help` makes more):",
         f"  export ADMIN={admin}",
         f"  export RESEARCHER={researcher}",
-        "  (researcher: projects [1], read on oh1 and numisdata4; not mus1, not the interview",
-        "   transcriptions, whose text comes from rsc35)",
+        "  (researcher: projects [1], read on oh1, numisdata4 and the mint register numisdata6 its",
+        "   cards draw on; not mus1, not the interview transcriptions, whose text comes from rsc35)",
         "",
         "The same question, two principals: the admin also gets the timecoded transcription passages",
         "and records of project 2; the researcher only what they may read.",
-        "  " + _curl(url, "ADMIN", "retrieve", {"query": "when the water came we had to leave", "limit": 5}),
-        "  "
-        + _curl(url, "RESEARCHER", "retrieve", {"query": "when the water came we had to leave", "limit": 5}),
-        "",
-        "  " + _curl(url, "ADMIN", "semantic_search", {"query": "amphora MAC-2231"}),
-        "  " + _curl(url, "RESEARCHER", "semantic_search", {"query": "amphora MAC-2231"}),
-        "  "
-        + _curl(
-            url, "RESEARCHER", "similar_to", {"section_tipo": "numisdata4", "section_id": 101, "limit": 3}
-        ),
-        "  " + _curl(url, "RESEARCHER", "embed_groups", {"section_tipo": "mus1"}) + "   # {groups: []}",
-        "",
-        f"Also: {url}/openapi.json  {url}/metrics  {url}/readyz",
     ]
+    for example in DEMO_EXAMPLES:
+        lines.append("  " + _curl(url, example.token_var, example.action, example.options) + example.comment)
+    lines += ["", f"Also: {url}/openapi.json  {url}/metrics  {url}/readyz"]
     return "\n".join(lines)
 
 
@@ -137,20 +157,23 @@ async def _wait_for_drain(app: object, timeout_s: float = 900.0) -> dict:
     raise TimeoutError(f"the demo collection was not indexed in {timeout_s:.0f}s: {stats}")
 
 
-async def run_up(args: argparse.Namespace, settings: GatewaySettings) -> int:
-    """Start everything, load the demo, print tokens and examples, serve until stopped."""
+async def run_up(args: argparse.Namespace, settings: GatewaySettings, *, own_sidecar: bool) -> int:
+    """Start everything, load the demo, print tokens and examples, serve until stopped.
+
+    ``own_sidecar``: start a sidecar with the offline profile (no sidecar URL was configured).
+    """
     from index.demo import load_demo
-    from inference.launcher import free_port
+    from inference.net import free_port
 
     from .app import create_app, serve
     from .auth import issue_token
     from .resources import DATABASE_URL_KEY, POOL_KEY
 
-    secret = jwt_secret(settings.database.data_dir)
-    settings = dataclasses.replace(settings, jwt_secret=secret, auth="jwt")
+    secret = settings.jwt_secret
+    assert secret is not None  # the command resolved it (configured or kept in the data dir)
     stack = contextlib.AsyncExitStack()
     async with stack:
-        if args.sidecar_url or os.environ.get("RAG_SIDECAR_URL"):
+        if not own_sidecar:
             sidecar_url = settings.sidecar.sidecar_url
             print(f"  sidecar   {sidecar_url}  (already running)", flush=True)
         else:

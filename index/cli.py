@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from schema.cli import add_database_flags, database_settings, wait_for_stop_signal
+from schema.cli import add_database_flags, database_settings, stop_signal
 
 # `mnemo drain --once` exit status when the sidecar is unreachable (EX_TEMPFAIL: try again later).
 EXIT_SIDECAR_UNAVAILABLE = 75
@@ -46,15 +46,12 @@ async def _database(args: argparse.Namespace) -> AsyncIterator[Any]:
 
 @contextlib.asynccontextmanager
 async def _sidecar(args: argparse.Namespace) -> AsyncIterator[tuple[Any, Any]]:
-    from inference.client import SidecarClient
     from schema.settings import load_settings
 
     from .settings import SidecarClientSettings
 
     settings = load_settings(SidecarClientSettings, sidecar_url=args.sidecar_url, text_model=args.text_model)
-    async with SidecarClient(
-        settings.sidecar_url, api_key=settings.sidecar_api_key, timeout=settings.sidecar_timeout
-    ) as client:
+    async with settings.client() as client:
         yield client, settings
 
 
@@ -81,12 +78,10 @@ async def _drain(args: argparse.Namespace) -> int:
                 return EXIT_SIDECAR_UNAVAILABLE
             return 0
         loop = DrainLoop(pool, client, settings, text_model=sidecar.text_model)
-        stop = asyncio.Event()
-        runner = asyncio.create_task(loop.run(stop))
-        print(f"draining every {settings.drain_interval:g}s; Ctrl-C stops", flush=True)
-        await wait_for_stop_signal()
-        stop.set()
-        await runner
+        with stop_signal() as stop:
+            runner = asyncio.create_task(loop.run(stop))
+            print(f"draining every {settings.drain_interval:g}s; Ctrl-C stops", flush=True)
+            await runner
     return 0
 
 
@@ -118,6 +113,8 @@ def _ingest_records_command(args: argparse.Namespace) -> int:
 async def _ingest_records(args: argparse.Namespace, path: Path, total: int) -> int:
     from tqdm import tqdm
 
+    from inference.strict_json import JsonRejected, loads_strict
+
     from .intake import enqueue_valid
 
     queued = 0
@@ -145,10 +142,13 @@ async def _ingest_records(args: argparse.Namespace, path: Path, total: int) -> i
                 if not line.strip():
                     continue
                 try:
-                    batch.append(json.loads(line))
+                    # The same parser and limits as POST /v1/records (NUL and lone surrogates
+                    # included, which PostgreSQL would refuse for the whole batch).
+                    batch.append(loads_strict(line.encode("utf-8"), forbid_nul=True))
                     lines.append(number)
-                except json.JSONDecodeError as exc:
-                    rejected.append(f"line {number}: request.invalid_json: {exc.msg}")
+                except JsonRejected as exc:
+                    code = "request.invalid_text" if exc.reason == "invalid_text" else "request.invalid_json"
+                    rejected.append(f"line {number}: {code}: {exc}")
                     bar.update(1)
                 if len(batch) >= args.batch:
                     await flush()

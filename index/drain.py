@@ -262,6 +262,9 @@ class DrainLoop:
         self.last_pass_at: datetime | None = None
         self.paused_until: datetime | None = None
         self.passes = 0
+        self.crashes = 0
+        self.last_crash: str | None = None
+        self.restart_at: datetime | None = None  # set while a crashed loop waits to restart
 
     def wake(self) -> None:
         """Start the next pass now (intake calls this after enqueueing)."""
@@ -270,8 +273,12 @@ class DrainLoop:
     def status(self) -> dict[str, Any]:
         """For health and ``/v1/queue/stats``: is the drain paused by an outage, and why."""
         paused = self.paused_until is not None and self.paused_until > datetime.now(UTC)
+        state = "crashed" if self.restart_at is not None else "paused" if paused else "running"
         return {
-            "state": "paused" if paused else "running",
+            "state": state,
+            "crashes": self.crashes,
+            "last_crash": self.last_crash,
+            "restart_at": self.restart_at.isoformat() if self.restart_at else None,
             "sidecar_available": not (self.last_report and self.last_report.unavailable),
             "paused_until": self.paused_until.isoformat() if paused and self.paused_until else None,
             "last_error": self.last_error,
@@ -317,6 +324,38 @@ class DrainLoop:
             else:
                 self.paused_until = None
                 await _sleep_or(stop, self.settings.drain_interval, self._wake)
+
+    async def supervise(self, stop: asyncio.Event | None = None) -> None:
+        """:meth:`run`, restarted with exponential backoff when it dies of an unexpected error.
+
+        A pass's own errors never end :meth:`run`; this catches what would (a bug, a failing
+        metrics call) so that a dead drain is visible (``status()``, ``/readyz``, the
+        ``mnemo_ingest_drain_*`` metrics) and comes back by itself instead of silently
+        leaving records queued until the gateway restarts.
+        """
+        stop = stop or asyncio.Event()
+        while not stop.is_set():
+            try:
+                await self.run(stop)
+                return
+            except (asyncio.CancelledError, KeyboardInterrupt):
+                raise
+            except Exception as exc:
+                self.crashes += 1
+                self.last_crash = f"{type(exc).__name__}: {exc}"
+                delay = min(DRAIN_RESTART_BASE_S * 2 ** (self.crashes - 1), DRAIN_RESTART_CAP_S)
+                log.exception("the drain loop crashed (%d so far); restarting in %.0fs", self.crashes, delay)
+                self.restart_at = datetime.fromtimestamp(time.time() + delay, UTC)
+                self.metrics.observe_crash()
+                try:
+                    await _sleep_or(stop, delay)
+                finally:
+                    self.restart_at = None
+                    self.metrics.observe_restart()
+
+
+DRAIN_RESTART_BASE_S = 1.0
+DRAIN_RESTART_CAP_S = 60.0
 
 
 async def _sleep_or(stop: asyncio.Event, seconds: float, wake: asyncio.Event | None = None) -> None:

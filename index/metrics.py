@@ -56,6 +56,17 @@ class IngestMetrics:
             "Chunks still over the model's input limit after re-chunking, embedded truncated.",
             registry=r,
         )
+        self.drain_crashes = Counter(
+            "mnemo_ingest_drain_crashes",
+            "Times the background drain loop died of an unexpected error (it restarts with backoff).",
+            registry=r,
+        )
+        self.drain_up = Gauge(
+            "mnemo_ingest_drain_up",
+            "1 while the drain loop runs, 0 while a crashed loop waits to restart.",
+            registry=r,
+        )
+        self.drain_up.set(1)
         self.outages = Counter(
             "mnemo_ingest_sidecar_outages",
             "Drain passes paused because the sidecar was unreachable.",
@@ -90,3 +101,10 @@ class IngestMetrics:
             self.sidecar_available.set(0)
         elif report.processed:
             self.sidecar_available.set(1)
+
+    def observe_crash(self) -> None:
+        self.drain_crashes.inc()
+        self.drain_up.set(0)
+
+    def observe_restart(self) -> None:
+        self.drain_up.set(1)

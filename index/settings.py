@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from schema.settings import SettingsError, setting
+
+if TYPE_CHECKING:
+    from inference.client import SidecarClient
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,14 @@ class SidecarClientSettings:
     def validate(self) -> None:
         if self.sidecar_timeout <= 0:
             raise SettingsError("RAG_SIDECAR_TIMEOUT must be positive")
+
+    def client(self, **overrides: Any) -> SidecarClient:
+        """A :class:`~inference.client.SidecarClient` for these settings (``overrides`` such as
+        ``max_retries`` pass through): the one place that maps settings to the client."""
+        from inference.client import SidecarClient
+
+        options = {"api_key": self.sidecar_api_key, "timeout": self.sidecar_timeout, **overrides}
+        return SidecarClient(self.sidecar_url, **options)
 
 
 @dataclass(frozen=True)

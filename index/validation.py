@@ -17,11 +17,14 @@ from jsonschema.exceptions import ValidationError
 __all__ = [
     "CONTRIBUTOR_PATTERN",
     "GROUP_ID_PATTERN",
+    "ID_MAX",
     "LANG_PATTERN",
+    "PROJECT_ID_MAX",
     "TIPO_PATTERN",
     "FieldError",
     "field_path",
     "first_error",
+    "parse_id",
 ]
 
 # Archive identifiers: ontology tipos ("rsc140", "numisdata4"), embed-group ids
@@ -40,6 +43,28 @@ class FieldError(ValueError):
         super().__init__(f"{field or '(root)'}: {message}" if field else message)
         self.field = field
         self.message = message
+
+
+ID_MAX = 2**63 - 1  # section ids are bigint
+PROJECT_ID_MAX = 2**31 - 1  # project ids are int4 in the store and in the ACL's SQL
+
+
+def parse_id(raw: str, *, field: str = "id", maximum: int = ID_MAX) -> int:
+    """A record or project id written in text (URL path, CLI flag, option string): ASCII digits only.
+
+    ``str.isdigit`` and ``int`` also accept other scripts' digits (``"٣"`` is 3) and
+    ``isdigit`` superscripts (``"²"``, which ``int`` then refuses); ``int`` takes
+    ``" 3"``, ``"+3"`` and ``"1_000"``. An id names one record, so anything but
+    plain ASCII digits is refused instead of read as some other record's id.
+    Every id parser goes through here.
+    """
+    # Length first: int() of a very long digit string is slow, and over 4,300 digits an error.
+    if not (0 < len(raw) <= len(str(maximum)) and raw.isascii() and raw.isdigit()):
+        raise FieldError(field, f"{raw[:40]!r} is not a non-negative integer in ASCII digits")
+    value = int(raw)
+    if value > maximum:
+        raise FieldError(field, f"{raw!r} is over the largest id ({maximum})")
+    return value
 
 
 def field_path(parts: Iterable[str | int], prefix: str = "") -> str:

@@ -32,9 +32,11 @@ from .errors import (
     RouteNotFound,
     SidecarApiError,
     Unauthorized,
+    UnsupportedMediaType,
 )
 from .images import decode_base64
 from .metrics import SidecarMetrics
+from .strict_json import JsonRejected, loads_strict
 
 __all__ = ["Backend", "HttpResponse", "LocalBackend", "SidecarAPI", "read_body"]
 
@@ -100,10 +102,12 @@ class HttpResponse:
 async def read_body(chunks: AsyncIterator[bytes], content_length: str | None, limit: int) -> bytes:
     """Read a request body, refusing (413) past ``limit`` bytes without buffering more than limit + 1."""
     if content_length is not None:
-        try:
-            declared = int(content_length)
-        except ValueError as exc:
-            raise BadRequest("Content-Length is not an integer", code="bad_content_length") from exc
+        # ASCII digits only: int() would also take " 12", "1_2" and other scripts' digits.
+        if not (content_length.isascii() and content_length.isdigit()):
+            raise BadRequest("Content-Length is not an integer", code="bad_content_length")
+        declared = (
+            int(content_length[:19]) if len(content_length) <= 19 else limit + 1
+        )  # no 4,300-digit int()
         if declared > limit:
             raise PayloadTooLarge(
                 f"body of {declared} bytes is over the {limit}-byte limit", code="body_too_large"
@@ -116,6 +120,32 @@ async def read_body(chunks: AsyncIterator[bytes], content_length: str | None, li
             raise PayloadTooLarge(f"body is over the {limit}-byte limit", code="body_too_large")
         parts.append(chunk)
     return b"".join(parts)
+
+
+# loads_strict's reasons as this service's error codes (all 400: the body is at fault).
+_JSON_CODES = {
+    "invalid_json": "invalid_json",
+    "too_deep": "json_too_deep",
+    "number_too_long": "number_too_long",
+    "invalid_text": "invalid_text",
+}
+
+
+def _header(headers: Mapping[str, str], name: str) -> str:
+    return next((v for k, v in headers.items() if k.lower() == name), "")
+
+
+def _check_media_type(headers: Mapping[str, str]) -> None:
+    """JSON bodies only: a declared non-JSON type or any content coding is a 415 (no guessing, no gzip bombs).
+
+    A missing Content-Type is read as JSON, as TEI and OpenAI-style clients often omit it.
+    """
+    declared = _header(headers, "content-type").split(";", 1)[0].strip().lower()
+    if declared and declared != "application/json" and not declared.endswith("+json"):
+        raise UnsupportedMediaType(f"Content-Type {declared!r}: send application/json")
+    coding = _header(headers, "content-encoding").strip().lower()
+    if coding and coding != "identity":
+        raise UnsupportedMediaType(f"Content-Encoding {coding!r} is not accepted; send the body as is")
 
 
 def _json(status: int, payload: Any, headers: Mapping[str, str] | None = None) -> HttpResponse:
@@ -218,6 +248,7 @@ class SidecarAPI:
             if isinstance(body, SidecarApiError):
                 raise body
             if method.upper() == "POST":
+                _check_media_type(headers)
                 payload = self._parse(body)
                 model = payload.get("model") if isinstance(payload.get("model"), str) else "-"
                 response = await handler(payload)
@@ -237,7 +268,7 @@ class SidecarAPI:
     def _authorize(self, headers: Mapping[str, str]) -> None:
         if self.api_key is None:
             return
-        value = next((v for k, v in headers.items() if k.lower() == "authorization"), "")
+        value = _header(headers, "authorization")
         scheme, _, token = value.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(
             token.strip().encode(), self.api_key.encode()
@@ -247,9 +278,10 @@ class SidecarAPI:
     @staticmethod
     def _parse(body: bytes) -> dict[str, Any]:
         try:
-            payload = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise BadRequest(f"body is not valid JSON: {exc}", code="invalid_json") from exc
+            payload = loads_strict(body)
+        except JsonRejected as exc:
+            where = f"'{exc.field}': " if exc.field else ""
+            raise BadRequest(where + exc.message, code=_JSON_CODES[exc.reason]) from None
         if not isinstance(payload, dict):
             raise BadRequest("body must be a JSON object", code="invalid_json")
         return payload

@@ -30,6 +30,8 @@ def _run(args: argparse.Namespace) -> int:
         num_cpus=settings.num_cpus,
         object_store_mb=settings.object_store_mb,
         log_to_driver=True,
+        request_timeout_s=settings.request_timeout_s,
+        keep_alive_timeout_s=settings.keep_alive_timeout_s,
     ) as url:
         models = ", ".join(f"{m.id} ({m.kind})" for m in config.models)
         print(f"sidecar ready at {url} serving {models} from {config.source}. Ctrl-C stops it.", flush=True)

@@ -250,6 +250,13 @@ class SidecarSettings:
     api_key: str | None = None  # RAG_SIDECAR_API_KEY
     num_cpus: float | None = None  # RAG_SIDECAR_NUM_CPUS (Ray's CPU count; default: all cores)
     object_store_mb: int = 256  # RAG_SIDECAR_OBJECT_STORE_MB
+    # Ray Serve's HTTP proxy (uvicorn) against slow or idle clients. request_timeout_s bounds a
+    # request from its headers to its answer, body upload included (Serve answers 408); the
+    # keep-alive timeout closes a connection idle after a response. Serve exposes no timeout for a
+    # connection that never completes its headers: see the README (put the sidecar behind a proxy
+    # with a header timeout, or keep it on a private network).
+    request_timeout_s: float = 120.0  # RAG_SIDECAR_REQUEST_TIMEOUT
+    keep_alive_timeout_s: int = 30  # RAG_SIDECAR_KEEP_ALIVE_TIMEOUT
 
     ENV: ClassVar[dict[str, str]] = {
         "config": "RAG_SIDECAR_CONFIG",
@@ -258,6 +265,8 @@ class SidecarSettings:
         "api_key": "RAG_SIDECAR_API_KEY",
         "num_cpus": "RAG_SIDECAR_NUM_CPUS",
         "object_store_mb": "RAG_SIDECAR_OBJECT_STORE_MB",
+        "request_timeout_s": "RAG_SIDECAR_REQUEST_TIMEOUT",
+        "keep_alive_timeout_s": "RAG_SIDECAR_KEEP_ALIVE_TIMEOUT",
     }
 
     @classmethod
@@ -278,6 +287,19 @@ class SidecarSettings:
                 values["num_cpus"] = float(values["num_cpus"])
             if "object_store_mb" in values:
                 values["object_store_mb"] = int(values["object_store_mb"])
+            if "request_timeout_s" in values:
+                values["request_timeout_s"] = float(values["request_timeout_s"])
+            if "keep_alive_timeout_s" in values:
+                values["keep_alive_timeout_s"] = int(values["keep_alive_timeout_s"])
         except ValueError as exc:
             raise ConfigError(f"sidecar settings: {exc}") from exc
-        return cls(**values)
+        settings = cls(**values)
+        if not (settings.request_timeout_s > 0 and settings.keep_alive_timeout_s > 0):
+            raise ConfigError("RAG_SIDECAR_REQUEST_TIMEOUT and RAG_SIDECAR_KEEP_ALIVE_TIMEOUT must be > 0")
+        return settings
+
+
+def opt_out_of_ray_usage_stats() -> None:
+    """Ray reads its usage-stats switch from the environment at ``ray.init``: an offline sidecar
+    never phones home, unless the operator has set the variable themselves."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

@@ -19,6 +19,7 @@ __all__ = [
     "RouteNotFound",
     "SidecarApiError",
     "Unauthorized",
+    "UnsupportedMediaType",
 ]
 
 
@@ -85,6 +86,13 @@ class PayloadTooLarge(SidecarApiError):
 
     status = 413
     default_code = "payload_too_large"
+
+
+class UnsupportedMediaType(SidecarApiError):
+    """A body that is not JSON by its Content-Type, or sent with a Content-Encoding (415)."""
+
+    status = 415
+    default_code = "unsupported_media_type"
 
 
 class InputTooLong(SidecarApiError):

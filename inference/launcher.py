@@ -11,42 +11,15 @@ import contextlib
 import io
 import json
 import logging
-import os
-import socket
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 
-from .config import SidecarConfig
+from .config import SidecarConfig, opt_out_of_ray_usage_stats
+from .net import free_port, wait_ready
 
 __all__ = ["example_requests", "free_port", "running_sidecar", "wait_ready"]
 
 log = logging.getLogger(__name__)
 APP_NAME = "mnemo-sidecar"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_ready(url: str, timeout_s: float = 300.0) -> None:
-    """Poll ``GET /readyz`` until 200; raise ``TimeoutError`` with the last answer otherwise."""
-    deadline = time.monotonic() + timeout_s
-    last = "no answer"
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{url}/readyz", timeout=5) as response:
-                if response.status == 200:
-                    return
-        except urllib.error.HTTPError as exc:
-            last = f"{exc.code} {exc.read()[:300]!r}"
-        except OSError as exc:
-            last = repr(exc)
-        time.sleep(0.25)
-    raise TimeoutError(f"sidecar at {url} not ready after {timeout_s:.0f}s: {last}")
 
 
 @contextlib.contextmanager
@@ -60,10 +33,13 @@ def running_sidecar(
     object_store_mb: int = 256,
     ready_timeout_s: float = 300.0,
     log_to_driver: bool = False,
+    request_timeout_s: float = 120.0,
+    keep_alive_timeout_s: int = 30,
 ) -> Iterator[str]:
     """Run the sidecar for ``config`` and yield its base URL; Serve and Ray stop on exit.
 
-    ``port=0`` picks a free port. Missing weights fail before Ray starts (:class:`ModelWeightsMissing`
+    ``port=0`` picks a free port. ``request_timeout_s`` and ``keep_alive_timeout_s`` go to Serve's
+    HTTP proxy (see :class:`~inference.config.SidecarSettings`). Missing weights fail before Ray starts (:class:`ModelWeightsMissing`
     naming the path); a model that fails to load or warm up fails here too.
     """
     from .config import resolve_weights
@@ -79,7 +55,7 @@ def running_sidecar(
     port = port or free_port(host)
     started_ray = False
     if not ray.is_initialized():
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        opt_out_of_ray_usage_stats()
         ray.init(
             # "local": always a fresh instance, never another process's cluster found through
             # RAY_ADDRESS or /tmp/ray (several test sessions may run side by side on one machine).
@@ -94,7 +70,15 @@ def running_sidecar(
         )
         started_ray = True
     try:
-        serve.start(http_options={"host": host, "port": port}, proxy_location="HeadOnly")
+        serve.start(
+            http_options={
+                "host": host,
+                "port": port,
+                "request_timeout_s": request_timeout_s,
+                "keep_alive_timeout_s": keep_alive_timeout_s,
+            },
+            proxy_location="HeadOnly",
+        )
         serve.run(build_app(config, api_key=api_key), name=APP_NAME, route_prefix="/")
         url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
         wait_ready(url, ready_timeout_s)

@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .api import SidecarAPI, read_body
-from .config import Limits, ModelSpec, SidecarConfig, config_from_dict, load_config
+from .config import Limits, ModelSpec, SidecarConfig, SidecarSettings, config_from_dict, load_config
 from .errors import NotReady, Overloaded, SidecarApiError
 
 __all__ = ["HandleBackend", "Ingress", "ModelDeployment", "app_builder", "build_app", "deployment_name"]
@@ -161,7 +161,7 @@ class Ingress:
 def build_app(config: SidecarConfig, *, api_key: str | None = None) -> serve.Application:
     """The Serve application for ``config``. ``api_key`` defaults to ``RAG_SIDECAR_API_KEY``."""
     if api_key is None:
-        api_key = os.environ.get("RAG_SIDECAR_API_KEY") or None
+        api_key = SidecarSettings.load().api_key
     limits = config.to_dict()["limits"]
     handles = {}
     for spec in config.models:
@@ -186,7 +186,7 @@ def build_app(config: SidecarConfig, *, api_key: str | None = None) -> serve.App
 
 def app_builder(args: dict[str, str]) -> serve.Application:
     """Entry point for ``serve run`` / ``serve deploy``: ``args["config"]`` is the model config path."""
-    path = args.get("config") or os.environ.get("RAG_SIDECAR_CONFIG") or default_config_path()
+    path = args.get("config") or SidecarSettings.load().config or default_config_path()
     return build_app(load_config(path))
 
 

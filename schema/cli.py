@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 from .settings import DatabaseSettings, load_settings
@@ -25,22 +27,22 @@ def database_settings(args: argparse.Namespace) -> DatabaseSettings:
 async def _migrate(args: argparse.Namespace) -> int:
     from .database import open_database
 
-    async with open_database(database_settings(args), run_migrations=False) as db:
-        from .migrate import migrate
-
-        applied = await migrate(db.url)
+    async with open_database(database_settings(args)) as db:
+        applied = db.applied
     print("applied: " + ", ".join(applied) if applied else "schema is up to date")
     return 0
 
 
-async def wait_for_stop_signal() -> None:
-    """Block until SIGINT or SIGTERM."""
+@contextlib.contextmanager
+def stop_signal() -> Iterator[asyncio.Event]:
+    """An event set by SIGINT or SIGTERM, with the handlers installed before the caller says
+    it is ready: a signal sent right after a readiness line must stop, not kill, the command."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await stop.wait()
+        yield stop
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
@@ -50,9 +52,10 @@ async def _db(args: argparse.Namespace) -> int:
     from .database import open_database
 
     async with open_database(database_settings(args)) as db:
-        where = f"embedded, data in {db.embedded.data_dir}" if db.embedded else "external server"
-        print(f"database: {db.url} ({where}); migrations applied. Ctrl-C stops it.", flush=True)
-        await wait_for_stop_signal()
+        with stop_signal() as stop:
+            where = f"embedded, data in {db.embedded.data_dir}" if db.embedded else "external server"
+            print(f"database: {db.url} ({where}); migrations applied. Ctrl-C stops it.", flush=True)
+            await stop.wait()
     print("database stopped", flush=True)
     return 0
 

@@ -2,21 +2,34 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import asyncpg
 from pgvector.asyncpg import register_vector
 
 from .embedded import EmbeddedPostgres
-from .migrate import migrate
+from .migrate import MigrationError, migrate
 from .settings import DatabaseSettings
 
 
 async def init_connection(conn: asyncpg.Connection) -> None:
-    """Per-connection set-up for every pooled connection: the pgvector codecs."""
-    await register_vector(conn)
+    """Per-connection set-up for every pooled connection: the pgvector codecs.
+
+    The codecs need the ``vector`` type, which the first migration creates: on a database
+    that was never migrated, say so instead of asyncpg's "unknown type: public.vector".
+    """
+    try:
+        await register_vector(conn)
+    except ValueError as exc:
+        if "unknown type" not in str(exc):
+            raise
+        raise MigrationError(
+            "the database has no pgvector types yet (the `vector` extension is not created in it): "
+            "run `mnemo migrate` first, or start the gateway, which migrates on start"
+        ) from exc
 
 
 async def create_pool(database_url: str, *, max_size: int = 10, min_size: int = 1) -> asyncpg.Pool:
@@ -38,6 +51,7 @@ class Database:
     url: str
     pool: asyncpg.Pool
     embedded: EmbeddedPostgres | None = None
+    applied: list[str] = field(default_factory=list)  # migrations this start applied
 
 
 @contextlib.asynccontextmanager
@@ -54,15 +68,17 @@ async def open_database(
         url = settings.database_url
     else:
         embedded = EmbeddedPostgres(settings.data_dir / "pg")
-        url = embedded.start()
+        # initdb and pg_ctl take seconds: never on the event loop.
+        url = await asyncio.to_thread(embedded.start)
     try:
-        if run_migrations:
-            await migrate(url)
+        # Migrate before the pool: the pool's codecs need the `vector` type the first
+        # migration creates (a fresh production database has none).
+        applied = await migrate(url) if run_migrations else []
         pool = await create_pool(url, max_size=settings.pool_size)
         try:
-            yield Database(url=url, pool=pool, embedded=embedded)
+            yield Database(url=url, pool=pool, embedded=embedded, applied=applied)
         finally:
             await pool.close()
     finally:
         if embedded is not None:
-            embedded.stop()
+            await asyncio.to_thread(embedded.stop)

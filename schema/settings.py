@@ -126,3 +126,11 @@ class DatabaseSettings:
     def validate(self) -> None:
         if self.pool_size < 1:
             raise SettingsError("RAG_DB_POOL_SIZE must be at least 1")
+
+
+def configured(var: str, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the operator set ``var`` (non-empty): for commands whose behaviour depends on a
+    setting being given at all, not only on its value (``mnemo up`` starts its own sidecar
+    unless one is named)."""
+    env = os.environ if environ is None else environ
+    return bool(env.get(var))

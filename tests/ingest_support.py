@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,6 +10,7 @@ import asyncpg
 from index.partitions import get_partition
 from index.settings import IngestSettings
 from inference.client import EmbedResult, SidecarClient
+from inference.net import free_port
 
 TEXT_MODEL = "all-minilm-l6-v2"
 SPARSE_MODEL = "tiny-bge-m3-random"
@@ -102,7 +102,4 @@ async def make_ready(pool: asyncpg.Pool) -> None:
 
 def closed_port_url() -> str:
     """A loopback URL nothing listens on (connection refused)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
+    return f"http://127.0.0.1:{free_port()}"

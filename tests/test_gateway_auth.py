@@ -78,7 +78,25 @@ def test_rs256_with_a_public_key_and_no_algorithm_confusion(tmp_path: Path) -> N
 
 @pytest.mark.parametrize(
     "claims",
-    [{"projects": "all"}, {"projects": [1, "2"]}, {"perms": {"oh1": "1"}}, {"admin": "yes"}, {"sub": ""}],
+    [
+        {"projects": "all"},
+        {"projects": [1, "2"]},
+        {"perms": {"oh1": "1"}},
+        {"admin": "yes"},
+        {"sub": ""},
+        # Out of range for the ACL's int4 SQL (a 500 on every search before) or for a level.
+        {"projects": [2**40]},
+        {"projects": [-1]},
+        {"perms": {"oh1": 2**40}},
+        {"perms": {"oh1": -1}},
+        {"perms": {"oh1": 4}},
+        {"sub": "x" * 300},
+        {"projects": list(range(10_001))},
+        # Keys and subjects that would reach SQL or the logs: the archive's tipo grammar, printable.
+        {"perms": {"oh1\u0000": 1}},
+        {"perms": {"oh1/\ud800": 1}},
+        {"sub": "root\u0000"},
+    ],
 )
 def test_malformed_claims_are_invalid_tokens(claims: dict) -> None:
     body = {"sub": "x", "exp": int(time.time()) + 60, **claims}

@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 
@@ -19,16 +18,11 @@ from gateway.app import create_app, serve
 from gateway.logs import REQUEST_ID, JsonFormatter, RequestIdFilter
 from gateway.openapi import build_spec
 from gateway.settings import load_gateway_settings
+from inference.net import await_ready, free_port
 from tests.fixtures.gateway import SECRET, Gateway, running_gateway
 
 pytestmark = pytest.mark.ray
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def _get(url: str) -> tuple[int, str]:
@@ -41,7 +35,7 @@ async def test_health_and_readiness(corpus_gateway: Gateway, corpus_database_url
     assert status == 200 and json.loads(text)["data"] == {"status": "ok"}
     status, text = await _get(corpus_gateway.url + "/readyz")
     assert status == 200 and json.loads(text)["data"]["sidecar"] is True
-    async with running_gateway(corpus_database_url, f"http://127.0.0.1:{_free_port()}") as down:
+    async with running_gateway(corpus_database_url, f"http://127.0.0.1:{free_port()}") as down:
         status, text = await _get(down.url + "/healthz")
         assert status == 200
         status, text = await _get(down.url + "/readyz")
@@ -103,7 +97,7 @@ async def test_stopping_finishes_in_flight_requests(corpus_database_url: str, si
         return web.json_response({"done": True})
 
     app.router.add_get("/slow", slow)
-    port = _free_port()
+    port = free_port()
     stop, started = asyncio.Event(), asyncio.Event()
     server = asyncio.create_task(
         serve(app, "127.0.0.1", port, shutdown_timeout=10, stop=stop, started=started)
@@ -126,7 +120,7 @@ async def test_stopping_finishes_in_flight_requests(corpus_database_url: str, si
 
 
 async def test_mnemo_gateway_stops_cleanly_on_sigterm(corpus_database_url: str, sidecar_url: str) -> None:
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "RAG_JWT_SECRET": SECRET, "RAG_LOG_FORMAT": "json"}
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -145,13 +139,7 @@ async def test_mnemo_gateway_stops_cleanly_on_sigterm(corpus_database_url: str, 
         stderr=asyncio.subprocess.PIPE,
     )
     try:
-        for _ in range(300):
-            try:
-                status, _text = await _get(f"http://127.0.0.1:{port}/healthz")
-                if status == 200:
-                    break
-            except aiohttp.ClientConnectionError:
-                await asyncio.sleep(0.2)
+        await await_ready(f"http://127.0.0.1:{port}", 120, path="/healthz", process=proc)
         proc.send_signal(signal.SIGTERM)
         _out, err = await asyncio.wait_for(proc.communicate(), 60)
     finally:

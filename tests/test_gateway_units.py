@@ -47,15 +47,25 @@ def test_snippet_cuts_at_a_word_with_an_ellipsis() -> None:
 def test_query_cache_is_lru_and_normalizes_whitespace() -> None:
     cache = QueryVectorCache(2)
     v = QueryVector(np.ones(3, np.float32), None)
-    cache.put("m", "a  b", v)
-    cache.put("m", "c", v)
-    assert cache.get("m", " a b ") is v  # refreshes "a b"
-    cache.put("m", "d", v)
-    assert cache.get("m", "c") is None and cache.get("m", "a b") is v and len(cache) == 2
-    assert cache.get("other-model", "d") is None
+    cache.put("m", "a  b", v, owner="u")
+    cache.put("m", "c", v, owner="u")
+    assert cache.get("m", " a b ", owner="u") is v  # refreshes "a b"
+    cache.put("m", "d", v, owner="u")
+    assert (
+        cache.get("m", "c", owner="u") is None and cache.get("m", "a b", owner="u") is v and len(cache) == 2
+    )
+    assert cache.get("other-model", "d", owner="u") is None
     disabled = QueryVectorCache(0)
-    disabled.put("m", "x", v)
-    assert disabled.get("m", "x") is None
+    disabled.put("m", "x", v, owner="u")
+    assert disabled.get("m", "x", owner="u") is None
+
+
+def test_query_cache_never_answers_one_caller_with_another_callers_query() -> None:
+    cache = QueryVectorCache(8)
+    v = QueryVector(np.ones(3, np.float32), None)
+    cache.put("m", "who asked about the flood", v, owner="alice")
+    assert cache.get("m", "who asked about the flood", owner="bob") is None
+    assert cache.get("m", "who asked about the flood", owner="alice") is v
 
 
 def test_fusion_weights_parse() -> None:

@@ -27,7 +27,7 @@ from inference.config import SidecarConfig
 from inference.encoders import Encoder
 from inference.local_server import create_app
 from inference.service import ModelService
-from tests.fixtures.sidecar import bomb_png, until
+from tests.fixtures.sidecar import SIDECAR_KEEP_ALIVE_S, bomb_png, until
 
 MINILM = "all-minilm-l6-v2"
 SIGLIP = "tiny-siglip-random"
@@ -88,6 +88,84 @@ async def test_400_bad_input(
     assert status == 400, answer
     assert answer["error"]["code"] == code
     assert answer["error"]["message"]
+
+
+LONE = "\ud800"  # a lone UTF-16 surrogate: valid JSON escape, not encodable text
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/embed", {"model": MINILM, "input": ["fine", "water" + LONE]}, "input[1]"),
+        ("/text", {"model": SIGLIP, "input": [LONE]}, "input[0]"),
+        ("/rerank", {"model": "tiny-reranker-random", "query": LONE, "documents": ["a"]}, "query"),
+        (
+            "/rerank",
+            {"model": "tiny-reranker-random", "query": "q", "documents": ["a", LONE]},
+            "documents[1]",
+        ),
+        ("/tokenize", {"model": MINILM, "input": LONE}, "input"),
+        ("/v1/embeddings", {"model": MINILM, "input": [LONE]}, "input[0]"),
+        ("/embed", {"model": MINILM, "input": ["x"], LONE: 1}, "\\ud800"),
+    ],
+)
+async def test_lone_surrogates_are_a_400_naming_the_field(
+    http: aiohttp.ClientSession, sidecar_url: str, path: str, body: object, field: str
+) -> None:
+    status, answer, _ = await _post(http, sidecar_url + path, body)
+    assert (status, answer["error"]["code"]) == (400, "invalid_text"), answer
+    assert f"'{field}'" in answer["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "code"),
+    [
+        (b'{"model": "all-minilm-l6-v2", "input": ' + b"[" * 10_000 + b"]" * 10_000 + b"}", "json_too_deep"),
+        (
+            b'{"model": "all-minilm-l6-v2", "input": ["x"], "dimensions": ' + b"9" * 5000 + b"}",
+            "number_too_long",
+        ),
+        (b'{"model": "all-minilm-l6-v2", "input": ["x"], "dimensions": NaN}', "invalid_json"),
+        (b'{"model": "all-minilm-l6-v2", "input": ["\xff\xfe"]}', "invalid_json"),
+    ],
+)
+async def test_parser_limits_are_400s(
+    http: aiohttp.ClientSession, sidecar_url: str, raw: bytes, code: str
+) -> None:
+    for path in ("/embed", "/v1/embeddings"):
+        status, answer, _ = await _post(http, sidecar_url + path, raw)
+        assert (status, answer["error"]["code"]) == (400, code), answer
+
+
+async def test_non_json_bodies_are_415(http: aiohttp.ClientSession, sidecar_url: str) -> None:
+    body = json.dumps({"model": MINILM, "input": ["x"]}).encode()
+    for headers in (
+        {"Content-Type": "text/plain"},
+        {"Content-Type": "application/x-www-form-urlencoded"},
+        {"Content-Type": "application/xml"},
+        {"Content-Type": "application/json", "Content-Encoding": "gzip"},
+    ):
+        async with http.post(f"{sidecar_url}/embed", data=io.BytesIO(body), headers=headers) as response:
+            assert response.status == 415, headers
+            assert (await response.json(content_type=None))["error"]["code"] == "unsupported_media_type"
+    status, answer, _ = await _post(http, f"{sidecar_url}/embed", body)  # application/json: served
+    assert status == 200 and len(answer["embeddings"]) == 1
+
+
+async def test_an_idle_keep_alive_connection_is_closed(sidecar_url: str) -> None:
+    # Serve's default keeps an idle connection 90 s; the launcher passes keep_alive_timeout_s.
+    # (A client that never completes its headers is not covered by any Serve option: README.)
+    host, port = sidecar_url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+        assert head.startswith(b"HTTP/1.1 200")
+        rest = await asyncio.wait_for(reader.read(), SIDECAR_KEEP_ALIVE_S + 15)  # the answer, then EOF
+        assert rest.endswith(b"}")
+    finally:
+        writer.close()
 
 
 async def test_404_unknown_model_and_route(http: aiohttp.ClientSession, sidecar_url: str) -> None:

@@ -13,10 +13,12 @@ import pytest
 
 import index.store
 from index import queue
-from index.drain import drain_once
+from index.drain import DrainLoop, drain_once
 from index.intake import enqueue_records
+from index.metrics import IngestMetrics
 from index.sections import SectionStore
 from inference.client import EmbedResult, SidecarClient
+from tests.fixtures.sidecar import until
 from tests.ingest_support import (
     ORAL_HISTORY,
     SETTINGS,
@@ -198,3 +200,43 @@ async def test_a_failing_record_backs_off_parks_and_is_retried(pool: asyncpg.Poo
         assert report.indexed == 1
     assert await _records_in_store(pool) == {1}
     assert [r["section_id"] for r in await queue_rows(pool)] == [2]
+
+
+class _MetricsThatFailOnce(IngestMetrics):
+    """A real metrics registry whose first report raises: a bug outside a pass's own error handling."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = False
+
+    def observe_report(self, report: Any) -> None:
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError("injected: the metrics backend broke")
+        super().observe_report(report)
+
+
+async def test_a_crashed_drain_loop_is_reported_and_restarts(pool: asyncpg.Pool, sidecar_url: str) -> None:
+    metrics = _MetricsThatFailOnce()
+    stop = asyncio.Event()
+    async with CountingClient(sidecar_url) as client:
+        drain = DrainLoop(pool, client, SETTINGS, text_model=TEXT_MODEL, metrics=metrics)
+        runner = asyncio.create_task(drain.supervise(stop))
+        try:
+            await until(lambda: drain.crashes == 1)
+            status = drain.status()
+            assert status["state"] == "crashed" and "injected" in status["last_crash"], status
+            assert metrics.registry.get_sample_value("mnemo_ingest_drain_crashes_total") == 1
+            assert metrics.registry.get_sample_value("mnemo_ingest_drain_up") == 0
+            await enqueue_records(pool, [record(7)])  # accepted while the loop is down
+            await until(lambda: drain.status()["state"] == "running", attempts=30_000)
+            assert metrics.registry.get_sample_value("mnemo_ingest_drain_up") == 1
+            drain.wake()
+            for _ in range(300):
+                if not await queue_rows(pool):
+                    break
+                await asyncio.sleep(0.1)
+            assert await queue_rows(pool) == [] and 7 in await _records_in_store(pool)
+        finally:
+            stop.set()
+            await asyncio.wait_for(runner, 30)

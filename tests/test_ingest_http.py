@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 
 import aiohttp
@@ -49,7 +50,9 @@ async def _http(
     bearer: str | None = ADMIN,
     raw: bytes | None = None,
 ) -> tuple[int, dict[str, Any]]:
-    headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
+    headers = {"Content-Type": "application/json"}
+    if bearer:
+        headers["Authorization"] = f"Bearer {bearer}"
     data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
     async with (
         aiohttp.ClientSession() as s,
@@ -193,3 +196,26 @@ async def test_intake_accepts_during_an_outage_and_nothing_is_lost(
         report = await drain_once(db_pool, client, SETTINGS, text_model=TEXT_MODEL)
     assert report.indexed == 5 and await queue_rows(db_pool) == []
     assert {r["section_id"] for r in await text_rows(db_pool)} == {1, 2, 3, 4, 5}
+
+
+async def test_a_large_batch_does_not_block_the_event_loop(
+    gateway: Any, sidecar_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """asyncio's debug mode logs every callback step that holds the loop past the threshold:
+    a 1,000-record intake (validation, queueing) must not stall other requests for 100 ms."""
+    loop = asyncio.get_running_loop()
+    async with gateway(sidecar_url, **QUIET) as gw:
+        await _http(gw, "PUT", "/v1/sections/oh1", ORAL_HISTORY)
+        batch = [record(i) for i in range(1, 1001)]
+        debug, threshold = loop.get_debug(), loop.slow_callback_duration
+        loop.set_debug(True)
+        loop.slow_callback_duration = 0.1
+        try:
+            with caplog.at_level(logging.WARNING, logger="asyncio"):
+                status, body = await _http(gw, "POST", "/v1/records", batch)
+        finally:
+            loop.set_debug(debug)
+            loop.slow_callback_duration = threshold
+    assert status == 202 and body["data"]["queued"] == 1000, body
+    stalls = [r.getMessage() for r in caplog.records if r.name == "asyncio" and " took " in r.getMessage()]
+    assert not stalls, stalls

@@ -10,6 +10,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from gateway.errors import ERRORS
 from index import queue
 from index.intake import IntakeError, as_record_list, enqueue_delete, enqueue_records, enqueue_valid
 from index.sections import DescriptorError, SectionStore, validate_descriptor
@@ -140,7 +141,8 @@ async def test_bad_records_are_rejected_with_a_code_naming_the_field(
     with pytest.raises(IntakeError) as info:
         await enqueue_records(db_pool, [bad, record(2)])
     assert (info.value.code, info.value.field) == (code, field)
-    assert info.value.status == (422 if code != "request.invalid_record" else 400)
+    # The gateway's one table maps the domain code to its status.
+    assert ERRORS[code].status == (422 if code != "request.invalid_record" else 400)
     # The batch is rejected whole: nothing was queued.
     assert await db_pool.fetchval("SELECT count(*) FROM rag_index_queue") == 0
 
@@ -177,7 +179,7 @@ async def test_too_many_records_is_a_413(db_pool: asyncpg.Pool) -> None:
     await SectionStore(db_pool).put("oh1", ORAL_HISTORY)
     with pytest.raises(IntakeError) as info:
         await enqueue_records(db_pool, [record(i) for i in range(3)], max_records=2)
-    assert (info.value.code, info.value.status) == ("request.too_many_records", 413)
+    assert (info.value.code, ERRORS[info.value.code].status) == ("request.too_many_records", 413)
 
 
 async def test_enqueue_valid_keeps_the_good_records_of_a_backfill(db_pool: asyncpg.Pool) -> None:
