@@ -36,6 +36,14 @@ def _ingest_settings(args: argparse.Namespace) -> Any:
     return load_settings(IngestSettings, drain_interval=getattr(args, "interval", None))
 
 
+def _media_settings() -> Any:
+    from schema.settings import load_settings
+
+    from .settings import MediaSettings
+
+    return load_settings(MediaSettings)
+
+
 @contextlib.asynccontextmanager
 async def _database(args: argparse.Namespace) -> AsyncIterator[Any]:
     from schema.database import open_database
@@ -68,7 +76,14 @@ async def _drain(args: argparse.Namespace) -> int:
     settings = _ingest_settings(args)
     async with _database(args) as pool, _sidecar(args) as (client, sidecar):
         if args.once:
-            report = await drain_once(pool, client, settings, text_model=sidecar.text_model)
+            report = await drain_once(
+                pool,
+                client,
+                settings,
+                text_model=sidecar.text_model,
+                image_model=sidecar.image_model,
+                media=_media_settings(),
+            )
             if report.skipped:
                 print("another drain holds the lock; nothing to do here", flush=True)
                 return 0
@@ -77,7 +92,14 @@ async def _drain(args: argparse.Namespace) -> int:
                 print(f"sidecar unavailable at {sidecar.sidecar_url}: records stay queued", file=sys.stderr)
                 return EXIT_SIDECAR_UNAVAILABLE
             return 0
-        loop = DrainLoop(pool, client, settings, text_model=sidecar.text_model)
+        loop = DrainLoop(
+            pool,
+            client,
+            settings,
+            text_model=sidecar.text_model,
+            image_model=sidecar.image_model,
+            media=_media_settings(),
+        )
         with stop_signal() as stop:
             runner = asyncio.create_task(loop.run(stop))
             print(f"draining every {settings.drain_interval:g}s; Ctrl-C stops", flush=True)
