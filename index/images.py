@@ -59,6 +59,10 @@ class ImageRejected(ValueError):
         self.reason = reason
         self.message = message
 
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        # Crosses the bulk job's process boundary: rebuild from both fields, not from args.
+        return (type(self), (self.reason, self.message))
+
 
 class MediaNotAllowed(ValueError):
     """A path outside the media root, a URL outside the allow-list, or a source kind not configured."""
