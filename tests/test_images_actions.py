@@ -28,6 +28,8 @@ from tests.image_support import COIN_SECTION, COINS, IMAGE_MODEL
 MEDIA = MediaSettings(image_max_px=64, thumbnail_px=24)
 MANIFEST = COINS / "manifest.jsonl"
 LINES = [json.loads(line) for line in MANIFEST.read_text().splitlines() if line.strip()]
+# The same lines with absolute paths, for manifests written elsewhere (paths are relative to the manifest).
+ABSOLUTE = [{**line, "path": str(COINS / line["path"])} for line in LINES]
 # Three photographs reused below: coin 1 filed twice, two faces for the multi-view records.
 A, B, C, E = (str(COINS / LINES[i]["path"]) for i in (0, 40, 70, 90))
 
@@ -135,7 +137,7 @@ async def test_bulk_job_ingests_the_coins_and_resumes(
         bad = _manifest(
             tmp_path / "again.jsonl",
             [
-                *LINES[:5],
+                *ABSOLUTE[:5],
                 {"path": "missing.jpg"},
                 {"path": str(COINS / "SOURCE.txt")},
                 {"path": LINES[0]["path"], "colour": "red"},
@@ -354,7 +356,7 @@ async def test_ray_data_job_writes_the_same_rows_as_the_single_machine_job(
     config.write_text(
         yaml.safe_dump({"models": [{"id": spec.id, "kind": spec.kind, "weights": spec.weights}]})
     )
-    manifest = _manifest(tmp_path / "six.jsonl", [*LINES[:5], {"path": "missing.jpg"}])
+    manifest = _manifest(tmp_path / "six.jsonl", [*ABSOLUTE[:5], {"path": "missing.jpg"}])
     pool = await create_pool(database_url, max_size=2)
     try:
         for section in ("single1", "ray1"):
