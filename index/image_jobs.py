@@ -342,13 +342,24 @@ class ImageJob:
         for _ in range(max(1, self.options.prefetch)):
             if not await submit():
                 break
-        while inflight:
-            batch, stored, future = inflight.popleft()
-            waited = time.perf_counter()
-            results = await future
-            self._time("decode_wait", waited)
-            await submit()  # keep the pool busy while this batch is embedded and written
-            await self._finish(batch, stored, results)
+        writing: asyncio.Task[None] | None = None
+        try:
+            while inflight:
+                batch, stored, future = inflight.popleft()
+                waited = time.perf_counter()
+                results = await future
+                self._time("decode_wait", waited)
+                await submit()  # keep the pool busy while this batch is embedded and written
+                rows, thumbs = await self._rows(batch, stored, results)
+                if writing is not None:  # batches land in order: the previous write first
+                    await writing
+                # The write runs while the next batch is embedded.
+                writing = asyncio.create_task(self._write(rows, thumbs, len(batch)))
+            if writing is not None:
+                await writing
+        finally:
+            if writing is not None and not writing.done():
+                writing.cancel()
 
     async def _stored(self, batch: Sequence[ManifestItem]) -> dict[tuple[int, str, str, int], StoredImage]:
         assert self.partition is not None
@@ -364,8 +375,19 @@ class ImageJob:
         results: Sequence[PreparedImage | str | ImageRejected],
         vectors: Mapping[str, np.ndarray] | None = None,
     ) -> None:
-        """Write one batch's rows. ``vectors`` by content hash: embedded elsewhere (the Ray job's
-        actors); None: new images are embedded through the sidecar here."""
+        """Embed (unless ``vectors`` by content hash came from elsewhere: the Ray job's actors) and
+        write one batch."""
+        rows, thumbs = await self._rows(batch, stored, results, vectors)
+        await self._write(rows, thumbs, len(batch))
+
+    async def _rows(
+        self,
+        batch: Sequence[ManifestItem],
+        stored: Mapping[tuple[int, str, str, int], StoredImage],
+        results: Sequence[PreparedImage | str | ImageRejected],
+        vectors: Mapping[str, np.ndarray] | None = None,
+    ) -> tuple[list[ImageRow], list[Thumbnail]]:
+        """One batch's rows with their vectors (new images embedded here) and thumbnails."""
         assert self.partition is not None
         tipo = self.options.section_tipo
         fresh: dict[str, bytes] = {}
@@ -421,7 +443,6 @@ class ImageJob:
             vectors.update(await image_store.image_vectors(self.pool, self.partition, records, reuse))
         for _, row, _ in rows:
             row.embedding = vectors[row.content_hash]
-        started = time.perf_counter()
         thumbs = [
             Thumbnail(
                 tipo, item.section_id, item.component_tipo, item.image_index, p.content_hash, p.thumbnail
@@ -429,13 +450,17 @@ class ImageJob:
             for item, _, p in rows
             if p is not None and p.thumbnail is not None
         ]
+        return [r for _, r, _ in rows], thumbs
+
+    async def _write(self, rows: Sequence[ImageRow], thumbs: Sequence[Thumbnail], done: int) -> None:
+        """One transaction of multi-row statements for a batch."""
+        assert self.partition is not None
+        started = time.perf_counter()
         async with self.pool.acquire() as conn, conn.transaction():
-            self.report.rows_written += await image_store.upsert_images(
-                conn, self.partition, [r for _, r, _ in rows]
-            )
+            self.report.rows_written += await image_store.upsert_images(conn, self.partition, rows)
             await image_store.upsert_thumbnails(conn, thumbs)
         self._time("write", started)
-        self.progress(len(batch))
+        self.progress(done)
 
     async def _embed(self, images: Mapping[str, bytes]) -> dict[str, np.ndarray]:
         if not images:
