@@ -19,11 +19,11 @@ __all__ = ["format_value", "image_meta", "lexical_for", "roles_for", "summary_te
 def roles_for(context: Mapping[str, Any], metadata: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """``{role: {"tipo", "kind", "value"}}`` for the descriptor's roles the record has a value for.
 
-    ``metadata`` is keyed by component tipo, as the archive sends it.
+    ``metadata`` is keyed by component tipo, as the archive sends it, or by role name.
     """
     out = {}
     for role, spec in context.get("metadata", {}).items():
-        value = metadata.get(spec["tipo"])
+        value = metadata.get(spec["tipo"], metadata.get(role))
         if value is None or value == "" or value == []:
             continue
         out[role] = {"tipo": spec["tipo"], "kind": spec["kind"], "value": value}

@@ -141,7 +141,7 @@ RECORD_SCHEMA: dict[str, Any] = {
         "metadata": {
             "type": "object",
             "maxProperties": 256,
-            "propertyNames": {"pattern": TIPO_PATTERN},
+            "propertyNames": {"pattern": GROUP_ID_PATTERN},  # a component tipo or a role name
             "additionalProperties": _ROLE_VALUE,
         },
     },
@@ -230,13 +230,14 @@ def _check_images(
         except ImageRejected as exc:
             given = [k for k in ("data", "path", "url") if k in image]
             raise IntakeError("request.invalid_image", name(f"images[{i}].{given[0]}"), exc.message) from exc
-    roles = {spec["tipo"] for spec in context.get("metadata", {}).values()}
+    # Keys are a role's component tipo (the archive's resolved record) or the role's name.
+    roles = {spec["tipo"] for spec in context.get("metadata", {}).values()} | set(context.get("metadata", {}))
     for tipo in obj.get("metadata", {}):
         if tipo not in roles:
             raise IntakeError(
                 "request.unknown_metadata_component",
                 name(f"metadata.{tipo}"),
-                f"section {section!r} declares no metadata role held by component {tipo!r}",
+                f"section {section!r} declares no metadata role named or held by {tipo!r}",
             )
 
 
