@@ -22,7 +22,8 @@ MEDIA = MediaSettings(image_max_px=64, thumbnail_px=24)
 async def _run(url: str, manifest: Path, section: str, config: Path, address: str) -> dict:
     pool = await create_pool(url, max_size=2)
     try:
-        options = JobOptions(section, projects=(1,), batch_size=4, media=MEDIA)
+        rejects = manifest.with_suffix(".rejects.jsonl")  # beside the test's manifest, not in the cwd
+        options = JobOptions(section, projects=(1,), batch_size=4, media=MEDIA, rejects=rejects)
         report = await run_ray_image_job(pool, manifest, options, address=address, config=config)
     finally:
         await pool.close()
