@@ -293,3 +293,20 @@ async def test_an_undecodable_image_keeps_its_record_queued_with_the_error(
     assert [(q["section_id"], q["attempts"]) for q in queued] == [(1, 1)]
     assert "images[0]" in queued[0]["last_error"] and "decod" in queued[0]["last_error"]
     assert [r["section_id"] for r in await image_rows(pool)] == [2]
+
+
+def test_role_values_by_component_tipo_or_role_name() -> None:
+    from index.image_rows import roles_for, summary_text
+
+    context = validate_descriptor(COIN_SECTION)["context"]
+    by_tipo = roles_for(context, {"numd10": "2e", "numd20": {"from": 1999, "to": 2002}, "numd30": ""})
+    by_name = roles_for(context, {"denomination": "2e", "period": {"from": 1999, "to": 2002}})
+    assert (
+        by_tipo
+        == by_name
+        == {
+            "denomination": {"tipo": "numd10", "kind": "categorical", "value": "2e"},
+            "period": {"tipo": "numd20", "kind": "date", "value": {"from": 1999, "to": 2002}},
+        }
+    )
+    assert summary_text("Coin", by_tipo) == "Coin · denomination: 2e · period: 1999–2002"
