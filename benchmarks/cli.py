@@ -1,8 +1,9 @@
-"""``mnemo bench``: run the benchmark suites and write one report folder per run.
+"""``mnemo bench`` and ``mnemo eval``: run the benchmark suites and write one report folder per run.
 
     mnemo bench                          # every CPU suite, quick plan (what `make bench` runs)
     mnemo bench --suite gateway --full   # one suite, full plan (100k chunks, longer curves, peers)
     mnemo bench --device cuda            # GPU mode: batcher + model code in-process (no Ray, no database)
+    mnemo eval --dataset DIR [--tune]    # retrieval quality on one BEIR data set, beside references
 
 Each run writes ``results.json`` (machine, versions, config, every figure), ``REPORT.md`` (headlines
 beside their same-run baselines, tables, knees) and one PNG per curve into ``--out``.
@@ -12,6 +13,7 @@ This module only registers the command; everything heavy loads inside it.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime as dt
 import inspect
 import logging
@@ -20,17 +22,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+from schema.cli import add_database_flags, database_settings
+
 __all__ = ["register"]
 
 log = logging.getLogger(__name__)
 
-SUITE_NAMES = ("sidecar", "ingest", "gateway", "quality", "gpu")
+SUITE_NAMES = ("sidecar", "ingest", "gateway", "quality", "reliability", "gpu")
 
 
 def _suites(raw: str, device: str) -> list[str]:
     names = [n.strip() for n in raw.split(",") if n.strip()]
     if names == ["all"]:
-        return ["gpu"] if device == "cuda" else ["sidecar", "ingest", "gateway", "quality"]
+        return ["gpu"] if device == "cuda" else ["sidecar", "ingest", "gateway", "quality", "reliability"]
     unknown = sorted(set(names) - set(SUITE_NAMES))
     if unknown or not names:
         raise SystemExit(f"mnemo bench: unknown suite {unknown}; choose from {', '.join(SUITE_NAMES)} or all")
@@ -61,8 +65,6 @@ def _gpu_suite(plan: Any, device: str, work_dir: Path):
 
 
 def _run(args: argparse.Namespace) -> int:
-    import asyncio
-
     from .plan import FULL, QUICK, apply_overrides
     from .report import SuiteResult, write_report
     from .stack import open_stack
@@ -99,6 +101,7 @@ def _run(args: argparse.Namespace) -> int:
             sidecar=any(s.sidecar for s in cpu),
             database_url=args.database_url,
             sidecar_url=args.sidecar_url,
+            image_model=any(s.images for s in cpu),
         ) as stack:
             for suite in cpu:
                 print(f"mnemo bench: {suite.name}: {suite.what} ...", flush=True)
@@ -132,7 +135,77 @@ def _run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+async def _eval(args: argparse.Namespace) -> int:
+    import json
+
+    from gateway.settings import load_gateway_settings
+    from index.settings import SidecarClientSettings
+    from schema.settings import SettingsError, load_settings
+
+    from .eval import MODES
+    from .quality import metrics_json, render, run_quality_benchmark
+
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown or not modes:
+        print(f"mnemo eval: unknown modes {unknown}; choose from {', '.join(MODES)}", file=sys.stderr)
+        return 2
+    try:
+        sidecar = load_settings(SidecarClientSettings, sidecar_url=args.sidecar_url)
+        settings = load_gateway_settings(database=database_settings(args), sidecar=sidecar, auth="off")
+    except SettingsError as exc:
+        print(f"mnemo eval: {exc}", file=sys.stderr)
+        return 2
+    try:
+        result = await run_quality_benchmark(
+            args.dataset,
+            settings,
+            modes=modes,
+            references=not args.no_references,
+            tune=args.tune,
+            keep=args.keep,
+            apply=args.apply,
+        )
+    except LookupError as exc:  # --apply to a section without a descriptor
+        print(f"mnemo eval: --apply: {exc}", file=sys.stderr)
+        return 2
+    print(render(result))
+    if args.json:
+        args.json.write_text(json.dumps(metrics_json(result), indent=2) + "\n")
+    return 0
+
+
+def _register_eval(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "eval",
+        help="retrieval quality on a BEIR data set (nDCG@10, recall@100, MRR@10 per mode, with references)",
+    )
+    add_database_flags(p)
+    p.add_argument(
+        "--dataset", type=Path, required=True, help="BEIR directory (corpus.jsonl, queries.jsonl, qrels/)"
+    )
+    p.add_argument("--modes", default="dense,lexical,sparse,hybrid", help="comma-separated modes")
+    p.add_argument("--json", type=Path, default=None, help='write {"<mode>": {"ndcg@10", ...}} here')
+    p.add_argument(
+        "--tune",
+        action="store_true",
+        help="choose fusion method and weights, reported 2-fold cross-validated (tuned on half the queries)",
+    )
+    p.add_argument(
+        "--apply",
+        metavar="SECTION",
+        default=None,
+        help="tune, then store the choice in SECTION's descriptor (the gateway fuses that section with it)",
+    )
+    p.add_argument("--no-references", action="store_true", help="skip exact-dense / BM25 / RRF references")
+    p.add_argument("--keep", action="store_true", help="keep the eval section indexed (faster re-runs)")
+    p.add_argument("--sidecar-url", default=None, help="inference sidecar URL (env RAG_SIDECAR_URL)")
+    p.set_defaults(run=lambda a: asyncio.run(_eval(a)))
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
+    """``mnemo bench`` and ``mnemo eval`` (the CLI root finds this through ``mnemo.commands``)."""
+    _register_eval(subparsers)
     p = subparsers.add_parser(
         "bench",
         help="benchmark suites, each figure beside a baseline from the same run (REPORT.md, results.json, PNGs)",
@@ -141,7 +214,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--suite",
         default="all",
-        help="sidecar, ingest, gateway, quality, gpu (comma-separated), or all (default: every CPU suite)",
+        help="sidecar, ingest, gateway, quality, reliability, gpu (comma-separated), or all (default: every CPU suite)",
     )
     p.add_argument("--full", action="store_true", help="the full plan: 100k chunks, longer curves, peers")
     p.add_argument(

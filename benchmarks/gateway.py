@@ -40,7 +40,17 @@ from inference.net import ProcessExited, await_ready, free_port
 from .measure import closed_loop, ratio
 from .settings import child_environment, configured_database_url, configured_sidecar, configured_text_model
 
-SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "datasets"
+
+def _shared_datasets() -> Path:
+    """``../shared/datasets`` beside the checkout, or beside a folder above it (a git worktree under wt/)."""
+    checkout = Path(__file__).resolve().parent.parent
+    for root in checkout.parents:
+        if (root / "shared" / "datasets").is_dir():
+            return root / "shared" / "datasets"
+    return checkout.parent / "shared" / "datasets"
+
+
+SHARED = _shared_datasets()
 SECTION = "bench1"
 CHUNKS_PER_RECORD = 5
 CONCURRENCY = (1, 8, 32)

@@ -85,6 +85,8 @@ class GpuBenchConfig:
     sparse: bool = True  # bge-m3 is served with its sparse head
     tiny: bool = False
     work_dir: Path | None = None  # where the random-weight checkpoints are written (default: a temp dir)
+    faiss_vectors: int = 1_000_000  # the FAISS section's flat index (0: skip it); tiny runs use 2000
+    faiss_dimension: int = 1024
 
 
 # -- the two architectures, random weights, real checkpoint directories ---------------------------------
@@ -544,9 +546,22 @@ def run_gpu_benchmark(config: GpuBenchConfig) -> dict[str, Any]:
                     row["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
                 torch.cuda.empty_cache()
             rows += batch_rows
+    faiss_result = None
+    if config.faiss_vectors:
+        from .gpu_faiss import FaissBenchConfig, run_faiss_benchmark
+
+        faiss_config = FaissBenchConfig(
+            device=config.device,
+            vectors=2000 if config.tiny else config.faiss_vectors,
+            dimension=64 if config.tiny else config.faiss_dimension,
+            seconds=min(config.seconds, 3.0),
+            batches=(4, 16) if config.tiny else (16, 128, 1024),
+        )
+        faiss_result = run_faiss_benchmark(faiss_config, name)
     return {
         "device": config.device,
         "device_name": name,
+        "faiss": faiss_result,
         "peak_tflops": {d: peak_tflops(name, d) for d in config.dtypes},
         "torch": torch.__version__,
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(config).items()},
@@ -597,7 +612,45 @@ def as_suite(result: dict[str, Any]) -> SuiteResult:
         f"Built the random-weight checkpoints in {result['build_s']:.0f} s; whole run {result['wall_s']:.0f} s.",
     ]
     notes += [f"Skipped {s}." for s in result["skipped"]]
-    return SuiteResult(suite="gpu", headlines=headlines, tables=[table], figures=result, notes=notes)
+    tables = [table]
+    faiss = result.get("faiss")
+    if faiss:
+        tables.append(_faiss_table(faiss))
+        single = faiss["rows"][0]
+        if single["hbm_floor_ms"]:
+            headlines.append(
+                Headline(
+                    f"FAISS flat {faiss['vectors']:,}x{faiss['dimension']} {faiss['storage']} single query",
+                    single["p50_ms"],
+                    "ms p50",
+                    "HBM floor (one full read of the matrix)",
+                    single["hbm_floor_ms"],
+                )
+            )
+        notes.append(
+            f"FAISS {faiss['faiss']}: exact inner-product top-{faiss['k']} over {faiss['vectors']:,} random "
+            f"unit vectors of {faiss['dimension']} dims ({faiss['storage']}, {faiss['bytes_per_scan'] / 2**30:.2f} "
+            f"GiB per full scan; peak bandwidth {faiss['peak_hbm_gbps'] or 'unknown'} GB/s). Share of peak "
+            "bandwidth = one matrix read per call / call time / peak; above 100% a batch is compute-bound."
+        )
+    return SuiteResult(suite="gpu", headlines=headlines, tables=tables, figures=result, notes=notes)
+
+
+def _faiss_table(faiss: dict[str, Any]) -> Table:
+    columns = ["queries per call", "p50 ms", "p95 ms", "queries/s", "HBM floor ms", "share of peak bandwidth"]
+    rows = [
+        [
+            r["batch"],
+            r["p50_ms"],
+            r["p95_ms"],
+            r["queries_per_s"],
+            "n/a" if r["hbm_floor_ms"] is None else r["hbm_floor_ms"],
+            _pct(r["share_of_peak_bandwidth"]),
+        ]
+        for r in faiss["rows"]
+    ]
+    title = f"FAISS flat search on {faiss['device_name']} ({faiss['vectors']:,} x {faiss['dimension']}, {faiss['storage']})"
+    return Table(title, columns, rows)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -609,6 +662,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--lengths", default="128,512", help="tokens per text, comma-separated")
     p.add_argument("--seconds", type=float, default=4.0, help="seconds per measurement")
     p.add_argument("--tiny", action="store_true", help="miniature shapes (a CPU smoke run)")
+    p.add_argument("--faiss-vectors", type=int, default=1_000_000, help="FAISS section size (0 skips it)")
     p.add_argument("--work-dir", type=Path, default=None, help="where to build the random checkpoints")
     p.add_argument("--out", type=Path, required=True, help="report folder (results.json, REPORT.md)")
     args = p.parse_args(argv)
@@ -619,6 +673,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seconds=args.seconds,
         tiny=args.tiny,
         work_dir=args.work_dir,
+        faiss_vectors=args.faiss_vectors,
     )
     result = run_gpu_benchmark(config)
     report = write_report(args.out, [as_suite(result)], {"suite": "gpu", **result["config"]})

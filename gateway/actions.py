@@ -9,17 +9,21 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
-from index.search import Scope
+from index.search import ChunkHit, Scope
 
 from . import objects as _objects
 from . import options as opt
 from .auth import Principal
 from .errors import ApiError
+from .locator import chunk_id
 from .retrieval import EmbeddingUnavailable, QueryRejected, Ranked, Retriever, SeedNotFound
+
+if TYPE_CHECKING:
+    from .ask import AskServices
 
 SNIPPET_CHARS = 240
 
@@ -29,6 +33,7 @@ class ActionContext:
     principal: Principal
     retriever: Retriever
     pool: asyncpg.Pool
+    services: AskServices | None = None  # reranker, generator, egress inputs (ask, rerank, expand)
 
 
 Handler = Callable[[ActionContext, Mapping[str, Any]], Awaitable[tuple[str, Any]]]
@@ -56,13 +61,16 @@ def hit(r: Ranked) -> dict[str, Any]:
     }
 
 
-def passage(r: Ranked) -> dict[str, Any]:
-    """A passage: the hit plus the chunk's full text and where it sits in its document."""
-    c = r.chunk
+def chunk_view(c: ChunkHit) -> dict[str, Any]:
+    """A stored chunk's text and where it sits in its document (for citations and deep links)."""
     meta = c.meta
     return {
-        **hit(r),
+        "section_tipo": c.section_tipo,
+        "section_id": c.section_id,
+        "component_tipo": c.component_tipo,
+        "lang": c.lang,
         "chunk_index": c.chunk_index,
+        "chunk_id": chunk_id(c),
         "text": c.text,
         "title": meta.get("title"),
         "heading_path": list(meta.get("heading_path") or []),
@@ -72,6 +80,11 @@ def passage(r: Ranked) -> dict[str, Any]:
         "group": c.component_tipo[4:] if c.component_tipo.startswith("rag:") else None,
         "parent_key": c.parent_key,
     }
+
+
+def passage(r: Ranked) -> dict[str, Any]:
+    """A passage: the hit plus the chunk's full text and where it sits in its document."""
+    return {**hit(r), **chunk_view(r.chunk)}
 
 
 def _text_scope(options: Mapping[str, Any]) -> tuple[str, Scope, int]:
@@ -89,22 +102,65 @@ def query_error(exc: EmbeddingUnavailable | QueryRejected) -> ApiError:
     return ApiError.embedding_unavailable()
 
 
+def _rerank_flags(item: dict[str, Any], r: Ranked, reranked: bool | None) -> dict[str, Any]:
+    """With ``rerank: true``, each item says whether the cross-encoder ordered it (and its score)."""
+    if reranked is not None:
+        item["reranked"] = reranked
+        item["rerank_score"] = None if r.rerank_score is None else round(r.rerank_score, 6)
+    return item
+
+
+async def _reranked(
+    ctx: ActionContext, query: str, ranked: list[Ranked], limit: int, rerank: bool
+) -> tuple[list[Ranked], bool | None]:
+    """``ranked`` cut to ``limit``, after the cross-encoder reordered it when asked."""
+    if not rerank:
+        return ranked[:limit], None
+    services = services_of(ctx)
+    outcome = await services.reranker.rerank(query, ranked, max(limit, services.settings.rerank_depth))
+    return outcome.ranked[:limit], outcome.reranked
+
+
+def _depth(ctx: ActionContext, limit: int, rerank: bool) -> int:
+    """Candidates to retrieve: ``limit``, or the rerank depth when reranking (it reorders a deeper pool)."""
+    return max(limit, services_of(ctx).settings.rerank_depth) if rerank else limit
+
+
 async def semantic_search(ctx: ActionContext, options: Mapping[str, Any]) -> tuple[str, Any]:
     query, scope, limit = _text_scope(options)
+    rerank = opt.flag(options, "rerank", False)
     try:
-        ranked = await ctx.retriever.records(ctx.principal, query, scope, limit)
+        ranked = await ctx.retriever.records(ctx.principal, query, scope, _depth(ctx, limit, rerank))
     except (EmbeddingUnavailable, QueryRejected) as exc:
         raise query_error(exc) from exc
-    return "ok", [hit(r) for r in ranked]
+    ranked, reranked = await _reranked(ctx, query, ranked, limit, rerank)
+    return "ok", [_rerank_flags(hit(r), r, reranked) for r in ranked]
 
 
 async def _passages(ctx: ActionContext, options: Mapping[str, Any]) -> list[dict[str, Any]]:
+    from .ask import provenance
+    from .expand import expand_passages
+
     query, scope, limit = _text_scope(options)
+    rerank = opt.flag(options, "rerank", False)
+    expand = opt.expand(options)
     try:
-        ranked = await ctx.retriever.passages(ctx.principal, query, scope, limit)
+        ranked = await ctx.retriever.passages(ctx.principal, query, scope, _depth(ctx, limit, rerank))
     except (EmbeddingUnavailable, QueryRejected) as exc:
         raise query_error(exc) from exc
-    return [passage(r) for r in ranked]
+    ranked, reranked = await _reranked(ctx, query, ranked, limit, rerank)
+    if expand is None:
+        return [_rerank_flags(passage(r), r, reranked) for r in ranked]
+    s = services_of(ctx).settings
+    expanded = await expand_passages(
+        ctx.retriever,
+        ctx.principal,
+        ranked,
+        expand,
+        neighbours=s.expand_neighbours,
+        parent_limit=s.expand_parent_chunks,
+    )
+    return [_rerank_flags(provenance(p), p.ranked, reranked) for p in expanded]
 
 
 async def retrieve(ctx: ActionContext, options: Mapping[str, Any]) -> tuple[str, Any]:
@@ -113,6 +169,57 @@ async def retrieve(ctx: ActionContext, options: Mapping[str, Any]) -> tuple[str,
 
 async def get_agent_context(ctx: ActionContext, options: Mapping[str, Any]) -> tuple[str, Any]:
     return "agent_context", await _passages(ctx, options)
+
+
+MAX_AROUND = 10
+
+
+async def read_chunk(ctx: ActionContext, options: Mapping[str, Any]) -> tuple[str, Any]:
+    """A stored chunk by its ``chunk_id`` with ``before``/``after`` readable chunks of its document.
+
+    A chunk that does not exist and one the caller may not read get the same
+    ``rag.chunk_not_found``; unreadable neighbours are left out.
+    """
+    from index.neighbours import document_window
+
+    from .acl import chunk_readable
+    from .locator import parse_chunk_id
+
+    raw = options.get("chunk_id")
+    if raw is None:
+        raise ApiError.invalid_options("Missing chunk_id")
+    key = parse_chunk_id(raw) if isinstance(raw, str) else None
+    if key is None:
+        raise ApiError.invalid_options("chunk_id is not a chunk id (section-id/component/lang/index)")
+    before = opt.bounded_int(options, "before", 1, 0, MAX_AROUND)
+    after = opt.bounded_int(options, "after", 1, 0, MAX_AROUND)
+    try:
+        model = await ctx.retriever.text_model()
+    except EmbeddingUnavailable as exc:
+        raise ApiError.embedding_unavailable() from exc
+    partition = await ctx.retriever.partition(model.id)  # type: ignore[attr-defined]
+    window = [] if partition is None else await document_window(ctx.pool, partition, key, before, after)
+    window = [c for c in window if chunk_readable(ctx.principal, c)]
+    target = next((c for c in window if c.key == key), None)
+    if target is None:
+        raise ApiError("rag.chunk_not_found")
+    return "ok", {
+        "chunk": chunk_view(target),
+        "before": [chunk_view(c) for c in window if c.chunk_index < target.chunk_index],
+        "after": [chunk_view(c) for c in window if c.chunk_index > target.chunk_index],
+    }
+
+
+async def ask(ctx: ActionContext, options: Mapping[str, Any]) -> tuple[str, Any]:
+    from .ask import run_ask
+
+    return await run_ask(ctx, options)
+
+
+def services_of(ctx: ActionContext) -> AskServices:
+    if ctx.services is None:  # an app built without them: a wiring bug, not the caller's error
+        raise RuntimeError("the ask services (reranker, generator) are not configured")
+    return ctx.services
 
 
 async def similar_to(ctx: ActionContext, options: Mapping[str, Any]) -> tuple[str, Any]:
@@ -169,9 +276,8 @@ ACTIONS: dict[str, ActionSpec] = {
     "get_agent_context": ActionSpec(get_agent_context, summary="Passages shaped as LLM context."),
     "similar_to": ActionSpec(similar_to, summary="Records similar to a seed record (its stored vectors)."),
     "embed_groups": ActionSpec(embed_groups, summary="A section's embed-group ids."),
-    "ask": ActionSpec(
-        not_implemented("ask"), summary="Grounded answer with citations (not implemented yet)."
-    ),
+    "read_chunk": ActionSpec(read_chunk, summary="A stored passage by its chunk id, with chunks around it."),
+    "ask": ActionSpec(ask, summary="Grounded answer with citations, or a refusal."),
     "similar_objects": ActionSpec(
         _objects.similar_objects,
         media=True,

@@ -24,7 +24,16 @@ from .intake import DRAIN_KEY, setup_intake
 from .metrics import Metrics
 from .observe import observe_middleware
 from .openapi import openapi
-from .resources import DATABASE_URL_KEY, METRICS_KEY, POOL_KEY, RETRIEVER_KEY, SETTINGS_KEY, SIDECAR_KEY
+from .resources import (
+    ASK_KEY,
+    DATABASE_URL_KEY,
+    METRICS_KEY,
+    POOL_KEY,
+    RETRIEVER_KEY,
+    SETTINGS_KEY,
+    SIDECAR_KEY,
+    VECTOR_CACHE_KEY,
+)
 from .server import GatewayRunner, concurrency_middleware, handler_args
 from .settings import GatewaySettings
 from .thumbnails import setup_thumbnails
@@ -67,6 +76,54 @@ async def _retriever_ctx(app: web.Application) -> AsyncIterator[None]:
         await client.close()
 
 
+async def _vector_cache_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The FAISS cache: loads in the background (pgvector serves until a partition is ready)."""
+    settings = app[SETTINGS_KEY]
+    if settings.faiss_cache == "off":
+        yield
+        return
+    from index.cache_metrics import CacheMetrics
+    from index.vector_cache import CacheConfig, VectorCache
+
+    cache = VectorCache(
+        app[POOL_KEY],
+        app[DATABASE_URL_KEY],
+        CacheConfig(mode=settings.faiss_cache, max_bytes=settings.faiss_max_bytes),
+        CacheMetrics(app[METRICS_KEY].registry),
+    )
+    app[VECTOR_CACHE_KEY] = cache
+    app[RETRIEVER_KEY].vector_cache = cache
+    await cache.start()
+    try:
+        yield
+    finally:
+        app[RETRIEVER_KEY].vector_cache = None
+        await cache.stop()
+
+
+async def _ask_ctx(app: web.Application) -> AsyncIterator[None]:
+    """ask's services: the reranker (the retriever's sidecar client), the generator, the section store."""
+    from index.sections import SectionStore
+
+    from .ask import AskServices
+    from .providers import build_provider
+    from .rerank import Reranker
+
+    settings = app[SETTINGS_KEY]
+    retriever = app[RETRIEVER_KEY]
+    reranker = Reranker(
+        retriever.client, settings.sidecar.rerank_model, settings.ask.rerank_timeout, app[METRICS_KEY]
+    )
+    provider = build_provider(settings.ask, retriever)
+    app[ASK_KEY] = AskServices(
+        settings.ask, reranker, provider, SectionStore(app[POOL_KEY]), app[METRICS_KEY]
+    )
+    try:
+        yield
+    finally:
+        await provider.close()
+
+
 async def healthz(request: web.Request) -> web.Response:
     """Liveness: the process answers."""
     return envelope_ok(request, {"status": "ok"})
@@ -91,7 +148,13 @@ async def readyz(request: web.Request) -> web.Response:
     drain = request.app.get(DRAIN_KEY)
     drain_status = drain.status() if drain is not None else None
     status = "degraded" if drain_status and drain_status["state"] == "crashed" else "ready"
-    return envelope_ok(request, {"status": status, "database": True, "sidecar": True, "drain": drain_status})
+    cache = request.app.get(VECTOR_CACHE_KEY)
+    # A cold or lagging cache does not make the gateway unready either: pgvector answers meanwhile.
+    faiss = {"mode": "off"} if cache is None else cache.status()
+    return envelope_ok(
+        request,
+        {"status": status, "database": True, "sidecar": True, "drain": drain_status, "faiss": faiss},
+    )
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -109,6 +172,25 @@ async def metrics(request: web.Request) -> web.Response:
     return response
 
 
+def _add_engine(app: web.Application, settings: GatewaySettings) -> None:
+    """The resources every action runs on: database pool, sidecar clients, retrieval, ask services."""
+    app[SETTINGS_KEY] = settings
+    app[METRICS_KEY] = Metrics()
+    app.cleanup_ctx.append(_database_ctx)
+    app.cleanup_ctx.append(_sidecar_ctx)
+    app.cleanup_ctx.append(_retriever_ctx)
+    app.cleanup_ctx.append(_vector_cache_ctx)
+    app.cleanup_ctx.append(_ask_ctx)
+
+
+def create_engine(settings: GatewaySettings) -> web.Application:
+    """The gateway's engine without routes or the ingestion drain: what ``mnemo mcp`` runs the
+    actions on (start it with ``web.AppRunner(engine).setup()``)."""
+    app = web.Application()
+    _add_engine(app, settings)
+    return app
+
+
 def create_app(settings: GatewaySettings, *, database_url: str | None = None) -> web.Application:
     """The gateway app. ``database_url`` overrides the configured database (tests, eval)."""
     if database_url is not None:
@@ -120,12 +202,8 @@ def create_app(settings: GatewaySettings, *, database_url: str | None = None) ->
         client_max_size=settings.max_body_bytes,
         handler_args=handler_args(settings),
     )
-    app[SETTINGS_KEY] = settings
-    app[METRICS_KEY] = Metrics()
+    _add_engine(app, settings)
     setup_auth(app, settings)
-    app.cleanup_ctx.append(_database_ctx)
-    app.cleanup_ctx.append(_sidecar_ctx)
-    app.cleanup_ctx.append(_retriever_ctx)
     app.router.add_post("/api/v1/json", json_api)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

@@ -1,4 +1,4 @@
-"""The gateway's subcommands: ``mnemo gateway``, ``mnemo token``, ``mnemo up``, ``mnemo eval``.
+"""The gateway's subcommands: ``mnemo gateway``, ``mnemo token``, ``mnemo up`` (``mnemo eval`` is benchmarks').
 
 Registration stays light: the aiohttp app, the database driver and the sidecar
 client are imported inside the handlers.
@@ -130,33 +130,25 @@ async def _up(args: argparse.Namespace) -> int:
         return 1
 
 
-async def _eval(args: argparse.Namespace) -> int:
-    import json
-
-    from benchmarks.quality import metrics_json, render, run_quality_benchmark
+async def _mcp(args: argparse.Namespace) -> int:
     from index.settings import SidecarClientSettings
     from schema.settings import load_settings
 
-    from .eval import MODES
-    from .settings import load_gateway_settings
+    from .mcp import McpStartupError, serve_mcp
+    from .settings import McpSettings, load_gateway_settings
 
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    unknown = sorted(set(modes) - set(MODES))
-    if unknown or not modes:
-        print(f"mnemo eval: unknown modes {unknown}; choose from {', '.join(MODES)}", file=sys.stderr)
-        return 2
     try:
         sidecar = load_settings(SidecarClientSettings, sidecar_url=args.sidecar_url)
-        settings = load_gateway_settings(database=database_settings(args), sidecar=sidecar, auth="off")
+        settings = load_gateway_settings(database=database_settings(args), sidecar=sidecar)
+        mcp = load_settings(McpSettings, host=args.host, port=args.port)
     except SettingsError as exc:
-        print(f"mnemo eval: {exc}", file=sys.stderr)
+        print(f"mnemo mcp: {exc}", file=sys.stderr)
         return 2
-    result = await run_quality_benchmark(
-        args.dataset, settings, modes=modes, references=not args.no_references, tune=args.tune, keep=args.keep
-    )
-    print(render(result))
-    if args.json:
-        args.json.write_text(json.dumps(metrics_json(result), indent=2) + "\n")
+    try:
+        await serve_mcp(settings, mcp.token, args.transport, mcp.host, mcp.port)
+    except McpStartupError as exc:
+        print(f"mnemo mcp: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -179,20 +171,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(run=lambda a: asyncio.run(_serve_gateway(a)))
 
     p = subparsers.add_parser(
-        "eval",
-        help="retrieval quality on a BEIR data set (nDCG@10, recall@100, MRR@10 per mode, with references)",
+        "mcp",
+        help="serve the read actions as MCP tools (stdio, or streamable HTTP), as the RAG_MCP_TOKEN principal",
     )
     add_database_flags(p)
-    p.add_argument(
-        "--dataset", type=Path, required=True, help="BEIR directory (corpus.jsonl, queries.jsonl, qrels/)"
-    )
-    p.add_argument("--modes", default="dense,lexical,sparse,hybrid", help="comma-separated modes")
-    p.add_argument("--json", type=Path, default=None, help='write {"<mode>": {"ndcg@10", ...}} here')
-    p.add_argument("--tune", action="store_true", help="report the fusion weights that score best here")
-    p.add_argument("--no-references", action="store_true", help="skip exact-dense / BM25 / RRF references")
-    p.add_argument("--keep", action="store_true", help="keep the eval section indexed (faster re-runs)")
+    p.add_argument("--transport", choices=("stdio", "http"), default="stdio", help="default stdio")
+    p.add_argument("--host", default=None, help="HTTP listen address (env RAG_MCP_HOST, default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="HTTP listen port (env RAG_MCP_PORT, default 8090)")
     p.add_argument("--sidecar-url", default=None, help="inference sidecar URL (env RAG_SIDECAR_URL)")
-    p.set_defaults(run=lambda a: asyncio.run(_eval(a)))
+    p.set_defaults(run=lambda a: asyncio.run(_mcp(a)))
 
     p = subparsers.add_parser(
         "token",

@@ -13,11 +13,12 @@ from typing import Any
 
 from aiohttp import web
 
+from . import options as opt
 from .actions import ACTIONS, NO_GROUPS, ActionContext
 from .auth import authenticate
 from .body import read_json
 from .errors import ApiError, envelope_ok
-from .resources import ACTION_KEY, POOL_KEY, RETRIEVER_KEY, SETTINGS_KEY
+from .resources import ACTION_KEY, ASK_KEY, POOL_KEY, RETRIEVER_KEY, SETTINGS_KEY
 
 API_NAME = "dd_rag_api"
 
@@ -29,7 +30,7 @@ async def _read_body(request: web.Request) -> dict[str, Any]:
     return body
 
 
-async def json_api(request: web.Request) -> web.Response:
+async def json_api(request: web.Request) -> web.StreamResponse:
     """Dispatch one dd_rag_api call and answer with the v2 envelope."""
     body = await _read_body(request)
     if body.get("dd_api") != API_NAME:
@@ -50,6 +51,12 @@ async def json_api(request: web.Request) -> web.Response:
         raise ApiError.rag_disabled()
     if spec.media and not settings.media_enabled:
         raise ApiError.media_disabled()
-    ctx = ActionContext(principal, request.app[RETRIEVER_KEY], request.app[POOL_KEY])
+    ctx = ActionContext(
+        principal, request.app[RETRIEVER_KEY], request.app[POOL_KEY], request.app.get(ASK_KEY)
+    )
+    if action == "ask" and opt.flag(options, "stream", False):  # server-sent events instead of one body
+        from .ask import stream_ask
+
+        return await stream_ask(request, ctx, options)
     msg, data = await spec.handler(ctx, options)
     return envelope_ok(request, data, msg)

@@ -93,6 +93,7 @@ ERRORS: dict[str, ErrorSpec] = {
         503, "rag", "The embedding service did not return a query vector", retryable=True
     ),
     "rag.generation_failed": ErrorSpec(503, "rag", "The grounded answer could not be generated", True),
+    "rag.chunk_not_found": ErrorSpec(404, "rag", "No such chunk"),
     "rag.not_implemented": ErrorSpec(501, "rag", "This action is not implemented yet"),
     "service.unavailable": ErrorSpec(503, "service", "The service is temporarily unavailable", True),
     "service.overloaded": ErrorSpec(429, "service", "Too many requests in flight; retry shortly", True),

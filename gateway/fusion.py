@@ -1,5 +1,9 @@
-"""Weighted Reciprocal Rank Fusion and collapsing to records: pure functions, no I/O.
+"""Fusion of the retrieval legs and collapsing to records: pure functions, no I/O.
 
+:func:`score_fusion` (the default, ``dbsf``, or ``minmax``) fuses normalized scores, so
+how far a hit stands above the rest of its leg counts; :func:`rrf` fuses ranks only.
+
+Weighted Reciprocal Rank Fusion:
 An item's fused score is ``sum over lists of weight / (k + rank)`` (rank
 1-based, ``k`` = 60 by default; an item first in two lists of weight 1 scores
 ``2/61``, as in the archive). Departures from the archive's ``fuse()``, on
@@ -12,9 +16,10 @@ purpose:
   item key itself, and scores are summed exactly rounded (``math.fsum``), so a
   tie is a tie whatever the summation order.
 
-Properties (tests/test_fusion_properties.py): invariant to list order;
-monotone (raising an item in one list never lowers its fused position); an item
-first in every list is first.
+Properties (tests/test_fusion_properties.py), for both: invariant to list order;
+an item first in every list is first; for RRF and min-max, monotone (raising an
+item in one list never lowers its fused position); for score fusion, each leg's
+scale does not matter.
 """
 
 from __future__ import annotations
@@ -84,3 +89,85 @@ def collapse(items: Iterable[T], group_of: Callable[[T], G]) -> list[T]:
             seen.add(group)
             out.append(item)
     return out
+
+
+NORMALIZATIONS = ("dbsf", "minmax")
+DBSF_SIGMAS = 3.0
+
+
+def score_fusion(
+    lists: Mapping[str, Sequence[tuple[K, float]]],
+    *,
+    weights: Mapping[str, float] | None = None,
+    normalize: str = "dbsf",
+) -> list[Fused[K]]:
+    """Fuse scored lists by normalized scores, summed with ``weights``, best first.
+
+    Unlike RRF, how far an item stands above the rest of its list counts: a leg
+    that is sure of its best hit (a BM25 score far above the others) outweighs a
+    leg whose scores are all alike (a dense model that does not know the
+    language). That is the per-query evidence the fusion adapts to; nothing is
+    learned per collection.
+
+    - ``dbsf`` (distribution-based score fusion): each list's scores are placed
+      on its own mean +/- 3 standard deviations, mapped onto [0, 1] and clipped.
+      A hit 3 sigma above its list's bulk counts fully; the bulk counts about
+      half; an item a list did not return gets 0 from it. The mean and spread of
+      a few hundred candidates are stable, unlike a min-max range whose floor is
+      whatever the last over-fetched candidate scored.
+    - ``minmax``: each list's minimum -> 0, maximum -> 1.
+
+    A list whose scores are all equal (or a single item) maps them to 1. The scale
+    of each leg (cosine, BM25 sums) does not matter: the ranking is unchanged by
+    any positive affine change of one list's scores. Ties as in :func:`rrf`: best
+    single rank, then key.
+    """
+    if normalize not in NORMALIZATIONS:
+        raise ValueError(f"normalize must be one of {NORMALIZATIONS}, not {normalize!r}")
+    normalized: dict[K, dict[str, float]] = {}
+    ranks: dict[K, dict[str, int]] = {}
+    for name in sorted(lists):  # canonical order: the input order must not matter
+        weight = _weight(weights, name)
+        if weight == 0 or not lists[name]:
+            continue
+        rows = _first_occurrences(lists[name])
+        unit = _unit_scores([score for _, score in rows], normalize)
+        for position, ((key, _), value) in enumerate(zip(rows, unit, strict=True), start=1):
+            ranks.setdefault(key, {})[name] = position
+            normalized.setdefault(key, {})[name] = weight * value
+    fused = [Fused(key, math.fsum(normalized[key].values()), ranks[key]) for key in normalized]
+    fused.sort(key=lambda f: (-f.score, f.best_rank, f.key))
+    return fused
+
+
+def _first_occurrences(rows: Sequence[tuple[K, float]]) -> list[tuple[K, float]]:
+    """A key repeated inside one list counts once, at its first (best) place."""
+    seen: set[K] = set()
+    out = []
+    for key, score in rows:
+        if key not in seen:
+            seen.add(key)
+            out.append((key, float(score)))
+    return out
+
+
+def _unit_scores(scores: Sequence[float], normalize: str) -> list[float]:
+    if not all(math.isfinite(x) for x in scores):
+        raise ValueError("scores must be finite")
+    if normalize == "minmax":
+        low, high = min(scores), max(scores)
+    else:
+        mean = math.fsum(scores) / len(scores)
+        sigma = math.sqrt(math.fsum((x - mean) ** 2 for x in scores) / len(scores))
+        low, high = mean - DBSF_SIGMAS * sigma, mean + DBSF_SIGMAS * sigma
+    # Relative to the spread: a float-rounding spread is no spread (every score the same).
+    if not high - low > 1e-9 * max(1.0, abs(high), abs(low)):
+        return [1.0] * len(scores)
+    return [min(1.0, max(0.0, (x - low) / (high - low))) for x in scores]
+
+
+def _weight(weights: Mapping[str, float] | None, name: str) -> float:
+    weight = 1.0 if weights is None else float(weights.get(name, 1.0))
+    if weight < 0 or math.isnan(weight) or math.isinf(weight):
+        raise ValueError(f"weight of {name!r} must be finite and >= 0")
+    return weight

@@ -51,6 +51,24 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.rerank_fallbacks = Counter(
+            "mnemo_rerank_fallbacks",
+            "Reranks that kept the fused order, by reason (timeout, the sidecar's error, no model).",
+            ("reason",),
+            registry=self.registry,
+        )
+        self.citations_removed = Counter(
+            "mnemo_ask_citations_removed",
+            "Citation markers removed from generated answers because they named no supplied passage.",
+            registry=self.registry,
+        )
+        self.ask_outcomes = Counter(
+            "mnemo_ask_outcomes",
+            "ask outcomes (ok, no_grounded_context, external_generation_restricted, generation_failed).",
+            ("outcome",),
+            registry=self.registry,
+        )
+
     def observe_request(self, action: str, outcome: str, seconds: float) -> None:
         self.requests.labels(action, outcome).inc()
         self.request_seconds.labels(action).observe(seconds)

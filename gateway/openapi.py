@@ -12,6 +12,8 @@ from typing import Any
 
 from aiohttp import web
 
+from index.intake import RECORD_SCHEMA
+
 from .actions import ACTIONS
 from .errors import ERRORS, json_response
 
@@ -68,11 +70,33 @@ _TEXT_IMAGE_OPTIONS = {
     "required": ["query"],
     "properties": {"query": {"type": "string"}, "section_tipo": _STRING_OR_LIST, "limit": _LIMIT},
 }
+_RERANK = {"type": "boolean", "description": "cross-encoder reorder (default: off; on in ask)"}
+_EXPAND = {"enum": ["neighbours", "parent"], "description": "small-to-big expansion"}
+
+
+def _with(base: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {**base, "properties": {**base["properties"], **extra}}
+
+
+_PASSAGE_OPTIONS = _with(_QUERY_OPTIONS, rerank=_RERANK, expand=_EXPAND)
+_READ_CHUNK_OPTIONS = {
+    "type": "object",
+    "required": ["chunk_id"],
+    "properties": {
+        "chunk_id": {
+            "type": "string",
+            "description": "section-id/component/lang/index, as passages carry it",
+        },
+        "before": {"type": "integer", "minimum": 0, "maximum": 10, "default": 1},
+        "after": {"type": "integer", "minimum": 0, "maximum": 10, "default": 1},
+    },
+}
 OPTION_SCHEMAS: dict[str, dict[str, Any]] = {
-    "semantic_search": _QUERY_OPTIONS,
-    "retrieve": _QUERY_OPTIONS,
-    "get_agent_context": _QUERY_OPTIONS,
-    "ask": _QUERY_OPTIONS,
+    "semantic_search": _with(_QUERY_OPTIONS, rerank=_RERANK),
+    "retrieve": _PASSAGE_OPTIONS,
+    "get_agent_context": _PASSAGE_OPTIONS,
+    "read_chunk": _READ_CHUNK_OPTIONS,
+    "ask": _with(_PASSAGE_OPTIONS, stream={"type": "boolean", "description": "server-sent events"}),
     "search_by_text_image": _TEXT_IMAGE_OPTIONS,
     "similar_to": _SEED_OPTIONS,
     "similar_objects": _OBJECT_OPTIONS,
@@ -181,6 +205,18 @@ def _json_api_operation() -> dict[str, Any]:
     }
 
 
+# Request bodies of the intake routes (the dispatch endpoint's is built per action above): without
+# them a client generated from this document, or the reliability fuzzer, sends no body at all.
+_REQUEST_BODIES: dict[tuple[str, str], dict[str, Any]] = {
+    ("/v1/records", "post"): {
+        "oneOf": [RECORD_SCHEMA, {"type": "array", "items": RECORD_SCHEMA, "minItems": 1}]
+    },
+    ("/v1/sections/{section_tipo}", "put"): {"type": "object", "description": "the section's descriptor"},
+    ("/v1/queue/retry", "post"): {"type": "object"},
+    ("/v1/sections/{section_tipo}/reconcile", "post"): {"type": "object"},
+}
+
+
 def _summary(handler: Any) -> str:
     doc = inspect.getdoc(handler) or ""
     return doc.strip().splitlines()[0] if doc.strip() else handler.__name__.replace("_", " ")
@@ -207,6 +243,9 @@ def build_spec(app: web.Application) -> dict[str, Any]:
                     }
                 },
             }
+            body = _REQUEST_BODIES.get((path, method))
+            if body is not None:
+                operation["requestBody"] = {"content": {"application/json": {"schema": body}}}
             params = [p.strip("{}") for p in path.split("/") if p.startswith("{")]
             if params:
                 operation["parameters"] = [

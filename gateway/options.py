@@ -120,9 +120,12 @@ def view(options: Mapping[str, Any]) -> str | None:
     return value
 
 
-def flag(options: Mapping[str, Any], name: str) -> bool:
-    """A boolean option (absent: false); anything but a JSON boolean is refused."""
-    value = options.get(name, False)
+def flag(options: Mapping[str, Any], name: str, default: bool = False) -> bool:
+    """A boolean option (``rerank``, ``stream``, ``near_duplicate``); ``default`` when absent.
+    Anything but a JSON boolean is refused."""
+    value = options.get(name)
+    if value is None:
+        return default
     if not isinstance(value, bool):
         raise ApiError.invalid_options(f"{name} must be a boolean")
     return value
@@ -139,3 +142,26 @@ def compare_scope(options: Mapping[str, Any]) -> tuple[str, ...] | None:
     if not all(is_tipo(t) for t in items):
         raise ApiError.invalid_options("scope is not a valid tipo")
     return tuple(dict.fromkeys(items))
+
+
+EXPAND_MODES = ("neighbours", "parent")
+
+
+def expand(options: Mapping[str, Any]) -> str | None:
+    """``expand``: ``"neighbours"`` or ``"parent"`` (small-to-big); None when absent."""
+    value = options.get("expand")
+    if value is None:
+        return None
+    if value not in EXPAND_MODES:
+        raise ApiError.invalid_options('expand must be "neighbours" or "parent"')
+    return str(value)
+
+
+def bounded_int(options: Mapping[str, Any], name: str, default: int, low: int, high: int) -> int:
+    """An integer option that must lie in [low, high] (out of range is an error, not a clamp)."""
+    value = options.get(name)
+    if value is None:
+        return default
+    if not _is_int(value) or not low <= value <= high:
+        raise ApiError.invalid_options(f"{name} must be an integer in [{low}, {high}]")
+    return int(value)

@@ -26,6 +26,10 @@ VERIFIER_KEY: web.AppKey[TokenVerifier] = web.AppKey("token_verifier")
 RETRIEVER_KEY: web.AppKey[Any] = web.AppKey("retriever")
 METRICS_KEY: web.AppKey[Any] = web.AppKey("metrics")
 DATABASE_URL_KEY: web.AppKey[str] = web.AppKey("database_url", str)
+# The FAISS cache (index.vector_cache.VectorCache), present unless RAG_FAISS_CACHE=off.
+VECTOR_CACHE_KEY: web.AppKey[Any] = web.AppKey("vector_cache")
+# ask's reranker, generator and section store (gateway.ask.AskServices).
+ASK_KEY: web.AppKey[Any] = web.AppKey("ask_services")
 
 # Per-request state.
 REQUEST_ID_KEY: web.RequestKey[str] = web.RequestKey("request_id", str)
@@ -37,6 +41,7 @@ ALLOWED_METHODS_KEY: web.RequestKey[Any] = web.RequestKey("allowed_methods")
 __all__ = [
     "ACTION_KEY",
     "ALLOWED_METHODS_KEY",
+    "ASK_KEY",
     "DATABASE_URL_KEY",
     "ERROR_CODE_KEY",
     "METRICS_KEY",
@@ -46,5 +51,6 @@ __all__ = [
     "RETRIEVER_KEY",
     "SETTINGS_KEY",
     "SIDECAR_KEY",
+    "VECTOR_CACHE_KEY",
     "VERIFIER_KEY",
 ]

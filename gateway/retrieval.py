@@ -1,4 +1,4 @@
-"""Hybrid retrieval: query vector -> dense, lexical and learned-sparse legs -> weighted RRF -> ACL gate.
+"""Hybrid retrieval: query vector -> dense, lexical and learned-sparse legs -> fusion -> ACL gate.
 
 The pipeline every text action shares:
 
@@ -6,19 +6,31 @@ The pipeline every text action shares:
    :class:`EmbeddingUnavailable`, never a blind ranking;
 2. the legs in parallel over the model's partition, each over-fetching
    ``max(limit * 4, 20)`` with the scope and the caller's ACL pushed into SQL;
-3. weighted Reciprocal Rank Fusion (:mod:`gateway.fusion`);
+3. fusion (:mod:`gateway.fusion`): distribution-normalized scores by default
+   (``RAG_FUSION``), or the fusion tuned for the searched sections (their descriptors);
 4. the ACL gate (:mod:`gateway.acl`) on every fused candidate;
 5. passages as they are, or collapsed to the best chunk per record.
 
 ``similar_to`` skips the sidecar: it searches with the seed's stored vectors.
+
+With the FAISS cache (:mod:`index.vector_cache`) holding the partition, the
+dense leg (and ``similar_to``'s neighbours) come from it: exact top-k with the
+scope and ACL inside the search, rows re-read from the store. Every fused
+candidate is then re-scored with its exact cached vector: that cosine is the
+candidate's ``similarity`` and decides between candidates RRF leaves tied
+(before the identity tie-break). Cache off, cold or over budget: the SQL leg,
+exactly as without a cache.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import asyncpg
 import numpy as np
@@ -26,6 +38,7 @@ import numpy as np
 from index.partitions import ModelPartition, get_partition
 from index.search import (
     ChunkHit,
+    ChunkKey,
     CorpusStats,
     Scope,
     dense_search,
@@ -36,10 +49,13 @@ from index.search import (
 
 from .acl import chunk_readable, gate, pushdown
 from .auth import Principal
-from .fusion import collapse, rrf
+from .fusion import collapse, rrf, score_fusion
 from .metrics import Metrics
 from .query_cache import QueryVector, QueryVectorCache
-from .settings import LEGS, GatewaySettings
+from .settings import FUSION_METHODS, LEGS, GatewaySettings
+
+if TYPE_CHECKING:  # FAISS loads only when the app builds a cache
+    from index.vector_cache import VectorCache
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +95,7 @@ class Ranked:
     score: float
     ranks: Mapping[str, int]
     similarity: float | None = None  # best single-leg cosine similarity, when a dense leg found it
+    rerank_score: float | None = None  # the cross-encoder's score, when reranked
 
 
 @dataclass(frozen=True)
@@ -86,6 +103,24 @@ class LegResults:
     """Each leg's ranked chunks for one query (before fusion and the gate)."""
 
     lists: Mapping[str, Sequence[ChunkHit]]
+    exact: Mapping[ChunkKey, float] = field(default_factory=dict)  # cached cosine of each candidate
+
+
+def _tuned_fusion(entry: object) -> tuple[str, tuple[tuple[str, float], ...]] | None:
+    """A descriptor's ``retrieval`` entry as (method, weights), or None when absent or unusable."""
+    if not isinstance(entry, Mapping):
+        return None
+    method, weights = entry.get("fusion"), entry.get("weights")
+    if method not in FUSION_METHODS or not isinstance(weights, Mapping):
+        log.warning("ignoring a section's tuned fusion %r: unknown method or no weights", entry)
+        return None
+    try:
+        clean = tuple(sorted((str(leg), float(w)) for leg, w in weights.items() if leg in LEGS))
+    except (TypeError, ValueError):
+        return None
+    if not clean or any(not math.isfinite(w) or w < 0 for _, w in clean) or not any(w for _, w in clean):
+        return None
+    return str(method), clean
 
 
 def over_fetch(limit: int) -> int:
@@ -108,6 +143,7 @@ class Retriever:
         self, pool: asyncpg.Pool, client: object, settings: GatewaySettings, metrics: Metrics | None = None
     ) -> None:
         self.pool = pool
+        self.vector_cache: VectorCache | None = None  # set by the app once the cache exists
         self.client = client  # inference.client.SidecarClient
         self.settings = settings
         self.metrics = metrics or Metrics()
@@ -116,6 +152,9 @@ class Retriever:
         self._model: object | None = None  # inference.client.ModelInfo, resolved on first use
         self._partitions: dict[str, ModelPartition] = {}
         self._sparse_head: bool | None = None  # learned of the model on the first query
+        # section tipo -> (when read, (method, weights) tuned for it or None)
+        self._fusion_cache: dict[str, tuple[float, tuple[str, tuple[tuple[str, float], ...]] | None]] = {}
+        self._ttl = settings.lexical_stats_ttl
 
     # -- model, partition, query vector -------------------------------------------------------
 
@@ -223,6 +262,49 @@ class Retriever:
             async with self.pool.acquire() as conn:
                 return await coro_factory(conn)
 
+    async def _dense(
+        self, partition: ModelPartition, vector: np.ndarray, scope: Scope, fetch: int
+    ) -> tuple[list[ChunkHit], bool]:
+        """The dense leg: from the FAISS cache when it can answer exactly, else pgvector's HNSW.
+
+        Returns the hits and whether the cache served them.
+        """
+        s = self.settings
+        with self.metrics.time_leg("dense"):
+            async with self.pool.acquire() as conn:
+                if self.vector_cache is not None:
+                    hits = await self.vector_cache.search(conn, partition, vector, scope, fetch)
+                    if hits is not None:
+                        return hits, True
+                hits = await dense_search(
+                    conn,
+                    partition,
+                    vector,
+                    scope,
+                    fetch,
+                    ef_search=s.hnsw_ef_search,
+                    max_scan_tuples=s.hnsw_max_scan_tuples,
+                )
+                return hits, False
+
+    def _rescore(
+        self,
+        partition: ModelPartition,
+        vectors: Sequence[np.ndarray],
+        lists: Mapping[str, Sequence[ChunkHit]],
+    ) -> dict[ChunkKey, float]:
+        """Exact cosine (best over ``vectors``) of every candidate the cache holds; {} when cold."""
+        if self.vector_cache is None:
+            return {}
+        keys = list(dict.fromkeys(c.key for rows in lists.values() for c in rows))
+        row_keys = [(t, i, comp, lang, "", idx) for t, i, comp, lang, idx in keys]  # text rows: view ''
+        best: dict[ChunkKey, float] = {}
+        for vector in vectors:
+            for row_key, score in self.vector_cache.similarities(partition, vector, row_keys).items():
+                key = (row_key[0], row_key[1], row_key[2], row_key[3], row_key[5])
+                best[key] = max(score, best.get(key, -1.0))
+        return best
+
     async def query_legs(
         self,
         principal: Principal,
@@ -245,24 +327,11 @@ class Retriever:
             )
             raise EmbeddingUnavailable("query vector dimension does not match the store")
         scope = Scope(scope.section_tipos, scope.group, scope.exclude_record, pushdown(principal))
-        s = self.settings
         tasks: dict[str, asyncio.Task[list[ChunkHit]]] = {}
+        dense: asyncio.Task[tuple[list[ChunkHit], bool]] | None = None
         async with asyncio.TaskGroup() as tg:
             if "dense" in legs:
-                tasks["dense"] = tg.create_task(
-                    self._timed(
-                        "dense",
-                        lambda c: dense_search(
-                            c,
-                            partition,
-                            vector.dense,
-                            scope,
-                            fetch,
-                            ef_search=s.hnsw_ef_search,
-                            max_scan_tuples=s.hnsw_max_scan_tuples,
-                        ),
-                    )
-                )
+                dense = tg.create_task(self._dense(partition, vector.dense, scope, fetch))
             if "lexical" in legs:
                 tasks["lexical"] = tg.create_task(
                     self._timed(
@@ -274,7 +343,10 @@ class Retriever:
                 tasks["sparse"] = tg.create_task(
                     self._timed("sparse", lambda c: sparse_search(c, partition, vector.sparse, scope, fetch))
                 )
-        return LegResults({name: task.result() for name, task in tasks.items()})
+        lists = {name: task.result() for name, task in tasks.items()}
+        if dense is not None:
+            lists = {"dense": dense.result()[0], **lists}
+        return LegResults(lists, self._rescore(partition, [vector.dense], lists))
 
     def fuse(
         self,
@@ -283,9 +355,11 @@ class Retriever:
         scope: Scope,
         *,
         weights: Mapping[str, float] | None = None,
+        method: str | None = None,
     ) -> list[Ranked]:
-        """Weighted RRF over the legs, then the ACL gate: authorized chunks, best first."""
+        """Fuse the legs (``method``: ``dbsf``, ``minmax`` or ``rrf``; default the settings'), then gate."""
         weights = self.settings.weights if weights is None else weights
+        method = self.settings.fusion if method is None else method
         with self.metrics.time_leg("fusion"):
             by_key: dict[tuple, ChunkHit] = {}
             similarity: dict[tuple, float] = {}
@@ -295,11 +369,21 @@ class Retriever:
                     by_key.setdefault(chunk.key, chunk)  # dense's row first (same content in every leg)
                     if name == "dense" or name.startswith("seed:"):
                         similarity[chunk.key] = max(similarity.get(chunk.key, -1.0), chunk.score)
-            fused = rrf(
-                {name: [c.key for c in rows] for name, rows in results.lists.items()},
-                k=self.settings.rrf_k,
-                weights=weights,
-            )
+            if method == "rrf":
+                fused = rrf(
+                    {name: [c.key for c in rows] for name, rows in results.lists.items()},
+                    k=self.settings.rrf_k,
+                    weights=weights,
+                )
+            else:
+                fused = score_fusion(
+                    {name: [(c.key, c.score) for c in rows] for name, rows in results.lists.items()},
+                    weights=weights,
+                    normalize=method,
+                )
+            if results.exact:  # re-scored with exact cached vectors: RRF ties go to the closer one
+                similarity.update(results.exact)
+                fused.sort(key=lambda f: (-f.score, f.best_rank, -similarity.get(f.key, -2.0)))
         with self.metrics.time_leg("acl"):
             allowed = gate(principal, (by_key[f.key] for f in fused), scope)
             dropped = len(fused) - len(allowed)
@@ -348,7 +432,37 @@ class Retriever:
     ) -> list[Ranked]:
         """Every authorized candidate of the over-fetched legs, fused: what both shapes cut from."""
         results = await self.query_legs(principal, query, scope, over_fetch(limit), legs)
-        return self.fuse(principal, results, scope, weights=weights)
+        method = None
+        if weights is None:
+            method, weights = await self.section_fusion(scope)
+        return self.fuse(principal, results, scope, weights=weights, method=method)
+
+    async def section_fusion(self, scope: Scope) -> tuple[str | None, Mapping[str, float] | None]:
+        """The fusion tuned for the searched sections (``retrieval`` in their descriptors), if they agree.
+
+        ``mnemo eval --tune --apply SECTION`` stores it. A query over several sections uses it
+        only when all of them carry the same one; otherwise (and unscoped) the settings' fusion.
+        Descriptors are cached for ``RAG_LEXICAL_STATS_TTL`` seconds, like the corpus statistics.
+        """
+        if not scope.section_tipos:
+            return None, None
+        now = time.monotonic()
+        missing = [
+            t
+            for t in scope.section_tipos
+            if now - self._fusion_cache.get(t, (-math.inf, None))[0] >= self._ttl
+        ]
+        if missing:
+            from index.sections import SectionStore
+
+            found = await SectionStore(self.pool).get_many(missing)
+            for tipo in missing:
+                self._fusion_cache[tipo] = (now, _tuned_fusion((found.get(tipo) or {}).get("retrieval")))
+        tuned = {self._fusion_cache[t][1] for t in scope.section_tipos}
+        if len(tuned) != 1 or None in tuned:
+            return None, None
+        method, weights = tuned.pop()  # type: ignore[misc]
+        return method, dict(weights)
 
     async def similar(
         self,
@@ -378,23 +492,14 @@ class Retriever:
         seeds = seeds[: self.settings.similar_seed_chunks]
         scope = Scope(group=group, exclude_record=(section_tipo, section_id), acl=pushdown(principal))
         fetch = over_fetch(limit)
-        s = self.settings
 
         async def one(seed: ChunkHit) -> list[ChunkHit]:
-            return await self._timed(
-                "dense",
-                lambda c: dense_search(
-                    c,
-                    partition,
-                    seed.vector,
-                    scope,
-                    fetch,
-                    ef_search=s.hnsw_ef_search,
-                    max_scan_tuples=s.hnsw_max_scan_tuples,
-                ),
-            )
+            assert seed.vector is not None
+            return (await self._dense(partition, seed.vector, scope, fetch))[0]
 
-        lists = await asyncio.gather(*(one(seed) for seed in seeds))
-        results = LegResults({f"seed:{i:04d}": rows for i, rows in enumerate(lists)})
-        ranked = self.fuse(principal, results, scope, weights={})
+        found = await asyncio.gather(*(one(seed) for seed in seeds))
+        lists = {f"seed:{i:04d}": rows for i, rows in enumerate(found)}
+        vectors = [seed.vector for seed in seeds if seed.vector is not None]
+        results = LegResults(lists, self._rescore(partition, vectors, lists))
+        ranked = self.fuse(principal, results, scope, weights={}, method="rrf")
         return collapse(ranked, lambda r: r.chunk.record)[:limit]

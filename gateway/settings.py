@@ -17,6 +17,8 @@ from index.settings import IngestSettings, MediaSettings, SidecarClientSettings
 from schema.settings import DatabaseSettings, SettingsError, load_settings, setting
 
 LEGS = ("dense", "lexical", "sparse")
+FAISS_MODES = ("off", "auto", "cpu", "cuda")
+FUSION_METHODS = ("dbsf", "minmax", "rrf")
 MIN_SECRET_BYTES = 32
 
 
@@ -52,6 +54,149 @@ def read_public_key(value: str) -> str:
         return path.read_text()
     except OSError as exc:
         raise SettingsError(f"RAG_JWT_PUBLIC_KEY: cannot read {path}: {exc.strerror}") from exc
+
+
+PROVIDERS = ("extractive", "openai")
+
+
+@dataclass(frozen=True)
+class AskSettings:
+    """How ``ask`` grounds, reranks, expands and generates, and what may leave the host."""
+
+    context_token_budget: int = setting(
+        "RAG_CONTEXT_TOKEN_BUDGET",
+        3000,
+        "Tokens of passage text handed to the generator (at least one passage is always kept). "
+        "More context can answer more, but costs latency and dilutes the prompt.",
+    )
+    grounding_min_similarity: float = setting(
+        "RAG_GROUNDING_MIN_SIMILARITY",
+        0.2,
+        "Cosine similarity a dense passage needs to ground an answer; below it on every passage, `ask` "
+        "refuses without a model call. Model-dependent: 0.2 suits all-MiniLM-L6-v2, bge-m3 wants ~0.45.",
+    )
+    rerank_default: bool = setting(
+        "RAG_ASK_RERANK",
+        True,
+        "Rerank `ask` candidates with the sidecar's cross-encoder unless the request says `rerank: false`.",
+    )
+    rerank_depth: int = setting(
+        "RAG_RERANK_DEPTH",
+        0,
+        "Fused candidates the cross-encoder reorders before the cut to `limit` (0: just the `limit` "
+        "best, so reranking changes the order, never the set). Deeper lets a good cross-encoder "
+        "promote candidates; with a weak one it lets noise in.",
+    )
+    rerank_timeout: float = setting(
+        "RAG_RERANK_TIMEOUT",
+        5.0,
+        "Seconds a rerank may take; slower or failing, the fused order is used (`reranked: false`).",
+    )
+    expand_neighbours: int = setting(
+        "RAG_EXPAND_NEIGHBOURS",
+        1,
+        "Chunks taken on each side of a passage by `expand: neighbours`.",
+    )
+    expand_parent_chunks: int = setting(
+        "RAG_EXPAND_PARENT_CHUNKS",
+        12,
+        "Most chunks `expand: parent` gathers from a passage's parent section (nearest first).",
+    )
+    provider: str = setting(
+        "RAG_LLM_PROVIDER",
+        "extractive",
+        "`extractive` (offline: sentence selection with the text model, no language model) or `openai` "
+        "(any OpenAI-compatible chat-completions server at `RAG_LLM_ENDPOINT`).",
+    )
+    llm_endpoint: str | None = setting(
+        "RAG_LLM_ENDPOINT",
+        None,
+        "Base URL of the OpenAI-compatible server (`.../v1`); `/chat/completions` is appended.",
+    )
+    llm_model: str | None = setting("RAG_LLM_MODEL", None, "Model name sent to the chat-completions server.")
+    llm_api_key: str | None = setting(
+        "RAG_LLM_API_KEY", None, "Bearer key for the chat-completions server (unset: no Authorization)."
+    )
+    llm_temperature: float = setting(
+        "RAG_LLM_TEMPERATURE", 0.1, "Sampling temperature: low keeps answers close to the passages."
+    )
+    llm_timeout: float = setting(
+        "RAG_LLM_TIMEOUT",
+        60.0,
+        "Seconds a generation may take before `rag.generation_failed`; streaming applies it per chunk.",
+    )
+    llm_max_output_tokens: int = setting(
+        "RAG_LLM_MAX_OUTPUT_TOKENS", 512, "Upper bound of generated tokens (`max_tokens`)."
+    )
+    llm_system_prompt: str | None = setting(
+        "RAG_LLM_SYSTEM_PROMPT",
+        None,
+        "System prompt when the section descriptor has none (unset: the built-in grounded-citation prompt).",
+    )
+    llm_locality: str = setting(
+        "RAG_LLM_LOCALITY",
+        "auto",
+        "`auto` (loopback and `RAG_LOCAL_PROVIDER_HOSTS` are local, anything else external), `local` or "
+        "`external`: say `external` for a loopback proxy or tunnel to a hosted API.",
+    )
+    extractive_sentences: int = setting(
+        "RAG_EXTRACTIVE_SENTENCES", 3, "Sentences the extractive provider puts in an answer."
+    )
+    allow_external_default: bool = setting(
+        "RAG_ALLOW_EXTERNAL_PROVIDER_DEFAULT",
+        False,
+        "Whether passages may be sent to an external (non-local) generator. Off: only sections whose "
+        "descriptor says `egress.allow_external: true` may leave the host.",
+    )
+    forbidden_sections: tuple[str, ...] = setting(
+        "RAG_EXTERNAL_PROVIDER_FORBIDDEN_SECTIONS",
+        (),
+        "Comma-separated sections whose text never goes to an external generator, including text they "
+        "contribute to another section's group document.",
+    )
+    local_hosts: tuple[str, ...] = setting(
+        "RAG_LOCAL_PROVIDER_HOSTS",
+        (),
+        "Comma-separated generator hosts treated as local besides loopback (an in-house vLLM server).",
+    )
+
+    def validate(self) -> None:
+        if self.provider not in PROVIDERS:
+            raise SettingsError(f"RAG_LLM_PROVIDER={self.provider!r}: use one of {', '.join(PROVIDERS)}")
+        if self.provider == "openai" and not (self.llm_endpoint and self.llm_model):
+            raise SettingsError("RAG_LLM_PROVIDER=openai needs RAG_LLM_ENDPOINT and RAG_LLM_MODEL")
+        if self.llm_locality not in ("auto", "local", "external"):
+            raise SettingsError(f"RAG_LLM_LOCALITY={self.llm_locality!r}: use auto, local or external")
+        if self.llm_endpoint is not None and not self.llm_endpoint.startswith(("http://", "https://")):
+            raise SettingsError("RAG_LLM_ENDPOINT must be an http(s) URL")
+        for name, value, low in (
+            ("RAG_CONTEXT_TOKEN_BUDGET", self.context_token_budget, 1),
+            ("RAG_RERANK_DEPTH", self.rerank_depth, 0),
+            ("RAG_EXPAND_NEIGHBOURS", self.expand_neighbours, 0),
+            ("RAG_EXPAND_PARENT_CHUNKS", self.expand_parent_chunks, 1),
+            ("RAG_LLM_MAX_OUTPUT_TOKENS", self.llm_max_output_tokens, 1),
+            ("RAG_EXTRACTIVE_SENTENCES", self.extractive_sentences, 1),
+        ):
+            if value < low:
+                raise SettingsError(f"{name} must be at least {low}")
+        if self.rerank_timeout <= 0 or self.llm_timeout <= 0:
+            raise SettingsError("RAG_RERANK_TIMEOUT and RAG_LLM_TIMEOUT must be positive")
+        if not 0 <= self.llm_temperature <= 2:
+            raise SettingsError("RAG_LLM_TEMPERATURE must be in [0, 2]")
+
+
+@dataclass(frozen=True)
+class McpSettings:
+    """``mnemo mcp``: who the MCP server acts as, and where its HTTP transport listens."""
+
+    token: str | None = setting(
+        "RAG_MCP_TOKEN",
+        None,
+        "Bearer JWT fixing the MCP server's principal for its lifetime (verified like the gateway's; "
+        "missing or invalid refuses to start). Ignored with `RAG_AUTH=off` (admin).",
+    )
+    host: str = setting("RAG_MCP_HOST", "127.0.0.1", "Interface of `mnemo mcp --transport http`.")
+    port: int = setting("RAG_MCP_PORT", 8090, "TCP port of `mnemo mcp --transport http`.")
 
 
 @dataclass(frozen=True)
@@ -142,10 +287,18 @@ class GatewaySettings:
     rrf_k: int = setting(
         "RAG_RRF_K", 60, "Reciprocal Rank Fusion constant k: larger flattens the advantage of top ranks."
     )
+    fusion: str = setting(
+        "RAG_FUSION",
+        "dbsf",
+        "How the legs are fused. `dbsf`: each leg's scores normalized by their own mean +/- 3 sigma, "
+        "summed with the weights, so a leg sure of its best hit outweighs a leg whose scores are all "
+        "alike; `minmax`: the same with min-max normalization; `rrf`: weighted Reciprocal Rank Fusion "
+        "(ranks only). A section's descriptor may override it (`mnemo eval --apply`).",
+    )
     fusion_weights: str = setting(
         "RAG_FUSION_WEIGHTS",
         "dense=1,lexical=1,sparse=1",
-        "Per-leg weights of the weighted RRF (`mnemo eval --tune` suggests values for a data set).",
+        "Per-leg weights of the fusion (`mnemo eval --tune` reports cross-validated values for a data set).",
     )
     lexical_stats_ttl: float = setting(
         "RAG_LEXICAL_STATS_TTL",
@@ -169,6 +322,21 @@ class GatewaySettings:
         20,
         "Neighbours `characterize_object` aggregates. More smooths the vote; fewer keeps it local.",
     )
+    faiss_cache: str = setting(
+        "RAG_FAISS_CACHE",
+        "auto",
+        "FAISS vector cache in the gateway's process: `auto` (GPU when one and `faiss-gpu` are present, "
+        "else CPU; each partition that fits `RAG_FAISS_MAX_BYTES`), `cpu`, `cuda` (refuses to start "
+        "without a GPU), or `off`. On: exact dense search at any ACL selectivity and exact re-scoring, "
+        "for the memory of every vector and a load at start (pgvector serves meanwhile).",
+    )
+    faiss_max_bytes: int = setting(
+        "RAG_FAISS_MAX_BYTES",
+        2 * 1024**3,
+        "Memory the FAISS cache may hold (all partitions; fp32 = 4 bytes x dimension per vector, plus "
+        "the fp16/fp32 GPU copy on CUDA). A partition that does not fit is logged, counted and left "
+        "to pgvector.",
+    )
     shutdown_timeout: float = setting(
         "RAG_SHUTDOWN_TIMEOUT", 30.0, "Seconds SIGTERM waits for in-flight requests before closing."
     )
@@ -177,6 +345,7 @@ class GatewaySettings:
     sidecar: SidecarClientSettings = dataclasses.field(default_factory=SidecarClientSettings)
     ingest: IngestSettings = dataclasses.field(default_factory=IngestSettings)
     media: MediaSettings = dataclasses.field(default_factory=MediaSettings)
+    ask: AskSettings = dataclasses.field(default_factory=AskSettings)
 
     @property
     def weights(self) -> dict[str, float]:
@@ -225,6 +394,12 @@ class GatewaySettings:
         parse_weights(self.fusion_weights)
         if not 0.0 < self.near_duplicate_similarity <= 1.0:
             raise SettingsError("RAG_NEAR_DUPLICATE_SIMILARITY must be in (0, 1]")
+        if self.faiss_cache not in FAISS_MODES:
+            raise SettingsError(f"RAG_FAISS_CACHE={self.faiss_cache!r}: use one of {', '.join(FAISS_MODES)}")
+        if self.faiss_max_bytes < 0:
+            raise SettingsError("RAG_FAISS_MAX_BYTES must be >= 0")
+        if self.fusion not in FUSION_METHODS:
+            raise SettingsError(f"RAG_FUSION={self.fusion!r}: use one of {', '.join(FUSION_METHODS)}")
 
 
 def load_gateway_settings(
@@ -234,9 +409,10 @@ def load_gateway_settings(
     sidecar: SidecarClientSettings | None = None,
     ingest: IngestSettings | None = None,
     media: MediaSettings | None = None,
+    ask: AskSettings | None = None,
     **overrides: Any,
 ) -> GatewaySettings:
-    """Gateway settings plus the composed database, sidecar, ingestion and media settings from one
+    """Gateway settings plus the composed database, sidecar, ingestion, media and ask settings from one
     environment."""
     return load_settings(
         GatewaySettings,
@@ -245,6 +421,7 @@ def load_gateway_settings(
         sidecar=sidecar or load_settings(SidecarClientSettings, environ),
         ingest=ingest or load_settings(IngestSettings, environ),
         media=media or load_settings(MediaSettings, environ),
+        ask=ask or load_settings(AskSettings, environ),
         **overrides,
     )
 

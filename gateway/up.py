@@ -44,6 +44,7 @@ class DemoExample:
 
 
 _WATER = {"query": "when the water came we had to leave", "limit": 5}
+_ASK = {"query": "What happened when the water came to Valdemora?"}
 DEMO_EXAMPLES: tuple[DemoExample, ...] = (
     DemoExample("ADMIN", "retrieve", _WATER),
     DemoExample("RESEARCHER", "retrieve", _WATER),
@@ -51,6 +52,9 @@ DEMO_EXAMPLES: tuple[DemoExample, ...] = (
     DemoExample("RESEARCHER", "semantic_search", {"query": "amphora MAC-2231"}),
     DemoExample("RESEARCHER", "similar_to", {"section_tipo": "numisdata4", "section_id": 101, "limit": 3}),
     DemoExample("RESEARCHER", "embed_groups", {"section_tipo": "mus1"}, True, "   # {groups: []}"),
+    # A grounded answer with [n] citations (offline: the extractive provider, no language model).
+    DemoExample("ADMIN", "ask", _ASK),
+    DemoExample("RESEARCHER", "ask", _ASK),
 )
 
 

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -84,8 +85,12 @@ async def drain_once(
     image_model: str | None = None,
     media: MediaSettings | None = None,
     stop: asyncio.Event | None = None,
+    section_tipos: Sequence[str] | None = None,
 ) -> DrainReport:
     """Index queued records until none is ready (or ``stop`` is set, between batches).
+
+    ``section_tipos`` limits the pass to those sections' records (others stay queued for the
+    gateway's drain); the pass still takes the one drain lock, so writes stay single-flighted.
 
     ``text_model`` is ``RAG_TEXT_MODEL`` (None: the first text model the sidecar
     lists), ``image_model`` ``RAG_IMAGE_MODEL`` (resolved only when a batch holds
@@ -100,7 +105,7 @@ async def drain_once(
         try:
             models = _Models(text_model, image_model, media or MediaSettings())
             try:
-                await _drain(pool, client, settings, models, stop, report)
+                await _drain(pool, client, settings, models, stop, report, section_tipos)
             finally:
                 await models.close()
         finally:
@@ -143,10 +148,13 @@ async def _drain(
     models: _Models,
     stop: asyncio.Event | None,
     report: DrainReport,
+    section_tipos: Sequence[str] | None = None,
 ) -> None:
     indexer: Indexer | None = None
     while stop is None or not stop.is_set():
-        items = await queue.claim_ready(pool, settings.batch_records, settings.max_attempts)
+        items = await queue.claim_ready(
+            pool, settings.batch_records, settings.max_attempts, section_tipos=section_tipos
+        )
         if not items:
             return
         image_plans: dict[tuple[str, int], ImagePlan] = {}

@@ -128,18 +128,25 @@ async def enqueue(db: Executor, jobs: Sequence[Job]) -> int:
     return len(batch)
 
 
-async def claim_ready(db: Executor, limit: int, max_attempts: int) -> list[QueueItem]:
-    """Up to ``limit`` ready rows, longest-waiting first (the caller holds the drain lock)."""
+async def claim_ready(
+    db: Executor, limit: int, max_attempts: int, *, section_tipos: Sequence[str] | None = None
+) -> list[QueueItem]:
+    """Up to ``limit`` ready rows, longest-waiting first (the caller holds the drain lock).
+
+    ``section_tipos`` narrows the claim to those sections (a scoped pass, e.g. ``mnemo eval``
+    indexing its own section beside a gateway whose queue holds other work)."""
     rows = await db.fetch(
         """
         SELECT section_tipo, section_id, operation, payload, version, attempts
         FROM rag_index_queue
         WHERE attempts < $2 AND next_attempt_at <= now()
+          AND ($3::text[] IS NULL OR section_tipo = ANY($3::text[]))
         ORDER BY next_attempt_at, created_at, section_tipo, section_id
         LIMIT $1
         """,
         limit,
         max_attempts,
+        None if section_tipos is None else list(section_tipos),
     )
     return [
         QueueItem(

@@ -5,9 +5,10 @@
   so WHERE filters do not starve the result, re-sorted exactly afterwards.
 - :func:`lexical_search`: OR semantics over the accent-folded tsvector, ranked
   by BM25 (IDF from the partition's document frequencies, term-frequency
-  saturation, length normalization). A rare term (a name, an inventory number)
-  outweighs common words, unlike ``ts_rank`` over AND-ed terms. The query's
-  stop words (its guessed language's) are dropped; the index keeps every word.
+  saturation, length normalization, query term frequency). A rare term (a
+  name, an inventory number) outweighs common words, unlike ``ts_rank`` over
+  AND-ed terms. The query's stop words (its guessed language's) are dropped;
+  the index keeps every word.
 - :func:`sparse_search`: learned-sparse inner product (bge-m3 lexical weights).
 - :func:`seed_chunks`: a stored record's chunks with their vectors (``similar_to``).
 
@@ -38,9 +39,14 @@ __all__ = [
     "ChunkHit",
     "CorpusStats",
     "Scope",
+    "chunk_from_row",
     "dense_search",
+    "hit_columns",
+    "identity_order",
     "lexical_search",
     "query_terms",
+    "scope_where",
+    "scored_terms",
     "seed_chunks",
     "sparse_search",
 ]
@@ -171,6 +177,31 @@ def _modality(modality: str) -> str:
     return modality
 
 
+def scope_where(scope: Scope, params: Sequence[Any] = ()) -> tuple[str, list[Any]]:
+    """The WHERE clause (alias ``e``) of a text search in ``scope``, with its parameters after ``params``.
+
+    The same push-down every leg applies; the FAISS cache builds its scope bitmaps from it.
+    """
+    sql = _Sql(params)
+    sql.apply_scope(scope)
+    return sql.where_sql, sql.params
+
+
+def hit_columns() -> str:
+    """The columns (alias ``e``) :func:`chunk_from_row` reads."""
+    return _COLUMNS
+
+
+def identity_order() -> str:
+    """The tie order of every leg: the chunk's identity."""
+    return _IDENTITY_ORDER
+
+
+def chunk_from_row(row: asyncpg.Record, score: float, vector: np.ndarray | None = None) -> ChunkHit:
+    """A :class:`ChunkHit` from a row selected with :func:`hit_columns`."""
+    return _chunk(row, score, vector)
+
+
 def _chunk(row: asyncpg.Record, score: float, vector: np.ndarray | None = None) -> ChunkHit:
     meta = row["chunk_meta"]
     return ChunkHit(
@@ -199,12 +230,15 @@ async def dense_search(
     max_scan_tuples: int = 20000,
     modality: str = "text",
     with_vectors: bool = False,
+    exact: bool = False,
 ) -> list[ChunkHit]:
     """Nearest chunks by cosine distance; score = ``1 - distance`` (cosine similarity).
 
     Runs in its own transaction so the ``SET LOCAL`` scan settings stay local.
     ``relaxed_order`` lets the HNSW scan continue past filtered-out rows; the
     outer query restores exact distance order (ties by chunk identity).
+    ``exact`` keeps the planner off the HNSW index: a full scan, the ground
+    truth that recall and the FAISS cache are measured against.
     """
     sql = _Sql([np.asarray(vector, dtype=np.float32)], modality)
     sql.apply_scope(scope)
@@ -222,6 +256,8 @@ async def dense_search(
         await conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
         await conn.execute(f"SET LOCAL hnsw.ef_search = {min(1000, max(int(ef_search), int(limit)))}")
         await conn.execute(f"SET LOCAL hnsw.max_scan_tuples = {int(max_scan_tuples)}")
+        if exact:
+            await conn.execute("SET LOCAL enable_indexscan = off")
         rows = await conn.fetch(query, *sql.params)
     return [
         _chunk(r, 1.0 - float(r["distance"]), _as_array(r["embedding"]) if with_vectors else None)
@@ -233,12 +269,39 @@ def _tsquery_literal(term: str) -> str:
     return "'" + term.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
-async def query_terms(db: Executor, query: str) -> list[str]:
-    """The distinct lexemes of a query, parsed exactly as the lexical column is (folded, 'simple')."""
+async def query_terms(db: Executor, query: str) -> dict[str, int]:
+    """A query's lexemes with their frequency in the query, parsed exactly as the lexical column is.
+
+    Folded, PostgreSQL's ``simple`` parser; frequency is the lexeme's position count.
+    """
     rows = await db.fetch(
-        "SELECT lexeme FROM unnest(to_tsvector('simple'::regconfig, $1)) ORDER BY lexeme", fold(query)
+        "SELECT lexeme, coalesce(array_length(positions, 1), 1) AS n "
+        "FROM unnest(to_tsvector('simple'::regconfig, $1)) ORDER BY lexeme",
+        fold(query),
     )
-    return [r["lexeme"] for r in rows]
+    return {r["lexeme"]: int(r["n"]) for r in rows}
+
+
+def scored_terms(terms: Mapping[str, int]) -> dict[str, int]:
+    """The query terms BM25 scores, with their query frequency.
+
+    Why the lexical leg lost to a plain BM25 (bm25s) on CACM's natural-language
+    queries (0.86x), and what each rule here puts back:
+
+    - Query term frequency. BM25 sums over the query's tokens, so a word the
+      asker repeats ("mechanisms ... mechanisms") weighs twice; we scored
+      distinct lexemes, flattening long queries to a bag of equally weighted
+      words. Worth +0.04 nDCG@10 on CACM, the largest single cause.
+    - One-letter tokens. PostgreSQL's parser keeps the "i" and "m" of "I'm" and
+      the "s" of "system's"; as query terms they match chunks at random (BM25
+      tokenizers drop them). A lone digit stays: it can be part of a signature.
+    - Stop words, of the query's guessed language (:func:`strip_stopwords`).
+
+    The third cause, document length, is on the index side: see
+    ``schema/migrations/0012_bm25_length.sql``.
+    """
+    kept = {t: n for t, n in terms.items() if len(t) > 1 or t.isdigit()} or dict(terms)
+    return {t: kept[t] for t in strip_stopwords(sorted(kept))}
 
 
 @dataclass
@@ -251,6 +314,9 @@ class _Stats:
 
 class CorpusStats:
     """BM25 statistics (chunk count, mean length, document frequencies) per partition and section scope, cached.
+
+    A chunk's length is ``lexical_length`` (stored at write time, see migration 0012), not
+    its lexeme count.
 
     A query scoped to sections is scored with those sections' statistics (a
     term common in one collection can be rare in another); an unscoped query
@@ -280,9 +346,7 @@ class CorpusStats:
         if cached is not None and now - cached.at < self.ttl:
             return cached
         row = await db.fetchrow(
-            f"""SELECT count(*) AS n,
-                       coalesce(avg((SELECT sum(coalesce(array_length(u.positions, 1), 1))
-                                     FROM unnest(e.lexical) u)), 0) AS avgdl
+            f"""SELECT count(*) AS n, coalesce(avg(e.lexical_length), 0) AS avgdl
                 FROM {partition.table} e
                 WHERE e.modality = $2 AND ($1::text[] IS NULL OR e.section_tipo = ANY($1::text[]))""",
             None if sections is None else list(sections),
@@ -339,35 +403,37 @@ async def lexical_search(
 ) -> list[ChunkHit]:
     """BM25 over the folded tsvector with OR semantics; score = the BM25 sum.
 
-    The match set is the chunks holding any query term rarer than
-    :data:`COMMON_TERM_SHARE` of the corpus (all terms when none is), so a
-    query of common words cannot turn into a full scan; every query term still
-    contributes to the score of the chunks that match.
+    ``score = sum over query terms t of qtf(t) * idf(t) * tf / (tf + k1 * (1 - b + b * dl / avgdl))``
+    (Lucene's form, as bm25s: the classic ``(k1 + 1)`` factor is a constant and changes no ranking)
+    with ``dl`` the chunk's ``lexical_length`` (see :func:`scored_terms` and
+    migration 0012 for what is counted and why). The match set is the chunks
+    holding any query term rarer than :data:`COMMON_TERM_SHARE` of the corpus
+    (all terms when none is), so a query of common words cannot turn into a
+    full scan; every query term still contributes to the score of the chunks
+    that match. Every matching chunk is scored before the cut to ``limit``.
     """
-    terms = strip_stopwords(await query_terms(db, query))
+    terms = scored_terms(await query_terms(db, query))
     if not terms:
         return []
-    corpus, idf = await stats.idf(db, partition, terms, scope.section_tipos, modality)
+    corpus, idf = await stats.idf(db, partition, list(terms), scope.section_tipos, modality)
     if not idf or corpus.n == 0:
         return []
     selective = [t for t in idf if corpus.df[t] <= COMMON_TERM_SHARE * corpus.n] or list(idf)
     tsquery = " | ".join(_tsquery_literal(t) for t in selective)
-    scored_terms = list(idf)
-    sql = _Sql([scored_terms, [idf[t] for t in scored_terms], tsquery, max(corpus.avgdl, 1.0)], modality)
+    scored = list(idf)
+    sql = _Sql([scored, [terms[t] * idf[t] for t in scored], tsquery, max(corpus.avgdl, 1.0)], modality)
     sql.add("e.lexical @@ $3::tsquery")
     sql.apply_scope(scope)
     query_sql = f"""
-        WITH q AS (SELECT * FROM unnest($1::text[], $2::float8[]) AS q(term, idf))
+        WITH q AS (SELECT * FROM unnest($1::text[], $2::float8[]) AS q(term, weight))
         SELECT {_COLUMNS}, s.score
         FROM {partition.table} e
         CROSS JOIN LATERAL (
-            SELECT sum(q.idf * u.tf * {BM25_K1 + 1}
-                       / (u.tf + {BM25_K1} * (1 - {BM25_B} + {BM25_B} * d.dl / $4::float8))) AS score
+            SELECT sum(q.weight * u.tf
+                       / (u.tf + {BM25_K1} * (1 - {BM25_B} + {BM25_B} * e.lexical_length / $4::float8))) AS score
             FROM (SELECT lexeme, coalesce(array_length(positions, 1), 1)::float8 AS tf
                   FROM unnest(e.lexical)) u
             JOIN q ON q.term = u.lexeme
-            CROSS JOIN (SELECT sum(coalesce(array_length(positions, 1), 1))::float8 AS dl
-                        FROM unnest(e.lexical)) d
         ) s
         WHERE {sql.where_sql}
         ORDER BY s.score DESC, {_IDENTITY_ORDER}

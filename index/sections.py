@@ -135,6 +135,18 @@ DESCRIPTOR_SCHEMA: dict[str, Any] = {
             "properties": {"allow_external": {"type": "boolean"}},
         },
         "strategy": {"type": "string"},
+        # Fusion tuned for this section (`mnemo eval --tune --apply SECTION`); the gateway uses it.
+        "retrieval": {
+            "type": "object",
+            "properties": {
+                "fusion": {"type": "string", "maxLength": 32},
+                "weights": {
+                    "type": "object",
+                    "maxProperties": 16,
+                    "additionalProperties": {"type": "number", "minimum": 0},
+                },
+            },
+        },
     },
 }
 

@@ -42,7 +42,7 @@ __all__ = ["Backend", "HttpResponse", "LocalBackend", "SidecarAPI", "read_body"]
 
 log = logging.getLogger(__name__)
 
-OPEN_ROUTES = frozenset({"/healthz", "/readyz"})
+OPEN_ROUTES = frozenset({"/healthz", "/readyz", "/openapi.json"})
 
 
 class Backend(Protocol):
@@ -216,6 +216,7 @@ class SidecarAPI:
             ("GET", "/readyz"): self._readyz,
             ("GET", "/models"): self._models,
             ("GET", "/metrics"): self._metrics,
+            ("GET", "/openapi.json"): self._openapi,
             ("POST", "/embed"): self._embed,
             ("POST", "/v1/embeddings"): self._openai_embeddings,
             ("POST", "/text"): self._text,
@@ -350,6 +351,12 @@ class SidecarAPI:
     async def _models(self) -> HttpResponse:
         infos = [await self._info(model) for model in self.backends]
         return _json(200, {"models": infos})
+
+    async def _openapi(self) -> HttpResponse:
+        """This document: an OpenAPI 3.1 description of every route, from the route table itself."""
+        from .openapi import build_spec
+
+        return _json(200, build_spec(self._routes, OPEN_ROUTES))
 
     async def _metrics(self) -> HttpResponse:
         async def one(model: str, backend: Backend) -> tuple[str, dict[str, Any] | None]:

@@ -22,7 +22,17 @@ pytest_plugins = ["tests.fixtures.sidecar", "tests.fixtures.gateway"]
 
 TEMPLATE_DB = "mnemo_template"
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SHARED = REPO_ROOT.parent / "shared"
+
+
+def _shared_dir() -> Path:
+    """``shared/`` beside the checkout, or beside a folder above it (a git worktree under ``wt/``)."""
+    for root in REPO_ROOT.parents:
+        if (root / "shared" / "datasets").is_dir():
+            return root / "shared"
+    return REPO_ROOT.parent / "shared"
+
+
+SHARED = _shared_dir()
 
 
 @pytest.fixture(scope="session")

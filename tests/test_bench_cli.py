@@ -121,6 +121,12 @@ def test_every_suite_writes_a_report_with_baselines_and_plots(
     names = [h["name"] for h in quality["headlines"]]
     assert names == ["lexical nDCG@10 (tiny-beir)", "hybrid nDCG@10 (tiny-beir)", "dense nDCG@10 (tiny-beir)"]
     assert quality["headlines"][0]["bar"] == 0.95
+    (table,) = quality["tables"]  # one table: every data set, each leg, hybrid, tuned, references
+    modes = {row[1] for row in table["rows"]}
+    assert {"dense", "lexical", "hybrid", "hybrid, tuned (2-fold CV)", "ref: BM25 (bm25s)"} <= modes
+    assert table["columns"] == ["data set", "mode", "ndcg@10", "recall@100", "mrr@10"]
+    (chart,) = quality["bars"]  # and one plot
+    assert chart["categories"] == ["tiny-beir"] and (out / "quality-ndcg-10-per-data-set.png").is_file()
 
     assert suites["gpu"]["figures"]["config"]["tiny"] is True
 
@@ -135,7 +141,7 @@ def test_every_suite_writes_a_report_with_baselines_and_plots(
 
 
 def test_suite_selection_and_device_rules() -> None:
-    assert _suites("all", "cpu") == ["sidecar", "ingest", "gateway", "quality"]
+    assert _suites("all", "cpu") == ["sidecar", "ingest", "gateway", "quality", "reliability"]
     assert _suites("all", "cuda") == ["gpu"] and _suites("gpu", "cpu") == ["gpu"]
     with pytest.raises(SystemExit, match="unknown suite"):
         _suites("sidecar,nope", "cpu")
@@ -147,3 +153,27 @@ def test_a_bad_override_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureF
     assert mnemo(["bench", "--suite", "ingest", "--out", str(tmp_path), "--set", "ingest.records=many"]) == 2
     assert "ingest.records=many" in capsys.readouterr().err
     assert not (tmp_path / "REPORT.md").exists()
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_reliability_suite_writes_its_figures(sidecar_url: str, pg_server, tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    args = ["bench", "--suite", "reliability", "--out", str(out), "--sidecar-url", sidecar_url]
+    args += ["--database-url", pg_server.url, "--work-dir", str(tmp_path / "work")]
+    args += ["--set", "reliability.cases_per_route=2", "--set", "reliability.sidecar_oversize_bytes=4194305"]
+    args += ["--set", "reliability.sigterm_callers=3"]
+    assert mnemo(args) == 0
+    (suite,) = json.loads((out / "results.json").read_text())["suites"]
+    assert suite["skipped"] is None, suite
+    figures = suite["figures"]
+    assert (
+        figures["fuzz"]["gateway"]["server_errors"] == 0 and figures["fuzz"]["sidecar"]["server_errors"] == 0
+    )
+    assert figures["acl"]["rows_leaked"] == 0 and figures["acl"]["restricted_rows"] > 0
+    assert figures["tokens"]["not_refused"] == [] and figures["images"]["server_errors"] == 0
+    assert figures["healthy_after"] == {"gateway": True, "sidecar": True}
+    sigterm = figures["sigterm"]
+    assert sigterm["requests_before_sigterm"] > 0 and sigterm["failed_before_sigterm"] == 0, sigterm
+    assert sigterm["after_sigterm"]["broken"] == 0 and sigterm["exit_code"] == 0, sigterm
+    assert "Reliability figures" in (out / "REPORT.md").read_text()

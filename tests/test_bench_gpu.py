@@ -99,8 +99,35 @@ def test_gpu_mode_runs_on_cpu_without_ray_asyncpg_or_aiohttp(tmp_path: Path) -> 
     text_rows = rows[:2]
     # Attention makes FLOPs per token grow with length; the linear layers alone would keep it flat.
     assert text_rows[1]["gflops_per_item"] / 24 > text_rows[0]["gflops_per_item"] / 16
+    faiss = suite["figures"]["faiss"]
+    assert faiss["vectors"] == 2000 and [r["batch"] for r in faiss["rows"]] == [1, 4, 16]
+    assert faiss["peak_hbm_gbps"] is None  # a CPU: no bandwidth bound invented
     headlines = suite["headlines"]
     assert len(headlines) == 6 and all(h["baseline_name"].startswith("bare forward") for h in headlines)
     assert all(math.isfinite(h["ratio"]) for h in headlines)
     report = (out / "REPORT.md").read_text()
     assert "bge-m3 architecture /embed dense + sparse float32 @24 tok" in report and "MFU" in report
+
+
+@pytest.mark.parametrize(
+    ("name", "gbps"),
+    [("NVIDIA H200", 4800.0), ("NVIDIA H100 80GB HBM3", 3350.0), ("NVIDIA H100 PCIe", 2000.0),
+     ("NVIDIA A100-SXM4-80GB", 2039.0), ("NVIDIA A100-SXM4-40GB", 1555.0), ("cpu", None)],
+)  # fmt: skip
+def test_hbm_table_matches_device_names(name: str, gbps: float | None) -> None:
+    from benchmarks.gpu_faiss import hbm_gbps
+
+    assert hbm_gbps(name) == gbps
+
+
+def test_faiss_section_measures_flat_search_on_cpu() -> None:
+    from benchmarks.gpu_faiss import FaissBenchConfig, run_faiss_benchmark
+
+    config = FaissBenchConfig(
+        device="cpu", vectors=3000, dimension=32, batches=(8,), seconds=0.05, add_slice=1000
+    )
+    result = run_faiss_benchmark(config)
+    assert result["bytes_per_scan"] == 3000 * 32 * 4 and result["storage"] == "fp32"
+    single, batched = result["rows"]
+    assert single["batch"] == 1 and batched["batch"] == 8
+    assert batched["queries_per_s"] > 0 and single["p50_ms"] > 0 and single["hbm_floor_ms"] is None

@@ -17,7 +17,7 @@ from benchmarks.suites import find_datasets
 def test_quick_plan_is_smaller_than_full_and_full_has_peers_and_100k_chunks() -> None:
     assert max(QUICK.gateway.sizes) == 10_000 and max(FULL.gateway.sizes) == 100_000
     assert not QUICK.sidecar.peers and FULL.sidecar.peers
-    assert set(QUICK.quality.datasets) < set(FULL.quality.datasets)
+    assert QUICK.quality.datasets == FULL.quality.datasets == ("*",)  # every data set, either plan
     assert QUICK.sidecar.lengths[0] == 16 and QUICK.sidecar.lengths[-1] == 512
     assert QUICK.sidecar.concurrencies[0] == 1 and QUICK.sidecar.concurrencies[-1] == 64
 
@@ -85,6 +85,14 @@ def test_find_datasets_by_name_or_path(tmp_path: Path) -> None:
     )
     assert found == [tmp_path / "roots" / "tiny"] * 2
     assert len(missing) == 1 and missing[0].startswith("absent (looked in")
+    # "*": every BEIR directory under the roots, the first root winning a name found twice.
+    (tmp_path / "roots" / "empty").mkdir()
+    (tmp_path / "more" / "tiny").mkdir(parents=True)
+    (tmp_path / "more" / "tiny" / "corpus.jsonl").write_text("{}\n")
+    (tmp_path / "more" / "other").mkdir(parents=True)
+    (tmp_path / "more" / "other" / "corpus.jsonl").write_text("{}\n")
+    found, missing = find_datasets(("*",), (tmp_path / "roots", tmp_path / "more", tmp_path / "absent"))
+    assert found == [tmp_path / "roots" / "tiny", tmp_path / "more" / "other"] and not missing
 
 
 def test_selectivity_projects_cover_the_planned_shares() -> None:

@@ -2,8 +2,9 @@
 
 :func:`load_beir` reads ``corpus.jsonl``, ``queries.jsonl`` and ``qrels/test.tsv``.
 :class:`EvalSession` ingests the corpus into its own section (descriptor, then
-``enqueue_records`` + ``drain_once``, exactly what ``POST /v1/records`` and the
-gateway's drain do), asks every query through :class:`gateway.retrieval.Retriever`
+``enqueue_records`` + a drain pass scoped to that section, exactly what
+``POST /v1/records`` and the gateway's drain do; beside a running gateway it waits
+for whichever drain takes its records), asks every query through :class:`gateway.retrieval.Retriever`
 with ``limit`` 100 (the API's [1, 50] clamp is the API's, not retrieval's) and
 scores nDCG@10, recall@100 and MRR@10 per mode:
 
@@ -12,7 +13,9 @@ scores nDCG@10, recall@100 and MRR@10 per mode:
 
 Each query's legs are fetched once and fused per mode, which is the same as
 running each mode on its own (the legs are independent); :meth:`EvalSession.tune`
-reuses them to find the fusion weights that would have scored best.
+reuses them to choose the fusion method and weights by 2-fold cross-validation
+(:mod:`benchmarks.tuning`), and :func:`apply_tuning` stores a choice in a section's
+descriptor. Nothing here is read at query time by the gateway.
 """
 
 from __future__ import annotations
@@ -31,12 +34,11 @@ from typing import Any
 
 import asyncpg
 
+from gateway.auth import Principal
+from gateway.fusion import collapse
+from gateway.retrieval import LegResults, Retriever, over_fetch
+from gateway.settings import FUSION_METHODS, LEGS, GatewaySettings
 from index.search import Scope
-
-from .auth import Principal
-from .fusion import collapse
-from .retrieval import LegResults, Retriever, over_fetch
-from .settings import LEGS, GatewaySettings
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +46,7 @@ MODES = ("dense", "lexical", "sparse", "hybrid")
 EVAL_LIMIT = 100
 METRICS = ("ndcg@10", "recall@100", "mrr@10")
 EVAL_PRINCIPAL = Principal("mnemo-eval", projects=None, admin=True)
-TUNE_GRID = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
+TUNE_GRID = (0.25, 0.5, 1.0, 2.0, 4.0)  # lexical (and sparse) weight, dense fixed at 1
 
 
 @dataclass(frozen=True)
@@ -103,18 +105,27 @@ def mrr_at(ranked: Sequence[str], rels: Mapping[str, int], k: int = 10) -> float
     return 0.0
 
 
-def score_runs(runs: Mapping[str, Sequence[str]], qrels: Mapping[str, Mapping[str, int]]) -> dict[str, float]:
-    """Mean nDCG@10, recall@100 and MRR@10 over every judged query (a missing run scores 0)."""
-    n = len(qrels)
-    if n == 0:
-        return dict.fromkeys(METRICS, 0.0)
-    sums = dict.fromkeys(METRICS, 0.0)
+def per_query_metrics(
+    runs: Mapping[str, Sequence[str]], qrels: Mapping[str, Mapping[str, int]]
+) -> dict[str, dict[str, float]]:
+    """nDCG@10, recall@100 and MRR@10 of every judged query (a missing run scores 0)."""
+    out = {}
     for qid, rels in qrels.items():
         ranked = runs.get(qid, [])
-        sums["ndcg@10"] += ndcg_at(ranked, rels)
-        sums["recall@100"] += recall_at(ranked, rels)
-        sums["mrr@10"] += mrr_at(ranked, rels)
-    return {m: round(v / n, 4) for m, v in sums.items()}
+        out[qid] = {
+            "ndcg@10": ndcg_at(ranked, rels),
+            "recall@100": recall_at(ranked, rels),
+            "mrr@10": mrr_at(ranked, rels),
+        }
+    return out
+
+
+def score_runs(runs: Mapping[str, Sequence[str]], qrels: Mapping[str, Mapping[str, int]]) -> dict[str, float]:
+    """Mean nDCG@10, recall@100 and MRR@10 over every judged query (a missing run scores 0)."""
+    if not qrels:
+        return dict.fromkeys(METRICS, 0.0)
+    per_query = per_query_metrics(runs, qrels)
+    return {m: round(sum(q[m] for q in per_query.values()) / len(per_query), 4) for m in METRICS}
 
 
 def section_for(name: str) -> str:
@@ -131,6 +142,56 @@ def format_table(results: Mapping[str, Mapping[str, float]], title: str = "") ->
     return "\n".join(lines)
 
 
+async def index_section(
+    pool: asyncpg.Pool,
+    client: Any,
+    settings: Any,  # index.settings.IngestSettings
+    section_tipo: str,
+    *,
+    text_model: str | None,
+    max_wait: float = 3600.0,
+    poll: float = 0.5,
+) -> dict[str, Any]:
+    """Drain ``section_tipo``'s queued records and wait until none is left; other sections' stay queued.
+
+    Beside a running gateway, its drain may hold the lock or claim some of these
+    records: a scoped pass then does nothing or part of the work, and we wait for
+    the queue rows to go (whoever indexes them). A record that fails (it would be
+    retried only minutes later) or a sidecar outage ends the wait with an error.
+    """
+    from index.drain import drain_once
+
+    totals: dict[str, Any] = {"passes": 0, "indexed": 0, "chunks_embedded": 0, "rows_written": 0}
+    deadline = asyncio.get_running_loop().time() + max_wait
+    while True:
+        report = await drain_once(
+            pool, client, settings, text_model=text_model, section_tipos=(section_tipo,)
+        )
+        totals["passes"] += 1
+        for key in ("indexed", "chunks_embedded", "rows_written"):
+            totals[key] += getattr(report, key)
+        if report.unavailable:
+            raise RuntimeError(f"the corpus was not fully indexed: {report.error}")
+        stats = await pool.fetchrow(
+            "SELECT count(*) AS queued, count(*) FILTER (WHERE last_error IS NOT NULL) AS failed, "
+            "min(last_error) AS error FROM rag_index_queue WHERE section_tipo = $1",
+            section_tipo,
+        )
+        if not stats["queued"]:
+            return totals
+        if stats["failed"]:
+            raise RuntimeError(
+                f"the corpus was not fully indexed ({stats['queued']} records still queued, "
+                f"{stats['failed']} failing): {stats['error']}"
+            )
+        if asyncio.get_running_loop().time() > deadline:
+            raise RuntimeError(
+                f"the corpus was not fully indexed after {max_wait:.0f} s ({stats['queued']} records queued)"
+            )
+        if report.skipped or not report.processed:  # another drain holds the lock or our records
+            await asyncio.sleep(poll)
+
+
 @dataclass
 class EvalSession:
     """An ingested data set and the retrieval engine that queries it."""
@@ -143,9 +204,8 @@ class EvalSession:
     ids: dict[int, str] = field(default_factory=dict)  # section_id -> doc id
     legs: dict[str, LegResults] = field(default_factory=dict)  # query id -> its legs (fetched once)
 
-    async def ingest(self, *, ingest_settings: Any = None) -> dict[str, Any]:
-        """Store the descriptor, queue every document through the intake and drain until indexed."""
-        from index.drain import drain_once
+    async def ingest(self, *, ingest_settings: Any = None, max_wait: float = 3600.0) -> dict[str, Any]:
+        """Store the descriptor, queue every document through the intake, index this section only."""
         from index.intake import enqueue_records
         from index.sections import SectionStore
         from index.settings import IngestSettings
@@ -180,22 +240,16 @@ class EvalSession:
             records.append(record)
         for start in range(0, len(records), settings.max_records_per_request):
             await enqueue_records(self.pool, records[start : start + settings.max_records_per_request])
-        report = await drain_once(
-            self.pool, self.client, settings, text_model=self.retriever.settings.sidecar.text_model
-        )
-        stats = await self.pool.fetchrow(
-            "SELECT count(*) FILTER (WHERE section_tipo = $1) AS queued, "
-            "count(*) FILTER (WHERE section_tipo = $1 AND last_error IS NOT NULL) AS failed "
-            "FROM rag_index_queue",
+        report = await index_section(
+            self.pool,
+            self.client,
+            settings,
             self.section_tipo,
+            text_model=self.retriever.settings.sidecar.text_model,
+            max_wait=max_wait,
         )
-        if report.unavailable or stats["queued"]:
-            raise RuntimeError(
-                f"the corpus was not fully indexed ({stats['queued']} records still queued, "
-                f"{stats['failed']} failing): {report.error or 'see the queue'}"
-            )
         self.retriever.stats.invalidate()
-        return report.as_dict()
+        return report
 
     async def fetch_legs(self, *, concurrency: int = 4) -> None:
         """Every query's legs at ``limit`` 100 (each leg over-fetching ``max(limit * 4, 20)``)."""
@@ -214,12 +268,12 @@ class EvalSession:
     def available_legs(self) -> list[str]:
         return [leg for leg in LEGS if any(leg in r.lists for r in self.legs.values())]
 
-    def runs(self, weights: Mapping[str, float]) -> dict[str, list[str]]:
-        """Fuse each query's legs with ``weights``, gate, collapse to records: doc ids, best first."""
+    def runs(self, weights: Mapping[str, float], method: str | None = None) -> dict[str, list[str]]:
+        """Fuse each query's legs (``method``, ``weights``), gate, collapse to records: doc ids, best first."""
         scope = Scope(section_tipos=(self.section_tipo,))
         out = {}
         for qid, legs in self.legs.items():
-            ranked = self.retriever.fuse(EVAL_PRINCIPAL, legs, scope, weights=weights)
+            ranked = self.retriever.fuse(EVAL_PRINCIPAL, legs, scope, weights=weights, method=method)
             records = collapse(ranked, lambda r: r.chunk.record)[:EVAL_LIMIT]
             out[qid] = [self.ids[r.chunk.section_id] for r in records if r.chunk.section_id in self.ids]
         return out
@@ -241,22 +295,43 @@ class EvalSession:
         return results
 
     def tune(self, grid: Sequence[float] = TUNE_GRID) -> dict[str, Any]:
-        """The per-leg weights (dense fixed at 1: RRF is scale-free) with the best nDCG@10."""
+        """Fusion method and per-leg weights (dense fixed at 1), chosen by 2-fold cross-validation.
+
+        ``metrics`` is the cross-validated figure (each query scored by the choice made on the
+        other half); ``weights``/``fusion`` are chosen on all queries (what ``--apply`` stores).
+        """
+        from .tuning import cross_validate
+
         legs = self.available_legs()
         others = [leg for leg in legs if leg != "dense"]
-        best: dict[str, Any] | None = None
-        for combo in itertools.product(grid, repeat=len(others)):
-            weights = {"dense": 1.0, **dict(zip(others, combo, strict=True))}
-            metrics = score_runs(self.runs(weights), self.dataset.qrels)
-            key = (metrics["ndcg@10"], metrics["mrr@10"], -sum(combo))
-            if best is None or key > best["_key"]:
-                best = {"_key": key, "weights": weights, "metrics": metrics}
-        assert best is not None
-        weights = best["weights"]
+        candidates = [
+            (method, (("dense", 1.0), *zip(others, combo, strict=True)))
+            for method in FUSION_METHODS
+            for combo in itertools.product(grid, repeat=len(others))
+        ]
+
+        def evaluate(candidate: tuple[str, tuple[tuple[str, float], ...]]) -> dict[str, dict[str, float]]:
+            method, weights = candidate
+            return per_query_metrics(self.runs(dict(weights), method), self.dataset.qrels)
+
+        result = cross_validate(candidates, evaluate, list(self.dataset.qrels))
+        method, weights = result["chosen"]
         return {
-            "weights": weights,
-            "setting": "RAG_FUSION_WEIGHTS=" + ",".join(f"{k}={v:g}" for k, v in weights.items()),
-            "metrics": best["metrics"],
+            "fusion": method,
+            "weights": dict(weights),
+            "setting": f"RAG_FUSION={method} RAG_FUSION_WEIGHTS="
+            + ",".join(f"{k}={v:g}" for k, v in weights),
+            "metrics": result["cv"],
+            "in_sample": result["in_sample"],
+            "folds": [
+                {
+                    "fusion": f["chosen"][0],
+                    "weights": dict(f["chosen"][1]),
+                    "train": f["train"],
+                    "test": f["test"],
+                }
+                for f in result["folds"]
+            ],
         }
 
     async def cleanup(self) -> None:
@@ -265,6 +340,25 @@ class EvalSession:
             await conn.execute("DELETE FROM rag_embeddings WHERE section_tipo = $1", self.section_tipo)
             await conn.execute("DELETE FROM rag_index_queue WHERE section_tipo = $1", self.section_tipo)
             await conn.execute("DELETE FROM rag_sections WHERE section_tipo = $1", self.section_tipo)
+
+
+async def apply_tuning(pool: asyncpg.Pool, section_tipo: str, tuned: Mapping[str, Any], dataset: str) -> None:
+    """Store ``tuned`` fusion in ``section_tipo``'s descriptor (``retrieval``), which the gateway reads.
+
+    Raises ``LookupError`` when the section has no descriptor (nothing to tune for).
+    """
+    from index.sections import SectionStore
+
+    sections = SectionStore(pool)
+    descriptor = await sections.get(section_tipo)
+    if descriptor is None:
+        raise LookupError(f"section {section_tipo!r} has no descriptor in this database")
+    descriptor["retrieval"] = {
+        "fusion": tuned["fusion"],
+        "weights": dict(tuned["weights"]),
+        "tuned_on": {"dataset": dataset, "cross_validated": dict(tuned["metrics"])},
+    }
+    await sections.put(section_tipo, descriptor)
 
 
 @asynccontextmanager

@@ -1,0 +1,340 @@
+"""The reliability suite: fuzzing both services from their ``/openapi.json``, auth and ACL attacks,
+hostile images, and the services' health afterwards. Figures are counts with a goal (0 server
+errors, 0 rows leaked, 0 forged tokens accepted), not ratios: a table per part, and every failing
+case's description in ``results.json`` so it can be replayed as a regression test.
+
+The gateway runs as a ``mnemo gateway`` subprocess over a fresh database holding a small corpus
+pushed through its own intake routes; the sidecar is the run's shared one (with a tiny SigLIP for
+``/image``). Every loop is bounded by a case count and a deadline, and targets loopback only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import secrets
+import urllib.request
+from typing import Any
+
+from .attacks import AclProbe, bad_images, forged_tokens, image_attacks, leak_check, post_json, token_attacks
+from .fuzz import CLASSES, fuzz_service, gateway_contract, sidecar_contract
+from .plan import ReliabilityPlan
+from .report import SuiteResult, Table
+from .stack import BENCH_MODEL, IMAGE_MODEL, BenchStack
+
+__all__ = ["run_suite"]
+
+DESCRIPTORS = {
+    "oh1": {
+        "embed": [{"id": "card", "contributors": ["oh22"]}, {"id": "transcript", "contributors": ["oh23"]}]
+    },
+    "rsc1": {"embed": [{"id": "card", "contributors": ["rsc140"]}]},
+}
+_TEXTS = (
+    "The reservoir flooded the valley and the families left their farms.",
+    "Silver coins of the third century were found near the old mill.",
+    "Cuando llegó el agua del pantano tuvimos que marcharnos del pueblo.",
+    "A red-figure amphora with a scene of a chariot race.",
+)
+
+
+def _records() -> list[dict[str, Any]]:
+    """oh1 1..8 (odd ids in project 1, even in project 2) and rsc1 1..4 (project 1)."""
+    out = []
+    for i in range(1, 9):
+        out.append(
+            {
+                "section_tipo": "oh1",
+                "section_id": i,
+                "projects": [1 if i % 2 else 2],
+                "groups": {
+                    "card": {"lg-eng": f"{_TEXTS[i % 4]} Card {i}."},
+                    "transcript": {"lg-spa": f"{_TEXTS[(i + 1) % 4]} Testimonio {i}."},
+                },
+            }
+        )
+    for i in range(1, 5):
+        out.append(
+            {
+                "section_tipo": "rsc1",
+                "section_id": i,
+                "projects": [1],
+                "groups": {"card": {"lg-eng": _TEXTS[i % 4]}},
+            }
+        )
+    return out
+
+
+def _allowed(row: dict[str, Any]) -> bool:
+    """The oracle for the restricted principal (projects [1], oh1 read, oh1/oh23 denied), from the data."""
+    section_id = row.get("section_id")
+    group = str(row.get("component_tipo") or "").removeprefix("rag:")
+    return (
+        row.get("section_tipo") == "oh1"
+        and isinstance(section_id, int)
+        and section_id % 2 == 1
+        and group != "transcript"
+    )
+
+
+def _probe(admin: str, restricted: str) -> AclProbe:
+    scopes: list[Any] = [["oh1", "rsc1"], "oh1", "rsc1", None]
+    requests = [
+        {
+            "dd_api": "dd_rag_api",
+            "action": action,
+            "options": {"query": query, "limit": 50, **({"section_tipo": scope} if scope else {})},
+        }
+        for action in ("semantic_search", "retrieve", "get_agent_context", "ask")
+        for query in ("reservoir families", "silver coins mill", "amphora chariot")
+        for scope in scopes
+    ]
+    requests += [
+        {
+            "dd_api": "dd_rag_api",
+            "action": "similar_to",
+            "options": {"section_tipo": t, "section_id": i, "limit": 50},
+        }
+        for t, i in (("oh1", 1), ("oh1", 2), ("rsc1", 1))
+    ]
+    twins = [
+        (
+            {
+                "dd_api": "dd_rag_api",
+                "action": action,
+                "options": {"section_tipo": tipo, "section_id": forbidden},
+            },
+            {
+                "dd_api": "dd_rag_api",
+                "action": action,
+                "options": {"section_tipo": tipo, "section_id": 999_999},
+            },
+        )
+        for action in ("similar_to", "similar_objects", "characterize_object")
+        for tipo, forbidden in (("oh1", 2), ("rsc1", 1))
+    ]
+    return AclProbe(admin=admin, restricted=restricted, allowed=_allowed, requests=requests, twins=twins)
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=60) as response:
+        return json.load(response)
+
+
+def _load_corpus(url: str, admin: str, wait_s: float) -> None:
+    """Sections and records through the gateway's intake, then wait for its drain (bounded)."""
+    import time
+
+    from .fuzz import Case, send
+
+    for tipo, descriptor in DESCRIPTORS.items():
+        headers = (("Content-Type", "application/json"), ("Authorization", f"Bearer {admin}"))
+        body = json.dumps(descriptor).encode()
+        status, _, answer = send(url, Case("setup", "PUT", "PUT", f"/v1/sections/{tipo}", headers, body), 120)
+        if status >= 300:
+            raise RuntimeError(f"PUT /v1/sections/{tipo}: {status} {answer[:200]!r}")
+    status, answer = post_json(url, "/v1/records", _records(), admin)
+    if status >= 300:
+        raise RuntimeError(f"POST /v1/records: {status} {answer[:200]!r}")
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        request = urllib.request.Request(
+            url + "/v1/queue/stats", headers={"Authorization": f"Bearer {admin}"}
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            stats = json.load(response)["data"]
+        if stats["pending"] == 0:
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"the gateway's drain did not index the corpus in {wait_s} s")
+
+
+def _healthy(gateway_url: str, sidecar_url: str) -> dict[str, bool]:
+    out = {}
+    for name, url in (("gateway", gateway_url + "/healthz"), ("sidecar", sidecar_url + "/readyz")):
+        try:
+            with urllib.request.urlopen(url, timeout=60) as response:
+                out[name] = response.status == 200
+        except OSError:
+            out[name] = False
+    return out
+
+
+def _run(gateway_url: str, sidecar_url: str, secret: str, plan: ReliabilityPlan) -> dict[str, Any]:
+    """Every part, blocking (the gateway is another process; the sidecar is Ray's)."""
+    from gateway.auth import issue_token
+
+    admin = issue_token(secret=secret, sub="bench-admin", projects=None, admin=True)
+    restricted = issue_token(secret=secret, sub="bench-alice", projects=[1], perms={"oh1": 1, "oh1/oh23": 0})
+    _load_corpus(gateway_url, admin, plan.seconds)
+    served = {m["id"]: m for m in _get(sidecar_url + "/models")["models"]}
+    budget = {"cases_per_route": plan.cases_per_route, "seconds": plan.seconds}
+    gateway = fuzz_service(
+        gateway_url,
+        _get(gateway_url + "/openapi.json"),
+        service="gateway",
+        contract=gateway_contract,
+        headers={"Authorization": f"Bearer {admin}"},
+        hints={
+            "section_tipo": ["oh1", "rsc1", "zz9"],
+            "section_id": [1, 2, 0],
+            "query": ["reservoir", "silver coins", "x"],
+            "projects": [[1], []],
+            "groups": [{"card": {"lg-eng": "A short card about a mill."}}],
+        },
+        oversize=plan.gateway_oversize_bytes,
+        **budget,
+    )
+    images = [[base64.b64encode(bad_images()["1x1 PNG"]).decode()]] if IMAGE_MODEL in served else []
+    sidecar = fuzz_service(
+        sidecar_url,
+        _get(sidecar_url + "/openapi.json"),
+        service="sidecar",
+        contract=sidecar_contract,
+        headers={},
+        hints={"model": [*served, "no-such-model"], **({"images": images} if images else {})},
+        oversize=plan.sidecar_oversize_bytes,
+        **budget,
+    )
+    search = {"dd_api": "dd_rag_api", "action": "semantic_search", "options": {"query": "reservoir"}}
+    result = {
+        "fuzz": {"gateway": gateway.as_dict(), "sidecar": sidecar.as_dict()},
+        "tokens": token_attacks(gateway_url, forged_tokens(secret), search),
+        "acl": leak_check(gateway_url, _probe(admin, restricted)),
+    }
+    if IMAGE_MODEL in served:
+        dimension = int(served[IMAGE_MODEL]["dimension"])
+        result["images"] = image_attacks(sidecar_url, IMAGE_MODEL, bad_images(), dimension)
+    result["healthy_after"] = _healthy(gateway_url, sidecar_url)
+    return result
+
+
+def _as_suite(result: dict[str, Any]) -> SuiteResult:
+    fuzz = result["fuzz"]
+    tables = [
+        Table(
+            "Fuzzing from /openapi.json: cases per route",
+            ["service", "route", "cases", "5xx or no answer (service total)"],
+            [
+                [name, route, count, report["server_errors"] if i == 0 else ""]
+                for name, report in fuzz.items()
+                for i, (route, count) in enumerate(report["cases_per_route"].items())
+            ],
+        ),
+        Table(
+            "Fuzzing: cases per class",
+            ["class", *fuzz],
+            [[c, *(fuzz[s]["cases_per_class"].get(c, 0) for s in fuzz)] for c in CLASSES],
+        ),
+        Table(
+            "Fuzzing: status distribution",
+            ["status", *fuzz],
+            [
+                [status, *(fuzz[s]["statuses"].get(status, 0) for s in fuzz)]
+                for status in sorted({k for r in fuzz.values() for k in r["statuses"]}, key=int)
+            ],
+        ),
+    ]
+    tokens, acl = result["tokens"], result["acl"]
+    figures = [
+        ["gateway fuzz cases", sum(fuzz["gateway"]["cases_per_route"].values()), ""],
+        ["gateway fuzz: 5xx or no answer", fuzz["gateway"]["server_errors"], 0],
+        ["gateway fuzz: answers outside envelope v2", fuzz["gateway"]["contract_violations"], 0],
+        ["sidecar fuzz cases", sum(fuzz["sidecar"]["cases_per_route"].values()), ""],
+        ["sidecar fuzz: 5xx or no answer", fuzz["sidecar"]["server_errors"], 0],
+        ["sidecar fuzz: answers outside {error: {code, message}}", fuzz["sidecar"]["contract_violations"], 0],
+        ["forged tokens sent", tokens["tokens"], ""],
+        ["forged tokens not refused (coded 4xx)", len(tokens["not_refused"]), 0],
+        ["ACL requests (restricted principal and admin)", acl["requests"], ""],
+        ["rows leaked to the restricted principal", acl["rows_leaked"], 0],
+        ["forbidden vs missing answers that differ", len(acl["twins_differing"]), 0],
+    ]
+    if "images" in result:
+        images = result["images"]
+        figures += [
+            ["hostile images sent", images["images"], ""],
+            ["hostile images: embedded / coded 4xx", f"{images['embedded']} / {images['refused_4xx']}", ""],
+            [
+                "hostile images: 5xx, no answer or bad vector",
+                images["server_errors"] + len(images["problems"]),
+                0,
+            ],
+        ]
+    figures += [[f"{name} healthy afterwards", ok, True] for name, ok in result["healthy_after"].items()]
+    if "sigterm" in result:
+        term = result["sigterm"]
+        figures += [
+            [
+                f"SIGTERM under load ({term['callers']} callers): requests sent before it",
+                term["requests_before_sigterm"],
+                "",
+            ],
+            ["SIGTERM: requests sent before it that failed", term["failed_before_sigterm"], 0],
+            [
+                "SIGTERM: sent after it, dropped or 5xx (not refused cleanly)",
+                term["after_sigterm"]["broken"],
+                0,
+            ],
+            [
+                "SIGTERM: gateway exit code / seconds to exit",
+                f"{term['exit_code']} / {term['seconds_to_exit']}",
+                "0 / -",
+            ],
+        ]
+    tables.insert(0, Table("Reliability figures", ["figure", "value", "goal"], figures))
+    if "images" in result:
+        tables.append(
+            Table(
+                "Hostile images on /image",
+                ["image", "status", "code"],
+                [[k, v["status"], v["code"] or ""] for k, v in result["images"]["by_image"].items()],
+            )
+        )
+    tables.append(
+        Table(
+            "Forged tokens",
+            ["token", "status", "code"],
+            [[k, v["status"], v["code"] or ""] for k, v in tokens["by_token"].items()],
+        )
+    )
+    notes = [
+        "Goals are counts, not ratios: 0 server errors, 0 contract violations, 0 rows leaked, 0 forged "
+        "tokens accepted. Failing cases are listed in results.json (figures.fuzz.*.examples) for replay.",
+    ]
+    notes += [
+        f"{s} fuzz stopped at its deadline before every route had its cases."
+        for s in fuzz
+        if fuzz[s]["stopped_early"]
+    ]
+    if "images" not in result:
+        notes.append(f"Hostile images skipped: the sidecar serves no {IMAGE_MODEL}.")
+    return SuiteResult("reliability", tables=tables, figures=result, notes=notes)
+
+
+async def run_suite(stack: BenchStack, plan: ReliabilityPlan) -> SuiteResult:
+    from .gateway import gateway_process
+
+    assert stack.sidecar_url is not None
+    database = await stack.fresh_database("bench_reliability")
+    secret = secrets.token_urlsafe(48)
+    log = stack.work_dir / "reliability-gateway.log"
+    async with gateway_process(database, stack.sidecar_url, secret, log, text_model=BENCH_MODEL) as url:
+        result = await asyncio.to_thread(_run, url, stack.sidecar_url, secret, plan)
+    if plan.sigterm_callers > 0:
+        from gateway.auth import issue_token
+
+        from .faults import sigterm_under_load
+
+        admin = issue_token(secret=secret, sub="bench-admin", projects=None, admin=True)
+        result["sigterm"] = await asyncio.to_thread(
+            sigterm_under_load,
+            database,
+            stack.sidecar_url,
+            secret,
+            admin,
+            stack.work_dir / "reliability-sigterm.log",
+            text_model=BENCH_MODEL,
+            callers=plan.sigterm_callers,
+        )
+    return _as_suite(result)

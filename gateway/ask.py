@@ -1,0 +1,299 @@
+"""``ask``: a grounded answer with citations, or a plain refusal. Never a fabricated answer.
+
+The pipeline, in this order (each step narrows what the next one sees):
+
+1. retrieve: hybrid retrieval with the ACL gate inside (only readable passages exist here);
+2. grounding gate: passages whose dense similarity to the query is below
+   ``RAG_GROUNDING_MIN_SIMILARITY`` are dropped; when no passage reaches it, refuse
+   (``no_grounded_context``) without calling any model;
+3. rerank (on by default here): the cross-encoder reorders, never drops; down or slow -> fused order;
+4. expand (``expand: neighbours | parent``): readable surrounding chunks, within the budget;
+5. token budget (``RAG_CONTEXT_TOKEN_BUDGET``), keeping at least one passage;
+6. egress, per record: for an external generator, passages whose sections may not
+   leave the host are withheld; all withheld -> ``external_generation_restricted``
+   (no model call, provenance kept so the caller sees what was suppressed);
+7. generate (extractive or an OpenAI-compatible server); a failure -> ``rag.generation_failed``;
+8. validate citations: markers naming no supplied passage are removed and counted.
+
+The four outcomes: ``ok``, ``no_grounded_context``, ``external_generation_restricted``
+and the coded error ``rag.generation_failed`` (503).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from index.chunker import estimate_tokens
+from index.search import Scope
+
+from . import options as opt
+from .actions import query_error, services_of
+from .citations import citations, validate_markers
+from .egress import passage_sections, restricted_sections
+from .errors import ApiError, request_id
+from .expand import Expanded, expand_passages, unexpanded
+from .providers import DEFAULT_SYSTEM_PROMPT, Generation, GenerationFailed, GenerationRequest
+from .retrieval import EmbeddingUnavailable, QueryRejected, Ranked
+
+if TYPE_CHECKING:
+    from index.sections import SectionStore
+
+    from .actions import ActionContext
+    from .metrics import Metrics
+    from .providers import Provider
+    from .rerank import Reranker
+    from .settings import AskSettings
+
+log = logging.getLogger(__name__)
+
+__all__ = ["AskServices", "fit_budget", "grounded_passages", "run_ask", "stream_ask"]
+
+OK, NO_CONTEXT, RESTRICTED = "ok", "no_grounded_context", "external_generation_restricted"
+CITATION_RULE = (
+    "Use only the numbered passages. Mark every claim with its passage number in square brackets, "
+    "like [2]. If the passages do not answer the question, say so."
+)
+
+
+@dataclass
+class AskServices:
+    """What ask (and rerank/expand on the passage actions) needs besides retrieval."""
+
+    settings: AskSettings
+    reranker: Reranker
+    provider: Provider
+    sections: SectionStore
+    metrics: Metrics
+
+
+@dataclass
+class Prepared:
+    """Everything decided before generation."""
+
+    msg: str
+    supplied: list[Expanded] = field(default_factory=list)
+    withheld: list[Expanded] = field(default_factory=list)
+    reranked: bool = False
+    expand: str | None = None
+    request: GenerationRequest | None = None
+
+
+# -- the pure steps ------------------------------------------------------------------------------------
+
+
+def grounded_passages(ranked: Sequence[Ranked], min_similarity: float) -> list[Ranked]:
+    """The passages that may ground an answer; [] when none reaches ``min_similarity``.
+
+    A passage only the lexical leg found (no dense similarity) rides along with
+    grounded ones, but cannot ground an answer alone.
+    """
+    kept = [r for r in ranked if r.similarity is None or r.similarity >= min_similarity]
+    return kept if any(r.similarity is not None for r in kept) else []
+
+
+def fit_budget(passages: Sequence[Expanded], budget: int) -> list[Expanded]:
+    """Passages in order while their tokens fit ``budget``; an expansion that does not fit falls back
+    to its hit alone; the first passage is always kept (alone over budget, if need be)."""
+    kept: list[Expanded] = []
+    used = 0
+    for p in passages:
+        for candidate in (p, Expanded(p.ranked, (p.ranked.chunk,))):
+            cost = estimate_tokens(candidate.text)
+            if used + cost <= budget or not kept:
+                kept.append(candidate)
+                used += cost
+                break
+    return kept
+
+
+def system_prompt(
+    first_section: str, descriptors: Mapping[str, Mapping[str, Any]], fallback: str | None
+) -> str:
+    """The section descriptor's prompt, else the setting's, else the built-in one; the citation rule always."""
+    custom = (descriptors.get(first_section) or {}).get("system_prompt") or fallback
+    return f"{custom.strip()}\n\n{CITATION_RULE}" if custom else DEFAULT_SYSTEM_PROMPT
+
+
+def provenance(p: Expanded, n: int | None = None) -> dict[str, Any]:
+    from .actions import passage
+
+    out = passage(p.ranked)
+    if n is not None:
+        out = {"n": n, **out}
+    if p.mode is not None:
+        out["expansion"] = {"mode": p.mode, "chunk_indexes": p.chunk_indexes, "text": p.text}
+    return out
+
+
+def _answer(
+    prepared: Prepared,
+    *,
+    answer: str = "",
+    cited: list[dict[str, Any]] | None = None,
+    provider: str = "",
+    model: str = "",
+    removed: int = 0,
+    usage: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    restricted = prepared.msg == RESTRICTED
+    supplied = [] if restricted else prepared.supplied
+    return {
+        "answer": answer,
+        "citations": cited or [],
+        "provenance": [provenance(p) for p in prepared.withheld]
+        if restricted
+        else [provenance(p, n) for n, p in enumerate(supplied, 1)],
+        "grounded": bool(cited),
+        "restricted": restricted,
+        "withheld": [] if restricted else [provenance(p) for p in prepared.withheld],
+        "used_provider": provider,
+        "model": model,
+        "reranked": prepared.reranked,
+        "expand": prepared.expand,
+        "removed_citations": removed,
+        "usage": dict(usage or {}),
+    }
+
+
+# -- the pipeline --------------------------------------------------------------------------------------
+
+
+async def prepare(ctx: ActionContext, options: Mapping[str, Any]) -> Prepared:
+    """Steps 1-6: retrieval to the egress decision; ``request`` is set when a model is to be called."""
+    services = services_of(ctx)
+    s = services.settings
+    query = opt.query(options)
+    scope = Scope(section_tipos=opt.scope(options), group=opt.group(options))
+    limit = opt.limit(options)
+    rerank = opt.flag(options, "rerank", s.rerank_default)
+    expand = opt.expand(options)
+    depth = max(limit, s.rerank_depth) if rerank else limit
+    try:
+        ranked = await ctx.retriever.passages(ctx.principal, query, scope, depth)
+    except (EmbeddingUnavailable, QueryRejected) as exc:
+        raise query_error(exc) from exc
+    ranked = grounded_passages(ranked, s.grounding_min_similarity)
+    if not ranked:
+        return Prepared(NO_CONTEXT, expand=expand)
+    reranked = False
+    if rerank:
+        outcome = await services.reranker.rerank(query, ranked, depth)
+        ranked, reranked = outcome.ranked, outcome.reranked
+    ranked = ranked[:limit]
+    if expand is None:
+        passages = unexpanded(ranked)
+    else:
+        passages = await expand_passages(
+            ctx.retriever,
+            ctx.principal,
+            ranked,
+            expand,
+            neighbours=s.expand_neighbours,
+            parent_limit=s.expand_parent_chunks,
+        )
+    passages = fit_budget(passages, s.context_token_budget)
+    sections = set().union(*(passage_sections(p.chunks) for p in passages))
+    descriptors = await services.sections.get_many(sorted(sections))
+    supplied, withheld = passages, []
+    if not services.provider.local:
+        closed = restricted_sections(
+            sections, descriptors, allow_default=s.allow_external_default, forbidden=s.forbidden_sections
+        )
+        supplied = [p for p in passages if not passage_sections(p.chunks) & closed]
+        withheld = [p for p in passages if passage_sections(p.chunks) & closed]
+    prepared = Prepared(OK, supplied, withheld, reranked, expand)
+    if not supplied:
+        prepared.msg = RESTRICTED
+        return prepared
+    prepared.request = GenerationRequest(
+        query=query,
+        system_prompt=system_prompt(supplied[0].ranked.chunk.section_tipo, descriptors, s.llm_system_prompt),
+        passages=[p.text for p in supplied],
+        titles=[str(p.ranked.chunk.meta.get("title") or "") for p in supplied],
+        similarities=[p.ranked.similarity for p in supplied],
+    )
+    return prepared
+
+
+def finish(services: AskServices, prepared: Prepared, generation: Generation) -> tuple[str, dict[str, Any]]:
+    """Step 8: validate the markers, describe the citations, shape the answer."""
+    checked = validate_markers(generation.text, len(prepared.supplied))
+    if checked.removed:
+        services.metrics.citations_removed.inc(checked.removed)
+        log.warning("removed %d citation markers naming no supplied passage", checked.removed)
+    cited = citations(checked.cited, [p.ranked.chunk for p in prepared.supplied])
+    data = _answer(
+        prepared,
+        answer=checked.answer,
+        cited=cited,
+        provider=services.provider.name,
+        model=generation.model,
+        removed=checked.removed,
+        usage=generation.usage,
+    )
+    return OK, data
+
+
+async def run_ask(ctx: ActionContext, options: Mapping[str, Any]) -> tuple[str, Any]:
+    services = services_of(ctx)
+    prepared = await prepare(ctx, options)
+    if prepared.request is None:
+        services.metrics.ask_outcomes.labels(prepared.msg).inc()
+        return prepared.msg, _answer(prepared)
+    try:
+        generation = await services.provider.generate(prepared.request)
+    except GenerationFailed as exc:
+        services.metrics.ask_outcomes.labels("generation_failed").inc()
+        log.warning("generation failed: %s", exc)
+        raise ApiError("rag.generation_failed") from exc
+    services.metrics.ask_outcomes.labels(OK).inc()
+    return finish(services, prepared, generation)
+
+
+# -- streaming (stream: true) --------------------------------------------------------------------------
+
+
+def _event(name: str, data: Any) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
+
+
+async def stream_ask(
+    request: web.Request, ctx: ActionContext, options: Mapping[str, Any]
+) -> web.StreamResponse:
+    """``ask`` as server-sent events: ``delta`` events carry text as it is generated, then one ``done``
+    event carries the whole v2 envelope (validated citations included), or one ``error`` event its
+    failure envelope. Errors before generation starts are ordinary JSON error responses."""
+    services = services_of(ctx)
+    rid = request_id(request)
+    prepared = await prepare(ctx, options)
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    response.headers["X-Request-Id"] = rid
+    await response.prepare(request)
+    if prepared.request is None:
+        services.metrics.ask_outcomes.labels(prepared.msg).inc()
+        envelope = {"ok": True, "request_id": rid, "msg": prepared.msg, "data": _answer(prepared)}
+        await response.write(_event("done", envelope))
+        await response.write_eof()
+        return response
+    parts: list[str] = []
+    try:
+        async for delta in services.provider.stream(prepared.request):
+            parts.append(delta)
+            await response.write(_event("delta", {"text": delta}))
+    except GenerationFailed as exc:
+        services.metrics.ask_outcomes.labels("generation_failed").inc()
+        log.warning("streamed generation failed: %s", exc)
+        await response.write(_event("error", ApiError("rag.generation_failed").body(rid)))
+        await response.write_eof()
+        return response
+    services.metrics.ask_outcomes.labels(OK).inc()
+    msg, data = finish(services, prepared, Generation("".join(parts), services.provider.model))
+    await response.write(_event("done", {"ok": True, "request_id": rid, "msg": msg, "data": data}))
+    await response.write_eof()
+    return response

@@ -1,0 +1,778 @@
+"""The FAISS vector cache: each model partition's text vectors in an exact in-process index.
+
+Why: pgvector's HNSW loses recall under selective filters and leaves the index
+path for a non-admin caller whose ACL filters every row. A flat index with the
+caller's scope as a slot bitmap is exact at any selectivity.
+
+How it stays correct (the invariants the tests pin):
+
+- **Exact.** Search is flat inner product over L2-normalized copies
+  (= cosine). The cache only *selects* candidates; their rows are re-read from
+  the store with the scope/ACL push-down applied in SQL and scored there by
+  pgvector (``<=>``), so scores and tie order are the SQL leg's own.
+- **Never stale.** Each partition carries a :class:`~index.change_feed.Watermark`.
+  The re-read adds every key changed after it (deleted ones are simply gone
+  from the store), and the FAISS search skips nothing it should not: a key's
+  cached state is trusted only when it has not changed since the watermark.
+  If pending keys crowd the cache's top candidates, the search widens; when it
+  still cannot prove an exact top-k it says so and pgvector serves the query.
+- **Scopes.** A scope's bitmap comes from the same SQL push-down the legs use
+  (:func:`index.search.scope_where`), is cached per scope (LRU), and is
+  updated from the feed for just the changed keys.
+- **Bounded.** A partition that would pass ``max_bytes`` is not cached (logged
+  and counted); pgvector serves it. Cold partitions (loading) likewise.
+
+With mode ``off``, or for any partition not ``ready``, :meth:`VectorCache.search`
+returns None and the caller runs the SQL leg exactly as without a cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import logging
+import struct
+import time
+from collections import OrderedDict, deque
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import asyncpg
+import numpy as np
+
+from .cache_metrics import CacheMetrics
+from .change_feed import (
+    KEY_COLUMNS,
+    Change,
+    ChangeListener,
+    RowKey,
+    Watermark,
+    changes_since,
+    current_watermark,
+    pending_sql,
+)
+from .faiss_backend import FlatIndex, GpuFlatIndex, gpu_available
+from .partitions import ModelPartition, list_partitions
+from .search import ChunkHit, Scope, chunk_from_row, hit_columns, identity_order, scope_where
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CacheConfig", "CacheUnavailable", "PartitionCache", "VectorCache"]
+
+MODES = ("off", "auto", "cpu", "cuda")
+MAX_SEARCH_BATCH = 64  # concurrent searches answered by one scan of a partition
+ScopeKey = Hashable
+
+
+class CacheUnavailable(RuntimeError):
+    """``cuda`` was asked for and this process has no GPU-enabled FAISS or no GPU."""
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """How the cache runs (built by the gateway from its settings)."""
+
+    mode: str = "auto"
+    max_bytes: int = 2 * 1024**3
+    load_batch: int = 50_000
+    fp16_min_vectors: int = 1_000_000  # on GPU, store fp16 from this many vectors on
+    scope_cache_size: int = 32
+    poll_s: float = 5.0  # safety net: catch up this often even without a notification
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"cache mode {self.mode!r}: use one of {MODES}")
+
+
+@dataclass
+class PartitionCache:
+    """One partition's cached vectors: slots, keys, liveness, scope bitmaps, watermark."""
+
+    partition: ModelPartition
+    index: FlatIndex
+    state: str = "loading"  # loading | ready | over_budget | failed
+    watermark: Watermark = field(default_factory=lambda: Watermark(0, 0))
+    version: int = 0  # bumped whenever the watermark moves (scope bitmaps built before are suspect)
+    slot_of: dict[RowKey, int] = field(default_factory=dict)
+    key_of: list[RowKey | None] = field(default_factory=list)
+    record_slots: dict[tuple[str, int], set[int]] = field(default_factory=dict)
+    alive: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    free: list[int] = field(default_factory=list)
+    scopes: OrderedDict[ScopeKey, tuple[Scope, np.ndarray]] = field(default_factory=OrderedDict)
+    applying: bool = False
+    load_seconds: float | None = None
+    # Searches waiting for the batcher: (query, k, permitted slots, the caller's future).
+    waiting: list[tuple[np.ndarray, int, np.ndarray, asyncio.Future[np.ndarray]]] = field(
+        default_factory=list
+    )
+    batching: bool = False
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def live(self) -> int:
+        return int(self.alive.sum())
+
+    def _grow(self, n: int) -> None:
+        if n > len(self.alive):
+            self.alive = np.concatenate([self.alive, np.zeros(n - len(self.alive), dtype=bool)])
+            self.key_of.extend([None] * (n - len(self.key_of)))
+
+    def _forget(self, key: RowKey) -> int | None:
+        slot = self.slot_of.pop(key, None)
+        if slot is not None:
+            self.alive[slot] = False
+            self.key_of[slot] = None
+            self.free.append(slot)
+            slots = self.record_slots.get(key[:2])
+            if slots is not None:
+                slots.discard(slot)
+                if not slots:
+                    del self.record_slots[key[:2]]
+        return slot
+
+    def plan(self, changes: Sequence[Change]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
+        """Slot assignments for a batch: (rewrite slots, their vectors, appended vectors, new slots).
+
+        Deletes take effect at once (a dead slot is never searched); new slots
+        stay dead until :meth:`publish`, after their vectors are in the index.
+        """
+        rewrite: list[int] = []
+        rewrite_vecs: list[np.ndarray] = []
+        append: list[np.ndarray] = []
+        fresh: list[int] = []
+        for change in changes:
+            if change.vector is None:
+                self._forget(change.key)
+                continue
+            vec = _normalized(change.vector)
+            slot = self.slot_of.get(change.key)
+            if slot is None:
+                if self.free:
+                    slot = self.free.pop()
+                    rewrite.append(slot)
+                    rewrite_vecs.append(vec)
+                else:
+                    slot = len(self.key_of)
+                    self._grow(slot + 1)
+                    append.append(vec)
+                self.slot_of[change.key] = slot
+                self.key_of[slot] = change.key
+                self.record_slots.setdefault(change.key[:2], set()).add(slot)
+                fresh.append(slot)
+            else:
+                rewrite.append(slot)
+                rewrite_vecs.append(vec)
+        d = self.partition.dimension
+        return (
+            np.asarray(rewrite, dtype=np.int64),
+            np.asarray(rewrite_vecs, dtype=np.float32).reshape(-1, d),
+            np.asarray(append, dtype=np.float32).reshape(-1, d),
+            fresh,
+        )
+
+    def publish(self, fresh: list[int], watermark: Watermark) -> None:
+        self.alive[fresh] = True
+        self.watermark = watermark
+        self.version += 1
+
+
+def _normalized(vector: np.ndarray) -> np.ndarray:
+    norm = float(np.linalg.norm(vector))
+    return vector / norm if norm > 0 else vector
+
+
+def _scope_key(scope: Scope) -> ScopeKey:
+    acl = None
+    if scope.acl is not None:
+        acl = (tuple(sorted(scope.acl.perms.items())), scope.acl.projects)
+    return (scope.section_tipos, scope.group, acl)
+
+
+# -- binary COPY ----------------------------------------------------------------------------------
+
+_COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
+
+
+def parse_copy(data: bytes, dimension: int) -> tuple[list[RowKey], np.ndarray]:
+    """Rows of a binary COPY of ``(section_tipo, section_id, component_tipo, lang, view, chunk_index,
+    embedding)`` as keys and an (n, dimension) float32 array (pgvector's binary ``vector``:
+    int16 dim, int16 unused, dim big-endian float4)."""
+    if not data.startswith(_COPY_SIGNATURE):
+        raise ValueError("not a binary COPY stream")
+    (ext,) = struct.unpack_from(">i", data, 15)
+    pos = 19 + ext
+    keys: list[RowKey] = []
+    offsets: list[int] = []
+    unpack_i, unpack_h, unpack_q = (
+        struct.Struct(">i").unpack_from,
+        struct.Struct(">h").unpack_from,
+        struct.Struct(">q").unpack_from,
+    )
+    while True:
+        (nfields,) = unpack_h(data, pos)
+        pos += 2
+        if nfields == -1:
+            break
+        fields: list[tuple[int, int]] = []
+        for _ in range(nfields):
+            (length,) = unpack_i(data, pos)
+            fields.append((pos + 4, length))
+            pos += 4 + max(length, 0)
+        (p0, l0), (p1, _), (p2, l2), (p3, l3), (p4, l4), (p5, _), (p6, _) = fields
+        keys.append(
+            (
+                data[p0 : p0 + l0].decode(),
+                unpack_q(data, p1)[0],
+                data[p2 : p2 + l2].decode(),
+                data[p3 : p3 + l3].decode(),
+                data[p4 : p4 + l4].decode(),
+                unpack_i(data, p5)[0],
+            )
+        )
+        (dim,) = unpack_h(data, p6)
+        if dim != dimension:
+            raise ValueError(f"stored vector has {dim} dimensions, the partition {dimension}")
+        offsets.append(p6 + 4)
+    vectors = np.empty((len(offsets), dimension), dtype=np.float32)
+    for i, off in enumerate(offsets):
+        vectors[i] = np.frombuffer(data, dtype=">f4", count=dimension, offset=off)
+    return keys, vectors
+
+
+# -- the cache ------------------------------------------------------------------------------------
+
+
+class VectorCache:
+    """Every partition's cache, their loading and sync, and the cache-served dense search."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        database_url: str,
+        config: CacheConfig,
+        metrics: CacheMetrics | None = None,
+    ) -> None:
+        self.pool = pool
+        self.database_url = database_url
+        self.config = config
+        self.metrics = metrics or CacheMetrics()
+        self.partitions: dict[str, PartitionCache] = {}
+        self.listener: ChangeListener | None = None
+        self._wake = asyncio.Event()
+        self._dirty: set[str | None] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._batchers: set[asyncio.Task[None]] = set()
+        self._lag_since: float | None = None  # first unapplied notification
+        self.recent_lags: deque[float] = deque(maxlen=10_000)  # write -> applied, seconds (benchmarks)
+        self.applied_log: deque[tuple[float, str, int]] = deque(maxlen=10_000)  # (monotonic, model, seq)
+        self.device = self._device()
+
+    @property
+    def enabled(self) -> bool:
+        return self.config.mode != "off"
+
+    def _device(self) -> str:
+        mode = self.config.mode
+        if mode == "cuda" and not gpu_available():
+            raise CacheUnavailable(
+                "RAG_FAISS_CACHE=cuda but FAISS has no GPU support or sees no GPU "
+                "(install the [gpu] extra on a CUDA machine, or use auto/cpu)"
+            )
+        if mode == "cuda" or (mode == "auto" and gpu_available()):
+            return "cuda"
+        return "cpu"
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    async def start(self, *, listen: bool = True) -> None:
+        """Start loading every partition in the background and following the feed (returns at once)."""
+        if not self.enabled:
+            return
+        if listen:
+            self.listener = ChangeListener(self.database_url, self.notify)
+            self.listener.start()
+        self._tasks.append(asyncio.create_task(self._load_all(), name="faiss-load"))
+
+    async def stop(self) -> None:
+        if self.listener is not None:
+            await self.listener.stop()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+
+    async def stop_listening(self) -> None:
+        """Stop following the feed (the cache keeps serving, correct but increasingly behind)."""
+        if self.listener is not None:
+            await self.listener.stop()
+            self.listener = None
+        for task in self._tasks[1:]:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        del self._tasks[1:]
+
+    def notify(self, model: str | None) -> None:
+        """A change was committed (``model``), or anything may have been missed (None)."""
+        if self._lag_since is None:
+            self._lag_since = time.monotonic()
+        self._dirty.add(model)
+        self._wake.set()
+
+    async def _load_all(self) -> None:
+        for partition in await list_partitions(self.pool):
+            if partition.partition not in self.partitions:  # one loaded before start() stays as it is
+                await self._load_logged(partition)
+        self._tasks.append(asyncio.create_task(self._follow(), name="faiss-sync"))
+
+    async def _load_logged(self, partition: ModelPartition) -> None:
+        """Load one partition; a failure is logged and the partition marked failed (pgvector serves it)."""
+        try:
+            await self.load(partition)
+        except (OSError, ValueError, RuntimeError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            log.exception("faiss cache: loading %s failed; pgvector serves it", partition.partition)
+            pc = self.partitions.get(partition.partition)
+            if pc is not None:
+                self._set_state(pc, "failed")
+
+    async def _follow(self) -> None:
+        """Apply the feed: on every notification, after reconnects, and every ``poll_s`` regardless."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.config.poll_s)
+            self._wake.clear()
+            dirty, self._dirty = self._dirty, set()
+            try:
+                await self.sync(None if None in dirty or not dirty else dirty)
+            except (OSError, ValueError, RuntimeError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                # Answers stay exact meanwhile (the search adds every pending key); the lag grows and shows.
+                log.warning("faiss cache: sync failed (%s); retrying", exc)
+                self._dirty |= dirty or {None}
+                await asyncio.sleep(0.5)
+                self._wake.set()
+
+    # -- loading -----------------------------------------------------------------------------------
+
+    def _new_index(self, partition: ModelPartition, rows: int) -> FlatIndex:
+        if self.device == "cuda":
+            return GpuFlatIndex(partition.dimension, fp16=rows >= self.config.fp16_min_vectors)
+        return FlatIndex(partition.dimension)
+
+    def _bytes_per_vector(self, partition: ModelPartition, rows: int) -> int:
+        gpu = 0
+        if self.device == "cuda":
+            gpu = partition.dimension * (2 if rows >= self.config.fp16_min_vectors else 4)
+        return partition.dimension * 4 + gpu
+
+    def used_bytes(self, exclude: str | None = None) -> int:
+        return sum(pc.index.nbytes for name, pc in self.partitions.items() if name != exclude)
+
+    def _set_state(self, pc: PartitionCache, state: str) -> None:
+        pc.state = state
+        for s in ("loading", "ready", "over_budget", "failed"):
+            self.metrics.partitions.labels(s).set(sum(p.state == s for p in self.partitions.values()))
+
+    async def load(self, partition: ModelPartition) -> PartitionCache:
+        """Load a partition's text vectors with binary COPY in keyset batches (a progress line per batch)."""
+        name = partition.partition
+        start = time.perf_counter()
+        async with self.pool.acquire() as conn:
+            rows = int(await conn.fetchval(f"SELECT count(*) FROM {partition.table} WHERE modality = 'text'"))
+            need = rows * self._bytes_per_vector(partition, rows)
+            pc = PartitionCache(partition, self._new_index(partition, rows))
+            self.partitions[name] = pc
+            if self.used_bytes(exclude=name) + need > self.config.max_bytes:
+                self._over_budget(pc, need)
+                return pc
+            self._set_state(pc, "loading")
+            # The watermark is read before any row: whatever commits during the load is re-applied after.
+            watermark = await current_watermark(conn, partition)
+            log.info("faiss cache: loading %d vectors of %s (%s)", rows, name, self.device)
+            after: RowKey | None = None
+            loaded = 0
+            while True:
+                keys, vectors = await self._copy_batch(conn, partition, after)
+                if not keys:
+                    break
+                await self._apply_loaded(pc, keys, vectors)
+                loaded += len(keys)
+                after = keys[-1]
+                log.info(
+                    "faiss cache: %s loaded %d/%d vectors (%.0f%%) in %.1fs",
+                    name,
+                    loaded,
+                    rows,
+                    100.0 * loaded / max(rows, loaded, 1),
+                    time.perf_counter() - start,
+                )
+                if len(keys) < self.config.load_batch:
+                    break
+        await asyncio.to_thread(pc.index.refresh)
+        pc.publish([], watermark)
+        pc.load_seconds = time.perf_counter() - start
+        self._set_state(pc, "ready")
+        self._observe(pc)
+        self.metrics.load_seconds.labels(name).set(pc.load_seconds)
+        log.info(
+            "faiss cache: %s ready, %d vectors, %.1f MiB, loaded in %.2fs",
+            name,
+            pc.live,
+            pc.index.nbytes / 2**20,
+            pc.load_seconds,
+        )
+        # What was written during the load is applied by the follower (answers are exact meanwhile:
+        # the search adds every key changed after the watermark).
+        self.notify(partition.model)
+        return pc
+
+    async def _copy_batch(
+        self, conn: asyncpg.Connection, partition: ModelPartition, after: RowKey | None
+    ) -> tuple[list[RowKey], np.ndarray]:
+        cols = ", ".join(KEY_COLUMNS)
+        where = "e.modality = 'text'"
+        args: list[object] = []
+        if after is not None:
+            marks = ", ".join(f"${i + 2}" for i in range(len(after)))
+            where += f" AND (e.model, {', '.join('e.' + c for c in KEY_COLUMNS)}) > ($1, {marks})"
+            args = [partition.model, *after]
+        buffer = io.BytesIO()
+        await conn.copy_from_query(
+            f"""SELECT {cols}, embedding FROM {partition.table} e WHERE {where}
+                ORDER BY e.model, {", ".join("e." + c for c in KEY_COLUMNS)} LIMIT {int(self.config.load_batch)}""",
+            *args,
+            output=buffer,
+            format="binary",
+        )
+        return parse_copy(buffer.getvalue(), partition.dimension)
+
+    async def _apply_loaded(self, pc: PartitionCache, keys: list[RowKey], vectors: np.ndarray) -> None:
+        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+        vectors = np.divide(vectors, norms, out=np.zeros_like(vectors), where=norms > 0)
+        first = len(pc.key_of)
+        pc._grow(first + len(keys))
+        for i, key in enumerate(keys):
+            slot = first + i
+            pc.slot_of[key] = slot
+            pc.key_of[slot] = key
+            pc.record_slots.setdefault(key[:2], set()).add(slot)
+        await asyncio.to_thread(pc.index.append, vectors)
+        pc.alive[first : first + len(keys)] = True
+
+    def _over_budget(self, pc: PartitionCache, need: int) -> None:
+        log.warning(
+            "faiss cache: %s needs %.1f MiB, over RAG_FAISS_MAX_BYTES (%.1f MiB, %.1f MiB in use); "
+            "pgvector serves it",
+            pc.partition.partition,
+            need / 2**20,
+            self.config.max_bytes / 2**20,
+            self.used_bytes(exclude=pc.partition.partition) / 2**20,
+        )
+        pc.index = FlatIndex(pc.partition.dimension)  # release the vectors
+        pc.slot_of.clear()
+        pc.key_of.clear()
+        pc.record_slots.clear()
+        pc.alive = np.zeros(0, dtype=bool)
+        pc.scopes.clear()
+        self.metrics.over_budget.inc()
+        self._set_state(pc, "over_budget")
+        self._observe(pc)
+
+    def _observe(self, pc: PartitionCache) -> None:
+        self.metrics.bytes.labels(pc.partition.partition).set(pc.index.nbytes)
+        self.metrics.vectors.labels(pc.partition.partition).set(pc.live)
+
+    # -- the feed ----------------------------------------------------------------------------------
+
+    async def sync(self, models: Iterable[str] | None = None) -> int:
+        """Apply every change after each ready partition's watermark; returns the keys applied.
+
+        A model that is not cached yet (first seen after start) is loaded.
+        """
+        applied = 0
+        wanted = None if models is None else set(models)
+        if wanted is not None:
+            known = {pc.partition.model for pc in self.partitions.values()}
+            for model in wanted - known:
+                for partition in await list_partitions(self.pool):
+                    if partition.model == model:
+                        await self._load_logged(partition)
+        for pc in list(self.partitions.values()):
+            if wanted is not None and pc.partition.model not in wanted:
+                continue
+            if pc.state == "ready":
+                applied += await self._sync_partition(pc)
+        if not self._dirty:
+            self._lag_since = None
+            self.metrics.sync_lag.set(0.0)
+        return applied
+
+    async def _sync_partition(self, pc: PartitionCache) -> int:
+        async with pc.lock:
+            async with self.pool.acquire() as conn:
+                batch = await changes_since(conn, pc.partition, pc.watermark)
+            if not batch.changes:
+                pc.publish([], batch.watermark)
+                return 0
+            pc.applying = True
+            try:
+                rewrite, rewrite_vecs, append, fresh = pc.plan(batch.changes)
+                rows = len(pc.key_of)
+                if (
+                    self.used_bytes(exclude=pc.partition.partition)
+                    + rows * self._bytes_per_vector(pc.partition, rows)
+                    > self.config.max_bytes
+                ):
+                    self._over_budget(pc, rows * self._bytes_per_vector(pc.partition, rows))
+                    return 0
+
+                def write() -> None:
+                    pc.index.write(rewrite, rewrite_vecs)
+                    if len(append):
+                        pc.index.append(append)
+                    pc.index.refresh()
+
+                await asyncio.to_thread(write)
+                await self._update_scopes(pc, [c.key for c in batch.changes])
+                pc.publish(fresh, batch.watermark)
+                self.applied_log.append((time.monotonic(), pc.partition.model, batch.watermark.seq))
+            finally:
+                pc.applying = False
+            for lag in batch.lags:
+                self.metrics.apply_lag.observe(lag)
+                self.recent_lags.append(lag)
+            deletes = sum(c.vector is None for c in batch.changes)
+            self.metrics.changes.labels("delete").inc(deletes)
+            self.metrics.changes.labels("upsert").inc(len(batch.changes) - deletes)
+            self._observe(pc)
+            return len(batch.changes)
+
+    async def _update_scopes(self, pc: PartitionCache, keys: list[RowKey]) -> None:
+        """Re-evaluate the cached scope bitmaps for just the changed keys (the same SQL push-down)."""
+        if not pc.scopes:
+            return
+        slots = np.asarray([pc.slot_of[k] for k in keys if k in pc.slot_of], dtype=np.int64)
+        for scope_key, (scope, mask) in list(pc.scopes.items()):
+            if len(mask) < len(pc.key_of):
+                mask = np.concatenate([mask, np.zeros(len(pc.key_of) - len(mask), dtype=bool)])
+            mask[slots] = False
+            async with self.pool.acquire() as conn:
+                members = await self._scope_keys(conn, pc.partition, scope, keys)
+            mask[[pc.slot_of[k] for k in members if k in pc.slot_of]] = True
+            pc.scopes[scope_key] = (scope, mask)
+
+    def lag_seconds(self) -> float:
+        """How far behind the store the cache may be now (seconds since the oldest unapplied news)."""
+        lag = 0.0
+        if self._lag_since is not None:
+            lag = time.monotonic() - self._lag_since
+        if self.listener is not None and self.listener.disconnected_since is not None:
+            lag = max(lag, time.monotonic() - self.listener.disconnected_since)
+        self.metrics.sync_lag.set(lag)
+        return lag
+
+    def status(self) -> dict[str, object]:
+        """The /readyz detail: mode, device, per-partition state and size, feed connection, lag."""
+        return {
+            "mode": self.config.mode,
+            "device": self.device if self.enabled else None,
+            "listening": bool(self.listener and self.listener.connected),
+            "lag_s": round(self.lag_seconds(), 3),
+            "partitions": {
+                name: {"state": pc.state, "vectors": pc.live, "bytes": pc.index.nbytes}
+                for name, pc in self.partitions.items()
+            },
+        }
+
+    # -- scopes ------------------------------------------------------------------------------------
+
+    async def _scope_keys(
+        self,
+        conn: asyncpg.Connection,
+        partition: ModelPartition,
+        scope: Scope,
+        among: Sequence[RowKey] | None = None,
+    ) -> list[RowKey]:
+        where, params = scope_where(scope)
+        keys = ", ".join("e." + c for c in KEY_COLUMNS)
+        join = ""
+        if among is not None:
+            n = len(params)
+            join = (
+                f" JOIN unnest(${n + 1}::text[], ${n + 2}::bigint[], ${n + 3}::text[], ${n + 4}::text[],"
+                f" ${n + 5}::text[], ${n + 6}::int[]) AS k({', '.join(KEY_COLUMNS)})"
+                f" ON e.model = ${n + 7} AND "  # the model leads the primary key: the join uses it
+                + " AND ".join(f"e.{c} = k.{c}" for c in KEY_COLUMNS)
+            )
+            params = [*params, *([k[i] for k in among] for i in range(len(KEY_COLUMNS))), partition.model]
+        rows = await conn.fetch(f"SELECT {keys} FROM {partition.table} e{join} WHERE {where}", *params)
+        return [tuple(r) for r in rows]  # type: ignore[misc]
+
+    async def _mask(self, conn: asyncpg.Connection, pc: PartitionCache, scope: Scope) -> np.ndarray:
+        """The slots the scope (without its excluded record) permits, from cache or built once."""
+        if scope.section_tipos is None and scope.group is None and scope.acl is None:
+            return pc.alive
+        key = _scope_key(scope)
+        hit = pc.scopes.get(key)
+        if hit is not None:
+            pc.scopes.move_to_end(key)
+            return hit[1]
+        version = pc.version
+        # On the caller's connection: taking a second one from the pool while the caller holds one
+        # deadlocks once every pooled connection belongs to a waiting search.
+        members = await self._scope_keys(conn, pc.partition, scope)
+        mask = np.zeros(len(pc.key_of), dtype=bool)
+        mask[[pc.slot_of[k] for k in members if k in pc.slot_of]] = True
+        # Kept only when no change was published meanwhile (else it may disagree with the watermark
+        # the next search uses; this search still may use it: it captured the older watermark).
+        if pc.version == version and not pc.applying:
+            pc.scopes[key] = (scope, mask)
+            while len(pc.scopes) > self.config.scope_cache_size:
+                pc.scopes.popitem(last=False)
+        return mask
+
+    # -- search ------------------------------------------------------------------------------------
+
+    def ready(self, partition: ModelPartition) -> PartitionCache | None:
+        pc = self.partitions.get(partition.partition)
+        return pc if pc is not None and pc.state == "ready" else None
+
+    async def search(
+        self,
+        conn: asyncpg.Connection,
+        partition: ModelPartition,
+        vector: np.ndarray,
+        scope: Scope,
+        limit: int,
+    ) -> list[ChunkHit] | None:
+        """The exact dense top-``limit`` for ``scope`` (scores as the SQL leg's), or None: use pgvector."""
+        if not self.enabled:
+            return None
+        pc = self.partitions.get(partition.partition)
+        if pc is None or pc.state != "ready":
+            self.metrics.searches.labels("over_budget" if pc and pc.state == "over_budget" else "cold").inc()
+            return None
+        watermark = pc.watermark  # captured before the bitmap: what the bitmap may rely on
+        mask = await self._mask(conn, pc, replace(scope, exclude_record=None))
+        n = pc.index.ntotal
+        bits = np.zeros(n, dtype=bool)
+        m = min(n, len(mask))
+        bits[:m] = mask[:m] & pc.alive[:m]
+        if scope.exclude_record is not None:
+            bits[list(pc.record_slots.get(tuple(scope.exclude_record), ()))] = False
+        permitted = int(bits.sum())
+        query = _normalized(np.asarray(vector, dtype=np.float32))
+        fetch = min(permitted, 2 * limit + 8)
+        while True:
+            slots = await self._slots(pc, query, fetch, bits)
+            keys = [k for k in (pc.key_of[s] for s in slots) if k is not None]
+            rows, trusted = await self._reread(conn, pc.partition, vector, scope, keys, watermark)
+            # Exact when the trusted (unchanged since the watermark) cache candidates cover the top-k,
+            # or when the cache had no more permitted candidates to give.
+            if trusted >= limit or len(slots) < fetch or fetch >= permitted:
+                self.metrics.searches.labels("hit").inc()
+                return [chunk_from_row(r, 1.0 - float(r["distance"])) for r in rows[:limit]]
+            if fetch >= 16 * limit + 64:
+                self.metrics.searches.labels("fallback").inc()
+                log.info("faiss cache: too many pending changes among the candidates; pgvector serves")
+                return None
+            fetch = min(permitted, fetch * 4)
+
+    async def _slots(self, pc: PartitionCache, query: np.ndarray, k: int, bits: np.ndarray) -> np.ndarray:
+        """The top-``k`` permitted slots for ``query``, through the partition's batcher."""
+        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+        pc.waiting.append((query, k, bits, future))
+        if not pc.batching:
+            pc.batching = True
+            task = asyncio.create_task(self._run_batches(pc))
+            self._batchers.add(task)
+            task.add_done_callback(self._batchers.discard)
+        return await future
+
+    async def _run_batches(self, pc: PartitionCache) -> None:
+        """Serve waiting searches: alone with a bitmap selector, or many with one shared scan.
+
+        Whatever arrives while a batch runs forms the next one (TEI-style continuous batching);
+        every waiter gets its slots or the exception.
+        """
+        try:
+            while pc.waiting:
+                batch, pc.waiting = pc.waiting[:MAX_SEARCH_BATCH], pc.waiting[MAX_SEARCH_BATCH:]
+                try:
+                    if len(batch) == 1:
+                        query, k, bits, _ = batch[0]
+                        packed = np.packbits(bits, bitorder="little")
+                        results = [await asyncio.to_thread(pc.index.search, query, k, packed)]
+                    else:
+                        results = await asyncio.to_thread(
+                            pc.index.search_batch,
+                            np.stack([b[0] for b in batch]),
+                            max(b[1] for b in batch),
+                            [b[2] for b in batch],
+                        )
+                except Exception as exc:  # handed to every waiter, who decides
+                    for *_, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                for (_, k, _, future), (_, slots) in zip(batch, results, strict=True):
+                    if not future.done():
+                        future.set_result(slots[:k])
+        finally:
+            pc.batching = False
+
+    async def _reread(
+        self,
+        conn: asyncpg.Connection,
+        partition: ModelPartition,
+        vector: np.ndarray,
+        scope: Scope,
+        keys: Sequence[RowKey],
+        watermark: Watermark,
+    ) -> tuple[list[asyncpg.Record], int]:
+        """The candidates plus every key changed after the watermark, re-read through the scope's SQL
+        filter and scored by pgvector; with the number of cache candidates that had not changed."""
+        where, params = scope_where(scope, [np.asarray(vector, dtype=np.float32)])
+        n = len(params)
+        cols = ", ".join(KEY_COLUMNS)
+        pend = pending_sql(f"${n + 7}", f"${n + 8}", f"${n + 9}")
+        cast = partition.cast
+        query = f"""
+            WITH cand AS (
+                SELECT * FROM unnest(${n + 1}::text[], ${n + 2}::bigint[], ${n + 3}::text[], ${n + 4}::text[],
+                                     ${n + 5}::text[], ${n + 6}::int[]) AS k({cols})),
+            pend AS ({pend}),
+            k AS (SELECT {cols}, bool_or(pending) AS pending, bool_or(NOT pending) AS cached
+                  FROM (SELECT *, false AS pending FROM cand UNION ALL SELECT *, true FROM pend) u
+                  GROUP BY {cols})
+            SELECT {hit_columns()}, e.embedding::{cast} <=> $1::{cast} AS distance,
+                   k.cached AND NOT k.pending AS trusted
+            FROM {partition.table} e
+            JOIN k ON e.model = ${n + 7} AND {" AND ".join(f"e.{c} = k.{c}" for c in KEY_COLUMNS)}
+            WHERE {where}
+            ORDER BY distance, {identity_order()}"""
+        rows = await conn.fetch(
+            query,
+            *params,
+            *([k[i] for k in keys] for i in range(len(KEY_COLUMNS))),
+            partition.model,
+            watermark.seq,
+            str(watermark.xmin),
+        )
+        return rows, sum(1 for r in rows if r["trusted"])
+
+    def similarities(
+        self, partition: ModelPartition, vector: np.ndarray, keys: Sequence[RowKey]
+    ) -> Mapping[RowKey, float]:
+        """Cosine similarity of cached keys to ``vector`` (keys not cached are left out)."""
+        pc = self.ready(partition)
+        if pc is None:
+            return {}
+        present = [(k, pc.slot_of[k]) for k in keys if k in pc.slot_of and pc.alive[pc.slot_of[k]]]
+        if not present:
+            return {}
+        vectors = pc.index.vectors(np.asarray([s for _, s in present], dtype=np.int64))
+        scores = vectors @ _normalized(np.asarray(vector, dtype=np.float32))
+        return {k: float(s) for (k, _), s in zip(present, scores, strict=True)}

@@ -1,0 +1,74 @@
+"""The gateway with the FAISS cache on: the dense leg is exact under the caller's ACL, similar_to and
+semantic_search answer like the cache-off gateway, and /readyz and /metrics show the cache."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import pytest
+
+from gateway.acl import pushdown
+from gateway.auth import Principal
+from gateway.resources import RETRIEVER_KEY
+from index.search import Scope, dense_search
+from tests.fixtures.gateway import Gateway, running_gateway, token
+
+pytestmark = pytest.mark.ray
+
+RESEARCHER = Principal("r", frozenset({9}), {"fill1": 1, "oh1": 1})
+QUERIES = ["Roman bronze coin of Emerita", "reservoir flooded the valley", "village submerged by the dam"]
+
+
+async def _readyz(gw: Gateway) -> dict:
+    async with aiohttp.ClientSession() as s, s.get(gw.url + "/readyz") as r:
+        return json.loads(await r.text())["data"]
+
+
+async def _wait_ready(gw: Gateway) -> dict:
+    for _ in range(300):
+        faiss = (await _readyz(gw))["faiss"]
+        if faiss["partitions"] and all(p["state"] == "ready" for p in faiss["partitions"].values()):
+            return faiss
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the cache did not load: {faiss}")
+
+
+async def test_cache_serves_the_dense_leg_exactly(corpus_database_url: str, sidecar_url: str) -> None:
+    async with (
+        running_gateway(corpus_database_url, sidecar_url, RAG_FAISS_CACHE="cpu") as on,
+        running_gateway(corpus_database_url, sidecar_url) as off,
+    ):
+        faiss = await _wait_ready(on)
+        assert faiss["mode"] == "cpu" and faiss["device"] == "cpu" and faiss["listening"]
+        assert (await _readyz(off))["faiss"] == {"mode": "off"}
+        retriever = on.app[RETRIEVER_KEY]
+        for query in QUERIES:
+            for principal in (RESEARCHER, Principal("root", None, {}, admin=True)):
+                scope = Scope(acl=pushdown(principal))
+                legs = await retriever.query_legs(principal, query, scope, 20, legs=("dense",))
+                model_id, vector = await retriever.embed_query(principal, query)
+                partition = await retriever.partition(model_id)
+                async with retriever.pool.acquire() as conn:
+                    exact = await dense_search(conn, partition, vector.dense, scope, 20, exact=True)
+                assert [(h.key, h.score) for h in legs.lists["dense"]] == [(h.key, h.score) for h in exact]
+                assert set(legs.exact) >= {h.key for h in exact}  # every candidate re-scored
+        researcher = token("r", projects=[9], fill1=1, oh1=1)
+        for query in QUERIES:
+            got = await on.ok("semantic_search", {"query": query, "limit": 10}, bearer=researcher)
+            want = await off.ok("semantic_search", {"query": query, "limit": 10}, bearer=researcher)
+            assert {h["section_id"] for h in got} == {h["section_id"] for h in want}
+            assert all(h["section_tipo"] == "fill1" and 100 <= h["section_id"] < 130 for h in got)
+        seed = {"section_tipo": "oh1", "section_id": 2, "limit": 5}
+        got, want = await on.ok("similar_to", seed), await off.ok("similar_to", seed)
+        assert {(h["section_tipo"], h["section_id"]) for h in got} == {
+            (h["section_tipo"], h["section_id"]) for h in want
+        }
+        assert all(h["similarity"] is not None for h in got)
+        async with aiohttp.ClientSession() as s, s.get(on.url + "/metrics") as r:
+            text = await r.text()
+        assert 'mnemo_faiss_searches_total{result="hit"}' in text
+        assert 'mnemo_faiss_partitions{state="ready"} 1.0' in text
+        for family in ("mnemo_faiss_bytes", "mnemo_faiss_sync_lag_seconds", "mnemo_faiss_vectors"):
+            assert family in text
