@@ -10,6 +10,7 @@ production batching limits of ``inference/models.yaml``, and drives
 
 - text tokens/s at 128 and 512 tokens per text (dense + sparse, as bge-m3 is served);
 - SigLIP images/s (224 px pixel tensors, as ``prepare_images`` hands them over) and text-tower texts/s;
+- the same through the open_clip backend (open_clip's ViT-B-16 at 224 px, SigLIP base's vision shape);
 - the same-run baseline: the model's bare forward pass on the same weights at the same batch, with no
   batcher, no collate and no pooling/normalize/copy back (median of synchronized calls after warm-up);
   the ratio is what serving costs;
@@ -172,6 +173,35 @@ def build_siglip_base_architecture(out: Path, *, tiny: bool = False, device: str
         size={"height": size, "width": size}, image_mean=[0.5] * 3, image_std=[0.5] * 3
     ).save_pretrained(out)
     _tokenizer(text["max_position_embeddings"], bos=False).save_pretrained(out)
+    return out
+
+
+def build_open_clip_architecture(out: Path, *, tiny: bool = False, device: str = "cpu") -> Path:
+    """open_clip's ViT-B-16 (224 px, 16 px patches: SigLIP base's vision shape) with random weights,
+    saved as an open_clip ``local-dir``; its tokenizer is the CLIP BPE shipped in the package (no
+    download, unlike ``ViT-B-16-SigLIP``, whose config names a hub tokenizer)."""
+    import torch
+
+    if (out / "open_clip_config.json").is_file():
+        return out
+    if tiny:
+        from inference.tiny import build_tiny_model
+
+        return build_tiny_model("tiny-open-clip", out)
+    import open_clip
+    from safetensors.torch import save_file
+
+    model_cfg = open_clip.get_model_config("ViT-B-16")
+    torch.manual_seed(0)
+    with _build_on(device):
+        model = open_clip.create_model("ViT-B-16", device=device)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to("cpu", torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
+    save_file(state, out / "open_clip_model.safetensors")
+    preprocess = {"mean": [0.5] * 3, "std": [0.5] * 3}
+    (out / "open_clip_config.json").write_text(
+        json.dumps({"model_cfg": model_cfg, "preprocess_cfg": preprocess})
+    )
     return out
 
 
@@ -424,6 +454,55 @@ def _siglip_rows(path: Path, config: GpuBenchConfig, dtype: str, peak: float | N
     ]
 
 
+def _open_clip_rows(
+    path: Path, config: GpuBenchConfig, dtype: str, peak: float | None
+) -> list[dict[str, Any]]:
+    """The same /image and /text paths through the open_clip backend (``backend: open_clip``)."""
+    import torch
+
+    spec, encoder = _load("siglip-base", path, config, dtype, backend="open_clip")
+    n = max(spec.max_batch_size, config.concurrency * config.request_size)
+    size = encoder.model.visual.image_size
+    size = int(size[0] if isinstance(size, (tuple, list)) else size)
+    generator = torch.Generator().manual_seed(0)
+    pixels = [torch.randn(3, size, size, generator=generator) for _ in range(n)]
+    text_length = encoder.max_input_tokens
+    texts = _token_items(n, text_length, int(encoder.model.vocab_size), bos=False, seed=1)
+
+    def collate_text(items: list[Any]) -> Any:
+        ids = torch.zeros((len(items), text_length), dtype=torch.long)
+        for row, item in enumerate(items):
+            ids[row, : item.length] = torch.tensor(item.fields["input_ids"][:text_length])
+        return ids.to(encoder.device)
+
+    def forward_text(batch: Any) -> Any:
+        return encoder.model.encode_text(batch)
+
+    common = {"model": "open_clip ViT-B-16 (224 px)", "dtype": dtype, "spec": spec, "config": config}
+    return [
+        _measure(
+            task="/image",
+            tokens_per_item=encoder.tokens_per_image,
+            items=pixels,
+            run_batch=encoder.run_batch,
+            collate=encoder.collate,
+            forward=encoder.forward,
+            peak=peak,
+            **common,
+        ),
+        _measure(
+            task="/text (text tower)",
+            tokens_per_item=text_length,
+            items=texts,
+            run_batch=encoder.run_text_batch,
+            collate=collate_text,
+            forward=forward_text,
+            peak=peak,
+            **common,
+        ),
+    ]
+
+
 def _device_name(device: str) -> str:
     import torch
 
@@ -446,6 +525,10 @@ def run_gpu_benchmark(config: GpuBenchConfig) -> dict[str, Any]:
     image_path = build_siglip_base_architecture(
         work / f"siglip-{shape}", tiny=config.tiny, device=config.device
     )
+    open_clip_path = build_open_clip_architecture(
+        work / f"open-clip-{shape}", tiny=config.tiny, device=config.device
+    )
+    paths = {_text_rows: text_path, _siglip_rows: image_path, _open_clip_rows: open_clip_path}
     build_s = time.perf_counter() - started
     rows: list[dict[str, Any]] = []
     skipped: list[str] = []
@@ -454,10 +537,10 @@ def run_gpu_benchmark(config: GpuBenchConfig) -> dict[str, Any]:
             skipped.append(f"bfloat16: {name} does not support it")
             continue
         peak = peak_tflops(name, dtype)
-        for measure in (_text_rows, _siglip_rows):
+        for measure in (_text_rows, _siglip_rows, _open_clip_rows):
             if config.device.startswith("cuda"):
                 torch.cuda.reset_peak_memory_stats()
-            batch_rows = measure(text_path if measure is _text_rows else image_path, config, dtype, peak)
+            batch_rows = measure(paths[measure], config, dtype, peak)
             if config.device.startswith("cuda"):
                 for row in batch_rows:
                     row["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30

@@ -167,11 +167,20 @@ async def http_grid(url: str, model: str, texts: Sequence[str], **grid: Any) -> 
 
         async def call(batch: list[str]) -> int:
             body = {"model": model, "input": batch, "truncate": True, "encoding_format": "base64"}
-            async with http.post(f"{url}/embed", json=body) as response:
-                answer = await response.json()
-                if response.status != 200:
-                    raise RuntimeError(f"sidecar answered {response.status}: {answer}")
-                return int(answer["usage"]["tokens"])
+            for attempt in (1, 2):
+                try:
+                    async with http.post(f"{url}/embed", json=body) as response:
+                        answer = await response.json()
+                        if response.status != 200:
+                            raise RuntimeError(f"sidecar answered {response.status}: {answer}")
+                        return int(answer["usage"]["tokens"])
+                except aiohttp.ServerDisconnectedError:
+                    # The proxy closed a pooled (or, on a loaded machine, a just-opened) connection
+                    # at its keep-alive timeout before the request reached it: nothing was served,
+                    # so send it again once, as SidecarClient does.
+                    if attempt == 2:
+                        raise
+            raise AssertionError("unreachable")
 
         return await load_grid("sidecar", call, texts, **grid)
 

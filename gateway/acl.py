@@ -73,6 +73,8 @@ def in_scope(scope: Scope, chunk: ChunkHit) -> bool:
         return False
     if scope.group is not None and chunk.component_tipo != "rag:" + scope.group:
         return False
+    if scope.view is not None and chunk.meta.get("view", "") != scope.view:
+        return False
     return scope.exclude_record is None or chunk.record != tuple(scope.exclude_record)
 
 

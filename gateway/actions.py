@@ -15,6 +15,7 @@ import asyncpg
 
 from index.search import ChunkHit, Scope
 
+from . import objects as _objects
 from . import options as opt
 from .auth import Principal
 from .errors import ApiError
@@ -285,16 +286,18 @@ ACTIONS: dict[str, ActionSpec] = {
     "read_chunk": ActionSpec(read_chunk, summary="A stored passage by its chunk id, with chunks around it."),
     "ask": ActionSpec(ask, summary="Grounded answer with citations, or a refusal."),
     "similar_objects": ActionSpec(
-        not_implemented("similar_objects"), media=True, summary="Visual similarity (not implemented yet)."
+        _objects.similar_objects,
+        media=True,
+        summary="Objects visually (and by context) close to a seed object's stored images.",
     ),
     "search_by_text_image": ActionSpec(
-        not_implemented("search_by_text_image"),
+        _objects.search_by_text_image,
         media=True,
-        summary="Text into image space (not implemented yet).",
+        summary="A text query into the image space (the image-text model's text tower).",
     ),
     "characterize_object": ActionSpec(
-        not_implemented("characterize_object"),
+        _objects.characterize_object,
         media=True,
-        summary="Neighbour-based proposals (not implemented yet).",
+        summary="Neighbour-aggregated role proposals (vote, date range) with evidence; no LLM.",
     ),
 }

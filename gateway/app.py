@@ -36,6 +36,7 @@ from .resources import (
 )
 from .server import GatewayRunner, concurrency_middleware, handler_args
 from .settings import GatewaySettings
+from .thumbnails import setup_thumbnails
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +209,7 @@ def create_app(settings: GatewaySettings, *, database_url: str | None = None) ->
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     setup_intake(app)
+    setup_thumbnails(app)
     app.router.add_get("/openapi.json", openapi)
     return app
 

@@ -73,6 +73,16 @@ ERRORS: dict[str, ErrorSpec] = {
     "request.unknown_section": ErrorSpec(422, "request", "The section has no descriptor"),
     "request.unknown_group": ErrorSpec(422, "request", "The section declares no such embed group"),
     "request.too_many_records": ErrorSpec(413, "request", "Too many records in one request"),
+    "request.invalid_image": ErrorSpec(400, "request", "The record image is not usable"),
+    "request.media_not_allowed": ErrorSpec(
+        400, "request", "The image source is outside RAG_MEDIA_ROOT or the allowed RAG_MEDIA_BASE_URL"
+    ),
+    "request.unknown_image_component": ErrorSpec(
+        422, "request", "The section's context declares no such image component"
+    ),
+    "request.unknown_metadata_component": ErrorSpec(
+        422, "request", "The section's context declares no metadata role for that component"
+    ),
     "not_found": ErrorSpec(404, "request", "Not found"),
     "auth.not_logged": ErrorSpec(401, "auth", "Authentication required"),
     "auth.invalid_token": ErrorSpec(401, "auth", "The bearer token is invalid"),

@@ -30,7 +30,7 @@ from index.intake import IntakeError, as_record_list, enqueue_delete, enqueue_re
 from index.metrics import IngestMetrics
 from index.reconcile import reconcile_section
 from index.sections import DescriptorError, SectionStore, validate_section_tipo
-from index.settings import IngestSettings
+from index.settings import IngestSettings, MediaSettings
 from index.validation import FieldError, parse_id
 
 from .auth import require_admin
@@ -38,10 +38,11 @@ from .body import read_json
 from .errors import ApiError, envelope_ok
 from .resources import METRICS_KEY, POOL_KEY, SETTINGS_KEY, SIDECAR_KEY
 
-__all__ = ["DRAIN_KEY", "INGEST_SETTINGS_KEY", "setup_intake"]
+__all__ = ["DRAIN_KEY", "INGEST_SETTINGS_KEY", "MEDIA_SETTINGS_KEY", "setup_intake"]
 
 INGEST_SETTINGS_KEY: web.AppKey[IngestSettings] = web.AppKey("ingest_settings", IngestSettings)
 DRAIN_KEY: web.AppKey[DrainLoop] = web.AppKey("drain", DrainLoop)
+MEDIA_SETTINGS_KEY: web.AppKey[MediaSettings] = web.AppKey("media_settings", MediaSettings)
 _METRICS_KEY: web.AppKey[IngestMetrics] = web.AppKey("ingest_metrics", IngestMetrics)
 
 
@@ -93,6 +94,7 @@ async def post_records(request: web.Request) -> web.Response:
             request.app[POOL_KEY],
             records,
             max_records=request.app[INGEST_SETTINGS_KEY].max_records_per_request,
+            media=request.app[MEDIA_SETTINGS_KEY],
         )
     except IntakeError as exc:
         raise _api_error(exc) from exc
@@ -181,6 +183,8 @@ async def _drain_ctx(app: web.Application) -> AsyncIterator[None]:
         app[SIDECAR_KEY],
         settings,
         text_model=app[SETTINGS_KEY].sidecar.text_model,
+        image_model=app[SETTINGS_KEY].sidecar.image_model,
+        media=app[MEDIA_SETTINGS_KEY],
         metrics=app[_METRICS_KEY],
     )
     app[DRAIN_KEY] = drain
@@ -199,6 +203,8 @@ def setup_intake(app: web.Application) -> None:
     cleanup contexts are registered: the drain starts once they have)."""
     if INGEST_SETTINGS_KEY not in app:
         app[INGEST_SETTINGS_KEY] = app[SETTINGS_KEY].ingest
+    if MEDIA_SETTINGS_KEY not in app:
+        app[MEDIA_SETTINGS_KEY] = app[SETTINGS_KEY].media
     metrics = app.get(METRICS_KEY)
     app[_METRICS_KEY] = IngestMetrics(getattr(metrics, "registry", None))
     app.router.add_put("/v1/sections/{section_tipo}", put_section)

@@ -42,6 +42,34 @@ _SEED_OPTIONS = {
         "group": _GROUP,
     },
 }
+_MODE = {"enum": ["hybrid", "visual"], "default": "hybrid", "description": "visual skips the context leg"}
+_OBJECT_OPTIONS = {
+    "type": "object",
+    "required": ["section_tipo", "section_id"],
+    "properties": {
+        "section_tipo": {"type": "string", "description": "the seed's section"},
+        "section_id": {"type": "integer", "minimum": 0},
+        "similarity_mode": _MODE,
+        "view": {"type": "string", "description": "one face (obverse, reverse)"},
+        "near_duplicate": {"type": "boolean", "description": "floor at RAG_NEAR_DUPLICATE_SIMILARITY"},
+        "scope": {**_STRING_OR_LIST, "description": "sections compared; default the compare_scope"},
+        "limit": _LIMIT,
+    },
+}
+_CHARACTERIZE_OPTIONS = {
+    "type": "object",
+    "required": ["section_tipo", "section_id"],
+    "properties": {
+        "section_tipo": {"type": "string"},
+        "section_id": {"type": "integer", "minimum": 0},
+        "similarity_mode": _MODE,
+    },
+}
+_TEXT_IMAGE_OPTIONS = {
+    "type": "object",
+    "required": ["query"],
+    "properties": {"query": {"type": "string"}, "section_tipo": _STRING_OR_LIST, "limit": _LIMIT},
+}
 _RERANK = {"type": "boolean", "description": "cross-encoder reorder (default: off; on in ask)"}
 _EXPAND = {"enum": ["neighbours", "parent"], "description": "small-to-big expansion"}
 
@@ -69,10 +97,10 @@ OPTION_SCHEMAS: dict[str, dict[str, Any]] = {
     "get_agent_context": _PASSAGE_OPTIONS,
     "read_chunk": _READ_CHUNK_OPTIONS,
     "ask": _with(_PASSAGE_OPTIONS, stream={"type": "boolean", "description": "server-sent events"}),
-    "search_by_text_image": _QUERY_OPTIONS,
+    "search_by_text_image": _TEXT_IMAGE_OPTIONS,
     "similar_to": _SEED_OPTIONS,
-    "similar_objects": _SEED_OPTIONS,
-    "characterize_object": _SEED_OPTIONS,
+    "similar_objects": _OBJECT_OPTIONS,
+    "characterize_object": _CHARACTERIZE_OPTIONS,
     "embed_groups": {"type": "object", "properties": {"section_tipo": {"type": "string"}}},
 }
 

@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from index.sections import VIEW_PATTERN
 from index.validation import GROUP_ID_PATTERN, ID_MAX, TIPO_PATTERN, FieldError, parse_id
 
 from .errors import ApiError
@@ -22,6 +23,8 @@ MAX_SCOPE = 64
 
 _TIPO_RE = re.compile(TIPO_PATTERN)
 _GROUP_RE = re.compile(GROUP_ID_PATTERN)
+_VIEW_RE = re.compile(VIEW_PATTERN)
+SIMILARITY_MODES = ("hybrid", "visual")
 
 
 def is_tipo(value: Any) -> bool:
@@ -99,14 +102,46 @@ def seed(options: Mapping[str, Any]) -> tuple[str, int]:
     return tipo, sid
 
 
-def flag(options: Mapping[str, Any], name: str, default: bool) -> bool:
-    """A boolean option (``rerank``, ``stream``); ``default`` when absent."""
+def similarity_mode(options: Mapping[str, Any]) -> str:
+    """``similarity_mode``: ``hybrid`` (default: looks plus the context summary) or ``visual``."""
+    value = options.get("similarity_mode", "hybrid")
+    if value not in SIMILARITY_MODES:
+        raise ApiError.invalid_options("similarity_mode must be visual or hybrid")
+    return str(value)
+
+
+def view(options: Mapping[str, Any]) -> str | None:
+    """``view``: one image face (``obverse``, ``reverse``); None when absent."""
+    value = options.get("view")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or _VIEW_RE.fullmatch(value) is None:
+        raise ApiError.invalid_options("view is not a valid view name")
+    return value
+
+
+def flag(options: Mapping[str, Any], name: str, default: bool = False) -> bool:
+    """A boolean option (``rerank``, ``stream``, ``near_duplicate``); ``default`` when absent.
+    Anything but a JSON boolean is refused."""
     value = options.get(name)
     if value is None:
         return default
     if not isinstance(value, bool):
         raise ApiError.invalid_options(f"{name} must be a boolean")
     return value
+
+
+def compare_scope(options: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """``scope`` of ``similar_objects`` (a tipo or a list); None: the seed section's compare_scope."""
+    value = options.get("scope")
+    if value is None:
+        return None
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not items or len(items) > MAX_SCOPE:
+        raise ApiError.invalid_options(f"scope must be a tipo or a list of 1..{MAX_SCOPE} tipos")
+    if not all(is_tipo(t) for t in items):
+        raise ApiError.invalid_options("scope is not a valid tipo")
+    return tuple(dict.fromkeys(items))
 
 
 EXPAND_MODES = ("neighbours", "parent")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from index.settings import IngestSettings, SidecarClientSettings
+from index.settings import IngestSettings, MediaSettings, SidecarClientSettings
 from schema.settings import DatabaseSettings, SettingsError, load_settings, setting
 
 LEGS = ("dense", "lexical", "sparse")
@@ -311,6 +311,17 @@ class GatewaySettings:
         8,
         "Stored chunks of a seed record `similar_to` searches with (fused). More covers long records.",
     )
+    near_duplicate_similarity: float = setting(
+        "RAG_NEAR_DUPLICATE_SIMILARITY",
+        0.93,
+        "Cosine similarity floor of `similar_objects` with `near_duplicate: true`. Higher finds only "
+        "the same photograph; lower also re-photographs and die links (model dependent).",
+    )
+    characterize_top_k: int = setting(
+        "RAG_CHARACTERIZE_TOP_K",
+        20,
+        "Neighbours `characterize_object` aggregates. More smooths the vote; fewer keeps it local.",
+    )
     faiss_cache: str = setting(
         "RAG_FAISS_CACHE",
         "auto",
@@ -333,6 +344,7 @@ class GatewaySettings:
     database: DatabaseSettings = dataclasses.field(default_factory=DatabaseSettings)
     sidecar: SidecarClientSettings = dataclasses.field(default_factory=SidecarClientSettings)
     ingest: IngestSettings = dataclasses.field(default_factory=IngestSettings)
+    media: MediaSettings = dataclasses.field(default_factory=MediaSettings)
     ask: AskSettings = dataclasses.field(default_factory=AskSettings)
 
     @property
@@ -365,6 +377,7 @@ class GatewaySettings:
             ("RAG_RRF_K", self.rrf_k, 0),
             ("RAG_SIMILAR_SEED_CHUNKS", self.similar_seed_chunks, 1),
             ("RAG_GATEWAY_MAX_CONCURRENCY", self.max_concurrency, 1),
+            ("RAG_CHARACTERIZE_TOP_K", self.characterize_top_k, 1),
         ):
             if value < low:
                 raise SettingsError(f"{name} must be at least {low}")
@@ -379,6 +392,8 @@ class GatewaySettings:
         if self.log_format not in ("json", "text"):
             raise SettingsError(f"RAG_LOG_FORMAT={self.log_format!r}: use json or text")
         parse_weights(self.fusion_weights)
+        if not 0.0 < self.near_duplicate_similarity <= 1.0:
+            raise SettingsError("RAG_NEAR_DUPLICATE_SIMILARITY must be in (0, 1]")
         if self.faiss_cache not in FAISS_MODES:
             raise SettingsError(f"RAG_FAISS_CACHE={self.faiss_cache!r}: use one of {', '.join(FAISS_MODES)}")
         if self.faiss_max_bytes < 0:
@@ -393,16 +408,19 @@ def load_gateway_settings(
     database: DatabaseSettings | None = None,
     sidecar: SidecarClientSettings | None = None,
     ingest: IngestSettings | None = None,
+    media: MediaSettings | None = None,
     ask: AskSettings | None = None,
     **overrides: Any,
 ) -> GatewaySettings:
-    """Gateway settings plus the composed database, sidecar, ingestion and ask settings from one environment."""
+    """Gateway settings plus the composed database, sidecar, ingestion, media and ask settings from one
+    environment."""
     return load_settings(
         GatewaySettings,
         environ,
         database=database or load_settings(DatabaseSettings, environ),
         sidecar=sidecar or load_settings(SidecarClientSettings, environ),
         ingest=ingest or load_settings(IngestSettings, environ),
+        media=media or load_settings(MediaSettings, environ),
         ask=ask or load_settings(AskSettings, environ),
         **overrides,
     )

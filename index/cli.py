@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import sys
 from collections.abc import AsyncIterator
@@ -33,6 +34,14 @@ def _ingest_settings(args: argparse.Namespace) -> Any:
     from .settings import IngestSettings
 
     return load_settings(IngestSettings, drain_interval=getattr(args, "interval", None))
+
+
+def _media_settings() -> Any:
+    from schema.settings import load_settings
+
+    from .settings import MediaSettings
+
+    return load_settings(MediaSettings)
 
 
 @contextlib.asynccontextmanager
@@ -67,7 +76,14 @@ async def _drain(args: argparse.Namespace) -> int:
     settings = _ingest_settings(args)
     async with _database(args) as pool, _sidecar(args) as (client, sidecar):
         if args.once:
-            report = await drain_once(pool, client, settings, text_model=sidecar.text_model)
+            report = await drain_once(
+                pool,
+                client,
+                settings,
+                text_model=sidecar.text_model,
+                image_model=sidecar.image_model,
+                media=_media_settings(),
+            )
             if report.skipped:
                 print("another drain holds the lock; nothing to do here", flush=True)
                 return 0
@@ -76,7 +92,14 @@ async def _drain(args: argparse.Namespace) -> int:
                 print(f"sidecar unavailable at {sidecar.sidecar_url}: records stay queued", file=sys.stderr)
                 return EXIT_SIDECAR_UNAVAILABLE
             return 0
-        loop = DrainLoop(pool, client, settings, text_model=sidecar.text_model)
+        loop = DrainLoop(
+            pool,
+            client,
+            settings,
+            text_model=sidecar.text_model,
+            image_model=sidecar.image_model,
+            media=_media_settings(),
+        )
         with stop_signal() as stop:
             runner = asyncio.create_task(loop.run(stop))
             print(f"draining every {settings.drain_interval:g}s; Ctrl-C stops", flush=True)
@@ -166,6 +189,65 @@ async def _ingest_records(args: argparse.Namespace, path: Path, total: int) -> i
                 if report.unavailable:
                     return EXIT_SIDECAR_UNAVAILABLE
     return 1 if rejected else 0
+
+
+def _projects(raw: str | None) -> tuple[int, ...]:
+    return tuple(int(p) for p in (raw or "").split(",") if p.strip())
+
+
+def _ingest_images_command(args: argparse.Namespace) -> int:
+    source: Path = args.source
+    if not source.exists():
+        print(f"no such file or directory: {source}", file=sys.stderr)
+        return 2
+    return asyncio.run(_ingest_images(args, source))
+
+
+async def _ingest_images(args: argparse.Namespace, source: Path) -> int:
+    from tqdm import tqdm
+
+    from schema.settings import load_settings
+
+    from .image_jobs import JobError, JobOptions
+    from .settings import MediaSettings
+
+    media = load_settings(MediaSettings)
+    options = JobOptions(
+        section_tipo=args.section,
+        component=args.component,
+        start_id=args.start_id,
+        projects=_projects(args.projects),
+        workers=args.workers,
+        batch_size=args.batch_size,
+        prefetch=args.prefetch,
+        image_model=args.image_model,
+        rejects=args.rejects,
+        media=media,
+    )
+    async with _database(args) as pool, _sidecar(args) as (client, sidecar):
+        options = dataclasses.replace(options, image_model=options.image_model or sidecar.image_model)
+        try:
+            if args.ray:
+                from .image_jobs_ray import run_ray_image_job
+
+                report = await run_ray_image_job(pool, source, options, address=args.ray, config=args.config)
+            else:
+                from .image_jobs import run_image_job
+
+                with tqdm(unit="img", desc="images", disable=args.no_progress, smoothing=0.1) as bar:
+                    report = await run_image_job(pool, client, source, options, progress=bar.update)
+        except JobError as exc:
+            print(f"cannot run: {exc}", file=sys.stderr)
+            return 2
+    print(
+        f"{report.total} images: {report.embedded} embedded, {report.unchanged} unchanged, "
+        f"{report.rewritten} rewritten, {report.rejected} rejected; {report.rows_written} rows written "
+        f"with {report.model} in {report.seconds:.1f}s ({report.images_per_s:.1f} images/s)",
+        flush=True,
+    )
+    if report.rejects_path:
+        print(f"rejects: {report.rejects_path}", flush=True)
+    return 1 if report.rejected else 0
 
 
 async def _ingest_demo(args: argparse.Namespace) -> int:
@@ -304,6 +386,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_database_flags(p)
     _add_sidecar_flags(p)
     p.set_defaults(run=_ingest_records_command)
+    p = ingest_sub.add_parser(
+        "images", help="bulk-ingest a collection's images from a manifest (JSONL/CSV) or a folder"
+    )
+    p.add_argument("source", type=Path, help="manifest (.jsonl or .csv) or a folder of images")
+    p.add_argument("--section", required=True, help="section tipo (its descriptor names the roles)")
+    p.add_argument("--component", default=None, help="image component (default: the context's first)")
+    p.add_argument(
+        "--start-id", type=int, default=1, help="first section_id for lines without one (default 1)"
+    )
+    p.add_argument("--projects", default=None, help="comma-separated project ids for every record")
+    p.add_argument("--workers", type=int, default=2, help="decode processes (default 2)")
+    p.add_argument("--batch-size", type=int, default=32, help="images per embed call and write (default 32)")
+    p.add_argument(
+        "--prefetch", type=int, default=2, help="batches decoded ahead of the embedder (default 2)"
+    )
+    p.add_argument("--image-model", default=None, help="image-text model id (env RAG_IMAGE_MODEL)")
+    p.add_argument(
+        "--rejects", type=Path, default=None, help="rejects report (default SECTION.rejects.jsonl)"
+    )
+    p.add_argument("--ray", default=None, metavar="ADDRESS", help="run as a Ray Data job on this cluster")
+    p.add_argument(
+        "--config", type=Path, default=None, help="--ray: sidecar models YAML the actors load the model from"
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_database_flags(p)
+    _add_sidecar_flags(p)
+    p.set_defaults(run=_ingest_images_command)
     p = ingest_sub.add_parser("demo", help="store the demo sections and queue the demo collection")
     add_database_flags(p)
     p.set_defaults(run=_async(_ingest_demo))

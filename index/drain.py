@@ -25,12 +25,14 @@ import asyncpg
 
 from inference.client import SidecarClient, SidecarUnavailable
 
-from . import queue
+from . import image_store, queue
+from .image_indexer import ImageIndexer, ImagePlan, has_images
 from .indexer import BatchCounts, Indexer, RecordPlan
 from .metrics import IngestMetrics
 from .models import resolve_model
 from .partitions import ensure_partition
-from .settings import IngestSettings
+from .sections import SectionStore
+from .settings import IngestSettings, MediaSettings
 
 __all__ = ["DrainLoop", "DrainReport", "drain_once"]
 
@@ -51,6 +53,7 @@ class DrainReport:
     parked: int = 0
     superseded: int = 0
     chunks_embedded: int = 0
+    images_embedded: int = 0
     truncated: int = 0
     rows_written: int = 0
     rows_deleted: int = 0
@@ -59,6 +62,7 @@ class DrainReport:
     skipped: bool = False
     error: str | None = None
     model: str | None = None
+    image_model: str | None = None
 
     def add(self, counts: BatchCounts) -> None:
         self.chunks_embedded += counts.chunks_embedded
@@ -78,6 +82,8 @@ async def drain_once(
     settings: IngestSettings,
     *,
     text_model: str | None = None,
+    image_model: str | None = None,
+    media: MediaSettings | None = None,
     stop: asyncio.Event | None = None,
     section_tipos: Sequence[str] | None = None,
 ) -> DrainReport:
@@ -87,7 +93,8 @@ async def drain_once(
     gateway's drain); the pass still takes the one drain lock, so writes stay single-flighted.
 
     ``text_model`` is ``RAG_TEXT_MODEL`` (None: the first text model the sidecar
-    lists). Raises ``ModelNotServed`` for a configured model the sidecar lacks:
+    lists), ``image_model`` ``RAG_IMAGE_MODEL`` (resolved only when a batch holds
+    images). Raises ``ModelNotServed`` for a configured model the sidecar lacks:
     that is a configuration error, not a record's fault.
     """
     report = DrainReport()
@@ -96,17 +103,49 @@ async def drain_once(
             report.skipped = True
             return report
         try:
-            await _drain(pool, client, settings, text_model, stop, report, section_tipos)
+            models = _Models(text_model, image_model, media or MediaSettings())
+            try:
+                await _drain(pool, client, settings, models, stop, report, section_tipos)
+            finally:
+                await models.close()
         finally:
             await lock_conn.execute("SELECT pg_advisory_unlock($1)", queue.DRAIN_LOCK_KEY)
     return report
+
+
+class _Models:
+    """The pass's model choices, and the image indexer once a batch needs it."""
+
+    def __init__(self, text_model: str | None, image_model: str | None, media: MediaSettings) -> None:
+        self.text_model = text_model
+        self.image_model = image_model
+        self.media = media
+        self.images: ImageIndexer | None = None
+        self._session: Any = None
+
+    async def image_indexer(self, pool: asyncpg.Pool, client: SidecarClient) -> ImageIndexer:
+        if self.images is None:
+            model = await resolve_model(client, "image_text", self.image_model)
+            if model.dimension is None:
+                raise ValueError(f"image model {model.id!r} reports no dimension")
+            partition = await ensure_partition(pool, model.id, model.dimension)
+            if self.media.base_urls:  # URL images are fetched only from the allow-list
+                import aiohttp
+
+                self._session = aiohttp.ClientSession()
+            self.images = ImageIndexer(pool, client, model, partition, self.media, self._session)
+        return self.images
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
 
 
 async def _drain(
     pool: asyncpg.Pool,
     client: SidecarClient,
     settings: IngestSettings,
-    text_model: str | None,
+    models: _Models,
     stop: asyncio.Event | None,
     report: DrainReport,
     section_tipos: Sequence[str] | None = None,
@@ -118,9 +157,10 @@ async def _drain(
         )
         if not items:
             return
+        image_plans: dict[tuple[str, int], ImagePlan] = {}
         try:
             if indexer is None:
-                model = await resolve_model(client, "text", text_model)
+                model = await resolve_model(client, "text", models.text_model)
                 if model.dimension is None:
                     raise ValueError(f"text model {model.id!r} reports no dimension")
                 partition = await ensure_partition(pool, model.id, model.dimension)
@@ -130,6 +170,14 @@ async def _drain(
             plans = await indexer.prepare(items)
             await indexer.fit(plans)
             await indexer.embed(plans)
+            if any(has_images(item) for item in items):
+                images = await models.image_indexer(pool, client)
+                report.image_model = images.model.id
+                descriptors = await SectionStore(pool).get_many(sorted({i.section_tipo for i in items}))
+                image_plans = await images.prepare(items, descriptors)
+                before = images.embedded
+                await images.embed(image_plans)
+                report.images_embedded += images.embedded - before
         except SidecarUnavailable as exc:
             log.warning("sidecar unavailable; %d records stay queued: %s", len(items), exc)
             await queue.note_outage(pool, items, str(exc))
@@ -137,22 +185,38 @@ async def _drain(
             report.error = f"sidecar unavailable: {exc}"
             return
         for plan in plans:
-            await _finish(pool, indexer, plan, settings, report)
+            await _finish(pool, indexer, plan, settings, report, models.images, image_plans.get(plan.key))
         report.add(indexer.counts)
 
 
 async def _finish(
-    pool: asyncpg.Pool, indexer: Indexer, plan: RecordPlan, settings: IngestSettings, report: DrainReport
+    pool: asyncpg.Pool,
+    indexer: Indexer,
+    plan: RecordPlan,
+    settings: IngestSettings,
+    report: DrainReport,
+    images: ImageIndexer | None = None,
+    image_plan: ImagePlan | None = None,
 ) -> None:
-    """Write one record and complete its queue row in one transaction, or spend an attempt."""
+    """Write one record (text and images) and complete its queue row in one transaction,
+    or spend an attempt."""
     report.processed += 1
+    if plan.error is None and image_plan is not None and image_plan.error is not None:
+        plan.error = image_plan.error
     if plan.error is None:
         try:
             if not plan.is_delete:
                 await indexer.load_moved_vectors(plan)
+            if images is not None and image_plan is not None:
+                await images.load_vectors(image_plan)
             started = time.perf_counter()
             async with pool.acquire() as conn, conn.transaction():
                 written, deleted = await indexer.write(conn, plan)
+                if plan.is_delete:  # the rows went with delete_record; Mnemo's thumbnails go too
+                    await image_store.delete_thumbnails(conn, plan.key)
+                elif images is not None and image_plan is not None:
+                    image_written, image_deleted = await images.write(conn, image_plan)
+                    written, deleted = written + image_written, deleted + image_deleted
                 current = await queue.complete(conn, plan.item)
             indexer.counts.add_time("write", time.perf_counter() - started)
         except (asyncpg.PostgresError, ValueError, KeyError) as exc:
@@ -189,12 +253,16 @@ class DrainLoop:
         settings: IngestSettings,
         *,
         text_model: str | None = None,
+        image_model: str | None = None,
+        media: MediaSettings | None = None,
         metrics: IngestMetrics | None = None,
     ) -> None:
         self.pool = pool
         self.client = client
         self.settings = settings
         self.text_model = text_model
+        self.image_model = image_model
+        self.media = media
         self.metrics = metrics or IngestMetrics()
         self._wake = asyncio.Event()
         self.last_report: DrainReport | None = None
@@ -229,7 +297,14 @@ class DrainLoop:
     async def pass_once(self) -> DrainReport:
         """One drain pass, then refresh the queue gauges."""
         try:
-            report = await drain_once(self.pool, self.client, self.settings, text_model=self.text_model)
+            report = await drain_once(
+                self.pool,
+                self.client,
+                self.settings,
+                text_model=self.text_model,
+                image_model=self.image_model,
+                media=self.media,
+            )
         except (asyncio.CancelledError, KeyboardInterrupt):
             raise
         except Exception as exc:

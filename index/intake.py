@@ -24,7 +24,9 @@ import asyncpg
 from jsonschema import Draft202012Validator
 
 from . import queue
-from .sections import SectionStore, validate_section_tipo
+from .images import ImageRejected, MediaNotAllowed, check_source
+from .sections import VIEW_PATTERN, SectionStore, validate_section_tipo
+from .settings import MediaSettings
 from .validation import (
     CONTRIBUTOR_PATTERN,
     GROUP_ID_PATTERN,
@@ -70,6 +72,33 @@ _CONTRIBUTORS = {
     "items": {"type": "string", "pattern": CONTRIBUTOR_PATTERN},
 }
 
+# A record image: its component, its face, and exactly one source of bytes (checked in code,
+# so the error names the field rather than a schema branch).
+_IMAGE = {
+    "type": "object",
+    "required": ["tipo"],
+    "additionalProperties": False,
+    "properties": {
+        "tipo": {"type": "string", "pattern": TIPO_PATTERN},
+        "view": {"type": "string", "pattern": VIEW_PATTERN},
+        "index": {"type": "integer", "minimum": 0, "maximum": 10_000},
+        "data": {"type": "string", "minLength": 1},
+        "path": {"type": "string", "minLength": 1, "maxLength": 4096},
+        "url": {"type": "string", "minLength": 1, "maxLength": 4096},
+        "thumb_url": {"type": "string", "minLength": 1, "maxLength": 4096},
+    },
+}
+
+_SCALAR = {"type": ["string", "number"], "maxLength": 4000}
+_DATE_RANGE = {
+    "type": "object",
+    "additionalProperties": False,
+    "minProperties": 1,
+    "properties": {"from": {"type": "number"}, "to": {"type": "number"}},
+}
+# A role value: a term, a list of terms, or a date range (years) {"from", "to"}.
+_ROLE_VALUE = {"anyOf": [_SCALAR, _DATE_RANGE, {"type": "array", "maxItems": 64, "items": _SCALAR}]}
+
 RECORD_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["section_tipo", "section_id", "projects", "groups"],
@@ -108,8 +137,13 @@ RECORD_SCHEMA: dict[str, Any] = {
             "propertyNames": {"pattern": GROUP_ID_PATTERN},
             "additionalProperties": _CONTRIBUTORS,
         },
-        "images": {"type": "array", "maxItems": 256, "items": {"type": "object"}},
-        "metadata": {"type": "object"},
+        "images": {"type": "array", "maxItems": 256, "items": _IMAGE},
+        "metadata": {
+            "type": "object",
+            "maxProperties": 256,
+            "propertyNames": {"pattern": GROUP_ID_PATTERN},  # a component tipo or a role name
+            "additionalProperties": _ROLE_VALUE,
+        },
     },
 }
 
@@ -126,12 +160,17 @@ def as_record_list(body: Any) -> list[Any]:
 
 
 def validate_record(
-    obj: Any, descriptors: Mapping[str, Mapping[str, Any]], *, prefix: str = ""
+    obj: Any,
+    descriptors: Mapping[str, Mapping[str, Any]],
+    *,
+    prefix: str = "",
+    media: MediaSettings | None = None,
 ) -> dict[str, Any]:
     """Check one record against the schema and its section's descriptor; return it normalized.
 
     ``descriptors`` maps section tipo to normalized descriptor. Field names in
     errors start with ``prefix`` (e.g. ``[3]`` for the fourth record of a batch).
+    ``media`` says where images may come from (None: only base64 ``data``).
     """
     error = first_error(_VALIDATOR, obj, prefix)
     if error is not None:
@@ -155,13 +194,56 @@ def validate_record(
                     f"section {section!r} declares no embed group {group!r} "
                     f"(declared: {', '.join(sorted(declared))})",
                 )
+    _check_images(obj, descriptor, prefix, media or MediaSettings())
     record = dict(obj)
     record.setdefault("title", "")
     record.setdefault("contributors", {})
     return record
 
 
-async def validate_records(pool: asyncpg.Pool, records: Sequence[Any]) -> list[dict[str, Any]]:
+def _check_images(
+    obj: Mapping[str, Any], descriptor: Mapping[str, Any], prefix: str, media: MediaSettings
+) -> None:
+    """Images name declared image components and a reachable, allowed source; metadata keys are
+    components the section declares as roles."""
+
+    def name(rest: str) -> str:
+        return f"{prefix}.{rest}" if prefix else rest
+
+    context = descriptor.get("context") or {}
+    declared = {i["tipo"] for i in context.get("images", [])}
+    section = obj["section_tipo"]
+    for i, image in enumerate(obj.get("images", [])):
+        if image["tipo"] not in declared:
+            raise IntakeError(
+                "request.unknown_image_component",
+                name(f"images[{i}].tipo"),
+                f"section {section!r} declares no image component {image['tipo']!r} in its context "
+                f"(declared: {', '.join(sorted(declared)) or 'none'})",
+            )
+        try:
+            check_source(image, media)
+        except MediaNotAllowed as exc:
+            given = [k for k in ("data", "path", "url") if k in image]
+            field = name(f"images[{i}].{given[0]}" if len(given) == 1 else f"images[{i}]")
+            raise IntakeError("request.media_not_allowed", field, str(exc)) from exc
+        except ImageRejected as exc:
+            given = [k for k in ("data", "path", "url") if k in image]
+            raise IntakeError("request.invalid_image", name(f"images[{i}].{given[0]}"), exc.message) from exc
+    # Keys are a role's component tipo (the archive's resolved record) or the role's name.
+    roles = {spec["tipo"] for spec in context.get("metadata", {}).values()} | set(context.get("metadata", {}))
+    for tipo in obj.get("metadata", {}):
+        if tipo not in roles:
+            raise IntakeError(
+                "request.unknown_metadata_component",
+                name(f"metadata.{tipo}"),
+                f"section {section!r} declares no metadata role named or held by {tipo!r}",
+            )
+
+
+async def validate_records(
+    pool: asyncpg.Pool, records: Sequence[Any], media: MediaSettings | None = None
+) -> list[dict[str, Any]]:
     """Validate a batch (one descriptor query); the first bad record rejects the batch."""
     tipos = {
         r["section_tipo"] for r in records if isinstance(r, dict) and isinstance(r.get("section_tipo"), str)
@@ -169,7 +251,7 @@ async def validate_records(pool: asyncpg.Pool, records: Sequence[Any]) -> list[d
     descriptors = await SectionStore(pool).get_many(sorted(tipos))
 
     def validate_all() -> list[dict[str, Any]]:
-        return [validate_record(r, descriptors, prefix=f"[{i}]") for i, r in enumerate(records)]
+        return [validate_record(r, descriptors, prefix=f"[{i}]", media=media) for i, r in enumerate(records)]
 
     if len(records) <= VALIDATE_ON_LOOP_MAX:
         return validate_all()
@@ -179,7 +261,11 @@ async def validate_records(pool: asyncpg.Pool, records: Sequence[Any]) -> list[d
 
 
 async def enqueue_records(
-    pool: asyncpg.Pool, records: Sequence[Any], *, max_records: int | None = None
+    pool: asyncpg.Pool,
+    records: Sequence[Any],
+    *,
+    max_records: int | None = None,
+    media: MediaSettings | None = None,
 ) -> int:
     """Validate ``records`` like the HTTP route and queue them for indexing in one statement.
 
@@ -192,7 +278,7 @@ async def enqueue_records(
             "",
             f"{len(records)} records in one request; the limit is {max_records}",
         )
-    valid = await validate_records(pool, records)
+    valid = await validate_records(pool, records, media)
     jobs = [queue.Job(r["section_tipo"], r["section_id"], "index", r) for r in valid]
     return await queue.enqueue(pool, jobs)
 
@@ -209,7 +295,7 @@ async def enqueue_delete(pool: asyncpg.Pool, section_tipo: str, section_id: int)
 
 
 async def enqueue_valid(
-    pool: asyncpg.Pool, records: Sequence[Any]
+    pool: asyncpg.Pool, records: Sequence[Any], media: MediaSettings | None = None
 ) -> tuple[int, list[tuple[int, IntakeError]]]:
     """Queue the valid records of a batch; return (records queued, [(index, error), ...]).
 
@@ -224,7 +310,7 @@ async def enqueue_valid(
     rejected: list[tuple[int, IntakeError]] = []
     for i, record in enumerate(records):
         try:
-            valid.append(validate_record(record, descriptors))
+            valid.append(validate_record(record, descriptors, media=media))
         except IntakeError as exc:
             rejected.append((i, exc))
     jobs = [queue.Job(r["section_tipo"], r["section_id"], "index", r) for r in valid]

@@ -112,14 +112,15 @@ class Scope:
     group: str | None = None  # narrows to component_tipo 'rag:<group>'
     exclude_record: tuple[str, int] | None = None
     acl: AclPushdown | None = None  # None: no ACL push-down (admins)
+    view: str | None = None  # image rows: one face (obverse, reverse)
 
 
 class _Sql:
     """Accumulates WHERE clauses with positional parameters."""
 
-    def __init__(self, params: Sequence[Any] = ()) -> None:
+    def __init__(self, params: Sequence[Any] = (), modality: str = "text") -> None:
         self.params: list[Any] = list(params)
-        self.where: list[str] = ["e.modality = 'text'"]
+        self.where: list[str] = [f"e.modality = {self.bind(_modality(modality))}"]
 
     def bind(self, value: Any) -> str:
         self.params.append(value)
@@ -133,6 +134,8 @@ class _Sql:
             self.add(f"e.section_tipo = ANY({self.bind(list(scope.section_tipos))}::text[])")
         if scope.group is not None:
             self.add(f"e.component_tipo = {self.bind('rag:' + scope.group)}")
+        if scope.view is not None:
+            self.add(f"e.view = {self.bind(scope.view)}")
         if scope.exclude_record is not None:
             tipo, sid = scope.exclude_record
             self.add(f"NOT (e.section_tipo = {self.bind(tipo)} AND e.section_id = {self.bind(sid)})")
@@ -166,6 +169,12 @@ class _Sql:
     @property
     def where_sql(self) -> str:
         return " AND ".join(f"({w})" for w in self.where)
+
+
+def _modality(modality: str) -> str:
+    if modality not in ("text", "image"):
+        raise ValueError(f"modality must be text or image, not {modality!r}")
+    return modality
 
 
 def scope_where(scope: Scope, params: Sequence[Any] = ()) -> tuple[str, list[Any]]:
@@ -219,6 +228,8 @@ async def dense_search(
     *,
     ef_search: int = 100,
     max_scan_tuples: int = 20000,
+    modality: str = "text",
+    with_vectors: bool = False,
     exact: bool = False,
 ) -> list[ChunkHit]:
     """Nearest chunks by cosine distance; score = ``1 - distance`` (cosine similarity).
@@ -229,12 +240,13 @@ async def dense_search(
     ``exact`` keeps the planner off the HNSW index: a full scan, the ground
     truth that recall and the FAISS cache are measured against.
     """
-    sql = _Sql([np.asarray(vector, dtype=np.float32)])
+    sql = _Sql([np.asarray(vector, dtype=np.float32)], modality)
     sql.apply_scope(scope)
     cast = partition.cast
+    vectors = ", e.embedding" if with_vectors else ""
     query = f"""
         WITH nn AS MATERIALIZED (
-            SELECT {_COLUMNS}, e.embedding::{cast} <=> $1::{cast} AS distance
+            SELECT {_COLUMNS}{vectors}, e.embedding::{cast} <=> $1::{cast} AS distance
             FROM {partition.table} e
             WHERE {sql.where_sql}
             ORDER BY e.embedding::{cast} <=> $1::{cast}
@@ -247,7 +259,10 @@ async def dense_search(
         if exact:
             await conn.execute("SET LOCAL enable_indexscan = off")
         rows = await conn.fetch(query, *sql.params)
-    return [_chunk(r, 1.0 - float(r["distance"])) for r in rows]
+    return [
+        _chunk(r, 1.0 - float(r["distance"]), _as_array(r["embedding"]) if with_vectors else None)
+        for r in rows
+    ]
 
 
 def _tsquery_literal(term: str) -> str:
@@ -313,24 +328,29 @@ class CorpusStats:
 
     def __init__(self, ttl: float = 60.0) -> None:
         self.ttl = ttl
-        self._stats: dict[tuple[str, tuple[str, ...] | None], _Stats] = {}
+        self._stats: dict[tuple[str, tuple[str, ...] | None, str], _Stats] = {}
 
     def invalidate(self) -> None:
         self._stats.clear()
 
     async def _base(
-        self, db: Executor, partition: ModelPartition, sections: tuple[str, ...] | None
+        self,
+        db: Executor,
+        partition: ModelPartition,
+        sections: tuple[str, ...] | None,
+        modality: str = "text",
     ) -> _Stats:
         now = time.monotonic()
-        key = (partition.partition, sections)
+        key = (partition.partition, sections, modality)
         cached = self._stats.get(key)
         if cached is not None and now - cached.at < self.ttl:
             return cached
         row = await db.fetchrow(
             f"""SELECT count(*) AS n, coalesce(avg(e.lexical_length), 0) AS avgdl
                 FROM {partition.table} e
-                WHERE e.modality = 'text' AND ($1::text[] IS NULL OR e.section_tipo = ANY($1::text[]))""",
+                WHERE e.modality = $2 AND ($1::text[] IS NULL OR e.section_tipo = ANY($1::text[]))""",
             None if sections is None else list(sections),
+            _modality(modality),
         )
         stats = _Stats(n=int(row["n"]), avgdl=float(row["avgdl"] or 0.0), at=now)
         for old in [k for k, v in self._stats.items() if now - v.at >= self.ttl]:  # scopes vary: prune
@@ -344,20 +364,22 @@ class CorpusStats:
         partition: ModelPartition,
         terms: Sequence[str],
         sections: tuple[str, ...] | None = None,
+        modality: str = "text",
     ) -> tuple[_Stats, dict[str, float]]:
         """BM25 IDF per term, ``ln(1 + (N - df + 0.5) / (df + 0.5))``; terms absent from the corpus dropped."""
         sections = None if sections is None else tuple(sorted(set(sections)))
-        stats = await self._base(db, partition, sections)
+        stats = await self._base(db, partition, sections, modality)
         missing = [t for t in terms if t not in stats.df]
         if missing:
             rows = await db.fetch(
                 f"""SELECT t.term, (SELECT count(*) FROM {partition.table} e
-                                    WHERE e.modality = 'text' AND e.lexical @@ t.q
+                                    WHERE e.modality = $4 AND e.lexical @@ t.q
                                       AND ($3::text[] IS NULL OR e.section_tipo = ANY($3::text[]))) AS df
                     FROM unnest($1::text[], $2::tsquery[]) AS t(term, q)""",
                 missing,
                 [_tsquery_literal(t) for t in missing],
                 None if sections is None else list(sections),
+                _modality(modality),
             )
             for r in rows:
                 stats.df[r["term"]] = int(r["df"])
@@ -377,6 +399,7 @@ async def lexical_search(
     limit: int,
     *,
     stats: CorpusStats,
+    modality: str = "text",
 ) -> list[ChunkHit]:
     """BM25 over the folded tsvector with OR semantics; score = the BM25 sum.
 
@@ -392,13 +415,13 @@ async def lexical_search(
     terms = scored_terms(await query_terms(db, query))
     if not terms:
         return []
-    corpus, idf = await stats.idf(db, partition, list(terms), scope.section_tipos)
+    corpus, idf = await stats.idf(db, partition, list(terms), scope.section_tipos, modality)
     if not idf or corpus.n == 0:
         return []
     selective = [t for t in idf if corpus.df[t] <= COMMON_TERM_SHARE * corpus.n] or list(idf)
     tsquery = " | ".join(_tsquery_literal(t) for t in selective)
     scored = list(idf)
-    sql = _Sql([scored, [terms[t] * idf[t] for t in scored], tsquery, max(corpus.avgdl, 1.0)])
+    sql = _Sql([scored, [terms[t] * idf[t] for t in scored], tsquery, max(corpus.avgdl, 1.0)], modality)
     sql.add("e.lexical @@ $3::tsquery")
     sql.apply_scope(scope)
     query_sql = f"""
@@ -454,9 +477,10 @@ async def seed_chunks(
     section_id: int,
     *,
     group: str | None = None,
+    modality: str = "text",
 ) -> list[ChunkHit]:
-    """A stored record's text chunks with their dense vectors (ordered by group, language, index)."""
-    sql = _Sql([section_tipo, section_id])
+    """A stored record's chunks (or images) with their dense vectors (ordered by component, language, index)."""
+    sql = _Sql([section_tipo, section_id], modality)
     sql.add("e.section_tipo = $1 AND e.section_id = $2")
     sql.apply_scope(Scope(group=group))
     rows = await db.fetch(

@@ -40,6 +40,11 @@ __all__ = [
 ]
 
 CHUNK_MODES = ("short", "transcription", "long_document")
+ROLE_KINDS = ("categorical", "date")
+# A role given as a bare tipo is categorical, except these names, which the archive
+# uses for date ranges (its ``period``); ``{"tipo", "kind"}`` says it explicitly.
+DATE_ROLE_NAMES = frozenset({"period", "date", "dating", "chronology"})
+VIEW_PATTERN = r"^([A-Za-z0-9][A-Za-z0-9_.-]{0,63})?\Z"  # "" = no view
 DEFAULT_MAX_TOKENS = 450
 DEFAULT_MIN_TOKENS = 120
 
@@ -81,26 +86,49 @@ _GROUP = {
     "anyOf": [{"required": ["contributors"]}, {"required": ["ddo_map"]}],
 }
 
+# The archive's image context: which image components carry the visual signal (and
+# which face each shows), which components hold the metadata roles, and which
+# sections an object is compared with by default.
+_ROLE = {
+    "anyOf": [
+        _TIPO,
+        {
+            "type": "object",
+            "required": ["tipo"],
+            "additionalProperties": False,
+            "properties": {"tipo": _TIPO, "kind": {"enum": list(ROLE_KINDS)}},
+        },
+    ]
+}
+
+_CONTEXT = {
+    "type": "object",
+    "properties": {
+        "images": {
+            "type": "array",
+            "maxItems": 64,
+            "items": {
+                "type": "object",
+                "required": ["tipo"],
+                "properties": {"tipo": _TIPO, "view": {"type": "string", "pattern": VIEW_PATTERN}},
+            },
+        },
+        "metadata": {
+            "type": "object",
+            "maxProperties": 64,
+            "propertyNames": {"pattern": GROUP_ID_PATTERN},
+            "additionalProperties": _ROLE,
+        },
+        "compare_scope": {"type": "array", "maxItems": 64, "items": _TIPO},
+    },
+}
+
 DESCRIPTOR_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["embed"],
     "properties": {
         "embed": {"type": "array", "minItems": 1, "maxItems": 64, "items": _GROUP},
-        "context": {
-            "type": "object",
-            "properties": {
-                "images": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "required": ["tipo"],
-                        "properties": {"tipo": _TIPO, "view": {"type": "string", "maxLength": 64}},
-                    },
-                },
-                "metadata": {"type": "object", "additionalProperties": _TIPO},
-                "compare_scope": {"type": "array", "items": _TIPO},
-            },
-        },
+        "context": _CONTEXT,
         "system_prompt": {"type": ["string", "null"], "maxLength": 20000},
         "egress": {
             "type": "object",
@@ -169,17 +197,44 @@ def validate_descriptor(obj: Any) -> dict[str, Any]:
             }
         )
     out["embed"] = groups
-    context = out.get("context") or {}
-    out["context"] = {
-        **context,
-        "images": context.get("images", []),
-        "metadata": context.get("metadata", {}),
-        "compare_scope": context.get("compare_scope", []),
-    }
+    out["context"] = _normalize_context(out.get("context") or {})
     out["system_prompt"] = out.get("system_prompt")
     egress = out.get("egress") or {}
     out["egress"] = {**egress, "allow_external": egress.get("allow_external", False)}
     return out
+
+
+def _normalize_context(context: dict[str, Any]) -> dict[str, Any]:
+    """Fill the context's defaults and spell every role as ``{"tipo", "kind"}``.
+
+    Checks what the schema cannot: an image component declared twice, and one
+    component holding two roles (a value would then mean two things).
+    """
+    images = []
+    seen: set[str] = set()
+    for i, image in enumerate(context.get("images", [])):
+        if image["tipo"] in seen:
+            raise DescriptorError(f"context.images[{i}].tipo", f"image component {image['tipo']!r} twice")
+        seen.add(image["tipo"])
+        images.append({**image, "view": image.get("view", "")})
+    roles: dict[str, dict[str, str]] = {}
+    owners: dict[str, str] = {}
+    for role, raw in context.get("metadata", {}).items():
+        spec = {"tipo": raw} if isinstance(raw, str) else dict(raw)
+        kind = spec.get("kind") or ("date" if role in DATE_ROLE_NAMES else "categorical")
+        if spec["tipo"] in owners:
+            raise DescriptorError(
+                f"context.metadata.{role}",
+                f"component {spec['tipo']!r} already holds role {owners[spec['tipo']]!r}",
+            )
+        owners[spec["tipo"]] = role
+        roles[role] = {"tipo": spec["tipo"], "kind": kind}
+    return {
+        **context,
+        "images": images,
+        "metadata": roles,
+        "compare_scope": list(dict.fromkeys(context.get("compare_scope", []))),
+    }
 
 
 def validate_section_tipo(section_tipo: str) -> str:

@@ -122,3 +122,58 @@ class IngestSettings:
         ):
             if value < 1:
                 raise SettingsError(f"{name} must be at least 1")
+
+
+@dataclass(frozen=True)
+class MediaSettings:
+    """Where record images may come from and how they are prepared (intake, drain, bulk job)."""
+
+    media_root: str | None = setting(
+        "RAG_MEDIA_ROOT",
+        None,
+        "Mounted media directory. A record image may name a `path` under it; paths that resolve "
+        "outside it are refused. Unset: path images are refused.",
+    )
+    media_base_url: str | None = setting(
+        "RAG_MEDIA_BASE_URL",
+        None,
+        "Comma-separated http(s) URL prefixes a record image `url` must start with (the archive's "
+        "media server). Unset: URL images are refused, so the drain never fetches arbitrary hosts.",
+    )
+    image_max_px: int = setting(
+        "RAG_IMAGE_MAX_PX",
+        512,
+        "Longest side an image is downsized to before embedding. The image models see 224-384 px, "
+        "so larger only costs bandwidth; smaller loses detail on crops.",
+    )
+    thumbnail_px: int = setting(
+        "RAG_THUMBNAIL_PX",
+        192,
+        "Longest side of the thumbnails Mnemo makes when the archive gives no `thumb_url`.",
+    )
+    image_max_pixels: int = setting(
+        "RAG_IMAGE_MAX_PIXELS",
+        40_000_000,
+        "Largest image (width x height, read from the header before decoding) accepted; "
+        "decompression bombs stop here.",
+    )
+    image_max_bytes: int = setting(
+        "RAG_IMAGE_MAX_BYTES",
+        20 * 1024 * 1024,
+        "Largest encoded image file accepted (base64-decoded, read from disk or fetched).",
+    )
+
+    @property
+    def base_urls(self) -> tuple[str, ...]:
+        return tuple(u.strip() for u in (self.media_base_url or "").split(",") if u.strip())
+
+    def validate(self) -> None:
+        if self.image_max_px < 32 or self.thumbnail_px < 16:
+            raise SettingsError("RAG_IMAGE_MAX_PX must be >= 32 and RAG_THUMBNAIL_PX >= 16")
+        if self.image_max_pixels < 1 or self.image_max_bytes < 1:
+            raise SettingsError("RAG_IMAGE_MAX_PIXELS and RAG_IMAGE_MAX_BYTES must be positive")
+        for url in self.base_urls:
+            if not url.startswith(("http://", "https://")) or url.count("/") < 3:
+                raise SettingsError(
+                    f"RAG_MEDIA_BASE_URL entry {url!r}: use http(s)://host/ prefixes ending in a path"
+                )

@@ -70,6 +70,7 @@ class ModelSpec:
     kind: Kind
     weights: str
     build: str | None = None  # tiny recipe built at `weights` when missing (offline/test models only)
+    backend: Literal["transformers", "open_clip"] = "transformers"  # image_text: which library loads it
     seed: int = 0
     pooling: Literal["cls", "mean"] = "cls"
     sparse: bool = False  # bge-m3 lexical weights (needs sparse_linear.pt next to the weights)
@@ -94,6 +95,10 @@ class ModelSpec:
             raise ConfigError(f"model {self.id!r}: kind must be one of {KINDS}, not {self.kind!r}")
         if self.pooling not in ("cls", "mean"):
             raise ConfigError(f"model {self.id!r}: pooling must be cls or mean")
+        if self.backend not in ("transformers", "open_clip"):
+            raise ConfigError(f"model {self.id!r}: backend must be transformers or open_clip")
+        if self.backend == "open_clip" and self.kind != "image_text":
+            raise ConfigError(f"model {self.id!r}: the open_clip backend serves image_text models only")
         if self.sparse and self.kind != "text":
             raise ConfigError(f"model {self.id!r}: sparse weights exist only for text models")
         for name in (

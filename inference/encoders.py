@@ -30,6 +30,7 @@ __all__ = [
     "CrossEncoder",
     "Encoder",
     "ImageTextEncoder",
+    "OpenClipEncoder",
     "TextEmbedding",
     "TextEncoder",
     "TokenizedText",
@@ -356,6 +357,98 @@ class ImageTextEncoder(Encoder):
         self.run_text_batch(self.prepare(texts, truncate=True))
 
 
+class OpenClipEncoder(ImageTextEncoder):
+    """A joint image-text model loaded through open_clip (``backend: open_clip``), e.g. ``ViT-B-16-SigLIP``
+    from a local ``open_clip_config.json`` + weights directory. Same interface as the transformers
+    SigLIP wrapper, so the service, the batcher and the bulk job's actors treat both alike."""
+
+    def __init__(self, spec: ModelSpec, path: Path) -> None:  # no transformers tokenizer or model
+        import open_clip
+        import torch
+
+        self.spec = spec
+        self.path = path
+        self.device = resolve_device(spec.device)
+        self.torch_dtype = resolve_dtype(spec.dtype, self.device)
+        self.dtype = str(self.torch_dtype).removeprefix("torch.")
+        if spec.torch_threads:
+            torch.set_num_threads(spec.torch_threads)
+        if not (path / "open_clip_config.json").is_file():
+            from .config import ModelWeightsMissing
+
+            raise ModelWeightsMissing(f"model {spec.id!r}: no open_clip_config.json in {path}")
+        if not any(any(path.glob(pattern)) for pattern in ("*.safetensors", "*.bin", "*.pth")):
+            # open_clip would warn and keep random weights: that must be a start-up error here.
+            from .config import ModelWeightsMissing
+
+            raise ModelWeightsMissing(f"model {spec.id!r}: no open_clip weights in {path}")
+        name = f"local-dir:{path}"
+        model, _, self.preprocess = open_clip.create_model_and_transforms(name, device=self.device)
+        self.model = model.to(self.device, self.torch_dtype).eval()
+        self.tokenizer = open_clip.get_tokenizer(name)
+        self.max_input_tokens = self._max_input_tokens()
+
+    def _max_input_tokens(self) -> int:
+        return int(self.spec.text_max_length or self.tokenizer.context_length)
+
+    @property
+    def dimension(self) -> int:
+        return int(self.model.visual.output_dim)
+
+    @property
+    def tokens_per_image(self) -> int:
+        size = self.model.visual.image_size
+        patch = self.model.visual.patch_size
+        height = size[0] if isinstance(size, (tuple, list)) else size
+        step = patch[0] if isinstance(patch, (tuple, list)) else patch
+        return int((height // step) ** 2)
+
+    def prepare_images(self, images: Sequence[Any]) -> list[Any]:
+        return [self.preprocess(image) for image in images]
+
+    def _ids(self, text: str) -> list[int]:
+        sot, eot = self.tokenizer.sot_token_id, self.tokenizer.eot_token_id
+        return [sot, *self.tokenizer.encode(text), eot]
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        return [len(self._ids(t)) for t in texts]
+
+    def prepare(self, texts: Sequence[str], *, truncate: bool) -> list[TokenizedText]:
+        limit = self.max_input_tokens
+        out = []
+        for i, text in enumerate(texts):
+            ids = self._ids(text)
+            if len(ids) > limit:
+                if not truncate:
+                    raise InputTooLong(
+                        f"input {i} has {len(ids)} tokens; model {self.spec.id!r} accepts at most {limit} "
+                        f"(send truncate: true to cut it)"
+                    )
+                ids = [*ids[: limit - 1], self.tokenizer.eot_token_id]  # keep the end token: CLIP pools there
+            out.append(TokenizedText({"input_ids": ids}))
+        return out
+
+    def forward(self, batch: dict[str, Any]) -> Any:
+        return self.model.encode_image(batch["pixel_values"])
+
+    def run_text_batch(self, items: list[TokenizedText]) -> list[np.ndarray]:
+        import torch
+
+        with torch.inference_mode():
+            ids = torch.zeros((len(items), self.max_input_tokens), dtype=torch.long)
+            for row, item in enumerate(items):
+                tokens = item.fields["input_ids"]
+                ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+            return list(_normalize(self.model.encode_text(ids.to(self.device))))
+
+    def warm_up(self) -> None:
+        from PIL import Image
+
+        image = Image.new("RGB", (64, 64), (128, 128, 128))  # any size: the transform resizes it
+        self.run_batch(self.prepare_images([image] * self.spec.max_batch_size))
+        self.run_text_batch(self.prepare(["warm"] * self.spec.max_batch_size, truncate=True))
+
+
 class CrossEncoder(Encoder):
     """A reranker: one relevance logit per (query, document) pair."""
 
@@ -400,5 +493,7 @@ _ENCODERS: dict[str, type[Encoder]] = {
 def load_encoder(spec: ModelSpec) -> Encoder:
     """Load ``spec``'s weights through transformers (local files only) into the right wrapper."""
     path = resolve_weights(spec)
-    log.info("loading model %s (%s) from %s", spec.id, spec.kind, path)
+    log.info("loading model %s (%s, %s) from %s", spec.id, spec.kind, spec.backend, path)
+    if spec.backend == "open_clip":
+        return OpenClipEncoder(spec, path)
     return _ENCODERS[spec.kind](spec, path)

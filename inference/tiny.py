@@ -139,7 +139,27 @@ def _tiny_siglip(out: Path) -> None:
     ).save_pretrained(out)
 
 
+def _tiny_open_clip(out: Path) -> None:
+    """An open_clip CLIP with 32x32 images, 8x8 patches and a 16-token text tower, saved as an
+    open_clip ``local-dir`` (``open_clip_config.json`` + safetensors). Its tokenizer is open_clip's
+    CLIP BPE, whose vocabulary ships inside the package (hence the full 49408-token embedding)."""
+    from open_clip.model import CLIP
+    from safetensors.torch import save_file
+
+    config = {
+        "embed_dim": 32,
+        "vision_cfg": {"image_size": 32, "layers": 2, "width": 32, "patch_size": 8, "head_width": 16},
+        "text_cfg": {"context_length": 16, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 2},
+    }
+    model = CLIP(**config)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, out / "open_clip_model.safetensors")
+    (out / "open_clip_config.json").write_text(
+        json.dumps({"model_cfg": config, "preprocess_cfg": {"mean": [0.5] * 3, "std": [0.5] * 3}})
+    )
+
+
 RECIPES: dict[str, Callable[[Path], None]] = {
+    "tiny-open-clip": _tiny_open_clip,
     "tiny-xlmr-sparse": _tiny_xlmr_sparse,
     "tiny-cross-encoder": _tiny_cross_encoder,
     "tiny-siglip": _tiny_siglip,

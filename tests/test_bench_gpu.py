@@ -87,7 +87,10 @@ def test_gpu_mode_runs_on_cpu_without_ray_asyncpg_or_aiohttp(tmp_path: Path) -> 
         ("/embed dense + sparse", 24),
         ("/image", 16),  # 32 px images, 8 px patches
         ("/text (text tower)", 16),
+        ("/image", 16),  # the open_clip backend's tiny CLIP: 32 px, 8 px patches
+        ("/text (text tower)", 16),
     ]
+    assert rows[4]["model"].startswith("open_clip")
     for row in rows:
         assert row["items_per_s"] > 0 and row["raw_items_per_s"] > 0
         assert math.isfinite(row["ratio_to_raw"]) and row["gflops_per_item"] > 0
@@ -100,7 +103,7 @@ def test_gpu_mode_runs_on_cpu_without_ray_asyncpg_or_aiohttp(tmp_path: Path) -> 
     assert faiss["vectors"] == 2000 and [r["batch"] for r in faiss["rows"]] == [1, 4, 16]
     assert faiss["peak_hbm_gbps"] is None  # a CPU: no bandwidth bound invented
     headlines = suite["headlines"]
-    assert len(headlines) == 4 and all(h["baseline_name"].startswith("bare forward") for h in headlines)
+    assert len(headlines) == 6 and all(h["baseline_name"].startswith("bare forward") for h in headlines)
     assert all(math.isfinite(h["ratio"]) for h in headlines)
     report = (out / "REPORT.md").read_text()
     assert "bge-m3 architecture /embed dense + sparse float32 @24 tok" in report and "MFU" in report

@@ -160,11 +160,13 @@ async def test_kill_switch(corpus_database_url: str, sidecar_url: str) -> None:
             assert error["message"] == "RAG is disabled" and error["retryable"] is False
         assert await gw.ok("embed_groups", {"section_tipo": "oh1"}) == {"groups": []}
     async with running_gateway(corpus_database_url, sidecar_url, RAG_MEDIA_ENABLED="true") as gw:
-        _error(
+        # Media on: the action runs; a record with text but no image rows is no seed for it.
+        error = _error(
             await gw.call("similar_objects", {"section_tipo": "oh1", "section_id": 1}),
-            501,
-            "rag.not_implemented",
+            400,
+            "request.invalid_options",
         )
+        assert error["message"] == "Unknown seed record"
 
 
 def _closed_port() -> int:

@@ -165,7 +165,9 @@ def test_config_validation_and_shipped_profiles(tmp_path: Path) -> None:
         "all-minilm-l6-v2",
         "tiny-siglip-random",
         "tiny-reranker-random",
+        "tiny-open-clip-random",
     ]
+    assert offline.model("tiny-open-clip-random").backend == "open_clip"
     assert offline.model("tiny-siglip-random").weights == f"{tmp_path}/models/tiny-siglip-random"
     production = load_config(repo / "inference" / "models.yaml", environ={"RAG_MODELS_DIR": "/srv/models"})
     assert {m.id: m.kind for m in production.models} == {

@@ -1,0 +1,79 @@
+"""What an image row says besides its vector: role values, context summary, thumbnail URL.
+
+Shared by the drain (images on save) and the bulk job, so both write the same
+rows for the same input. A role value is stored with the component it came
+from, so the gateway can withhold a value from a caller who may not read that
+component.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .text import fold
+
+__all__ = ["format_value", "image_meta", "lexical_for", "roles_for", "summary_text", "thumbnail_path"]
+
+
+def roles_for(context: Mapping[str, Any], metadata: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{role: {"tipo", "kind", "value"}}`` for the descriptor's roles the record has a value for.
+
+    ``metadata`` is keyed by component tipo, as the archive sends it, or by role name.
+    """
+    out = {}
+    for role, spec in context.get("metadata", {}).items():
+        value = metadata.get(spec["tipo"], metadata.get(role))
+        if value is None or value == "" or value == []:
+            continue
+        out[role] = {"tipo": spec["tipo"], "kind": spec["kind"], "value": value}
+    return out
+
+
+def format_value(value: Any) -> str:
+    """A role value as text: lists joined, date ranges as ``from–to``."""
+    if isinstance(value, Mapping):
+        start, end = value.get("from"), value.get("to")
+        if start is not None and end is not None and start != end:
+            return f"{start}–{end}"
+        return str(start if start is not None else end if end is not None else "")
+    if isinstance(value, list):
+        return ", ".join(format_value(v) for v in value)
+    return str(value)
+
+
+def summary_text(title: str, roles: Mapping[str, Mapping[str, Any]]) -> str:
+    """The context summary the lexical leg searches: ``title · role: value · ...``."""
+    parts = [title.strip()] if title and title.strip() else []
+    parts += [f"{role}: {format_value(spec['value'])}" for role, spec in sorted(roles.items())]
+    return " · ".join(parts)
+
+
+def thumbnail_path(section_tipo: str, section_id: int, component_tipo: str, image_index: int) -> str:
+    """Where the gateway serves a thumbnail Mnemo made (relative to the gateway's base URL)."""
+    return f"/v1/thumbnails/{section_tipo}/{section_id}/{component_tipo}/{image_index}"
+
+
+def image_meta(
+    *,
+    section_tipo: str,
+    section_id: int,
+    component_tipo: str,
+    image_index: int,
+    view: str,
+    title: str,
+    roles: Mapping[str, Any],
+    thumb_url: str | None,
+) -> dict[str, Any]:
+    """``chunk_meta`` of an image row. ``thumb_url`` None: Mnemo's own thumbnail."""
+    return {
+        "view": view,
+        "title": title,
+        "roles": dict(roles),
+        "thumb_url": thumb_url or thumbnail_path(section_tipo, section_id, component_tipo, image_index),
+        "own_thumbnail": thumb_url is None,
+    }
+
+
+def lexical_for(summary: str) -> str:
+    return fold(summary)

@@ -1,0 +1,54 @@
+"""Run the Ray Data image job on a local two-node ``ray.cluster_utils.Cluster`` (a subprocess of the
+test: the test process already hosts the sidecar's Ray instance, and a process joins one Ray cluster).
+
+``python -m tests.ray_image_job DATABASE_URL MANIFEST SECTION CONFIG`` prints the job report as JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from index.image_jobs import JobOptions
+from index.image_jobs_ray import run_ray_image_job
+from index.settings import MediaSettings
+from schema import create_pool
+
+MEDIA = MediaSettings(image_max_px=64, thumbnail_px=24)
+
+
+async def _run(url: str, manifest: Path, section: str, config: Path, address: str) -> dict:
+    pool = await create_pool(url, max_size=2)
+    try:
+        rejects = manifest.with_suffix(".rejects.jsonl")  # beside the test's manifest, not in the cwd
+        options = JobOptions(section, projects=(1,), batch_size=4, media=MEDIA, rejects=rejects)
+        report = await run_ray_image_job(pool, manifest, options, address=address, config=config)
+    finally:
+        await pool.close()
+    return report.as_dict()
+
+
+def main() -> None:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    url, manifest, section, config = sys.argv[1:5]
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "include_dashboard": False, "object_store_memory": 80 * 2**20},
+    )
+    cluster.add_node(num_cpus=1, object_store_memory=80 * 2**20)
+    try:
+        ray.init(address=cluster.address)
+        nodes = len([n for n in ray.nodes() if n["Alive"]])
+        report = asyncio.run(_run(url, Path(manifest), section, Path(config), cluster.address))
+        print(json.dumps({"nodes": nodes, **report}))
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+if __name__ == "__main__":
+    main()
