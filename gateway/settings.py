@@ -337,6 +337,13 @@ class GatewaySettings:
         "the fp16/fp32 GPU copy on CUDA). A partition that does not fit is logged, counted and left "
         "to pgvector.",
     )
+    faiss_cpu_broad_scan_max: int = setting(
+        "RAG_FAISS_CPU_BROAD_SCAN_MAX",
+        50_000,
+        "On CPU, an unfiltered search (an admin, no section or group) over a partition with more vectors "
+        "than this goes to pgvector's HNSW, which beats a flat scan there; filtered searches stay on the "
+        "cache at any size. 0: the cache serves every search.",
+    )
     shutdown_timeout: float = setting(
         "RAG_SHUTDOWN_TIMEOUT", 30.0, "Seconds SIGTERM waits for in-flight requests before closing."
     )
@@ -396,8 +403,8 @@ class GatewaySettings:
             raise SettingsError("RAG_NEAR_DUPLICATE_SIMILARITY must be in (0, 1]")
         if self.faiss_cache not in FAISS_MODES:
             raise SettingsError(f"RAG_FAISS_CACHE={self.faiss_cache!r}: use one of {', '.join(FAISS_MODES)}")
-        if self.faiss_max_bytes < 0:
-            raise SettingsError("RAG_FAISS_MAX_BYTES must be >= 0")
+        if self.faiss_max_bytes < 0 or self.faiss_cpu_broad_scan_max < 0:
+            raise SettingsError("RAG_FAISS_MAX_BYTES and RAG_FAISS_CPU_BROAD_SCAN_MAX must be >= 0")
         if self.fusion not in FUSION_METHODS:
             raise SettingsError(f"RAG_FUSION={self.fusion!r}: use one of {', '.join(FUSION_METHODS)}")
 

@@ -33,7 +33,8 @@ class CacheMetrics:
         self.searches = Counter(
             "mnemo_faiss_searches",
             "Dense searches by outcome: hit (served by the cache), cold (partition not loaded yet), "
-            "over_budget (partition not cached), fallback (the cache could not prove an exact answer).",
+            "over_budget (partition not cached), broad (an unfiltered scope left to HNSW on CPU), "
+            "fallback (the cache could not prove an exact answer).",
             ("result",),
             registry=r,
         )

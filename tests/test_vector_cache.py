@@ -222,6 +222,23 @@ async def test_over_budget_partition_falls_back_logged_and_counted(cache_pool, d
     assert cache.metrics.searches.labels("over_budget")._value.get() == 1
 
 
+async def test_unfiltered_scopes_past_the_cpu_scan_bound_go_to_hnsw(cache_pool, database_url) -> None:
+    """On CPU an admin's unfiltered search over a partition past ``cpu_broad_scan_max`` is left to
+    pgvector (counted as ``broad``); a scope with any filter is still the cache's, exactly."""
+    pool, partition = cache_pool
+    cache = await _cache(pool, database_url, cpu_broad_scan_max=10)  # the partition holds ~300 rows
+    await cache.load(partition)
+    q = np.random.default_rng(3).standard_normal(DIM).astype(np.float32)
+    async with pool.acquire() as conn:
+        assert await cache.search(conn, partition, q, Scope(), 5) is None
+        assert await cache.search(conn, partition, q, Scope(exclude_record=("oh1", 3)), 5) is None
+    assert cache.metrics.searches.labels("broad")._value.get() == 2
+    researcher = Principal(sub="r", projects=frozenset({1}), perms={"oh1": 1})
+    for scope in (Scope(section_tipos=("oh1",)), Scope(group="card"), Scope(acl=pushdown(researcher))):
+        _same(await _cached(cache, pool, partition, q, scope, 5), await _exact(pool, partition, q, scope, 5))
+    await cache.stop()
+
+
 async def test_partition_growing_past_the_budget_is_dropped(cache_pool, database_url) -> None:
     pool, partition = cache_pool
     rows = await pool.fetchval(f"SELECT count(*) FROM {partition.table}")
