@@ -1,9 +1,9 @@
 """Faults injected into real services for the reliability suite.
 
 :func:`sigterm_under_load`: a ``mnemo gateway`` subprocess serving ``semantic_search`` to several
-closed-loop callers is sent SIGTERM. Requests already answered or in flight must finish with 200;
-requests sent afterwards must be refused cleanly (connection refused, or a coded 503), never reset
-mid-answer or answered 500. Bounded: a fixed number of callers, a fixed load window, an exit deadline.
+closed-loop callers (half with a connection per request, half kept alive) is sent SIGTERM. Requests
+already read must finish with 200; others must be refused cleanly (connection refused, or a coded
+retryable 503 with ``Retry-After``), never reset or dropped after being sent, never answered 500. Bounded: a fixed number of callers, a fixed load window, an exit deadline.
 """
 
 from __future__ import annotations
@@ -12,24 +12,21 @@ import asyncio
 import http.client
 import json
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from inference.net import await_ready, free_port
-
-from .settings import child_environment
-
-__all__ = ["sigterm_under_load"]
+__all__ = ["sigterm_gateway", "sigterm_under_load"]
 
 
-def _search(url: str, token: str, body: bytes) -> tuple[str, int]:
-    """("ok" | "refused" | "coded" | "broken", status) for one request on a fresh connection."""
-    parts = urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=120)
+def _search(conn: http.client.HTTPConnection, token: str, body: bytes) -> tuple[str, int]:
+    """("ok" | "refused" | "coded" | "broken", status) for one request.
+
+    ``conn`` reconnects by itself once closed: a fresh connection per request when the caller closes
+    it after each answer, a kept-alive one otherwise.
+    """
     try:
         conn.request(
             "POST",
@@ -40,18 +37,20 @@ def _search(url: str, token: str, body: bytes) -> tuple[str, int]:
         response = conn.getresponse()
         payload = response.read()
     except ConnectionRefusedError:
+        conn.close()
         return "refused", 0
     except (OSError, http.client.HTTPException):
-        return "broken", 0  # accepted, then dropped: the failure this fault counts
-    finally:
         conn.close()
+        return "broken", 0  # accepted, then dropped: the failure this fault counts
     if response.status == 200:
         return "ok", 200
     try:
-        coded = isinstance(json.loads(payload).get("error", {}).get("code"), str)
+        error = json.loads(payload).get("error", {})
+        coded = isinstance(error.get("code"), str) and error.get("retryable") is True
     except (ValueError, AttributeError):
         coded = False
-    return ("coded" if coded and response.status in (429, 503) else "broken"), response.status
+    retry_after = response.getheader("Retry-After") is not None
+    return ("coded" if coded and retry_after and response.status in (429, 503) else "broken"), response.status
 
 
 def sigterm_under_load(
@@ -85,21 +84,29 @@ async def _sigterm(
     load_seconds: float,
     exit_deadline_s: float,
 ) -> dict[str, Any]:
-    port = free_port()
-    env = child_environment(RAG_JWT_SECRET=secret, RAG_AUTH="jwt", RAG_TEXT_MODEL=text_model)
-    with log.open("wb") as out:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gateway.cli", "gateway", "--port", str(port),
-            "--database-url", database_url, "--sidecar-url", sidecar_url,
-            env=env, stdout=out, stderr=out,
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        await await_ready(url, 120.0, path="/healthz", process=proc)
-    except BaseException:
-        proc.kill()
-        await proc.wait()
-        raise
+    from .gateway import gateway_process
+
+    async with gateway_process(database_url, sidecar_url, secret, log, text_model=text_model) as gateway:
+        return await sigterm_gateway(
+            gateway.url,
+            gateway.process,
+            token,
+            callers=callers,
+            load_seconds=load_seconds,
+            exit_deadline_s=exit_deadline_s,
+        )
+
+
+async def sigterm_gateway(
+    url: str,
+    proc: asyncio.subprocess.Process,
+    token: str,
+    *,
+    callers: int,
+    load_seconds: float,
+    exit_deadline_s: float = 60.0,
+) -> dict[str, Any]:
+    """Closed-loop ``semantic_search`` callers on a running gateway process, then SIGTERM to it."""
     body = json.dumps(
         {"dd_api": "dd_rag_api", "action": "semantic_search", "options": {"query": "reservoir families"}}
     ).encode()
@@ -108,16 +115,25 @@ async def _sigterm(
     outcomes: list[tuple[bool, str, int]] = []  # (sent after SIGTERM, outcome, status)
     lock = threading.Lock()
 
-    def caller() -> None:
-        while not stop.is_set():
-            after = signalled.is_set()
-            outcome, status = _search(url, token, body)
-            with lock:
-                outcomes.append((after, outcome, status))
-            if after and outcome == "refused":
-                return  # the listener is gone: this caller is done
+    parts = urlsplit(url)
 
-    threads = [threading.Thread(target=caller, daemon=True) for _ in range(callers)]
+    def caller(keep_alive: bool) -> None:
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=120)
+        try:
+            while not stop.is_set():
+                after = signalled.is_set()
+                outcome, status = _search(conn, token, body)
+                if not keep_alive:
+                    conn.close()
+                with lock:
+                    outcomes.append((after, outcome, status))
+                if after and outcome == "refused":
+                    return  # the listener is gone: this caller is done
+        finally:
+            conn.close()
+
+    # half the callers open a connection per request, half keep theirs alive
+    threads = [threading.Thread(target=caller, args=(i % 2 == 1,), daemon=True) for i in range(callers)]
     for thread in threads:
         thread.start()
     await asyncio.sleep(load_seconds)
@@ -138,10 +154,12 @@ async def _sigterm(
     return {
         "callers": callers,
         "requests_before_sigterm": len(before),
-        "failed_before_sigterm": sum(o[1] != "ok" for o in before),
-        # sent after the signal: finished (200), refused (connection refused or coded 429/503), or broken
+        # finished (200), refused (connection refused, or a coded retryable 429/503 with Retry-After),
+        # or broken (reset, dropped, or any other status): the goal is 0 broken on either side
+        "before_sigterm": {k: sum(o[1] == k for o in before) for k in ("ok", "refused", "coded", "broken")},
         "after_sigterm": {k: sum(o[1] == k for o in after) for k in ("ok", "refused", "coded", "broken")},
         "exit_code": code,
         "seconds_to_exit": round(exit_s, 2),
         "statuses": sorted({o[2] for o in outcomes}),
+        "broken_statuses": sorted({o[2] for o in outcomes if o[1] == "broken"}),
     }

@@ -270,11 +270,19 @@ def _as_suite(result: dict[str, Any]) -> SuiteResult:
                 term["requests_before_sigterm"],
                 "",
             ],
-            ["SIGTERM: requests sent before it that failed", term["failed_before_sigterm"], 0],
             [
-                "SIGTERM: sent after it, dropped or 5xx (not refused cleanly)",
-                term["after_sigterm"]["broken"],
-                0,
+                "SIGTERM: sent before it, served / refused (coded 503) / dropped or uncoded",
+                "{ok} / {coded} / {broken}".format(**term["before_sigterm"]),
+                "- / - / 0",
+            ],
+            [
+                "SIGTERM: sent after it, served / refused (no connection or coded 503) / dropped or uncoded",
+                "{} / {} / {}".format(
+                    term["after_sigterm"]["ok"],
+                    term["after_sigterm"]["refused"] + term["after_sigterm"]["coded"],
+                    term["after_sigterm"]["broken"],
+                ),
+                "- / - / 0",
             ],
             [
                 "SIGTERM: gateway exit code / seconds to exit",
@@ -319,8 +327,8 @@ async def run_suite(stack: BenchStack, plan: ReliabilityPlan) -> SuiteResult:
     database = await stack.fresh_database("bench_reliability")
     secret = secrets.token_urlsafe(48)
     log = stack.work_dir / "reliability-gateway.log"
-    async with gateway_process(database, stack.sidecar_url, secret, log, text_model=BENCH_MODEL) as url:
-        result = await asyncio.to_thread(_run, url, stack.sidecar_url, secret, plan)
+    async with gateway_process(database, stack.sidecar_url, secret, log, text_model=BENCH_MODEL) as gateway:
+        result = await asyncio.to_thread(_run, gateway.url, stack.sidecar_url, secret, plan)
     if plan.sigterm_callers > 0:
         from gateway.auth import issue_token
 
