@@ -163,3 +163,347 @@ async def sigterm_gateway(
         "statuses": sorted({o[2] for o in outcomes}),
         "broken_statuses": sorted({o[2] for o in outcomes if o[1] == "broken"}),
     }
+
+
+# -- PostgreSQL stopped hard in the middle of a drain -------------------------------------------
+
+DRAIN_SECTION = "oh1"
+DRAIN_DESCRIPTOR = {"embed": [{"id": "card", "contributors": ["oh22"]}]}
+
+
+def drain_records(n: int, sentences: list[str] | None = None) -> list[dict[str, Any]]:
+    """``n`` records of real sentences (three each, English) in :data:`DRAIN_SECTION`, ids 1..n."""
+    if sentences is None:
+        from .gateway import load_sentences
+
+        sentences = load_sentences(3 * n)
+    return [
+        {
+            "section_tipo": DRAIN_SECTION,
+            "section_id": i,
+            "projects": [1],
+            "groups": {"card": {"lg-eng": " ".join(sentences[3 * (i - 1) : 3 * i])}},
+        }
+        for i in range(1, n + 1)
+    ]
+
+
+async def store_snapshot(pool: Any, model: str) -> dict[tuple[Any, ...], tuple[str, str, Any]]:
+    """(section, id, component, lang, chunk) -> (source hash, text, vector) for every stored chunk."""
+    import numpy as np
+
+    from index.partitions import get_partition
+
+    partition = await get_partition(pool, model)
+    if partition is None:
+        return {}
+    rows = await pool.fetch(
+        f"SELECT section_tipo, section_id, component_tipo, lang, chunk_index, source_hash, source_text, "
+        f"embedding FROM {partition.table}"
+    )
+    return {
+        (r["section_tipo"], r["section_id"], r["component_tipo"], r["lang"], r["chunk_index"]): (
+            r["source_hash"],
+            r["source_text"],
+            np.asarray(getattr(r["embedding"], "to_numpy", lambda e=r["embedding"]: e)(), dtype=np.float32),
+        )
+        for r in rows
+    }
+
+
+def compare_stores(clean: dict[tuple, tuple], other: dict[tuple, tuple]) -> dict[str, Any]:
+    """Records whose chunks differ from the clean run's (missing, extra, other hash or text, vector
+    off by more than 1e-4), and the largest vector difference among the chunks that match."""
+    import numpy as np
+
+    differing: set[tuple[str, int]] = set()
+    worst = 0.0
+    for key in clean.keys() | other.keys():
+        a, b = clean.get(key), other.get(key)
+        if a is None or b is None or a[:2] != b[:2]:
+            differing.add(key[:2])
+            continue
+        diff = float(np.max(np.abs(a[2] - b[2]))) if len(a[2]) else 0.0
+        worst = max(worst, diff)
+        if diff > 1e-4:
+            differing.add(key[:2])
+    return {
+        "chunks_clean": len(clean),
+        "chunks": len(other),
+        "records_differing": sorted(f"{t}/{i}" for t, i in differing),
+        "max_vector_difference": worst,
+    }
+
+
+class _Postgres:
+    """Hard stop and start of a dedicated :class:`~schema.EmbeddedPostgres` (pgserver's ``pg_ctl``)."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+
+    def stop_immediate(self) -> None:
+        from pgserver._commands import pg_ctl
+
+        inner = self.server._server
+        pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=inner.pgdata, user=inner.system_user)
+
+    def start(self) -> None:
+        from pgserver.postgres_server import PostgresServer
+
+        inner = self.server._server
+        with PostgresServer._lock:
+            inner.ensure_postgres_running()
+
+
+async def _fresh_pool(server: Any, name: str) -> Any:
+    """A pool on a new, migrated database ``name`` of ``server``, with :data:`DRAIN_DESCRIPTOR` put."""
+    from index.sections import SectionStore
+    from schema import create_pool
+
+    from .stack import BenchStack
+
+    url = await BenchStack(work_dir=server.data_dir, server_url=server.url).fresh_database(name)
+    pool = await create_pool(url, max_size=4)
+    await SectionStore(pool).put(DRAIN_SECTION, DRAIN_DESCRIPTOR)
+    return pool
+
+
+async def _queue_size(pool: Any) -> int | None:
+    try:
+        return int(await pool.fetchval("SELECT count(*) FROM rag_index_queue"))
+    except Exception:  # the server is down or recovering: unknown for now
+        return None
+
+
+async def postgres_stopped_mid_drain(
+    sidecar_url: str,
+    work_dir: Path,
+    *,
+    text_model: str,
+    records: int = 48,
+    down_s: float = 1.0,
+    deadline_s: float = 300.0,
+) -> dict[str, Any]:
+    """A drain of ``records`` on a PostgreSQL of its own, stopped with ``pg_ctl stop -m immediate``
+    once about a third is indexed and started again ``down_s`` later; the store after the drain
+    resumes is compared with a clean run's. Bounded by ``deadline_s``."""
+    import shutil
+
+    from index.drain import DrainLoop, drain_once
+    from index.intake import enqueue_records
+    from index.settings import IngestSettings
+    from inference.client import SidecarClient
+    from schema import EmbeddedPostgres
+
+    settings = IngestSettings(batch_records=4, embed_batch=16, outage_pause=0.2, drain_interval=0.1)
+    batch = drain_records(records)
+    root = work_dir / "pg-fault"
+    shutil.rmtree(root, ignore_errors=True)
+    server = EmbeddedPostgres(root / "data")
+    server.start()
+    pg = _Postgres(server)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + deadline_s
+    try:
+        async with SidecarClient(sidecar_url) as client:
+            clean_pool = await _fresh_pool(server, "clean_run")
+            try:
+                await enqueue_records(clean_pool, batch)
+                while await _queue_size(clean_pool) and loop.time() < deadline:
+                    await drain_once(clean_pool, client, settings, text_model=text_model)
+                clean = await store_snapshot(clean_pool, text_model)
+            finally:
+                await clean_pool.close()
+
+            pool = await _fresh_pool(server, "stopped_run")
+            drain = DrainLoop(pool, client, settings, text_model=text_model)
+            stop = asyncio.Event()
+            try:
+                await enqueue_records(pool, batch)
+                runner = asyncio.create_task(drain.supervise(stop))
+                while loop.time() < deadline:  # until about a third is indexed
+                    left = await _queue_size(pool)
+                    if left is not None and left <= records - records // 3:
+                        break
+                    await asyncio.sleep(0.02)
+                left_at_stop = await _queue_size(pool)
+                stopped_at = loop.time()
+                await asyncio.to_thread(pg.stop_immediate)
+                await asyncio.sleep(down_s)
+                await asyncio.to_thread(pg.start)
+                started_at = loop.time()
+                drained_at = None
+                while loop.time() < deadline:
+                    if await _queue_size(pool) == 0:
+                        drained_at = loop.time()
+                        break
+                    await asyncio.sleep(0.05)
+                stop.set()
+                await asyncio.wait_for(runner, 60)
+                after = await store_snapshot(pool, text_model)
+                queue_left = await _queue_size(pool)
+                parked = await pool.fetchval(
+                    "SELECT count(*) FROM rag_index_queue WHERE attempts >= $1", settings.max_attempts
+                )
+            finally:
+                stop.set()
+                await pool.close()
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    comparison = compare_stores(clean, after)
+    return {
+        "records": records,
+        "queued_when_stopped": left_at_stop,
+        "seconds_down": round(started_at - stopped_at, 2),
+        "records_lost": len(comparison["records_differing"]),
+        **comparison,
+        "queue_left": queue_left,
+        "parked": parked,
+        "drain_crashes": drain.crashes,
+        # from the server's restart to an empty queue; None: not drained by the deadline
+        "recovery_s": None if drained_at is None else round(drained_at - started_at, 2),
+    }
+
+
+# -- a Ray Serve model replica killed under load ------------------------------------------------
+
+
+def _replicas(deployment: str) -> list[tuple[str, str]]:
+    """(name, namespace) of the live replica actors of a Serve deployment (this process's Ray)."""
+    from ray.util import list_named_actors
+
+    return [
+        (a["name"], a["namespace"])
+        for a in list_named_actors(all_namespaces=True)
+        if a["name"].startswith("SERVE_REPLICA::") and f"#{deployment}#" in a["name"]
+    ]
+
+
+def _embed_once(conn: http.client.HTTPConnection, body: bytes) -> tuple[str, int, float]:
+    """("ok" | "coded" | "server_error" | "dropped", status, Retry-After seconds) for one ``/embed``."""
+    try:
+        conn.request("POST", "/embed", body, {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        payload = response.read()
+    except (OSError, http.client.HTTPException):
+        conn.close()
+        return "dropped", 0, 0.0
+    if response.status == 200:
+        return "ok", 200, 0.0
+    try:
+        coded = isinstance(json.loads(payload)["error"]["code"], str)
+    except (ValueError, KeyError, TypeError):
+        coded = False
+    retry_after = response.getheader("Retry-After")
+    if coded and retry_after and response.status in (429, 503):
+        return "coded", response.status, float(retry_after)
+    return "server_error", response.status, 0.0
+
+
+def replica_killed_under_load(
+    sidecar_url: str,
+    model: str,
+    *,
+    callers: int = 4,
+    warm_s: float = 1.0,
+    after_recovery_s: float = 2.0,
+    deadline_s: float = 180.0,
+    retries: int = 30,
+    timeout_s: float = 60.0,
+) -> dict[str, Any]:
+    """``callers`` closed-loop ``/embed`` callers; after ``warm_s`` one replica of ``model`` is killed
+    (``ray.kill``, in the process that runs the sidecar's Ray). Each request is retried on a coded
+    429/503 (honouring ``Retry-After``, at most 1 s, ``retries`` times), as the sidecar client does.
+    Counted: every answer per status, requests failed after their retries, 500s, drops and hangs
+    (no answer in ``timeout_s``), and the time from the kill until a new replica serves."""
+    import ray
+
+    from inference.serve_app import deployment_name
+
+    deployment = deployment_name(model)
+    before = _replicas(deployment)
+    if not before:
+        raise RuntimeError(f"no live replica of {deployment} in this process's Ray")
+    parts = urlsplit(sidecar_url)
+    body = json.dumps({"model": model, "input": ["The reservoir flooded the valley."]}).encode()
+    stop = threading.Event()
+    killed = threading.Event()
+    lock = threading.Lock()
+    statuses: dict[str, int] = {}
+    requests = {"sent": 0, "ok": 0, "failed": 0, "after_kill": 0, "failed_after_kill": 0}
+    first_ok_after_kill: list[float] = []
+    last_refusal: list[float] = []  # when a request last met something other than 200
+    slowest = [0.0]  # the longest a request took, its retries included
+
+    def caller() -> None:
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout_s)
+        try:
+            while not stop.is_set():
+                started = time.monotonic()
+                outcome = "dropped"
+                for _ in range(retries + 1):
+                    outcome, status, wait = _embed_once(conn, body)
+                    with lock:
+                        key = str(status) if status else "no answer"
+                        statuses[key] = statuses.get(key, 0) + 1
+                    if outcome != "ok" and killed.is_set():
+                        with lock:
+                            last_refusal[:] = [time.monotonic()]
+                    if outcome != "coded":
+                        break
+                    time.sleep(min(wait, 1.0))
+                after = killed.is_set()  # finished after the kill (in flight at it, or sent later)
+                with lock:
+                    requests["sent"] += 1
+                    requests["after_kill"] += after
+                    slowest[0] = max(slowest[0], time.monotonic() - started)
+                    if outcome == "ok":
+                        requests["ok"] += 1
+                        if after and not first_ok_after_kill:
+                            first_ok_after_kill.append(time.monotonic())
+                    else:
+                        requests["failed"] += 1
+                        requests["failed_after_kill"] += after
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=caller, daemon=True) for _ in range(callers)]
+    for thread in threads:
+        thread.start()
+    time.sleep(warm_s)
+    name, namespace = before[0]
+    killed_at = time.monotonic()
+    killed.set()
+    ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
+    replaced_at = None
+    while time.monotonic() < killed_at + deadline_s:
+        live = _replicas(deployment)
+        if replaced_at is None and any(r not in before for r in live) and len(live) >= len(before):
+            replaced_at = time.monotonic()
+        if replaced_at is not None and time.monotonic() > replaced_at + after_recovery_s:
+            break
+        time.sleep(0.1)
+    stop.set()
+    for thread in threads:
+        thread.join(timeout_s + 5)
+    hung = sum(t.is_alive() for t in threads)
+    server_errors = sum(v for k, v in statuses.items() if k not in ("200", "429", "503", "no answer"))
+    return {
+        "model": model,
+        "callers": callers,
+        "replicas": len(before),
+        "requests": requests["sent"],
+        "requests_after_kill": requests["after_kill"],
+        "failed_after_retries": requests["failed"],
+        "statuses": dict(sorted(statuses.items())),
+        "server_errors": server_errors,
+        "dropped": statuses.get("no answer", 0),
+        "hung_callers": hung,
+        "slowest_request_s": round(slowest[0], 2),
+        # from the kill until Serve runs a new replica; None: not within the deadline
+        "replaced_s": None if replaced_at is None else round(replaced_at - killed_at, 2),
+        "first_ok_after_kill_s": round(first_ok_after_kill[0] - killed_at, 2)
+        if first_ok_after_kill
+        else None,
+    }
