@@ -255,17 +255,29 @@ class _Postgres:
             inner.ensure_postgres_running()
 
 
-async def _fresh_pool(server: Any, name: str) -> Any:
-    """A pool on a new, migrated database ``name`` of ``server``, with :data:`DRAIN_DESCRIPTOR` put."""
+async def _fresh_pool(server_url: str, name: str) -> Any:
+    """A pool on a new, migrated database ``name`` (dropped first if it exists) of the server at
+    ``server_url``, with :data:`DRAIN_DESCRIPTOR` put."""
     from index.sections import SectionStore
     from schema import create_pool
 
     from .stack import BenchStack
 
-    url = await BenchStack(work_dir=server.data_dir, server_url=server.url).fresh_database(name)
+    url = await BenchStack(work_dir=Path(), server_url=server_url).fresh_database(name)
     pool = await create_pool(url, max_size=4)
     await SectionStore(pool).put(DRAIN_SECTION, DRAIN_DESCRIPTOR)
     return pool
+
+
+async def _drop(server_url: str, *names: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(server_url)
+    try:
+        for name in names:
+            await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    finally:
+        await conn.close()
 
 
 async def _queue_size(pool: Any) -> int | None:
@@ -273,6 +285,36 @@ async def _queue_size(pool: Any) -> int | None:
         return int(await pool.fetchval("SELECT count(*) FROM rag_index_queue"))
     except Exception:  # the server is down or recovering: unknown for now
         return None
+
+
+async def _wait_queue_at_most(pool: Any, size: int, deadline: float) -> int | None:
+    """Poll until the queue holds at most ``size`` records (bounded by ``deadline``); its size then."""
+    loop = asyncio.get_running_loop()
+    while loop.time() < deadline:
+        left = await _queue_size(pool)
+        if left is not None and left <= size:
+            return left
+        await asyncio.sleep(0.02)
+    return await _queue_size(pool)
+
+
+async def _wait_drained(pool: Any, deadline: float) -> float | None:
+    """The loop time when the queue is empty; None if it is not by ``deadline``."""
+    left = await _wait_queue_at_most(pool, 0, deadline)
+    return asyncio.get_running_loop().time() if left == 0 else None
+
+
+async def _clean_run(
+    pool: Any, client: Any, settings: Any, batch: list[dict[str, Any]], model: str, deadline: float
+) -> dict[tuple, tuple]:
+    """The reference: ``batch`` drained with no fault, pass after pass; the store it leaves."""
+    from index.drain import drain_once
+    from index.intake import enqueue_records
+
+    await enqueue_records(pool, batch)
+    while await _queue_size(pool) and asyncio.get_running_loop().time() < deadline:
+        await drain_once(pool, client, settings, text_model=model)
+    return await store_snapshot(pool, model)
 
 
 async def postgres_stopped_mid_drain(
@@ -289,7 +331,7 @@ async def postgres_stopped_mid_drain(
     resumes is compared with a clean run's. Bounded by ``deadline_s``."""
     import shutil
 
-    from index.drain import DrainLoop, drain_once
+    from index.drain import DrainLoop
     from index.intake import enqueue_records
     from index.settings import IngestSettings
     from inference.client import SidecarClient
@@ -306,38 +348,25 @@ async def postgres_stopped_mid_drain(
     deadline = loop.time() + deadline_s
     try:
         async with SidecarClient(sidecar_url) as client:
-            clean_pool = await _fresh_pool(server, "clean_run")
+            clean_pool = await _fresh_pool(server.url, "clean_run")
             try:
-                await enqueue_records(clean_pool, batch)
-                while await _queue_size(clean_pool) and loop.time() < deadline:
-                    await drain_once(clean_pool, client, settings, text_model=text_model)
-                clean = await store_snapshot(clean_pool, text_model)
+                clean = await _clean_run(clean_pool, client, settings, batch, text_model, deadline)
             finally:
                 await clean_pool.close()
 
-            pool = await _fresh_pool(server, "stopped_run")
+            pool = await _fresh_pool(server.url, "stopped_run")
             drain = DrainLoop(pool, client, settings, text_model=text_model)
             stop = asyncio.Event()
             try:
                 await enqueue_records(pool, batch)
                 runner = asyncio.create_task(drain.supervise(stop))
-                while loop.time() < deadline:  # until about a third is indexed
-                    left = await _queue_size(pool)
-                    if left is not None and left <= records - records // 3:
-                        break
-                    await asyncio.sleep(0.02)
-                left_at_stop = await _queue_size(pool)
+                left_at_stop = await _wait_queue_at_most(pool, records - records // 3, deadline)
                 stopped_at = loop.time()
                 await asyncio.to_thread(pg.stop_immediate)
                 await asyncio.sleep(down_s)
                 await asyncio.to_thread(pg.start)
                 started_at = loop.time()
-                drained_at = None
-                while loop.time() < deadline:
-                    if await _queue_size(pool) == 0:
-                        drained_at = loop.time()
-                        break
-                    await asyncio.sleep(0.05)
+                drained_at = await _wait_drained(pool, deadline)
                 stop.set()
                 await asyncio.wait_for(runner, 60)
                 after = await store_snapshot(pool, text_model)
@@ -506,4 +535,124 @@ def replica_killed_under_load(
         "first_ok_after_kill_s": round(first_ok_after_kill[0] - killed_at, 2)
         if first_ok_after_kill
         else None,
+    }
+
+
+# -- the sidecar stopped and started during ingestion -------------------------------------------
+
+
+class _RestartableSidecar:
+    """The sidecar API (Ray-free: :mod:`inference.local_server`) for one model on a fixed loopback
+    port. :meth:`stop` closes the server and unloads the model; :meth:`start` serves again at once
+    and reloads the model behind it (``503 not_ready`` until warm), as a restarted sidecar does."""
+
+    def __init__(self, spec: Any, limits: Any, port: int) -> None:
+        self.spec, self.limits, self.port = spec, limits, port
+        self.runner: Any = None
+        self.service: Any = None
+        self.warming: asyncio.Task | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        from aiohttp import web
+
+        from inference.api import LocalBackend, SidecarAPI
+        from inference.config import SidecarConfig
+        from inference.local_server import create_app
+        from inference.service import ModelService
+
+        self.service = await asyncio.to_thread(ModelService, self.spec, self.limits)
+        config = SidecarConfig(models=(self.spec,), limits=self.limits, source="benchmarks.faults")
+        api = SidecarAPI(config, {self.spec.id: LocalBackend(self.service)})
+        self.runner = web.AppRunner(create_app(api), access_log=None)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+        self.warming = asyncio.create_task(self.service.warm_up_async())
+
+    async def stop(self) -> None:
+        if self.warming is not None:
+            await self.warming
+        await self.runner.cleanup()
+        await self.service.close()
+
+
+async def sidecar_stopped_mid_drain(
+    server_url: str,
+    spec: Any,
+    limits: Any,
+    *,
+    records: int = 48,
+    down_s: float = 1.0,
+    deadline_s: float = 300.0,
+) -> dict[str, Any]:
+    """A drain of ``records`` whose sidecar (one model, see :class:`_RestartableSidecar`) is stopped
+    once about a third is indexed and started again ``down_s`` later; the store after the drain
+    resumes is compared with a clean run's through the same sidecar. Databases on ``server_url``
+    (created, then dropped). Bounded by ``deadline_s``."""
+    from index.drain import DrainLoop
+    from index.intake import enqueue_records
+    from index.settings import IngestSettings
+    from inference.client import SidecarClient
+    from inference.net import free_port
+
+    settings = IngestSettings(batch_records=4, embed_batch=16, outage_pause=0.2, drain_interval=0.1)
+    batch = drain_records(records)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + deadline_s
+    sidecar = _RestartableSidecar(spec, limits, free_port())
+    await sidecar.start()
+    names = ("sidecar_clean_run", "sidecar_stopped_run")
+    try:
+        async with SidecarClient(sidecar.url, max_retries=2, timeout=30) as client:
+            clean_pool = await _fresh_pool(server_url, names[0])
+            try:
+                await sidecar.warming
+                clean = await _clean_run(clean_pool, client, settings, batch, spec.id, deadline)
+            finally:
+                await clean_pool.close()
+            pool = await _fresh_pool(server_url, names[1])
+            drain = DrainLoop(pool, client, settings, text_model=spec.id)
+            stop = asyncio.Event()
+            try:
+                await enqueue_records(pool, batch)
+                runner = asyncio.create_task(drain.supervise(stop))
+                left_at_stop = await _wait_queue_at_most(pool, records - records // 3, deadline)
+                stopped_at = loop.time()
+                await sidecar.stop()
+                states = set()
+                while loop.time() < stopped_at + down_s:
+                    states.add(drain.status()["state"])
+                    await asyncio.sleep(0.05)
+                left_while_down = await _queue_size(pool)
+                await sidecar.start()
+                started_at = loop.time()
+                drained_at = await _wait_drained(pool, deadline)
+                stop.set()
+                await asyncio.wait_for(runner, 60)
+                after = await store_snapshot(pool, spec.id)
+                queue_left = await _queue_size(pool)
+                parked = await pool.fetchval(
+                    "SELECT count(*) FROM rag_index_queue WHERE attempts >= $1", settings.max_attempts
+                )
+            finally:
+                stop.set()
+                await pool.close()
+    finally:
+        await sidecar.stop()
+        await _drop(server_url, *names)
+    comparison = compare_stores(clean, after)
+    return {
+        "records": records,
+        "queued_when_stopped": left_at_stop,
+        "queued_when_restarted": left_while_down,
+        "drain_states_while_down": sorted(states),
+        "seconds_down": round(started_at - stopped_at, 2),
+        "records_lost": len(comparison["records_differing"]),
+        **comparison,
+        "queue_left": queue_left,
+        "parked": parked,
+        "recovery_s": None if drained_at is None else round(drained_at - started_at, 2),
     }
