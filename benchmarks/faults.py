@@ -14,6 +14,7 @@ import json
 import signal
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -317,6 +318,70 @@ async def _clean_run(
     return await store_snapshot(pool, model)
 
 
+FAULT_INGEST = {"batch_records": 4, "embed_batch": 16, "outage_pause": 0.2, "drain_interval": 0.1}
+
+
+async def _interrupted_drain(
+    server_url: str,
+    names: tuple[str, str],
+    client: Any,
+    model: str,
+    records: int,
+    deadline: float,
+    interrupt: Callable[[Any], Awaitable[dict[str, Any]]],
+) -> dict[str, Any]:
+    """A clean drain of ``records`` into database ``names[0]``, then the same drain into ``names[1]``
+    by a :class:`~index.drain.DrainLoop`, interrupted by ``interrupt(drain)`` (a fault: stop, wait,
+    start; it returns figures of its own) once about a third is indexed; the stores are compared."""
+    from index.drain import DrainLoop
+    from index.intake import enqueue_records
+    from index.settings import IngestSettings
+
+    settings = IngestSettings(**FAULT_INGEST)
+    batch = drain_records(records)
+    loop = asyncio.get_running_loop()
+    clean_pool = await _fresh_pool(server_url, names[0])
+    try:
+        clean = await _clean_run(clean_pool, client, settings, batch, model, deadline)
+    finally:
+        await clean_pool.close()
+    pool = await _fresh_pool(server_url, names[1])
+    drain = DrainLoop(pool, client, settings, text_model=model)
+    stop = asyncio.Event()
+    try:
+        await enqueue_records(pool, batch)
+        runner = asyncio.create_task(drain.supervise(stop))
+        left_at_stop = await _wait_queue_at_most(pool, records - records // 3, deadline)
+        stopped_at = loop.time()
+        extra = await interrupt(drain)
+        started_at = loop.time()
+        drained_at = await _wait_drained(pool, deadline)
+        stop.set()
+        await asyncio.wait_for(runner, 60)
+        after = await store_snapshot(pool, model)
+        queue_left = await _queue_size(pool)
+        parked = await pool.fetchval(
+            "SELECT count(*) FROM rag_index_queue WHERE attempts >= $1", settings.max_attempts
+        )
+    finally:
+        stop.set()
+        await pool.close()
+    comparison = compare_stores(clean, after)
+    return {
+        "records": records,
+        "queued_when_stopped": left_at_stop,
+        "seconds_down": round(started_at - stopped_at, 2),
+        "records_lost": len(comparison["records_differing"]),
+        **comparison,
+        "queue_left": queue_left,
+        "parked": parked,
+        "drain_crashes": drain.crashes,
+        # from the restart to an empty queue; None: not drained by the deadline
+        "recovery_s": None if drained_at is None else round(drained_at - started_at, 2),
+        **extra,
+    }
+
+
 async def postgres_stopped_mid_drain(
     sidecar_url: str,
     work_dir: Path,
@@ -331,68 +396,31 @@ async def postgres_stopped_mid_drain(
     resumes is compared with a clean run's. Bounded by ``deadline_s``."""
     import shutil
 
-    from index.drain import DrainLoop
-    from index.intake import enqueue_records
-    from index.settings import IngestSettings
     from inference.client import SidecarClient
     from schema import EmbeddedPostgres
 
-    settings = IngestSettings(batch_records=4, embed_batch=16, outage_pause=0.2, drain_interval=0.1)
-    batch = drain_records(records)
     root = work_dir / "pg-fault"
     shutil.rmtree(root, ignore_errors=True)
     server = EmbeddedPostgres(root / "data")
     server.start()
     pg = _Postgres(server)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + deadline_s
+
+    async def interrupt(drain: Any) -> dict[str, Any]:
+        await asyncio.to_thread(pg.stop_immediate)
+        await asyncio.sleep(down_s)
+        await asyncio.to_thread(pg.start)
+        return {}
+
+    deadline = asyncio.get_running_loop().time() + deadline_s
     try:
         async with SidecarClient(sidecar_url) as client:
-            clean_pool = await _fresh_pool(server.url, "clean_run")
-            try:
-                clean = await _clean_run(clean_pool, client, settings, batch, text_model, deadline)
-            finally:
-                await clean_pool.close()
-
-            pool = await _fresh_pool(server.url, "stopped_run")
-            drain = DrainLoop(pool, client, settings, text_model=text_model)
-            stop = asyncio.Event()
-            try:
-                await enqueue_records(pool, batch)
-                runner = asyncio.create_task(drain.supervise(stop))
-                left_at_stop = await _wait_queue_at_most(pool, records - records // 3, deadline)
-                stopped_at = loop.time()
-                await asyncio.to_thread(pg.stop_immediate)
-                await asyncio.sleep(down_s)
-                await asyncio.to_thread(pg.start)
-                started_at = loop.time()
-                drained_at = await _wait_drained(pool, deadline)
-                stop.set()
-                await asyncio.wait_for(runner, 60)
-                after = await store_snapshot(pool, text_model)
-                queue_left = await _queue_size(pool)
-                parked = await pool.fetchval(
-                    "SELECT count(*) FROM rag_index_queue WHERE attempts >= $1", settings.max_attempts
-                )
-            finally:
-                stop.set()
-                await pool.close()
+            names = ("clean_run", "stopped_run")
+            return await _interrupted_drain(
+                server.url, names, client, text_model, records, deadline, interrupt
+            )
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
-    comparison = compare_stores(clean, after)
-    return {
-        "records": records,
-        "queued_when_stopped": left_at_stop,
-        "seconds_down": round(started_at - stopped_at, 2),
-        "records_lost": len(comparison["records_differing"]),
-        **comparison,
-        "queue_left": queue_left,
-        "parked": parked,
-        "drain_crashes": drain.crashes,
-        # from the server's restart to an empty queue; None: not drained by the deadline
-        "recovery_s": None if drained_at is None else round(drained_at - started_at, 2),
-    }
 
 
 # -- a Ray Serve model replica killed under load ------------------------------------------------
@@ -535,6 +563,8 @@ def replica_killed_under_load(
         "first_ok_after_kill_s": round(first_ok_after_kill[0] - killed_at, 2)
         if first_ok_after_kill
         else None,
+        # from the kill to the last answer other than 200 (0: no caller noticed the kill)
+        "recovered_s": round(max(0.0, last_refusal[0] - killed_at), 2) if last_refusal else 0.0,
     }
 
 
@@ -592,67 +622,30 @@ async def sidecar_stopped_mid_drain(
     once about a third is indexed and started again ``down_s`` later; the store after the drain
     resumes is compared with a clean run's through the same sidecar. Databases on ``server_url``
     (created, then dropped). Bounded by ``deadline_s``."""
-    from index.drain import DrainLoop
-    from index.intake import enqueue_records
-    from index.settings import IngestSettings
     from inference.client import SidecarClient
     from inference.net import free_port
 
-    settings = IngestSettings(batch_records=4, embed_batch=16, outage_pause=0.2, drain_interval=0.1)
-    batch = drain_records(records)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + deadline_s
     sidecar = _RestartableSidecar(spec, limits, free_port())
     await sidecar.start()
     names = ("sidecar_clean_run", "sidecar_stopped_run")
+
+    async def interrupt(drain: Any) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        stopped_at = loop.time()
+        await sidecar.stop()
+        states = set()
+        while loop.time() < stopped_at + down_s:
+            states.add(drain.status()["state"])
+            await asyncio.sleep(0.05)
+        left = await _queue_size(drain.pool)
+        await sidecar.start()
+        return {"queued_when_restarted": left, "drain_states_while_down": sorted(states)}
+
+    deadline = asyncio.get_running_loop().time() + deadline_s
     try:
+        await sidecar.warming
         async with SidecarClient(sidecar.url, max_retries=2, timeout=30) as client:
-            clean_pool = await _fresh_pool(server_url, names[0])
-            try:
-                await sidecar.warming
-                clean = await _clean_run(clean_pool, client, settings, batch, spec.id, deadline)
-            finally:
-                await clean_pool.close()
-            pool = await _fresh_pool(server_url, names[1])
-            drain = DrainLoop(pool, client, settings, text_model=spec.id)
-            stop = asyncio.Event()
-            try:
-                await enqueue_records(pool, batch)
-                runner = asyncio.create_task(drain.supervise(stop))
-                left_at_stop = await _wait_queue_at_most(pool, records - records // 3, deadline)
-                stopped_at = loop.time()
-                await sidecar.stop()
-                states = set()
-                while loop.time() < stopped_at + down_s:
-                    states.add(drain.status()["state"])
-                    await asyncio.sleep(0.05)
-                left_while_down = await _queue_size(pool)
-                await sidecar.start()
-                started_at = loop.time()
-                drained_at = await _wait_drained(pool, deadline)
-                stop.set()
-                await asyncio.wait_for(runner, 60)
-                after = await store_snapshot(pool, spec.id)
-                queue_left = await _queue_size(pool)
-                parked = await pool.fetchval(
-                    "SELECT count(*) FROM rag_index_queue WHERE attempts >= $1", settings.max_attempts
-                )
-            finally:
-                stop.set()
-                await pool.close()
+            return await _interrupted_drain(server_url, names, client, spec.id, records, deadline, interrupt)
     finally:
         await sidecar.stop()
         await _drop(server_url, *names)
-    comparison = compare_stores(clean, after)
-    return {
-        "records": records,
-        "queued_when_stopped": left_at_stop,
-        "queued_when_restarted": left_while_down,
-        "drain_states_while_down": sorted(states),
-        "seconds_down": round(started_at - stopped_at, 2),
-        "records_lost": len(comparison["records_differing"]),
-        **comparison,
-        "queue_left": queue_left,
-        "parked": parked,
-        "recovery_s": None if drained_at is None else round(drained_at - started_at, 2),
-    }

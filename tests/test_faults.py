@@ -87,3 +87,33 @@ async def test_the_gateway_under_64_mixed_callers_fails_no_request(
         )
     assert all(c["requests"] > 0 for c in result["classes"].values()), result
     assert result["failed"] == 0, result
+
+
+def test_the_report_has_a_row_for_every_fault_figure() -> None:
+    """The figures each fault returns are the ones the REPORT table reads (a missing key broke a run)."""
+    from benchmarks.suite_reliability import _fault_figures
+
+    drain = {
+        "records": 4, "queued_when_stopped": 3, "seconds_down": 1.0, "records_lost": 0, "chunks": 4,
+        "chunks_clean": 4, "records_differing": [], "max_vector_difference": 0.0, "queue_left": 0, "parked": 0,
+        "drain_crashes": 0, "recovery_s": 1.0,
+    }  # fmt: skip
+    result = {
+        "postgres_stopped": drain,
+        "sidecar_stopped": {**drain, "queued_when_restarted": 2, "drain_states_while_down": ["paused"]},
+        "replica_killed": {
+            "model": "m", "callers": 2, "replicas": 1, "requests": 9, "requests_after_kill": 3,
+            "failed_after_retries": 0, "statuses": {"200": 9}, "server_errors": 0, "dropped": 0, "hung_callers": 0,
+            "slowest_request_s": 1.0, "replaced_s": 2.0, "first_ok_after_kill_s": 1.0, "recovered_s": 0.5,
+        },
+        "overload": {
+            "model": "m", "texts_per_request": 16, "capacity_rps": 1.0, "offered_rps": 2.0, "held_s": 3.0, "sent": 6,
+            "not_sent_client_bound": 0, "statuses": {"200": 6}, "served": 6, "shed": 0, "server_errors": 0,
+            "problems": {}, "rss_mb": {"before": 1.0, "max": 1.0, "after": 1.0}, "served_after": True,
+        },
+        "mixed_load": {"callers": 2, "seconds": 1.0, "classes": {"retrieve": {"requests": 1, "failed": 0,
+                       "failed_by_status": {}, "p50_ms": 1.0, "p99_ms": 2.0}}, "failed": 0, "records_pushed": 0},
+    }  # fmt: skip
+    rows = _fault_figures(result)
+    assert len(rows) == 4 + 4 + 4 + 4 + 1 and all(len(row) == 3 for row in rows)
+    assert _fault_figures({"overload": {"error": "RuntimeError: x"}})[0][1] == "RuntimeError: x"
