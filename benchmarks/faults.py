@@ -1,9 +1,9 @@
 """Faults injected into real services for the reliability suite.
 
 :func:`sigterm_under_load`: a ``mnemo gateway`` subprocess serving ``semantic_search`` to several
-closed-loop callers is sent SIGTERM. Requests already answered or in flight must finish with 200;
-requests sent afterwards must be refused cleanly (connection refused, or a coded 503), never reset
-mid-answer or answered 500. Bounded: a fixed number of callers, a fixed load window, an exit deadline.
+closed-loop callers (half with a connection per request, half kept alive) is sent SIGTERM. Requests
+already read must finish with 200; others must be refused cleanly (connection refused, or a coded
+retryable 503 with ``Retry-After``), never reset or dropped after being sent, never answered 500. Bounded: a fixed number of callers, a fixed load window, an exit deadline.
 """
 
 from __future__ import annotations
@@ -12,24 +12,22 @@ import asyncio
 import http.client
 import json
 import signal
-import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from inference.net import await_ready, free_port
-
-from .settings import child_environment
-
-__all__ = ["sigterm_under_load"]
+__all__ = ["sigterm_gateway", "sigterm_under_load"]
 
 
-def _search(url: str, token: str, body: bytes) -> tuple[str, int]:
-    """("ok" | "refused" | "coded" | "broken", status) for one request on a fresh connection."""
-    parts = urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=120)
+def _search(conn: http.client.HTTPConnection, token: str, body: bytes) -> tuple[str, int]:
+    """("ok" | "refused" | "coded" | "broken", status) for one request.
+
+    ``conn`` reconnects by itself once closed: a fresh connection per request when the caller closes
+    it after each answer, a kept-alive one otherwise.
+    """
     try:
         conn.request(
             "POST",
@@ -40,18 +38,20 @@ def _search(url: str, token: str, body: bytes) -> tuple[str, int]:
         response = conn.getresponse()
         payload = response.read()
     except ConnectionRefusedError:
+        conn.close()
         return "refused", 0
     except (OSError, http.client.HTTPException):
-        return "broken", 0  # accepted, then dropped: the failure this fault counts
-    finally:
         conn.close()
+        return "broken", 0  # accepted, then dropped: the failure this fault counts
     if response.status == 200:
         return "ok", 200
     try:
-        coded = isinstance(json.loads(payload).get("error", {}).get("code"), str)
+        error = json.loads(payload).get("error", {})
+        coded = isinstance(error.get("code"), str) and error.get("retryable") is True
     except (ValueError, AttributeError):
         coded = False
-    return ("coded" if coded and response.status in (429, 503) else "broken"), response.status
+    retry_after = response.getheader("Retry-After") is not None
+    return ("coded" if coded and retry_after and response.status in (429, 503) else "broken"), response.status
 
 
 def sigterm_under_load(
@@ -85,21 +85,29 @@ async def _sigterm(
     load_seconds: float,
     exit_deadline_s: float,
 ) -> dict[str, Any]:
-    port = free_port()
-    env = child_environment(RAG_JWT_SECRET=secret, RAG_AUTH="jwt", RAG_TEXT_MODEL=text_model)
-    with log.open("wb") as out:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gateway.cli", "gateway", "--port", str(port),
-            "--database-url", database_url, "--sidecar-url", sidecar_url,
-            env=env, stdout=out, stderr=out,
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        await await_ready(url, 120.0, path="/healthz", process=proc)
-    except BaseException:
-        proc.kill()
-        await proc.wait()
-        raise
+    from .gateway import gateway_process
+
+    async with gateway_process(database_url, sidecar_url, secret, log, text_model=text_model) as gateway:
+        return await sigterm_gateway(
+            gateway.url,
+            gateway.process,
+            token,
+            callers=callers,
+            load_seconds=load_seconds,
+            exit_deadline_s=exit_deadline_s,
+        )
+
+
+async def sigterm_gateway(
+    url: str,
+    proc: asyncio.subprocess.Process,
+    token: str,
+    *,
+    callers: int,
+    load_seconds: float,
+    exit_deadline_s: float = 60.0,
+) -> dict[str, Any]:
+    """Closed-loop ``semantic_search`` callers on a running gateway process, then SIGTERM to it."""
     body = json.dumps(
         {"dd_api": "dd_rag_api", "action": "semantic_search", "options": {"query": "reservoir families"}}
     ).encode()
@@ -108,16 +116,25 @@ async def _sigterm(
     outcomes: list[tuple[bool, str, int]] = []  # (sent after SIGTERM, outcome, status)
     lock = threading.Lock()
 
-    def caller() -> None:
-        while not stop.is_set():
-            after = signalled.is_set()
-            outcome, status = _search(url, token, body)
-            with lock:
-                outcomes.append((after, outcome, status))
-            if after and outcome == "refused":
-                return  # the listener is gone: this caller is done
+    parts = urlsplit(url)
 
-    threads = [threading.Thread(target=caller, daemon=True) for _ in range(callers)]
+    def caller(keep_alive: bool) -> None:
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=120)
+        try:
+            while not stop.is_set():
+                after = signalled.is_set()
+                outcome, status = _search(conn, token, body)
+                if not keep_alive:
+                    conn.close()
+                with lock:
+                    outcomes.append((after, outcome, status))
+                if after and outcome == "refused":
+                    return  # the listener is gone: this caller is done
+        finally:
+            conn.close()
+
+    # half the callers open a connection per request, half keep theirs alive
+    threads = [threading.Thread(target=caller, args=(i % 2 == 1,), daemon=True) for i in range(callers)]
     for thread in threads:
         thread.start()
     await asyncio.sleep(load_seconds)
@@ -138,10 +155,497 @@ async def _sigterm(
     return {
         "callers": callers,
         "requests_before_sigterm": len(before),
-        "failed_before_sigterm": sum(o[1] != "ok" for o in before),
-        # sent after the signal: finished (200), refused (connection refused or coded 429/503), or broken
+        # finished (200), refused (connection refused, or a coded retryable 429/503 with Retry-After),
+        # or broken (reset, dropped, or any other status): the goal is 0 broken on either side
+        "before_sigterm": {k: sum(o[1] == k for o in before) for k in ("ok", "refused", "coded", "broken")},
         "after_sigterm": {k: sum(o[1] == k for o in after) for k in ("ok", "refused", "coded", "broken")},
         "exit_code": code,
         "seconds_to_exit": round(exit_s, 2),
         "statuses": sorted({o[2] for o in outcomes}),
+        "broken_statuses": sorted({o[2] for o in outcomes if o[1] == "broken"}),
     }
+
+
+# -- PostgreSQL stopped hard in the middle of a drain -------------------------------------------
+
+DRAIN_SECTION = "oh1"
+DRAIN_DESCRIPTOR = {"embed": [{"id": "card", "contributors": ["oh22"]}]}
+
+
+def drain_records(n: int, sentences: list[str] | None = None) -> list[dict[str, Any]]:
+    """``n`` records of real sentences (three each, English) in :data:`DRAIN_SECTION`, ids 1..n."""
+    if sentences is None:
+        from .gateway import load_sentences
+
+        sentences = load_sentences(3 * n)
+    return [
+        {
+            "section_tipo": DRAIN_SECTION,
+            "section_id": i,
+            "projects": [1],
+            "groups": {"card": {"lg-eng": " ".join(sentences[3 * (i - 1) : 3 * i])}},
+        }
+        for i in range(1, n + 1)
+    ]
+
+
+async def store_snapshot(pool: Any, model: str) -> dict[tuple[Any, ...], tuple[str, str, Any]]:
+    """(section, id, component, lang, chunk) -> (source hash, text, vector) for every stored chunk."""
+    import numpy as np
+
+    from index.partitions import get_partition
+
+    partition = await get_partition(pool, model)
+    if partition is None:
+        return {}
+    rows = await pool.fetch(
+        f"SELECT section_tipo, section_id, component_tipo, lang, chunk_index, source_hash, source_text, "
+        f"embedding FROM {partition.table}"
+    )
+    return {
+        (r["section_tipo"], r["section_id"], r["component_tipo"], r["lang"], r["chunk_index"]): (
+            r["source_hash"],
+            r["source_text"],
+            np.asarray(getattr(r["embedding"], "to_numpy", lambda e=r["embedding"]: e)(), dtype=np.float32),
+        )
+        for r in rows
+    }
+
+
+def compare_stores(clean: dict[tuple, tuple], other: dict[tuple, tuple]) -> dict[str, Any]:
+    """Records whose chunks differ from the clean run's (missing, extra, other hash or text, vector
+    off by more than 1e-4), and the largest vector difference among the chunks that match."""
+    import numpy as np
+
+    differing: set[tuple[str, int]] = set()
+    worst = 0.0
+    for key in clean.keys() | other.keys():
+        a, b = clean.get(key), other.get(key)
+        if a is None or b is None or a[:2] != b[:2]:
+            differing.add(key[:2])
+            continue
+        diff = float(np.max(np.abs(a[2] - b[2]))) if len(a[2]) else 0.0
+        worst = max(worst, diff)
+        if diff > 1e-4:
+            differing.add(key[:2])
+    return {
+        "chunks_clean": len(clean),
+        "chunks": len(other),
+        "records_differing": sorted(f"{t}/{i}" for t, i in differing),
+        "max_vector_difference": worst,
+    }
+
+
+class _Postgres:
+    """Hard stop and start of a dedicated :class:`~schema.EmbeddedPostgres` (pgserver's ``pg_ctl``)."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+
+    def stop_immediate(self) -> None:
+        from pgserver._commands import pg_ctl
+
+        inner = self.server._server
+        pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=inner.pgdata, user=inner.system_user)
+
+    def start(self) -> None:
+        from pgserver.postgres_server import PostgresServer
+
+        inner = self.server._server
+        with PostgresServer._lock:
+            inner.ensure_postgres_running()
+
+
+async def _fresh_pool(server_url: str, name: str) -> Any:
+    """A pool on a new, migrated database ``name`` (dropped first if it exists) of the server at
+    ``server_url``, with :data:`DRAIN_DESCRIPTOR` put."""
+    from index.sections import SectionStore
+    from schema import create_pool
+
+    from .stack import BenchStack
+
+    url = await BenchStack(work_dir=Path(), server_url=server_url).fresh_database(name)
+    pool = await create_pool(url, max_size=4)
+    await SectionStore(pool).put(DRAIN_SECTION, DRAIN_DESCRIPTOR)
+    return pool
+
+
+async def _drop(server_url: str, *names: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(server_url)
+    try:
+        for name in names:
+            await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    finally:
+        await conn.close()
+
+
+async def _queue_size(pool: Any) -> int | None:
+    try:
+        return int(await pool.fetchval("SELECT count(*) FROM rag_index_queue"))
+    except Exception:  # the server is down or recovering: unknown for now
+        return None
+
+
+async def _wait_queue_at_most(pool: Any, size: int, deadline: float) -> int | None:
+    """Poll until the queue holds at most ``size`` records (bounded by ``deadline``); its size then."""
+    loop = asyncio.get_running_loop()
+    while loop.time() < deadline:
+        left = await _queue_size(pool)
+        if left is not None and left <= size:
+            return left
+        await asyncio.sleep(0.02)
+    return await _queue_size(pool)
+
+
+async def _wait_drained(pool: Any, deadline: float) -> float | None:
+    """The loop time when the queue is empty; None if it is not by ``deadline``."""
+    left = await _wait_queue_at_most(pool, 0, deadline)
+    return asyncio.get_running_loop().time() if left == 0 else None
+
+
+async def _clean_run(
+    pool: Any, client: Any, settings: Any, batch: list[dict[str, Any]], model: str, deadline: float
+) -> dict[tuple, tuple]:
+    """The reference: ``batch`` drained with no fault, pass after pass; the store it leaves."""
+    from index.drain import drain_once
+    from index.intake import enqueue_records
+
+    await enqueue_records(pool, batch)
+    while await _queue_size(pool) and asyncio.get_running_loop().time() < deadline:
+        await drain_once(pool, client, settings, text_model=model)
+    return await store_snapshot(pool, model)
+
+
+FAULT_INGEST = {"batch_records": 4, "embed_batch": 16, "outage_pause": 0.2, "drain_interval": 0.1}
+
+
+async def _interrupted_drain(
+    server_url: str,
+    names: tuple[str, str],
+    client: Any,
+    model: str,
+    records: int,
+    deadline: float,
+    interrupt: Callable[[Any], Awaitable[dict[str, Any]]],
+) -> dict[str, Any]:
+    """A clean drain of ``records`` into database ``names[0]``, then the same drain into ``names[1]``
+    by a :class:`~index.drain.DrainLoop`, interrupted by ``interrupt(drain)`` (a fault: stop, wait,
+    start; it returns figures of its own) once about a third is indexed; the stores are compared."""
+    from index.drain import DrainLoop
+    from index.intake import enqueue_records
+    from index.settings import IngestSettings
+
+    settings = IngestSettings(**FAULT_INGEST)
+    batch = drain_records(records)
+    loop = asyncio.get_running_loop()
+    clean_pool = await _fresh_pool(server_url, names[0])
+    try:
+        clean = await _clean_run(clean_pool, client, settings, batch, model, deadline)
+    finally:
+        await clean_pool.close()
+    pool = await _fresh_pool(server_url, names[1])
+    drain = DrainLoop(pool, client, settings, text_model=model)
+    stop = asyncio.Event()
+    try:
+        await enqueue_records(pool, batch)
+        runner = asyncio.create_task(drain.supervise(stop))
+        left_at_stop = await _wait_queue_at_most(pool, records - records // 3, deadline)
+        stopped_at = loop.time()
+        extra = await interrupt(drain)
+        started_at = loop.time()
+        drained_at = await _wait_drained(pool, deadline)
+        stop.set()
+        await asyncio.wait_for(runner, 60)
+        after = await store_snapshot(pool, model)
+        queue_left = await _queue_size(pool)
+        parked = await pool.fetchval(
+            "SELECT count(*) FROM rag_index_queue WHERE attempts >= $1", settings.max_attempts
+        )
+    finally:
+        stop.set()
+        await pool.close()
+    comparison = compare_stores(clean, after)
+    return {
+        "records": records,
+        "queued_when_stopped": left_at_stop,
+        "seconds_down": round(started_at - stopped_at, 2),
+        "records_lost": len(comparison["records_differing"]),
+        **comparison,
+        "queue_left": queue_left,
+        "parked": parked,
+        "drain_crashes": drain.crashes,
+        # from the restart to an empty queue; None: not drained by the deadline
+        "recovery_s": None if drained_at is None else round(drained_at - started_at, 2),
+        **extra,
+    }
+
+
+async def postgres_stopped_mid_drain(
+    sidecar_url: str,
+    work_dir: Path,
+    *,
+    text_model: str,
+    records: int = 48,
+    down_s: float = 1.0,
+    deadline_s: float = 300.0,
+) -> dict[str, Any]:
+    """A drain of ``records`` on a PostgreSQL of its own, stopped with ``pg_ctl stop -m immediate``
+    once about a third is indexed and started again ``down_s`` later; the store after the drain
+    resumes is compared with a clean run's. Bounded by ``deadline_s``."""
+    import shutil
+
+    from inference.client import SidecarClient
+    from schema import EmbeddedPostgres
+
+    root = work_dir / "pg-fault"
+    shutil.rmtree(root, ignore_errors=True)
+    server = EmbeddedPostgres(root / "data")
+    server.start()
+    pg = _Postgres(server)
+
+    async def interrupt(drain: Any) -> dict[str, Any]:
+        await asyncio.to_thread(pg.stop_immediate)
+        await asyncio.sleep(down_s)
+        await asyncio.to_thread(pg.start)
+        return {}
+
+    deadline = asyncio.get_running_loop().time() + deadline_s
+    try:
+        async with SidecarClient(sidecar_url) as client:
+            names = ("clean_run", "stopped_run")
+            return await _interrupted_drain(
+                server.url, names, client, text_model, records, deadline, interrupt
+            )
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# -- a Ray Serve model replica killed under load ------------------------------------------------
+
+
+def _replicas(deployment: str) -> list[tuple[str, str]]:
+    """(name, namespace) of the live replica actors of a Serve deployment (this process's Ray)."""
+    from ray.util import list_named_actors
+
+    return [
+        (a["name"], a["namespace"])
+        for a in list_named_actors(all_namespaces=True)
+        if a["name"].startswith("SERVE_REPLICA::") and f"#{deployment}#" in a["name"]
+    ]
+
+
+def _embed_once(conn: http.client.HTTPConnection, body: bytes) -> tuple[str, int, float]:
+    """("ok" | "coded" | "server_error" | "dropped", status, Retry-After seconds) for one ``/embed``."""
+    try:
+        conn.request("POST", "/embed", body, {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        payload = response.read()
+    except (OSError, http.client.HTTPException):
+        conn.close()
+        return "dropped", 0, 0.0
+    if response.status == 200:
+        return "ok", 200, 0.0
+    try:
+        coded = isinstance(json.loads(payload)["error"]["code"], str)
+    except (ValueError, KeyError, TypeError):
+        coded = False
+    retry_after = response.getheader("Retry-After")
+    if coded and retry_after and response.status in (429, 503):
+        return "coded", response.status, float(retry_after)
+    return "server_error", response.status, 0.0
+
+
+def replica_killed_under_load(
+    sidecar_url: str,
+    model: str,
+    *,
+    callers: int = 4,
+    warm_s: float = 1.0,
+    after_recovery_s: float = 2.0,
+    deadline_s: float = 180.0,
+    retries: int = 30,
+    timeout_s: float = 60.0,
+) -> dict[str, Any]:
+    """``callers`` closed-loop ``/embed`` callers; after ``warm_s`` one replica of ``model`` is killed
+    (``ray.kill``, in the process that runs the sidecar's Ray). Each request is retried on a coded
+    429/503 (honouring ``Retry-After``, at most 1 s, ``retries`` times), as the sidecar client does.
+    Counted: every answer per status, requests failed after their retries, 500s, drops and hangs
+    (no answer in ``timeout_s``), and the time from the kill until a new replica serves."""
+    import ray
+
+    from inference.serve_app import deployment_name
+
+    deployment = deployment_name(model)
+    before = _replicas(deployment)
+    if not before:
+        raise RuntimeError(f"no live replica of {deployment} in this process's Ray")
+    parts = urlsplit(sidecar_url)
+    body = json.dumps({"model": model, "input": ["The reservoir flooded the valley."]}).encode()
+    stop = threading.Event()
+    killed = threading.Event()
+    lock = threading.Lock()
+    statuses: dict[str, int] = {}
+    requests = {"sent": 0, "ok": 0, "failed": 0, "after_kill": 0, "failed_after_kill": 0}
+    first_ok_after_kill: list[float] = []
+    last_refusal: list[float] = []  # when a request last met something other than 200
+    slowest = [0.0]  # the longest a request took, its retries included
+
+    def caller() -> None:
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout_s)
+        try:
+            while not stop.is_set():
+                started = time.monotonic()
+                outcome = "dropped"
+                for _ in range(retries + 1):
+                    outcome, status, wait = _embed_once(conn, body)
+                    with lock:
+                        key = str(status) if status else "no answer"
+                        statuses[key] = statuses.get(key, 0) + 1
+                    if outcome != "ok" and killed.is_set():
+                        with lock:
+                            last_refusal[:] = [time.monotonic()]
+                    if outcome != "coded":
+                        break
+                    time.sleep(min(wait, 1.0))
+                after = killed.is_set()  # finished after the kill (in flight at it, or sent later)
+                with lock:
+                    requests["sent"] += 1
+                    requests["after_kill"] += after
+                    slowest[0] = max(slowest[0], time.monotonic() - started)
+                    if outcome == "ok":
+                        requests["ok"] += 1
+                        if after and not first_ok_after_kill:
+                            first_ok_after_kill.append(time.monotonic())
+                    else:
+                        requests["failed"] += 1
+                        requests["failed_after_kill"] += after
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=caller, daemon=True) for _ in range(callers)]
+    for thread in threads:
+        thread.start()
+    time.sleep(warm_s)
+    name, namespace = before[0]
+    killed_at = time.monotonic()
+    killed.set()
+    ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
+    replaced_at = None
+    while time.monotonic() < killed_at + deadline_s:
+        live = _replicas(deployment)
+        if replaced_at is None and any(r not in before for r in live) and len(live) >= len(before):
+            replaced_at = time.monotonic()
+        if replaced_at is not None and time.monotonic() > replaced_at + after_recovery_s:
+            break
+        time.sleep(0.1)
+    stop.set()
+    for thread in threads:
+        thread.join(timeout_s + 5)
+    hung = sum(t.is_alive() for t in threads)
+    server_errors = sum(v for k, v in statuses.items() if k not in ("200", "429", "503", "no answer"))
+    return {
+        "model": model,
+        "callers": callers,
+        "replicas": len(before),
+        "requests": requests["sent"],
+        "requests_after_kill": requests["after_kill"],
+        "failed_after_retries": requests["failed"],
+        "statuses": dict(sorted(statuses.items())),
+        "server_errors": server_errors,
+        "dropped": statuses.get("no answer", 0),
+        "hung_callers": hung,
+        "slowest_request_s": round(slowest[0], 2),
+        # from the kill until Serve runs a new replica; None: not within the deadline
+        "replaced_s": None if replaced_at is None else round(replaced_at - killed_at, 2),
+        "first_ok_after_kill_s": round(first_ok_after_kill[0] - killed_at, 2)
+        if first_ok_after_kill
+        else None,
+        # from the kill to the last answer other than 200 (0: no caller noticed the kill)
+        "recovered_s": round(max(0.0, last_refusal[0] - killed_at), 2) if last_refusal else 0.0,
+    }
+
+
+# -- the sidecar stopped and started during ingestion -------------------------------------------
+
+
+class _RestartableSidecar:
+    """The sidecar API (Ray-free: :mod:`inference.local_server`) for one model on a fixed loopback
+    port. :meth:`stop` closes the server and unloads the model; :meth:`start` serves again at once
+    and reloads the model behind it (``503 not_ready`` until warm), as a restarted sidecar does."""
+
+    def __init__(self, spec: Any, limits: Any, port: int) -> None:
+        self.spec, self.limits, self.port = spec, limits, port
+        self.runner: Any = None
+        self.service: Any = None
+        self.warming: asyncio.Task | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        from aiohttp import web
+
+        from inference.api import LocalBackend, SidecarAPI
+        from inference.config import SidecarConfig
+        from inference.local_server import create_app
+        from inference.service import ModelService
+
+        self.service = await asyncio.to_thread(ModelService, self.spec, self.limits)
+        config = SidecarConfig(models=(self.spec,), limits=self.limits, source="benchmarks.faults")
+        api = SidecarAPI(config, {self.spec.id: LocalBackend(self.service)})
+        self.runner = web.AppRunner(create_app(api), access_log=None)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+        self.warming = asyncio.create_task(self.service.warm_up_async())
+
+    async def stop(self) -> None:
+        if self.warming is not None:
+            await self.warming
+        await self.runner.cleanup()
+        await self.service.close()
+
+
+async def sidecar_stopped_mid_drain(
+    server_url: str,
+    spec: Any,
+    limits: Any,
+    *,
+    records: int = 48,
+    down_s: float = 1.0,
+    deadline_s: float = 300.0,
+) -> dict[str, Any]:
+    """A drain of ``records`` whose sidecar (one model, see :class:`_RestartableSidecar`) is stopped
+    once about a third is indexed and started again ``down_s`` later; the store after the drain
+    resumes is compared with a clean run's through the same sidecar. Databases on ``server_url``
+    (created, then dropped). Bounded by ``deadline_s``."""
+    from inference.client import SidecarClient
+    from inference.net import free_port
+
+    sidecar = _RestartableSidecar(spec, limits, free_port())
+    await sidecar.start()
+    names = ("sidecar_clean_run", "sidecar_stopped_run")
+
+    async def interrupt(drain: Any) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        stopped_at = loop.time()
+        await sidecar.stop()
+        states = set()
+        while loop.time() < stopped_at + down_s:
+            states.add(drain.status()["state"])
+            await asyncio.sleep(0.05)
+        left = await _queue_size(drain.pool)
+        await sidecar.start()
+        return {"queued_when_restarted": left, "drain_states_while_down": sorted(states)}
+
+    deadline = asyncio.get_running_loop().time() + deadline_s
+    try:
+        await sidecar.warming
+        async with SidecarClient(sidecar.url, max_retries=2, timeout=30) as client:
+            return await _interrupted_drain(server_url, names, client, spec.id, records, deadline, interrupt)
+    finally:
+        await sidecar.stop()
+        await _drop(server_url, *names)

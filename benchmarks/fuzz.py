@@ -3,8 +3,11 @@
 For every operation the document lists, :func:`fuzz_service` draws cases from :func:`case_strategy`
 (one class per kind of hostility, see :data:`CLASSES`), sends each over a fresh loopback connection
 with :mod:`http.client` (raw bytes: invalid UTF-8 and odd headers must reach the server as sent),
-and checks the answer: never a 5xx, never a dropped connection, and always the service's error
-shape (envelope v2 for the gateway, ``{"error": {"code", "message"}}`` for the sidecar).
+and checks the answer: never a dropped connection, and always the service's error shape (envelope
+v2 for the gateway, ``{"error": {"code", "message"}}`` for the sidecar). A 5xx is judged by
+:func:`judge`: a 500, or any 5xx whose code the route's ``/openapi.json`` entry does not list for that
+status (``x-error-codes``), is a server error (goal 0); a documented coded 5xx (a kill switch's 503
+``rag.media_disabled``, a model still loading) is counted apart as ``documented_unavailable``.
 
 schemathesis installs here (4.32 with hypothesis 6.170) but only generates schema-shaped data; the
 classes that found defects before (raw bytes, nesting, content types, oversized bodies) are outside
@@ -25,7 +28,18 @@ from urllib.parse import quote, urlsplit
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-__all__ = ["CLASSES", "Case", "FuzzReport", "Outcome", "case_strategy", "classes_for", "fuzz_service", "send"]
+__all__ = [
+    "CLASSES",
+    "Case",
+    "FuzzReport",
+    "Outcome",
+    "case_strategy",
+    "classes_for",
+    "documented_errors",
+    "fuzz_service",
+    "judge",
+    "send",
+]
 
 # The kinds of request each route gets; the report counts cases per class.
 CLASSES = (
@@ -90,7 +104,9 @@ class FuzzReport:
     classes: Counter = dataclasses.field(default_factory=Counter)  # class -> count
     statuses: Counter = dataclasses.field(default_factory=Counter)  # status -> count
     problems: list[str] = dataclasses.field(default_factory=list)  # reproducible descriptions
-    server_errors: int = 0  # 5xx and no-answer
+    server_errors: int = 0  # no answer, 500, or a 5xx undocumented for its route or uncoded (goal 0)
+    # "status code" -> count: coded 5xx the route documents (a kill switch, a model not ready)
+    documented_unavailable: Counter = dataclasses.field(default_factory=Counter)
     stopped_early: bool = False  # the deadline cut the run
 
     def as_dict(self) -> dict[str, Any]:
@@ -100,6 +116,8 @@ class FuzzReport:
             "cases_per_class": dict(sorted(self.classes.items())),
             "statuses": {str(k): v for k, v in sorted(self.statuses.items())},
             "server_errors": self.server_errors,
+            "documented_unavailable": sum(self.documented_unavailable.values()),
+            "documented_unavailable_codes": dict(sorted(self.documented_unavailable.items())),
             "contract_violations": len(self.problems),
             "examples": self.problems[:20],
             "stopped_early": self.stopped_early,
@@ -361,7 +379,8 @@ def gateway_contract(status: int, headers: dict[str, str], body: bytes, path: st
             return f"{status} error is not envelope v2: {body[:160]!r}"
     elif payload.get("ok") is not True:
         return f"{status} success without ok: true: {body[:120]!r}"
-    if status in (429, 503) and "retry-after" not in headers:
+    retryable = status >= 400 and payload["error"]["retryable"] is True
+    if (status == 429 or (status == 503 and retryable)) and "retry-after" not in headers:
         return f"{status} without Retry-After"
     return None
 
@@ -377,12 +396,52 @@ def sidecar_contract(status: int, headers: dict[str, str], body: bytes, path: st
     error = payload.get("error") if isinstance(payload, dict) else None
     if not isinstance(error, dict) or not isinstance(error.get("code"), str) or "message" not in error:
         return f"{status} error is not {{'error': {{'code', 'message'}}}}: {body[:160]!r}"
-    if status == 429 and "retry-after" not in headers:
-        return "429 without Retry-After"
+    if status in (429, 503) and "retry-after" not in headers:
+        return f"{status} without Retry-After"
     return None
 
 
 Contract = Callable[[int, dict[str, str], bytes, str], str | None]
+
+
+def documented_errors(operation: dict[str, Any]) -> dict[int, frozenset[str]]:
+    """status -> the error codes an operation's ``/openapi.json`` entry lists for it (``x-error-codes``)."""
+    out: dict[int, frozenset[str]] = {}
+    for status, response in operation.get("responses", {}).items():
+        if status.isdigit() and isinstance(response, dict):
+            out[int(status)] = frozenset(response.get("x-error-codes") or ())
+    return out
+
+
+def _error_code(body: bytes) -> str | None:
+    try:
+        error = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        return None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else None
+
+
+def judge(
+    status: int,
+    headers: dict[str, str],
+    body: bytes,
+    path: str,
+    documented: dict[int, frozenset[str]],
+    contract: Contract,
+) -> tuple[str, str | None]:
+    """(kind, problem) for one answer. kind: "ok" (below 500), "documented_unavailable" (a coded 5xx
+    the route documents, in the service's error shape), or "server_error" (no answer, a 500, an
+    undocumented or uncoded 5xx, or a documented one breaking the error shape)."""
+    if status == 0:
+        return "server_error", "no answer (connection dropped or timed out)"
+    problem = contract(status, headers, body, path)
+    if status < 500:
+        return "ok", problem
+    code = _error_code(body)
+    if status == 500 or code is None or code not in documented.get(status, frozenset()):
+        return "server_error", f"{status} {code or 'uncoded'} not documented for this route: {body[:160]!r}"
+    return ("server_error" if problem else "documented_unavailable"), problem
 
 
 class _Deadline(Exception):
@@ -394,6 +453,7 @@ def _runner(
     strategy: st.SearchStrategy[Case],
     report: FuzzReport,
     contract: Contract,
+    documented: dict[int, frozenset[str]],
     cases: int,
     deadline: float,
     timeout: float,
@@ -417,12 +477,11 @@ def _runner(
         report.cases[case.route] += 1
         report.classes[case.klass] += 1
         report.statuses[status] += 1
-        problem = "no answer (connection dropped or timed out)" if status == 0 else None
-        if status >= 500:
-            problem = f"{status}: {body[:160]!r}"
-        problem = problem or contract(status, answer_headers, body, case.path)
-        if status == 0 or status >= 500:
+        kind, problem = judge(status, answer_headers, body, case.path, documented, contract)
+        if kind == "server_error":
             report.server_errors += 1
+        elif kind == "documented_unavailable":
+            report.documented_unavailable[f"{status} {_error_code(body)}"] += 1
         if problem:
             report.problems.append(f"{problem} <- {case.describe()}")
 
@@ -454,7 +513,8 @@ def fuzz_service(
                 strategy = case_strategy(
                     method, template, operation, klass, headers=headers, hints=hints, oversize=oversize
                 )
-                run = _runner(base_url, strategy, report, contract, per_class, deadline, timeout)
+                documented = documented_errors(operation)
+                run = _runner(base_url, strategy, report, contract, documented, per_class, deadline, timeout)
                 try:
                     run()
                 except _Deadline:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import re
 import secrets
@@ -137,19 +138,37 @@ async def load_corpus(
     return partition
 
 
+@dataclasses.dataclass(frozen=True)
+class GatewayProcess:
+    """A running ``mnemo gateway`` subprocess: its base URL, the process (to signal) and its log."""
+
+    url: str
+    process: asyncio.subprocess.Process
+    log: Path
+
+
 @contextlib.asynccontextmanager
 async def gateway_process(
-    database_url: str, sidecar_url: str, secret: str, log: Path, *, text_model: str | None = None
-) -> AsyncIterator[str]:
-    """``mnemo gateway`` in a subprocess on a free loopback port; yields its base URL."""
+    database_url: str,
+    sidecar_url: str,
+    secret: str,
+    log: Path,
+    *,
+    text_model: str | None = None,
+    **env: str,
+) -> AsyncIterator[GatewayProcess]:
+    """``mnemo gateway`` in a subprocess on a free loopback port, ready (``/healthz``); terminated after.
+
+    ``env``: more ``RAG_*`` settings for it. The caller may signal or stop the process itself.
+    """
     port = free_port()
     extra = {"RAG_TEXT_MODEL": text_model} if text_model else {}
-    env = child_environment(RAG_JWT_SECRET=secret, RAG_LOG_FORMAT="json", RAG_AUTH="jwt", **extra)
+    environ = child_environment(RAG_JWT_SECRET=secret, RAG_LOG_FORMAT="json", RAG_AUTH="jwt", **extra, **env)
     with log.open("wb") as out:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "gateway.cli", "gateway", "--port", str(port),
             "--database-url", database_url, "--sidecar-url", sidecar_url,
-            env=env, stdout=out, stderr=out,
+            env=environ, stdout=out, stderr=out,
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
@@ -157,11 +176,15 @@ async def gateway_process(
             await await_ready(url, 120.0, path="/healthz", process=proc)
         except (ProcessExited, TimeoutError) as exc:
             raise RuntimeError(f"the gateway did not start ({exc}); see {log}") from exc
-        yield url
+        yield GatewayProcess(url, proc, log)
     finally:
         if proc.returncode is None:
             proc.terminate()
-            await asyncio.wait_for(proc.wait(), 60)
+            try:
+                await asyncio.wait_for(proc.wait(), 60)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
 
 
 def _load_dict(result: Any) -> dict[str, Any]:
@@ -230,7 +253,8 @@ async def run_gateway_benchmark(
 
         secret = secrets.token_urlsafe(48)
         bearer = issue_token(secret=secret, sub="bench", projects=None, admin=True)
-        async with gateway_process(database_url, sidecar_url, secret, workdir / "gateway.log") as url:
+        async with gateway_process(database_url, sidecar_url, secret, workdir / "gateway.log") as gateway:
+            url = gateway.url
             headers = {"Authorization": f"Bearer {bearer}"}
             connector = aiohttp.TCPConnector(limit=max(concurrency) * 2)
             async with aiohttp.ClientSession(connector=connector, headers=headers) as session:

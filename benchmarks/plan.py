@@ -76,6 +76,11 @@ class ReliabilityPlan:
     gateway_oversize_bytes: int = 8 * 1024 * 1024 + 1  # past RAG_MAX_BODY_BYTES's default
     sidecar_oversize_bytes: int = 8 * 1024 * 1024 + 1  # past the bench sidecar's max_body_bytes
     sigterm_callers: int = 8  # closed-loop callers when the gateway gets SIGTERM (0: skip that fault)
+    faults: bool = True  # PostgreSQL stopped hard, the sidecar stopped, a replica killed (False: skip)
+    fault_records: int = 48  # records in each drain a fault interrupts
+    overload_seconds: float = 3.0  # the sidecar held at twice its capacity (0: skip)
+    mixed_callers: int = 64  # concurrent callers mixing every action on the gateway (0: skip)
+    mixed_seconds: float = 3.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +111,9 @@ FULL = BenchPlan(
     gateway=GatewayPlan(
         sizes=(1_000, 10_000, 100_000), embedded=1_000, queries=200, seconds=10.0, requests=3_000
     ),
-    reliability=ReliabilityPlan(cases_per_route=320, seconds=1200.0),
+    reliability=ReliabilityPlan(
+        cases_per_route=320, seconds=1200.0, fault_records=200, overload_seconds=30.0, mixed_seconds=30.0
+    ),
 )
 
 

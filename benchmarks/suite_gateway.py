@@ -205,8 +205,8 @@ async def _gateway(
     """The gateway benchmark's ``mnemo gateway`` subprocess, told which text model the corpus is in."""
     from .gateway import gateway_process
 
-    async with gateway_process(database_url, sidecar_url, secret, log, text_model=model) as url:
-        yield url
+    async with gateway_process(database_url, sidecar_url, secret, log, text_model=model) as gateway:
+        yield gateway.url
 
 
 def _series(points: list[dict[str, Any]], x: str) -> dict[str, list[tuple[float, float]]]:

@@ -23,7 +23,7 @@ from .plan import ReliabilityPlan
 from .report import SuiteResult, Table
 from .stack import BENCH_MODEL, IMAGE_MODEL, BenchStack
 
-__all__ = ["run_suite"]
+__all__ = ["DESCRIPTORS", "corpus_records", "run_suite"]
 
 DESCRIPTORS = {
     "oh1": {
@@ -39,7 +39,7 @@ _TEXTS = (
 )
 
 
-def _records() -> list[dict[str, Any]]:
+def corpus_records() -> list[dict[str, Any]]:
     """oh1 1..8 (odd ids in project 1, even in project 2) and rsc1 1..4 (project 1)."""
     out = []
     for i in range(1, 9):
@@ -134,7 +134,7 @@ def _load_corpus(url: str, admin: str, wait_s: float) -> None:
         status, _, answer = send(url, Case("setup", "PUT", "PUT", f"/v1/sections/{tipo}", headers, body), 120)
         if status >= 300:
             raise RuntimeError(f"PUT /v1/sections/{tipo}: {status} {answer[:200]!r}")
-    status, answer = post_json(url, "/v1/records", _records(), admin)
+    status, answer = post_json(url, "/v1/records", corpus_records(), admin)
     if status >= 300:
         raise RuntimeError(f"POST /v1/records: {status} {answer[:200]!r}")
     deadline = time.monotonic() + wait_s
@@ -216,12 +216,85 @@ def _run(gateway_url: str, sidecar_url: str, secret: str, plan: ReliabilityPlan)
     return result
 
 
+def _codes(counts: dict[str, int]) -> str:
+    """``{"503 rag.media_disabled": 32}`` -> ``32 (503 rag.media_disabled: 32)``; ``0`` when empty."""
+    total = sum(counts.values())
+    return f"{total} ({', '.join(f'{k}: {v}' for k, v in counts.items())})" if total else "0"
+
+
+def _fault_figures(result: dict[str, Any]) -> list[list[Any]]:
+    """Rows of the figures table for the faults and the load held (an error row when one broke)."""
+    rows: list[list[Any]] = []
+    for name in ("postgres_stopped", "sidecar_stopped", "replica_killed", "overload", "mixed_load"):
+        if name in result and "error" in result[name]:
+            rows.append([f"{name}: the check itself failed", result[name]["error"], "no error"])
+    drains = (
+        ("postgres_stopped", "PostgreSQL stopped (-m immediate)"),
+        ("sidecar_stopped", "sidecar stopped"),
+    )
+    for name, label in drains:
+        f = result.get(name)
+        if f and "error" not in f:
+            rows += [
+                [
+                    f"{label} mid-drain: records lost of {f['records']} (queued at the stop: "
+                    f"{f['queued_when_stopped']})",
+                    f["records_lost"],
+                    0,
+                ],
+                [f"{label}: chunks vs the clean run's / largest vector difference",
+                 f"{f['chunks']} / {f['chunks_clean']} / {f['max_vector_difference']:.1e}", "equal / - / -"],
+                [f"{label}: queue left / parked", f"{f['queue_left']} / {f['parked']}", "0 / 0"],
+                [f"{label}: seconds down / seconds from restart to an empty queue",
+                 f"{f['seconds_down']} / {f['recovery_s']}", "- / bounded"],
+            ]  # fmt: skip
+    f = result.get("replica_killed")
+    if f and "error" not in f:
+        rows += [
+            [
+                f"replica of {f['model']} killed under load ({f['callers']} callers): requests failed after "
+                f"retries (of {f['requests']})",
+                f["failed_after_retries"],
+                0,
+            ],
+            ["replica killed: 500s / dropped / hung callers",
+             f"{f['server_errors']} / {f['dropped']} / {f['hung_callers']}", "0 / 0 / 0"],
+            ["replica killed: answers by status", f["statuses"], ""],
+            ["replica killed: seconds to a new replica / to the last refusal / slowest request",
+             f"{f['replaced_s']} / {f['recovered_s']} / {f['slowest_request_s']}", ""],
+        ]  # fmt: skip
+    f = result.get("overload")
+    if f and "error" not in f:
+        rss = f["rss_mb"]
+        rows += [
+            [
+                f"sidecar at 2x capacity ({f['offered_rps']} req/s of {f['texts_per_request']} texts, capacity "
+                f"{f['capacity_rps']}) for {f['held_s']} s: sent / served / shed (coded, Retry-After)",
+                f"{f['sent']} / {f['served']} / {f['shed']}",
+                "",
+            ],
+            ["overload: other 5xx or no answer / answers breaking the contract",
+             f"{f['server_errors']} / {sum(f['problems'].values())}", "0 / 0"],
+            ["overload: replica RSS MiB before / max / after", f"{rss['before']} / {rss['max']} / {rss['after']}",
+             "bounded"],
+            ["overload: served normally afterwards", f["served_after"], True],
+        ]  # fmt: skip
+    f = result.get("mixed_load")
+    if f and "error" not in f:
+        p99 = max((v["p99_ms"] or 0) for v in f["classes"].values())
+        rows.append(
+            [f"gateway, {f['callers']} mixed callers: failed requests / worst class p99 ms", f"{f['failed']} / {p99}",
+             "0 / -"]
+        )  # fmt: skip
+    return rows
+
+
 def _as_suite(result: dict[str, Any]) -> SuiteResult:
     fuzz = result["fuzz"]
     tables = [
         Table(
             "Fuzzing from /openapi.json: cases per route",
-            ["service", "route", "cases", "5xx or no answer (service total)"],
+            ["service", "route", "cases", "server errors (service total)"],
             [
                 [name, route, count, report["server_errors"] if i == 0 else ""]
                 for name, report in fuzz.items()
@@ -245,10 +318,28 @@ def _as_suite(result: dict[str, Any]) -> SuiteResult:
     tokens, acl = result["tokens"], result["acl"]
     figures = [
         ["gateway fuzz cases", sum(fuzz["gateway"]["cases_per_route"].values()), ""],
-        ["gateway fuzz: 5xx or no answer", fuzz["gateway"]["server_errors"], 0],
+        [
+            "gateway fuzz: server errors (no answer, 500, 5xx undocumented for its route or uncoded)",
+            fuzz["gateway"]["server_errors"],
+            0,
+        ],
+        [
+            "gateway fuzz: documented coded 5xx (kill switch, not ready)",
+            _codes(fuzz["gateway"]["documented_unavailable_codes"]),
+            "",
+        ],
         ["gateway fuzz: answers outside envelope v2", fuzz["gateway"]["contract_violations"], 0],
         ["sidecar fuzz cases", sum(fuzz["sidecar"]["cases_per_route"].values()), ""],
-        ["sidecar fuzz: 5xx or no answer", fuzz["sidecar"]["server_errors"], 0],
+        [
+            "sidecar fuzz: server errors (no answer, 500, 5xx undocumented for its route or uncoded)",
+            fuzz["sidecar"]["server_errors"],
+            0,
+        ],
+        [
+            "sidecar fuzz: documented coded 5xx (kill switch, not ready)",
+            _codes(fuzz["sidecar"]["documented_unavailable_codes"]),
+            "",
+        ],
         ["sidecar fuzz: answers outside {error: {code, message}}", fuzz["sidecar"]["contract_violations"], 0],
         ["forged tokens sent", tokens["tokens"], ""],
         ["forged tokens not refused (coded 4xx)", len(tokens["not_refused"]), 0],
@@ -276,11 +367,19 @@ def _as_suite(result: dict[str, Any]) -> SuiteResult:
                 term["requests_before_sigterm"],
                 "",
             ],
-            ["SIGTERM: requests sent before it that failed", term["failed_before_sigterm"], 0],
             [
-                "SIGTERM: sent after it, dropped or 5xx (not refused cleanly)",
-                term["after_sigterm"]["broken"],
-                0,
+                "SIGTERM: sent before it, served / refused (coded 503) / dropped or uncoded",
+                "{ok} / {coded} / {broken}".format(**term["before_sigterm"]),
+                "- / - / 0",
+            ],
+            [
+                "SIGTERM: sent after it, served / refused (no connection or coded 503) / dropped or uncoded",
+                "{} / {} / {}".format(
+                    term["after_sigterm"]["ok"],
+                    term["after_sigterm"]["refused"] + term["after_sigterm"]["coded"],
+                    term["after_sigterm"]["broken"],
+                ),
+                "- / - / 0",
             ],
             [
                 "SIGTERM: gateway exit code / seconds to exit",
@@ -288,7 +387,20 @@ def _as_suite(result: dict[str, Any]) -> SuiteResult:
                 "0 / -",
             ],
         ]
+    figures += _fault_figures(result)
     tables.insert(0, Table("Reliability figures", ["figure", "value", "goal"], figures))
+    if "mixed_load" in result and "error" not in result["mixed_load"]:
+        mixed = result["mixed_load"]
+        tables.append(
+            Table(
+                f"Gateway under {mixed['callers']} mixed callers for {mixed['seconds']:g} s",
+                ["class", "requests", "failed", "failed by status", "p50 ms", "p99 ms"],
+                [
+                    [c, v["requests"], v["failed"], v["failed_by_status"] or "", v["p50_ms"], v["p99_ms"]]
+                    for c, v in mixed["classes"].items()
+                ],
+            )
+        )
     if "images" in result:
         tables.append(
             Table(
@@ -307,15 +419,87 @@ def _as_suite(result: dict[str, Any]) -> SuiteResult:
     notes = [
         "Goals are counts, not ratios: 0 server errors, 0 contract violations, 0 rows leaked, 0 forged "
         "tokens accepted. Failing cases are listed in results.json (figures.fuzz.*.examples) for replay.",
+        "A server error is no answer, a 500, or a 5xx whose code the route's /openapi.json does not list "
+        "for that status (x-error-codes) or that is not in the service's coded error shape. Documented "
+        "coded 5xx (503 rag.media_disabled while the media kill switch is off, 501 rag.not_implemented, "
+        "a sidecar model not ready) are counted apart; they are answers the contract promises.",
     ]
     notes += [
         f"{s} fuzz stopped at its deadline before every route had its cases."
         for s in fuzz
         if fuzz[s]["stopped_early"]
     ]
+    if "postgres_stopped" in result and "replica_killed" not in result:
+        notes.append(
+            "Replica kill skipped: the sidecar was given by URL, so its Ray is out of this process's reach."
+        )
     if "images" not in result:
         notes.append(f"Hostile images skipped: the sidecar serves no {IMAGE_MODEL}.")
     return SuiteResult("reliability", tables=tables, figures=result, notes=notes)
+
+
+def _mixed_record(n: int) -> dict[str, Any]:
+    """The n-th record the mixed load pushes (rsc1, ids from 1000, never the corpus's)."""
+    text = _TEXTS[n % len(_TEXTS)]
+    return {
+        "section_tipo": "rsc1",
+        "section_id": 1000 + n,
+        "projects": [1],
+        "groups": {"card": {"lg-eng": text}},
+    }
+
+
+async def _attempt(figures: dict[str, Any], name: str, run: Any) -> None:
+    """``figures[name] = await run``; a fault that breaks the harness is recorded, not fatal."""
+    try:
+        figures[name] = await run
+    except Exception as exc:  # the next fault still runs; the report says what broke
+        figures[name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+
+
+async def _faults(stack: BenchStack, plan: ReliabilityPlan, result: dict[str, Any]) -> None:
+    """PostgreSQL stopped hard mid-drain, the sidecar stopped mid-drain, a replica killed, overload."""
+    from .faults import postgres_stopped_mid_drain, replica_killed_under_load, sidecar_stopped_mid_drain
+    from .load_held import sidecar_overload
+    from .stack import bench_sidecar_config
+
+    assert stack.sidecar_url is not None and stack.server_url is not None
+    if plan.faults:
+        records = plan.fault_records
+        await _attempt(
+            result,
+            "postgres_stopped",
+            postgres_stopped_mid_drain(
+                stack.sidecar_url, stack.work_dir, text_model=BENCH_MODEL, records=records
+            ),
+        )
+        config = bench_sidecar_config()
+        await _attempt(
+            result,
+            "sidecar_stopped",
+            sidecar_stopped_mid_drain(
+                stack.server_url, config.model(BENCH_MODEL), config.limits, records=records
+            ),
+        )
+        if _ray_here():
+            await _attempt(
+                result,
+                "replica_killed",
+                asyncio.to_thread(replica_killed_under_load, stack.sidecar_url, BENCH_MODEL, callers=4),
+            )
+    if plan.overload_seconds > 0:
+        await _attempt(
+            result,
+            "overload",
+            sidecar_overload(stack.sidecar_url, BENCH_MODEL, seconds=plan.overload_seconds, factor=2.0),
+        )
+
+
+def _ray_here() -> bool:
+    """Whether this process runs the sidecar's Ray (a sidecar given by URL is out of reach)."""
+    import ray
+
+    return bool(ray.is_initialized())
 
 
 async def run_suite(stack: BenchStack, plan: ReliabilityPlan) -> SuiteResult:
@@ -325,8 +509,28 @@ async def run_suite(stack: BenchStack, plan: ReliabilityPlan) -> SuiteResult:
     database = await stack.fresh_database("bench_reliability")
     secret = secrets.token_urlsafe(48)
     log = stack.work_dir / "reliability-gateway.log"
-    async with gateway_process(database, stack.sidecar_url, secret, log, text_model=BENCH_MODEL) as url:
-        result = await asyncio.to_thread(_run, url, stack.sidecar_url, secret, plan)
+    async with gateway_process(database, stack.sidecar_url, secret, log, text_model=BENCH_MODEL) as gateway:
+        result = await asyncio.to_thread(_run, gateway.url, stack.sidecar_url, secret, plan)
+        if plan.mixed_callers > 0:
+            from gateway.auth import issue_token
+
+            from .load_held import gateway_mixed_load
+
+            admin = issue_token(secret=secret, sub="bench-admin", projects=None, admin=True)
+            await _attempt(
+                result,
+                "mixed_load",
+                gateway_mixed_load(
+                    gateway.url,
+                    admin,
+                    callers=plan.mixed_callers,
+                    seconds=plan.mixed_seconds,
+                    section_tipo="oh1",
+                    section_ids=[1, 3, 5, 7],
+                    ingest_record=_mixed_record,
+                ),
+            )
+            result["healthy_after"] = _healthy(gateway.url, stack.sidecar_url)
     if plan.sigterm_callers > 0:
         from gateway.auth import issue_token
 
@@ -343,4 +547,5 @@ async def run_suite(stack: BenchStack, plan: ReliabilityPlan) -> SuiteResult:
             text_model=BENCH_MODEL,
             callers=plan.sigterm_callers,
         )
+    await _faults(stack, plan, result)
     return _as_suite(result)

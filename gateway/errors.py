@@ -96,6 +96,7 @@ ERRORS: dict[str, ErrorSpec] = {
     "rag.chunk_not_found": ErrorSpec(404, "rag", "No such chunk"),
     "rag.not_implemented": ErrorSpec(501, "rag", "This action is not implemented yet"),
     "service.unavailable": ErrorSpec(503, "service", "The service is temporarily unavailable", True),
+    "service.stopping": ErrorSpec(503, "service", "The gateway is shutting down; retry shortly", True),
     "service.overloaded": ErrorSpec(429, "service", "Too many requests in flight; retry shortly", True),
     "internal": ErrorSpec(500, "internal", "Internal error"),
 }
@@ -203,12 +204,12 @@ def envelope_ok(request: web.Request, data: Any, msg: str = "ok") -> web.Respons
     return json_response(request, {"ok": True, "request_id": request_id(request), "msg": msg, "data": data})
 
 
-RETRY_AFTER_S = 1  # what a 429 asks a client to wait: in-flight requests finish in about that time
+RETRY_AFTER_S = 1  # what a 429 or retryable 503 asks a client to wait: in-flight requests finish by then
 
 
 def error_response(request: web.Request, error: ApiError) -> web.Response:
     response = json_response(request, error.body(request_id(request)), status=error.status)
-    if error.status == 429:
+    if error.status == 429 or (error.status == 503 and error.retryable):
         response.headers["Retry-After"] = str(RETRY_AFTER_S)
     if error.status == 408:  # a client too slow to send its body does not keep the connection
         response.force_close()

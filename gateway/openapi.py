@@ -195,10 +195,7 @@ def _json_api_operation() -> dict[str, Any]:
         "responses": {
             "200": {"description": "success", "content": {"application/json": {"schema": _OK_ENVELOPE}}},
             **{
-                str(status): {
-                    "description": ", ".join(c for c, s in sorted(ERRORS.items()) if s.status == status),
-                    "content": {"application/json": {"schema": _ERROR_ENVELOPE}},
-                }
+                str(status): _error_response([c for c, s in sorted(ERRORS.items()) if s.status == status])
                 for status in errors
             },
         },
@@ -215,6 +212,26 @@ _REQUEST_BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("/v1/queue/retry", "post"): {"type": "object"},
     ("/v1/sections/{section_tipo}/reconcile", "post"): {"type": "object"},
 }
+
+
+# The 5xx codes every route may answer (it is stopping; an unexpected failure), and those some add.
+_ANY_ROUTE_5XX = ("internal", "service.stopping")
+_ROUTE_5XX: dict[tuple[str, str], tuple[str, ...]] = {("/readyz", "get"): ("service.unavailable",)}
+
+
+def _error_response(codes: list[str]) -> dict[str, Any]:
+    """A documented error status: its codes, readable and as ``x-error-codes`` for tools (the fuzzer)."""
+    return {
+        "description": ", ".join(codes),
+        "x-error-codes": codes,
+        "content": {"application/json": {"schema": _ERROR_ENVELOPE}},
+    }
+
+
+def _server_errors(path: str, method: str) -> dict[str, Any]:
+    codes = sorted({*_ANY_ROUTE_5XX, *_ROUTE_5XX.get((path, method), ())})
+    statuses = sorted({ERRORS[c].status for c in codes})
+    return {str(s): _error_response([c for c in codes if ERRORS[c].status == s]) for s in statuses}
 
 
 def _summary(handler: Any) -> str:
@@ -235,12 +252,13 @@ def build_spec(app: web.Application) -> dict[str, Any]:
             operation = {
                 "summary": _summary(route.handler),
                 "responses": {
+                    **_server_errors(path, method),
                     "default": {
                         "description": "v2 envelope",
                         "content": {
                             "application/json": {"schema": {"oneOf": [_OK_ENVELOPE, _ERROR_ENVELOPE]}}
                         },
-                    }
+                    },
                 },
             }
             body = _REQUEST_BODIES.get((path, method))

@@ -17,12 +17,28 @@
 - **Load.** :func:`concurrency_middleware` answers 429 ``service.overloaded``
   with ``Retry-After`` beyond ``RAG_GATEWAY_MAX_CONCURRENCY`` requests in
   flight, rather than queueing without bound.
+- **Stopping (SIGTERM).** :meth:`GatewayRunner.cleanup` replaces aiohttp's
+  shutdown, which closed every connection at once: data arriving on them was
+  then ignored, so a request whose body was still in transit, or a request
+  sent on a kept-alive connection, got no answer, and connections waiting in
+  the listen backlog were reset when the socket closed. Instead: (1) accept
+  what is in the backlog, then close the listening socket, so later clients
+  are refused (connection refused) and can go elsewhere; (2) every request
+  already read, and the first request of every connection opened before the
+  stop, is served, with ``Connection: close``; (3) any other request arriving
+  on a kept-alive connection while draining gets 503 ``service.stopping``
+  (retryable, ``Retry-After``, ``Connection: close``); (4) idle connections are
+  closed once no request is in progress and :data:`DRAIN_GRACE_S` has passed,
+  and requests still running at ``RAG_SHUTDOWN_TIMEOUT`` are cancelled.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import os
+import socket
 import uuid
 from typing import Any
 
@@ -30,15 +46,21 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
-from .errors import REQUEST_ID_HEADER, ApiError, Handler
+from .errors import REQUEST_ID_HEADER, ApiError, Handler, error_response
 from .settings import GatewaySettings
 
-__all__ = ["UNBOUNDED_PATHS", "GatewayRunner", "concurrency_middleware", "handler_args"]
+__all__ = ["DRAIN_GRACE_S", "UNBOUNDED_PATHS", "GatewayRunner", "concurrency_middleware", "handler_args"]
 
 log = logging.getLogger(__name__)
 
 # Probes and scrapes must answer while the gateway is saturated: they are never refused.
 UNBOUNDED_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+
+# While stopping, idle connections stay open at least this long (capped by the shutdown timeout), so
+# a request already on its way over one is answered (served, or refused with a coded 503) rather than
+# met by a closed socket. They stay open longer while any request is still in progress.
+DRAIN_GRACE_S = 0.5
+_DRAIN_POLL_S = 0.02
 
 
 def handler_args(settings: GatewaySettings) -> dict[str, Any]:
@@ -56,7 +78,43 @@ def handler_args(settings: GatewaySettings) -> dict[str, Any]:
 
 
 class _EnvelopeProtocol(RequestHandler):
-    """aiohttp's connection handler, answering its own protocol errors in envelope v2."""
+    """aiohttp's connection handler, answering its own protocol errors in envelope v2 and draining
+    politely when the gateway stops (see the module's docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._requests_seen = 0
+        self._draining = False
+        self._drain_allowance = 0  # requests this connection may still have served while draining
+
+    def start_draining(self) -> None:
+        """Serve what was read or is the connection's first request; refuse later ones; then close."""
+        self._draining = True
+        # requests already parsed here were read before the stop; a fresh connection's first is in transit
+        self._drain_allowance = len(self._messages) or (1 if self._requests_seen == 0 else 0)
+
+    @property
+    def busy(self) -> bool:
+        """A request is being handled or waits (parsed) on this connection."""
+        return self._request_in_progress or bool(self._messages)
+
+    @property
+    def open(self) -> bool:
+        return self.transport is not None and not self._force_close
+
+    async def _handle_request(self, request: BaseRequest, start_time: Any, request_handler: Any) -> Any:
+        self._requests_seen += 1
+        if self._draining:
+            if self._drain_allowance > 0:
+                self._drain_allowance -= 1
+            else:
+                request_handler = _refuse_while_stopping
+        return await super()._handle_request(request, start_time, request_handler)
+
+    async def finish_response(self, request: BaseRequest, resp: web.StreamResponse, start_time: Any) -> Any:
+        if self._draining:  # the last answer on this connection: say so, so the client opens no reuse
+            resp.force_close()
+        return await super().finish_response(request, resp, start_time)
 
     def handle_error(
         self,
@@ -82,6 +140,13 @@ class _EnvelopeProtocol(RequestHandler):
         response.headers[REQUEST_ID_HEADER] = rid
         response.force_close()
         return response
+
+
+async def _refuse_while_stopping(request: BaseRequest) -> web.StreamResponse:
+    error = ApiError("service.stopping")
+    response = error_response(request, error)  # type: ignore[arg-type]  # reads headers and the id only
+    response.force_close()
+    return response
 
 
 def _reason(exc: BaseException | None, message: str | None) -> str:
@@ -115,6 +180,90 @@ class GatewayRunner(web.AppRunner):
             handler_cancellation=base.handler_cancellation,
             **base._kwargs,
         )
+
+    async def cleanup(self) -> None:
+        """Stop: backlog accepted and listener closed, in-flight requests finished, then the app's cleanup.
+
+        aiohttp's own ``cleanup`` closes every connection before waiting, which drops requests in
+        transit; this keeps its order (sites, on_shutdown, connections, cleanup contexts) otherwise.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._shutdown_timeout
+        accepted: list[socket.socket] = []
+        for site in list(self._sites):
+            accepted += _close_listener(site)
+            await site.stop()
+        server = self._server
+        if server is not None:
+            for sock in accepted:  # clients that connected before the stop: served like the others
+                try:
+                    await loop.connect_accepted_socket(server, sock)
+                except OSError:
+                    sock.close()
+            await asyncio.sleep(0)
+            await _drain(server, deadline, min(DRAIN_GRACE_S, self._shutdown_timeout))
+            await self.shutdown()
+            await server.shutdown(max(0.0, deadline - loop.time()))
+        await self._cleanup_server()
+        self._server = None
+
+
+def _close_listener(site: web.BaseSite) -> list[socket.socket]:
+    """Close the site's listening sockets, first accepting the connections queued in their backlog.
+
+    Closing a listening socket resets the connections the kernel completed but nobody accepted yet,
+    though their clients may have sent a whole request. A duplicate descriptor keeps the socket
+    listening while asyncio lets go of it; no ``await`` runs between the last ``accept`` and the
+    close, so only a connection completed within those microseconds can still be reset.
+    """
+    server = getattr(site, "_server", None)
+    listeners = list(getattr(server, "sockets", None) or ())
+    dups = []
+    for listener in listeners:
+        dup = socket.socket(fileno=os.dup(listener.fileno()))
+        dup.setblocking(False)
+        dups.append(dup)
+    if server is not None:
+        server.close()  # asyncio stops accepting; the duplicates still hold the sockets open
+    accepted = []
+    for dup in dups:
+        try:
+            while True:
+                conn, _ = dup.accept()
+                accepted.append(conn)
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError as exc:  # e.g. EMFILE: what is left in the backlog is reset, as before
+            log.warning("stopping: could not accept the listen backlog: %s", exc)
+        finally:
+            dup.close()
+    if accepted:
+        log.info("stopping: %d connection(s) taken from the listen backlog", len(accepted))
+    return accepted
+
+
+async def _drain(server: web.Server, deadline: float, grace: float) -> None:
+    """Let every connection finish (see :class:`_EnvelopeProtocol`); close idle ones after ``grace``.
+
+    Returns when no connection is open, or when none is busy and ``grace`` has passed, or at
+    ``deadline`` (the caller then cancels what still runs).
+    """
+    loop = asyncio.get_running_loop()
+    grace_end = loop.time() + grace
+    for conn in server.connections:
+        if isinstance(conn, _EnvelopeProtocol):
+            conn.start_draining()
+    while loop.time() < deadline:
+        conns = [c for c in server.connections if isinstance(c, _EnvelopeProtocol) and c.open]
+        if not conns or (loop.time() >= grace_end and not any(c.busy for c in conns)):
+            break
+        for conn in conns:  # accepted from the backlog or opened during this loop
+            if not conn._draining:
+                conn.start_draining()
+        await asyncio.sleep(_DRAIN_POLL_S)
+    for conn in server.connections:
+        if isinstance(conn, _EnvelopeProtocol) and conn.open and not conn.busy:
+            conn.force_close()
 
 
 def concurrency_middleware(limit: int) -> Any:

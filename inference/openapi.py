@@ -96,10 +96,12 @@ ERROR_SCHEMA: dict[str, Any] = {
 
 def _operation(method: str, path: str, summary: str, open_routes: Iterable[str]) -> dict[str, Any]:
     json_error = {"description": "coded error", "content": {"application/json": {"schema": ERROR_SCHEMA}}}
-    operation: dict[str, Any] = {
-        "summary": summary,
-        "responses": {"200": {"description": "success"}, "default": json_error},
-    }
+    responses: dict[str, Any] = {"200": {"description": "success"}}
+    if method == "POST" or path == "/readyz":  # a model still loading or unreachable (NotReady)
+        responses["503"] = {**json_error, "description": "not_ready", "x-error-codes": ["not_ready"]}
+    if method == "POST":  # a model failing on an input (ModelFailed): documented, still a server error
+        responses["500"] = {**json_error, "description": "model_error", "x-error-codes": ["model_error"]}
+    operation: dict[str, Any] = {"summary": summary, "responses": {**responses, "default": json_error}}
     if path not in open_routes:
         operation["security"] = [{"bearer": []}]
     if method == "POST":

@@ -174,6 +174,6 @@ def test_reliability_suite_writes_its_figures(sidecar_url: str, pg_server, tmp_p
     assert figures["tokens"]["not_refused"] == [] and figures["images"]["server_errors"] == 0
     assert figures["healthy_after"] == {"gateway": True, "sidecar": True}
     sigterm = figures["sigterm"]
-    assert sigterm["requests_before_sigterm"] > 0 and sigterm["failed_before_sigterm"] == 0, sigterm
+    assert sigterm["requests_before_sigterm"] > 0 and sigterm["before_sigterm"]["broken"] == 0, sigterm
     assert sigterm["after_sigterm"]["broken"] == 0 and sigterm["exit_code"] == 0, sigterm
     assert "Reliability figures" in (out / "REPORT.md").read_text()

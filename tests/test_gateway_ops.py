@@ -19,7 +19,7 @@ from gateway.logs import REQUEST_ID, JsonFormatter, RequestIdFilter
 from gateway.openapi import build_spec
 from gateway.settings import load_gateway_settings
 from inference.net import await_ready, free_port
-from tests.fixtures.gateway import SECRET, Gateway, running_gateway
+from tests.fixtures.gateway import ADMIN, SECRET, TEXT_MODEL, Gateway, running_gateway
 
 pytestmark = pytest.mark.ray
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -151,3 +151,108 @@ async def test_mnemo_gateway_stops_cleanly_on_sigterm(corpus_database_url: str, 
     access = [line for line in lines if line["logger"] == "gateway.access"]
     assert access and access[0]["path"] == "/healthz" and access[0]["request_id"]
     assert any(line["msg"] == "gateway stopped" for line in lines)
+
+
+_SEARCH = json.dumps(
+    {"dd_api": "dd_rag_api", "action": "semantic_search", "options": {"query": "reservoir"}}
+).encode()
+_SEARCH_HEAD = (
+    "POST /api/v1/json HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
+    f"Authorization: Bearer {ADMIN}\r\nContent-Length: {len(_SEARCH)}\r\n\r\n"
+).encode()
+
+
+async def _answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], dict]:
+    """One HTTP/1.1 answer off a raw connection: status, headers (lower-case names), JSON body.
+
+    Raises (``IncompleteReadError``, ``ConnectionResetError``, timeout) when the gateway dropped it.
+    """
+    head = (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 60)).decode("latin-1")
+    status_line, *lines = head.strip().split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines)}
+    body = await asyncio.wait_for(reader.readexactly(int(headers["content-length"])), 60)
+    return int(status_line.split()[1]), headers, json.loads(body)
+
+
+async def _refused(host: str, port: int) -> bool:
+    try:
+        _, writer = await asyncio.open_connection(host, port)
+    except ConnectionRefusedError:
+        return True
+    writer.close()
+    return False
+
+
+async def test_sigterm_drops_no_request_it_accepted(
+    database_url: str, sidecar_url: str, tmp_path: Path
+) -> None:
+    """SIGTERM to a ``mnemo gateway`` with callers in every state: none is reset or left unanswered.
+
+    Before the fix aiohttp closed every connection at once and ignored what arrived on them: the body
+    in transit (B), the request on a fresh connection (C) and the kept-alive request (A) got nothing.
+    """
+    from benchmarks.gateway import gateway_process
+
+    async with gateway_process(
+        database_url, sidecar_url, SECRET, tmp_path / "gw.log", text_model=TEXT_MODEL
+    ) as gw:
+        host, port = "127.0.0.1", int(gw.url.rsplit(":", 1)[1])
+        # A: a kept-alive connection that has been served once, idle when the signal comes.
+        a_reader, a_writer = await asyncio.open_connection(host, port)
+        a_writer.write(_SEARCH_HEAD + _SEARCH)
+        status, headers, _ = await _answer(a_reader)
+        assert status == 200 and headers.get("connection", "").lower() != "close"
+        # B: its head and half its body sent: a request in progress.
+        b_reader, b_writer = await asyncio.open_connection(host, port)
+        b_writer.write(_SEARCH_HEAD + _SEARCH[:10])
+        # C: connected, nothing sent yet (its request is "in transit").
+        c_reader, c_writer = await asyncio.open_connection(host, port)
+        # D: connected and sent while the gateway cannot accept it: it waits in the listen backlog.
+        gw.process.send_signal(signal.SIGSTOP)
+        try:
+            d_reader, d_writer = await asyncio.open_connection(host, port)
+            d_writer.write(_SEARCH_HEAD + _SEARCH)
+            await d_writer.drain()
+            gw.process.send_signal(signal.SIGTERM)
+        finally:
+            gw.process.send_signal(signal.SIGCONT)
+        for _ in range(1000):  # bounded: the listener closes as the stop begins
+            if await _refused(host, port):
+                break
+            await asyncio.sleep(0.01)
+        else:
+            raise AssertionError("the gateway kept accepting connections after SIGTERM")
+        # New connections are refused; everything already connected is answered.
+        a_writer.write(_SEARCH_HEAD + _SEARCH)
+        c_writer.write(_SEARCH_HEAD + _SEARCH)
+        await asyncio.gather(a_writer.drain(), c_writer.drain())
+        a_status, a_headers, a_body = await _answer(a_reader)
+        c_status, c_headers, _ = await _answer(c_reader)
+        b_writer.write(_SEARCH[10:])
+        b_status, b_headers, _ = await _answer(b_reader)
+        d_status, _, _ = await _answer(d_reader)
+        code = await asyncio.wait_for(gw.process.wait(), 60)
+        for writer in (a_writer, b_writer, c_writer, d_writer):
+            writer.close()
+    # A kept-alive connection's next request: refused with a coded, retryable 503.
+    assert a_status == 503 and a_body["error"]["code"] == "service.stopping", a_body
+    assert a_body["error"]["retryable"] is True and a_headers["retry-after"] == "1"
+    # The request in progress, the fresh connection's and the backlog's: served, each the last.
+    assert (b_status, c_status, d_status) == (200, 200, 200)
+    assert all(h["connection"].lower() == "close" for h in (a_headers, b_headers, c_headers))
+    assert code == 0, gw.log.read_text()[-2000:]
+
+
+async def test_sigterm_under_closed_loop_load_fails_no_request(
+    database_url: str, sidecar_url: str, tmp_path: Path
+) -> None:
+    """The reliability suite's SIGTERM fault, small: 4 callers (2 kept alive), 1 s of load."""
+    from benchmarks.faults import sigterm_gateway
+    from benchmarks.gateway import gateway_process
+
+    async with gateway_process(
+        database_url, sidecar_url, SECRET, tmp_path / "gw.log", text_model=TEXT_MODEL
+    ) as gw:
+        result = await sigterm_gateway(gw.url, gw.process, ADMIN, callers=4, load_seconds=1.0)
+    assert result["before_sigterm"]["ok"] > 0 and result["exit_code"] == 0, result
+    assert result["before_sigterm"]["broken"] == 0 and result["after_sigterm"]["broken"] == 0, result

@@ -18,7 +18,17 @@ from typing import Any
 import pytest
 
 from benchmarks.attacks import AclProbe, bad_images, forged_tokens, image_attacks, leak_check, token_attacks
-from benchmarks.fuzz import CLASSES, _mutated, fuzz_service, gateway_contract, sidecar_contract
+from benchmarks.fuzz import (
+    CLASSES,
+    Case,
+    _mutated,
+    documented_errors,
+    fuzz_service,
+    gateway_contract,
+    judge,
+    send,
+    sidecar_contract,
+)
 from gateway.resources import SETTINGS_KEY
 from inference.api import OPEN_ROUTES, SidecarAPI
 from inference.config import SidecarConfig
@@ -99,6 +109,49 @@ async def test_fuzzing_the_gateway_from_its_openapi(database_url: str, sidecar_u
         assert report.server_errors == 0 and not report.problems, report.as_dict()
         status, _ = await gw.call("embed_groups", {"section_tipo": "oh1"})
         assert status == 200
+
+
+async def test_documented_coded_5xx_are_counted_apart_from_server_errors(
+    database_url: str, sidecar_url: str
+) -> None:
+    """The kill switch's 503 ``rag.media_disabled`` is an answer the contract promises, not a server
+    error; a 500, an uncoded 5xx or a code the route does not list for its status is one."""
+    async with running_gateway(database_url, sidecar_url) as gw:
+        spec = await asyncio.to_thread(_get, gw.url + "/openapi.json")
+        body = json.dumps(
+            {
+                "dd_api": "dd_rag_api",
+                "action": "similar_objects",
+                "options": {"section_tipo": "oh1", "section_id": 1},
+            }
+        ).encode()
+        headers = (("Content-Type", "application/json"), ("Authorization", f"Bearer {ADMIN}"))
+        case = Case("valid", "POST /api/v1/json", "POST", "/api/v1/json", headers, body)
+        status, answer_headers, answer = await asyncio.to_thread(send, gw.url, case, 60)
+    assert status == 503 and json.loads(answer)["error"]["code"] == "rag.media_disabled", answer
+    dispatch = documented_errors(spec["paths"]["/api/v1/json"]["post"])
+    readyz = documented_errors(spec["paths"]["/readyz"]["get"])
+    assert "rag.media_disabled" in dispatch[503] and "service.stopping" in readyz[503]
+    assert judge(status, answer_headers, answer, "/api/v1/json", dispatch, gateway_contract) == (
+        "documented_unavailable",
+        None,
+    )
+    # The same answer from a route that does not list that code, a 500, an uncoded 502: server errors.
+    assert judge(status, answer_headers, answer, "/readyz", readyz, gateway_contract)[0] == "server_error"
+    internal = answer.replace(b"rag.media_disabled", b"internal")
+    assert (
+        judge(500, answer_headers, internal, "/api/v1/json", dispatch, gateway_contract)[0] == "server_error"
+    )
+    assert judge(502, {}, b"Bad Gateway", "/api/v1/json", dispatch, gateway_contract)[0] == "server_error"
+    assert judge(0, {}, b"", "/api/v1/json", dispatch, gateway_contract)[0] == "server_error"
+    # Retryable 503s carry Retry-After; a documented one without it breaks the contract.
+    stopping = answer.replace(b"rag.media_disabled", b"service.stopping").replace(
+        b'"retryable":false', b'"retryable":true'
+    )
+    assert judge(503, {}, stopping, "/readyz", readyz, gateway_contract)[0] == "server_error"
+    assert judge(503, {"retry-after": "1"}, stopping, "/readyz", readyz, gateway_contract)[0] == (
+        "documented_unavailable"
+    )
 
 
 def _readable(doc: Any) -> bool:
