@@ -252,12 +252,20 @@ async def dense_search(
             ORDER BY e.embedding::{cast} <=> $1::{cast}
             LIMIT {int(limit)})
         SELECT * FROM nn ORDER BY distance, {_IDENTITY_ORDER}"""
+    settings = [
+        "SET LOCAL hnsw.iterative_scan = relaxed_order",
+        f"SET LOCAL hnsw.ef_search = {min(1000, max(int(ef_search), int(limit)))}",
+        f"SET LOCAL hnsw.max_scan_tuples = {int(max_scan_tuples)}",
+        # A generic plan of this statement (what PostgreSQL switches to after five runs of one
+        # prepared statement) cannot see the ACL's values: it estimates `projects && $n` at 1% and
+        # leaves the HNSW index for a bitmap scan of every row plus a sort (300 ms instead of 3 on
+        # 10k chunks at 100% visibility). Each query is planned with its own values instead.
+        "SET LOCAL plan_cache_mode = force_custom_plan",
+    ]
+    if exact:
+        settings.append("SET LOCAL enable_indexscan = off")
     async with conn.transaction(readonly=True):
-        await conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
-        await conn.execute(f"SET LOCAL hnsw.ef_search = {min(1000, max(int(ef_search), int(limit)))}")
-        await conn.execute(f"SET LOCAL hnsw.max_scan_tuples = {int(max_scan_tuples)}")
-        if exact:
-            await conn.execute("SET LOCAL enable_indexscan = off")
+        await conn.execute("; ".join(settings))  # one round trip
         rows = await conn.fetch(query, *sql.params)
     return [
         _chunk(r, 1.0 - float(r["distance"]), _as_array(r["embedding"]) if with_vectors else None)
