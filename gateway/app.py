@@ -66,14 +66,25 @@ async def _sidecar_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def _retriever_ctx(app: web.Application) -> AsyncIterator[None]:
     """The retrieval engine, with its own sidecar client: one quick retry, then a 503 for the caller."""
+    from schema.database import create_pool
+
     from .retrieval import Retriever
 
-    client = app[SETTINGS_KEY].sidecar.client(max_retries=1)
-    app[RETRIEVER_KEY] = Retriever(app[POOL_KEY], client, app[SETTINGS_KEY], app[METRICS_KEY])
+    settings = app[SETTINGS_KEY]
+    # Its own pool of read connections, released without asyncpg's reset query: every leg and
+    # seed read leaves no session state (SET LOCAL only), and the reset cost a round trip plus
+    # RESET ALL / CLOSE ALL / UNLISTEN on the server per leg (issue 15). Writes, the drain's
+    # advisory lock and the cache's listener stay on the main pool.
+    reads = await create_pool(
+        app[DATABASE_URL_KEY], max_size=settings.database.pool_size, reset_session=False
+    )
+    client = settings.sidecar.client(max_retries=1)
+    app[RETRIEVER_KEY] = Retriever(reads, client, settings, app[METRICS_KEY])
     try:
         yield
     finally:
         await client.close()
+        await reads.close()
 
 
 async def _vector_cache_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -20,9 +20,11 @@ Values are always bound parameters; identifiers come from ``rag_models``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -264,30 +266,68 @@ async def dense_search(
     ]
     if exact:
         settings.append("SET LOCAL enable_indexscan = off")
-    async with conn.transaction(readonly=True):
-        await conn.execute("; ".join(settings))  # one round trip
-        rows = await conn.fetch(query, *sql.params)
+    rows = await _fetch_with_local_settings(conn, settings, query, sql.params)
     return [
         _chunk(r, 1.0 - float(r["distance"]), _as_array(r["embedding"]) if with_vectors else None)
         for r in rows
     ]
 
 
+async def _fetch_with_local_settings(
+    conn: asyncpg.Connection, settings: Sequence[str], query: str, params: Sequence[Any]
+) -> list[asyncpg.Record]:
+    """``query`` in a read-only transaction of its own, after ``SET LOCAL`` ``settings``.
+
+    BEGIN and the settings go in one round trip (a simple-protocol batch), then the query, then
+    COMMIT: three round trips instead of asyncpg's five. Inside a caller's transaction, a
+    savepoint as before.
+    """
+    if conn.is_in_transaction():
+        async with conn.transaction():
+            await conn.execute("; ".join(settings))
+            return await conn.fetch(query, *params)
+    await conn.execute("; ".join(["BEGIN READ ONLY", *settings]))
+    try:
+        rows = await conn.fetch(query, *params)
+    except BaseException:
+        with contextlib.suppress(Exception):  # else the pool's release rolls it back
+            if not conn.is_closed() and conn.is_in_transaction():
+                await conn.execute("ROLLBACK")
+        raise
+    await conn.execute("COMMIT")
+    return rows
+
+
 def _tsquery_literal(term: str) -> str:
     return "'" + term.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+_TERMS_CACHE: OrderedDict[str, dict[str, int]] = OrderedDict()
+_TERMS_CACHE_SIZE = 4096
 
 
 async def query_terms(db: Executor, query: str) -> dict[str, int]:
     """A query's lexemes with their frequency in the query, parsed exactly as the lexical column is.
 
-    Folded, PostgreSQL's ``simple`` parser; frequency is the lexeme's position count.
+    Folded, PostgreSQL's ``simple`` parser; frequency is the lexeme's position count. The parse
+    depends on the text alone, so the last :data:`_TERMS_CACHE_SIZE` queries' terms are kept (a
+    repeated query saves the lexical leg one round trip).
     """
+    folded = fold(query)
+    cached = _TERMS_CACHE.get(folded)
+    if cached is not None:
+        _TERMS_CACHE.move_to_end(folded)
+        return dict(cached)
     rows = await db.fetch(
         "SELECT lexeme, coalesce(array_length(positions, 1), 1) AS n "
         "FROM unnest(to_tsvector('simple'::regconfig, $1)) ORDER BY lexeme",
-        fold(query),
+        folded,
     )
-    return {r["lexeme"]: int(r["n"]) for r in rows}
+    terms = {r["lexeme"]: int(r["n"]) for r in rows}
+    _TERMS_CACHE[folded] = terms
+    while len(_TERMS_CACHE) > _TERMS_CACHE_SIZE:
+        _TERMS_CACHE.popitem(last=False)
+    return dict(terms)
 
 
 def scored_terms(terms: Mapping[str, int]) -> dict[str, int]:

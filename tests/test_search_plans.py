@@ -55,3 +55,46 @@ async def test_dense_leg_never_runs_a_generic_plan(db_pool: asyncpg.Pool) -> Non
     assert plans, "the dense statement was not prepared on this connection"
     assert sum(p["custom_plans"] for p in plans) >= 12
     assert sum(p["generic_plans"] for p in plans) == 0
+
+
+async def test_read_pool_keeps_no_leg_state_between_callers(database_url: str) -> None:
+    """The gateway's read pool skips asyncpg's reset query, so a leg must leave nothing behind:
+    its scan settings are SET LOCAL in a transaction it ends, also when the query fails."""
+    from schema import create_pool
+
+    pool = await create_pool(database_url, max_size=1, reset_session=False)
+    try:
+        partition = await ensure_partition(pool, "plan-test-4", 4)
+        async with pool.acquire() as conn:
+            defaults = await conn.fetchrow("SELECT current_setting('plan_cache_mode') AS mode")
+            await conn.execute("SET application_name = 'left-behind'")  # session state survives release
+        async with pool.acquire() as conn:
+            assert await conn.fetchval("SHOW application_name") == "left-behind"
+            assert await dense_search(conn, partition, np.ones(4, np.float32), Scope(), 5) == []
+            assert not conn.is_in_transaction()
+        async with pool.acquire() as conn:
+            assert await conn.fetchval("SHOW plan_cache_mode") == defaults["mode"]
+            assert await conn.fetchval("SHOW hnsw.iterative_scan") == "off"
+            try:
+                await dense_search(conn, partition, np.ones(3, np.float32), Scope(), 5)  # wrong dimension
+            except asyncpg.PostgresError:
+                pass
+            else:
+                raise AssertionError("a 3-d query against a 4-d partition must fail")
+            assert not conn.is_in_transaction()
+            assert await conn.fetchval("SHOW hnsw.iterative_scan") == "off"
+    finally:
+        await pool.close()
+
+
+async def test_default_pool_still_resets_the_session(database_url: str) -> None:
+    from schema import create_pool
+
+    pool = await create_pool(database_url, max_size=1)
+    try:
+        async with pool.acquire() as conn:
+            await conn.execute("SET application_name = 'left-behind'")
+        async with pool.acquire() as conn:
+            assert await conn.fetchval("SHOW application_name") != "left-behind"
+    finally:
+        await pool.close()
