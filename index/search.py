@@ -146,26 +146,25 @@ class _Sql:
 
     def _apply_acl(self, acl: AclPushdown) -> None:
         readable = sorted(k for k, v in acl.perms.items() if "/" not in k and v >= 1)
-        self.add(f"e.section_tipo = ANY({self.bind(readable)}::text[])")
+        allowed = sorted(k for k, v in acl.perms.items() if "/" in k and v >= 1)
+        denied = sorted(k for k, v in acl.perms.items() if "/" in k and v < 1)
+        sections = self.bind(readable)
+        self.add(f"e.section_tipo = ANY({sections}::text[])")
         if acl.projects is not None:
             self.add(f"e.projects && {self.bind(list(acl.projects))}::int[]")
-        perms = self.bind(json.dumps(dict(acl.perms)))
-        # level(section, component): the explicit "section/component" entry, else the section's.
-        level = "coalesce(({p}::jsonb ->> ({s} || '/' || {c}))::int, ({p}::jsonb ->> {s})::int, 0)"
-        contributor = "c.v #>> '{}'"
-        c_section = f"CASE WHEN strpos({contributor}, '/') > 0 THEN split_part({contributor}, '/', 1) ELSE e.section_tipo END"
-        c_component = f"CASE WHEN strpos({contributor}, '/') > 0 THEN split_part({contributor}, '/', 2) ELSE {contributor} END"
+        # Every component the chunk needs (acl_pairs, "<section>/<component>", with their sections in
+        # acl_sections; NULL when malformed: see migration 0013) has level >= 1: its explicit entry,
+        # else its section's. No pair explicitly denied, and each pair's section readable (the common
+        # case, one array operator) or the pair explicitly allowed.
+        self.add("e.acl_pairs IS NOT NULL")
+        if denied:
+            self.add(f"NOT (e.acl_pairs && {self.bind(denied)}::text[])")
+        explicit = self.bind(allowed)
         self.add(
-            f"""CASE WHEN e.component_tipo LIKE 'rag:%' THEN
-                  jsonb_typeof(e.chunk_meta -> 'contributors') = 'array'
-                  AND jsonb_array_length(e.chunk_meta -> 'contributors') > 0
-                  AND NOT EXISTS (
-                      SELECT 1 FROM jsonb_array_elements(e.chunk_meta -> 'contributors') AS c(v)
-                      WHERE jsonb_typeof(c.v) <> 'string'
-                         OR (c.v #>> '{{}}') ~ '(^$|^/|/$|/.*/)'
-                         OR {level.format(p=perms, s=c_section, c=c_component)} < 1)
-                ELSE {level.format(p=perms, s="e.section_tipo", c="e.component_tipo")} >= 1
-              END"""
+            f"""(e.acl_sections <@ {sections}::text[]
+                 OR NOT EXISTS (SELECT 1 FROM unnest(e.acl_pairs, e.acl_sections) AS u(pair, section)
+                                WHERE NOT u.pair = ANY({explicit}::text[])
+                                  AND NOT u.section = ANY({sections}::text[])))"""
         )
 
     @property
