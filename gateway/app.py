@@ -99,7 +99,9 @@ async def _vector_cache_ctx(app: web.Application) -> AsyncIterator[None]:
     cache = VectorCache(
         app[POOL_KEY],
         app[DATABASE_URL_KEY],
-        CacheConfig(mode=settings.faiss_cache, max_bytes=settings.faiss_max_bytes),
+        CacheConfig(
+            mode=settings.faiss_cache, max_bytes=settings.faiss_max_bytes, threads=settings.faiss_threads
+        ),
         CacheMetrics(app[METRICS_KEY].registry),
     )
     app[VECTOR_CACHE_KEY] = cache

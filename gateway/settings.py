@@ -337,6 +337,13 @@ class GatewaySettings:
         "the fp16/fp32 GPU copy on CUDA). A partition that does not fit is logged, counted and left "
         "to pgvector.",
     )
+    faiss_threads: int = setting(
+        "RAG_FAISS_THREADS",
+        1,
+        "CPU threads per FAISS cache search (FAISS's OpenMP and numpy's BLAS in this process); 0 keeps "
+        "the libraries' default (every core). Concurrent requests already use the cores: more threads "
+        "per search only spin against the database on a small machine.",
+    )
     shutdown_timeout: float = setting(
         "RAG_SHUTDOWN_TIMEOUT", 30.0, "Seconds SIGTERM waits for in-flight requests before closing."
     )
@@ -394,6 +401,8 @@ class GatewaySettings:
         parse_weights(self.fusion_weights)
         if not 0.0 < self.near_duplicate_similarity <= 1.0:
             raise SettingsError("RAG_NEAR_DUPLICATE_SIMILARITY must be in (0, 1]")
+        if self.faiss_threads < 0:
+            raise SettingsError("RAG_FAISS_THREADS must be >= 0")
         if self.faiss_cache not in FAISS_MODES:
             raise SettingsError(f"RAG_FAISS_CACHE={self.faiss_cache!r}: use one of {', '.join(FAISS_MODES)}")
         if self.faiss_max_bytes < 0:

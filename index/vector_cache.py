@@ -52,7 +52,7 @@ from .change_feed import (
     current_watermark,
     pending_sql,
 )
-from .faiss_backend import FlatIndex, GpuFlatIndex, gpu_available
+from .faiss_backend import FlatIndex, GpuFlatIndex, gpu_available, limit_cpu_threads
 from .partitions import ModelPartition, list_partitions
 from .search import ChunkHit, Scope, chunk_from_row, hit_columns, identity_order, scope_where
 
@@ -79,10 +79,15 @@ class CacheConfig:
     fp16_min_vectors: int = 1_000_000  # on GPU, store fp16 from this many vectors on
     scope_cache_size: int = 32
     poll_s: float = 5.0  # safety net: catch up this often even without a notification
+    threads: int = (
+        1  # CPU threads per search (FAISS OpenMP and the BLAS of batched scans); 0 = library default
+    )
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"cache mode {self.mode!r}: use one of {MODES}")
+        if self.threads < 0:
+            raise ValueError("threads must be >= 0")
 
 
 @dataclass
@@ -289,6 +294,8 @@ class VectorCache:
         """Start loading every partition in the background and following the feed (returns at once)."""
         if not self.enabled:
             return
+        if self.config.threads:
+            limit_cpu_threads(self.config.threads)
         if listen:
             self.listener = ChangeListener(self.database_url, self.notify)
             self.listener.start()

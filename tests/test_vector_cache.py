@@ -380,3 +380,22 @@ def test_batched_scan_equals_selector_search() -> None:
         assert slots.tolist() == one_slots.tolist()
         assert np.allclose(scores, one_scores, atol=1e-5)
         assert all(mask[s] for s in slots)
+
+
+def test_cpu_threads_are_capped_per_search() -> None:
+    """RAG_FAISS_THREADS (CacheConfig.threads) caps FAISS's OpenMP and numpy's BLAS process-wide; in a
+    child process, so this one keeps its defaults."""
+    import subprocess
+    import sys
+
+    code = (
+        "import faiss, threadpoolctl\n"
+        "from index.faiss_backend import limit_cpu_threads\n"
+        "limit_cpu_threads(1)\n"
+        "blas = [i['num_threads'] for i in threadpoolctl.threadpool_info() if i['user_api'] == 'blas']\n"
+        "print(faiss.omp_get_max_threads(), sorted(set(blas)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split("\n")[0] == "1 [1]"
+    with pytest.raises(ValueError):
+        CacheConfig(threads=-1)
