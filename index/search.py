@@ -43,6 +43,7 @@ __all__ = [
     "Scope",
     "chunk_from_row",
     "dense_search",
+    "fetch_with_local_settings",
     "hit_columns",
     "identity_order",
     "lexical_search",
@@ -265,14 +266,14 @@ async def dense_search(
     ]
     if exact:
         settings.append("SET LOCAL enable_indexscan = off")
-    rows = await _fetch_with_local_settings(conn, settings, query, sql.params)
+    rows = await fetch_with_local_settings(conn, settings, query, sql.params)
     return [
         _chunk(r, 1.0 - float(r["distance"]), _as_array(r["embedding"]) if with_vectors else None)
         for r in rows
     ]
 
 
-async def _fetch_with_local_settings(
+async def fetch_with_local_settings(
     conn: asyncpg.Connection, settings: Sequence[str], query: str, params: Sequence[Any]
 ) -> list[asyncpg.Record]:
     """``query`` in a read-only transaction of its own, after ``SET LOCAL`` ``settings``.

@@ -54,7 +54,15 @@ from .change_feed import (
 )
 from .faiss_backend import FlatIndex, GpuFlatIndex, gpu_available, limit_cpu_threads
 from .partitions import ModelPartition, list_partitions
-from .search import ChunkHit, Scope, chunk_from_row, hit_columns, identity_order, scope_where
+from .search import (
+    ChunkHit,
+    Scope,
+    chunk_from_row,
+    fetch_with_local_settings,
+    hit_columns,
+    identity_order,
+    scope_where,
+)
 
 log = logging.getLogger(__name__)
 
@@ -760,13 +768,19 @@ class VectorCache:
             JOIN k ON e.model = ${n + 7} AND {" AND ".join(f"e.{c} = k.{c}" for c in KEY_COLUMNS)}
             WHERE {where}
             ORDER BY distance, {identity_order()}"""
-        rows = await conn.fetch(
+        # Planned with its values every time: a generic plan of this statement (after five runs)
+        # cannot see how few keys it joins, and it cost 5.6 ms a search against 2.4 on 10k rows.
+        rows = await fetch_with_local_settings(
+            conn,
+            ["SET LOCAL plan_cache_mode = force_custom_plan"],
             query,
-            *params,
-            *([k[i] for k in keys] for i in range(len(KEY_COLUMNS))),
-            partition.model,
-            watermark.seq,
-            str(watermark.xmin),
+            [
+                *params,
+                *([k[i] for k in keys] for i in range(len(KEY_COLUMNS))),
+                partition.model,
+                watermark.seq,
+                str(watermark.xmin),
+            ],
         )
         return rows, sum(1 for r in rows if r["trusted"])
 
