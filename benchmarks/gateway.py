@@ -1,4 +1,4 @@
-"""Gateway latency and throughput: ``semantic_search`` over HTTP beside the raw dense-leg SQL, same run.
+"""Gateway latency and throughput: ``semantic_search`` over HTTP beside the legs' raw SQL, same run.
 
 Setup: at least 10,000 chunks of real sentences (MEDLINE and XQuAD paragraphs
 from ``../shared/datasets``) in one model partition with its HNSW index. The
@@ -10,9 +10,13 @@ lexical leg sees real term statistics.
 
 Measured: the gateway (a ``mnemo gateway`` subprocess, hybrid retrieval, ACL,
 JSON over HTTP, query vectors cached after one warm pass) at concurrency 1, 8
-and 32, and the dense leg's SQL alone (``index.search.dense_search`` on a pool
-of the same size) for the same query vectors. The overhead ratio is the
-gateway's p50 over the raw SQL's p50.
+and 32, once with the FAISS cache off (``RAG_FAISS_CACHE=off``: the dense leg is
+pgvector's HNSW) and once with it on (``auto``, after it has loaded), each point
+beside, measured just before it: the legs' SQL as the gateway runs them (dense
+and lexical concurrently on two connections of a read pool like the gateway's:
+:class:`RawLegs`) and, for continuity with earlier reports, the dense leg's SQL
+alone. The overhead ratio is the gateway's p50 over the legs' p50; the
+throughput ratio the gateway's requests/s over the legs'.
 
 ``python -m benchmarks.gateway`` (a sidecar at ``RAG_SIDECAR_URL``; a throwaway
 embedded PostgreSQL unless ``--database-url``).
@@ -56,6 +60,7 @@ SECTION = "bench1"
 CHUNKS_PER_RECORD = 5
 CONCURRENCY = (1, 8, 32)
 DEFAULT_QUERIES = 200
+CACHE_MODES = ("off", "auto")  # the SQL path, then the FAISS cache (RAG_FAISS_CACHE's default)
 
 
 def load_sentences(minimum: int, datasets: Path = SHARED) -> list[str]:
@@ -187,6 +192,61 @@ async def gateway_process(
                 await proc.wait()
 
 
+async def cache_ready(session: Any, url: str, wait_s: float = 300.0) -> dict[str, Any]:
+    """Wait until the gateway's FAISS cache holds every partition (``/readyz``); its status.
+
+    A cache that is off, over budget or failed returns at once: the SQL path serves then.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        async with session.get(url + "/readyz") as r:
+            faiss = (await r.json())["data"]["faiss"]
+        states = {p["state"] for p in faiss.get("partitions", {}).values()}
+        if not faiss.get("running", True) or (states and "loading" not in states):
+            return faiss
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the FAISS cache did not load in {wait_s:.0f} s: {faiss}")
+        await asyncio.sleep(0.5)
+
+
+class RawLegs:
+    """The legs' SQL run directly, as the gateway runs them: dense and lexical concurrently, each on
+    its own connection of a read pool like the gateway's (no reset query), corpus statistics cached.
+    The gateway's over-fetch (``max(limit * 4, 20)``) and scope; no HTTP, JSON, fusion or gate."""
+
+    def __init__(self, pool: Any, partition: Any, texts: Sequence[str], vectors: np.ndarray, limit: int):
+        from index.search import CorpusStats, Scope
+
+        self.pool, self.partition, self.texts, self.vectors = pool, partition, texts, vectors
+        self.fetch = max(limit * 4, 20)
+        self.stats = CorpusStats(ttl=3600.0)
+        self.scope = Scope()
+
+    async def dense(self, i: int) -> None:
+        from index.search import dense_search
+
+        async with self.pool.acquire() as conn:
+            await dense_search(
+                conn, self.partition, self.vectors[i % len(self.vectors)], self.scope, self.fetch
+            )
+
+    async def lexical(self, i: int) -> None:
+        from index.search import lexical_search
+
+        async with self.pool.acquire() as conn:
+            await lexical_search(
+                conn,
+                self.partition,
+                self.texts[i % len(self.texts)],
+                self.scope,
+                self.fetch,
+                stats=self.stats,
+            )
+
+    async def legs(self, i: int) -> None:
+        await asyncio.gather(self.dense(i), self.lexical(i))
+
+
 def _load_dict(result: Any) -> dict[str, Any]:
     d = result.as_dict()
     lat = d.pop("latency_s")
@@ -207,13 +267,13 @@ async def run_gateway_benchmark(
     concurrency: Sequence[int] = CONCURRENCY,
     limit: int = 10,
     text_model: str | None = None,
+    caches: Sequence[str] = CACHE_MODES,
 ) -> dict[str, Any]:
-    """Set up the corpus, measure the gateway and the raw dense SQL; a JSON-able dict of figures."""
+    """Set up the corpus, measure the gateway (per FAISS cache mode) beside the legs' raw SQL."""
     import aiohttp
 
     from gateway.auth import issue_token
     from index.models import resolve_model
-    from index.search import Scope, dense_search
     from inference.client import SidecarClient
     from schema import EmbeddedPostgres, create_pool, migrate
 
@@ -225,8 +285,8 @@ async def run_gateway_benchmark(
         database_url = embedded_pg.start()
     try:
         await migrate(database_url)
-        pool_size = 10
-        pool = await create_pool(database_url, max_size=pool_size)
+        # The gateway's read pool: its size (RAG_DB_POOL_SIZE's default) and no reset query.
+        pool = await create_pool(database_url, max_size=10, reset_session=False)
         async with SidecarClient(sidecar_url) as client:
             model = await resolve_model(client, "text", text_model)
             sentences = load_sentences(chunks)[:chunks]
@@ -236,71 +296,72 @@ async def run_gateway_benchmark(
                 (await client.embed(model.id, texts, truncate=True)).embeddings, dtype=np.float32
             )
         setup_s = time.perf_counter() - started
+        raw = RawLegs(pool, partition, texts, qvecs, limit)
+        for i in range(len(qvecs)):  # warm the buffer cache and the statistics like the gateway's warm pass
+            await raw.legs(i)
 
-        # The raw dense leg: the same SQL the gateway runs, on a pool of the gateway's size.
-        fetch = max(limit * 4, 20)
-
-        async def raw(i: int) -> None:
-            async with pool.acquire() as conn:
-                await dense_search(conn, partition, qvecs[i % len(qvecs)], Scope(), fetch)
-
-        for i in range(len(qvecs)):  # warm the buffer cache like the gateway's warm pass
-            await raw(i)
-        raw_runs = {
-            c: await closed_loop(raw, concurrency=c, requests=requests, max_seconds=max_seconds)
-            for c in concurrency
-        }
+        async def load(call: Callable[[int], Any], c: int) -> Any:
+            return await closed_loop(call, concurrency=c, requests=requests, max_seconds=max_seconds)
 
         secret = secrets.token_urlsafe(48)
         bearer = issue_token(secret=secret, sub="bench", projects=None, admin=True)
-        async with gateway_process(database_url, sidecar_url, secret, workdir / "gateway.log") as gateway:
-            url = gateway.url
-            headers = {"Authorization": f"Bearer {bearer}"}
-            connector = aiohttp.TCPConnector(limit=max(concurrency) * 2)
-            async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
+        by_cache: dict[str, Any] = {}
+        metrics_text = ""
+        cold = None
+        for cache in caches:
+            log = workdir / f"gateway-{cache}.log"
+            async with gateway_process(
+                database_url, sidecar_url, secret, log, text_model=model.id, RAG_FAISS_CACHE=cache
+            ) as gateway:
+                url = gateway.url
+                connector = aiohttp.TCPConnector(limit=max(concurrency) * 2)
+                headers = {"Authorization": f"Bearer {bearer}"}
+                async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
+                    status = await cache_ready(session, url)
 
-                async def search(i: int) -> None:
-                    body = {"dd_api": "dd_rag_api", "action": "semantic_search",
-                            "options": {"query": texts[i % len(texts)], "limit": limit}}  # fmt: skip
-                    async with session.post(url + "/api/v1/json", json=body) as r:
-                        payload = await r.json()
-                        if r.status != 200 or len(payload["data"]) != limit:
-                            raise RuntimeError(f"semantic_search failed: {r.status} {payload}")
+                    async def search(i: int, session: Any = session, url: str = url) -> None:
+                        body = {"dd_api": "dd_rag_api", "action": "semantic_search",
+                                "options": {"query": texts[i % len(texts)], "limit": limit}}  # fmt: skip
+                        async with session.post(url + "/api/v1/json", json=body) as r:
+                            payload = await r.json()
+                            if r.status != 200 or len(payload["data"]) != limit:
+                                raise RuntimeError(f"semantic_search failed: {r.status} {payload}")
 
-                cold = await closed_loop(
-                    search, concurrency=1, requests=len(texts), max_seconds=120
-                )  # embeds
-                gateway_runs = {
-                    c: await closed_loop(search, concurrency=c, requests=requests, max_seconds=max_seconds)
-                    for c in concurrency
-                }
-                async with session.get(url + "/metrics") as r:
-                    metrics_text = await r.text()
+                    first = await load(search, 1) if cold is None else None  # embeds every query
+                    cold = cold or first
+                    for i in range(len(texts)):
+                        await search(i)
+                    rows = []
+                    for c in concurrency:  # each gateway point beside the baselines measured just before it
+                        legs, dense, gw = (
+                            await load(raw.legs, c),
+                            await load(raw.dense, c),
+                            await load(search, c),
+                        )
+                        rows.append(
+                            {
+                                "concurrency": c,
+                                "gateway": _load_dict(gw),
+                                "raw_legs_sql": _load_dict(legs),
+                                "raw_dense_sql": _load_dict(dense),
+                                "overhead_p50": round(ratio(gw.latency.median, legs.latency.median), 2),
+                                "throughput_ratio": round(ratio(gw.requests_per_s, legs.requests_per_s), 3),
+                                "overhead_p50_vs_dense": round(ratio(gw.latency.median, dense.latency.median), 2),
+                                "throughput_ratio_vs_dense": round(ratio(gw.requests_per_s, dense.requests_per_s), 3),
+                            }
+                        )  # fmt: skip
+                    async with session.get(url + "/metrics") as r:
+                        metrics_text = await r.text()
+            by_cache[cache] = {
+                "faiss": status,
+                "by_concurrency": rows,
+                "leg_mean_ms": _leg_means(metrics_text),
+            }
         await pool.close()
     finally:
         if embedded_pg is not None:
             embedded_pg.stop()
 
-    rows = []
-    for c in concurrency:
-        g, r = gateway_runs[c], raw_runs[c]
-        rows.append(
-            {
-                "concurrency": c,
-                "gateway": _load_dict(g),
-                "raw_dense_sql": _load_dict(r),
-                "overhead_p50": round(ratio(g.latency.median, r.latency.median), 2),
-                "throughput_ratio": round(ratio(g.requests_per_s, r.requests_per_s), 3),
-            }
-        )
-    legs = {
-        m.group(1): float(m.group(2))
-        for m in re.finditer(r'mnemo_retrieval_leg_seconds_sum\{leg="(\w+)"\} ([0-9.e+-]+)', metrics_text)
-    }
-    counts = {
-        m.group(1): float(m.group(2))
-        for m in re.finditer(r'mnemo_retrieval_leg_seconds_count\{leg="(\w+)"\} ([0-9.e+-]+)', metrics_text)
-    }
     return {
         "suite": "gateway",
         "chunks": len(sentences),
@@ -309,41 +370,51 @@ async def run_gateway_benchmark(
         "embedded_vectors": min(embedded, chunks),
         "queries": len(texts),
         "limit": limit,
-        "leg_fetch": fetch,
+        "leg_fetch": raw.fetch,
         "setup_s": round(setup_s, 1),
-        "cold_first_pass": _load_dict(cold),
-        "by_concurrency": rows,
-        "leg_mean_ms": {k: round(1000 * v / counts[k], 3) for k, v in legs.items() if counts.get(k)},
-        "overhead_ratio_p50_c1": rows[0]["overhead_p50"] if rows else None,
+        "cold_first_pass": _load_dict(cold) if cold is not None else None,
+        "by_cache": by_cache,
     }
+
+
+def _leg_means(metrics_text: str) -> dict[str, float]:
+    """Mean seconds per leg (ms) from the gateway's Prometheus text."""
+    sums, counts = ({
+        m.group(1): float(m.group(2))
+        for m in re.finditer(rf'mnemo_retrieval_leg_seconds_{kind}\{{leg="(\w+)"\}} ([0-9.e+-]+)', metrics_text)
+    } for kind in ("sum", "count"))  # fmt: skip
+    return {k: round(1000 * v / counts[k], 3) for k, v in sums.items() if counts.get(k)}
 
 
 def render(result: dict[str, Any]) -> str:
     lines = [
         f"gateway: semantic_search (limit {result['limit']}) over {result['chunks']} chunks / "
         f"{result['records']} records, model {result['model']}",
-        f"{'conc':>4}  {'gw p50':>8} {'gw p95':>8} {'gw p99':>8} {'gw rps':>8}   "
-        f"{'sql p50':>8} {'sql p95':>8} {'sql p99':>8} {'sql rps':>8}   {'p50 x':>6}",
     ]
-    for row in result["by_concurrency"]:
-        g, r = row["gateway"], row["raw_dense_sql"]
+    for cache, part in result["by_cache"].items():
+        lines.append(f"FAISS cache {cache} ({part['faiss'].get('mode')})")
         lines.append(
-            f"{row['concurrency']:>4}  {g['latency_ms']['median']:>8.2f} {g['latency_ms']['p95']:>8.2f} "
-            f"{g['latency_ms']['p99']:>8.2f} {g['requests_per_s']:>8.1f}   {r['latency_ms']['median']:>8.2f} "
-            f"{r['latency_ms']['p95']:>8.2f} {r['latency_ms']['p99']:>8.2f} {r['requests_per_s']:>8.1f}   "
-            f"{row['overhead_p50']:>6.2f}"
+            f"{'conc':>4}  {'gw p50':>8} {'gw p95':>8} {'gw rps':>8}   {'legs p50':>8} {'legs rps':>8}   "
+            f"{'dense p50':>9} {'dense rps':>9}   {'p50 x':>6} {'rps x':>6}   {'p50 x dense':>11}"
         )
+        for row in part["by_concurrency"]:
+            g, legs, d = row["gateway"], row["raw_legs_sql"], row["raw_dense_sql"]
+            lines.append(
+                f"{row['concurrency']:>4}  {g['latency_ms']['median']:>8.2f} {g['latency_ms']['p95']:>8.2f} "
+                f"{g['requests_per_s']:>8.1f}   {legs['latency_ms']['median']:>8.2f} {legs['requests_per_s']:>8.1f}   "
+                f"{d['latency_ms']['median']:>9.2f} {d['requests_per_s']:>9.1f}   {row['overhead_p50']:>6.2f} "
+                f"{row['throughput_ratio']:>6.3f}   {row['overhead_p50_vs_dense']:>11.2f}"
+            )
+        lines.append(f"  mean per leg inside the gateway (ms): {part['leg_mean_ms']}")
     lines.append(
-        "  (ms; gateway = HTTP + auth + dense + lexical legs + RRF + ACL; sql = the dense leg alone)"
+        "  (ms; gateway = HTTP + JWT + dense and lexical legs + fusion + ACL gate + JSON; legs = the dense "
+        "and lexical SQL run concurrently as the gateway runs them; dense = the dense SQL alone)"
     )
-    lines.append(f"  mean per leg inside the gateway (ms): {result['leg_mean_ms']}")
-    cold = result["cold_first_pass"]["latency_ms"]
-    lines.append(
-        f"  first pass, query embedding included: p50 {cold['median']:.1f} ms, p95 {cold['p95']:.1f} ms"
-    )
-    lines.append(
-        f"  overhead ratio (gateway p50 / raw dense SQL p50, concurrency 1): {result['overhead_ratio_p50_c1']}"
-    )
+    if result["cold_first_pass"]:
+        cold = result["cold_first_pass"]["latency_ms"]
+        lines.append(
+            f"  first pass, query embedding included: p50 {cold['median']:.1f} ms, p95 {cold['p95']:.1f} ms"
+        )
     return "\n".join(lines)
 
 
@@ -358,6 +429,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--requests", type=int, default=600, help="requests per concurrency level (bounded by time)"
     )
     p.add_argument("--max-seconds", type=float, default=30.0)
+    p.add_argument(
+        "--caches", default=",".join(CACHE_MODES), help="RAG_FAISS_CACHE values to measure, in order"
+    )
+    p.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)))
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     result = asyncio.run(
@@ -369,6 +444,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             embedded=args.embedded,
             requests=args.requests,
             max_seconds=args.max_seconds,
+            caches=tuple(args.caches.split(",")),
+            concurrency=tuple(int(c) for c in args.concurrency.split(",")),
         )
     )
     print(render(result))

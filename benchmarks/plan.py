@@ -52,6 +52,8 @@ class GatewayPlan:
     concurrency: int = 4  # of the size and selectivity curves
     selectivity: tuple[float, ...] = (1.0, 0.1, 0.01)  # share of rows visible to the caller
     load_concurrency: tuple[int, ...] = (1, 8, 32)  # the gateway benchmark's own table, at the largest size
+    # RAG_FAISS_CACHE per gateway: the first mode at every size, each at the largest ("off": the SQL path)
+    caches: tuple[str, ...] = ("off", "auto")
 
 
 @dataclasses.dataclass(frozen=True)

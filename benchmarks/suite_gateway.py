@@ -1,4 +1,4 @@
-"""The gateway suite: ``semantic_search`` beside its dense leg's raw SQL, by corpus size and filter selectivity.
+"""The gateway suite: ``semantic_search`` beside the legs' raw SQL, by corpus size, filter selectivity and cache.
 
 For each corpus size (1k and 10k chunks quick, 100k too in ``--full``) a fresh database gets the
 gateway benchmark's corpus (:func:`benchmarks.gateway.load_corpus`: real sentences, the first
@@ -6,12 +6,17 @@ gateway benchmark's corpus (:func:`benchmarks.gateway.load_corpus`: real sentenc
 
 - the load time (COPY into the partition, its HNSW index maintained row by row), a from-scratch
   ``REINDEX`` of that index, and the index and table sizes;
-- ``semantic_search`` over HTTP (a ``mnemo gateway`` subprocess: auth, hybrid legs, RRF, ACL gate)
-  and the dense leg's SQL alone (``index.search.dense_search``) for the same query vectors, p50/p95.
+- ``semantic_search`` over HTTP (a ``mnemo gateway`` subprocess: auth, hybrid legs, fusion, ACL
+  gate) beside the legs' SQL run as the gateway runs them (dense and lexical concurrently,
+  :class:`benchmarks.gateway.RawLegs`) and the dense leg's SQL alone (the earlier baseline), for
+  the same queries, p50/p95 and requests/s.
 
 At the largest size it adds filter selectivity (callers who may read 100%, 10% and 1% of the records,
 through their projects; the raw SQL gets the same ACL push-down) and the gateway benchmark's
-concurrency points (1, 8, 32). Headlines: the gateway's p50 and throughput over the raw SQL's.
+concurrency points (1, 8, 32), once per FAISS cache mode in ``plan.caches`` (``off``: the SQL path;
+``auto``: the cache, once loaded). Headlines per cache mode: the gateway's p50 at one caller and its
+throughput at the most callers over the legs' SQL; and the non-admin dense leg at 100% visibility
+over the admin's.
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ from .stack import BENCH_MODEL, BenchStack
 __all__ = ["run_suite"]
 
 LIMIT = 10
-SQL = "dense leg SQL alone"
+SQL = "the legs' SQL (dense + lexical, concurrent)"
+DENSE_SQL = "dense leg SQL alone"
 SQL_LABEL = "SQL"  # the baseline's series in the latency plots
 
 
@@ -88,13 +94,18 @@ async def _index_figures(pool: Any, partition: Any) -> dict[str, float]:
 
 
 class _Caller:
-    """One principal's two paths: ``semantic_search`` over HTTP, and the dense leg's SQL alone."""
+    """One principal's paths: ``semantic_search`` over HTTP, the legs' SQL as the gateway runs them
+    (:class:`benchmarks.gateway.RawLegs`, with the caller's ACL push-down), and the dense leg alone."""
 
     def __init__(self, http: Any, url: str, token: str, pool: Any, partition: Any, scope: Any, queries: Any):
+        from .gateway import RawLegs
+
         self.http, self.url, self.token = http, url, token
         self.pool, self.partition, self.scope = pool, partition, scope
         self.texts, self.vectors = queries
         self.hits: list[int] = []
+        self.raw = RawLegs(pool, partition, self.texts, self.vectors, LIMIT)
+        self.raw.scope = scope
 
     async def search(self, i: int) -> None:
         body = {
@@ -109,34 +120,36 @@ class _Caller:
                 raise RuntimeError(f"semantic_search failed: {response.status} {payload}")
             self.hits.append(len(payload["data"]))
 
-    async def sql(self, i: int) -> None:
-        from index.search import dense_search
-
-        async with self.pool.acquire() as conn:
-            await dense_search(
-                conn, self.partition, self.vectors[i % len(self.vectors)], self.scope, max(LIMIT * 4, 20)
-            )
-
     async def warm(self) -> None:
-        """One pass of every query on both paths (the gateway caches query vectors after it)."""
+        """One pass of every query on every path (the gateway caches query vectors after it)."""
         for i in range(len(self.texts)):
             await self.search(i)
-            await self.sql(i)
+            await self.raw.legs(i)
         self.hits.clear()
 
 
-async def _pair(caller: _Caller, plan: GatewayPlan, concurrency: int) -> dict[str, Any]:
+async def _pair(
+    caller: _Caller, plan: GatewayPlan, concurrency: int, admin: _Caller | None = None
+) -> dict[str, Any]:
+    """The caller's gateway point beside its baselines; with ``admin``, also the admin's dense leg
+    measured right after the caller's (the non-admin headline's same-time baseline)."""
     run: Callable[[Callable[[int], Awaitable[None]]], Awaitable[LoadResult]] = lambda call: closed_loop(  # noqa: E731
         call, concurrency=concurrency, requests=plan.requests, max_seconds=plan.seconds
     )
-    sql = await run(caller.sql)
+    legs = await run(caller.raw.legs)
+    dense = await run(caller.raw.dense)
+    extra = {} if admin is None else {"admin_dense_sql": _ms(await run(admin.raw.dense))}
     caller.hits.clear()
     gateway = await run(caller.search)
     return {
+        **extra,
         "concurrency": concurrency,
         "gateway": _ms(gateway),
-        "sql": _ms(sql),
-        "p50_ratio": ratio(gateway.latency.median, sql.latency.median),
+        "sql": _ms(legs),
+        "dense_sql": _ms(dense),
+        "p50_ratio": ratio(gateway.latency.median, legs.latency.median),
+        "p50_ratio_dense": ratio(gateway.latency.median, dense.latency.median),
+        "rps_ratio": ratio(gateway.requests_per_s, legs.requests_per_s),
         "mean_hits": float(np.mean(caller.hits)) if caller.hits else 0.0,
     }
 
@@ -157,10 +170,10 @@ async def _measure_size(
     from index.search import Scope
     from schema import create_pool
 
-    from .gateway import SECTION, load_corpus
+    from .gateway import SECTION, cache_ready, load_corpus
 
     url = await stack.fresh_database("bench_gateway")
-    pool = await create_pool(url, max_size=10)
+    pool = await create_pool(url, max_size=10, reset_session=False)  # like the gateway's read pool
     try:
         started = time.perf_counter()
         partition = await load_corpus(
@@ -169,30 +182,36 @@ async def _measure_size(
         point: dict[str, Any] = {"chunks": size, "load_s": time.perf_counter() - started}
         point.update(await _index_figures(pool, partition))
         secret = secrets.token_urlsafe(48)
-        log = stack.work_dir / f"gateway-{size}.log"
         assert stack.sidecar_url is not None
-        async with (
-            _gateway(url, stack.sidecar_url, secret, log, model.id) as gateway_url,
-            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as http,
-        ):
-            admin = issue_token(secret=secret, sub="bench-admin", projects=None, admin=True)
-            caller = _Caller(http, gateway_url, admin, pool, partition, Scope(), queries)
-            await caller.warm()
-            point.update(await _pair(caller, plan, plan.concurrency))
-            if size == max(plan.sizes):
-                point["by_concurrency"] = [await _pair(caller, plan, c) for c in plan.load_concurrency]
-                point["by_selectivity"] = []
-                perms = {SECTION: 1}
-                for k, share in enumerate(plan.selectivity):
-                    who = Principal(f"bench-{k}", projects=frozenset({k + 1}), perms=perms)
-                    token = issue_token(secret=secret, sub=who.sub, projects=[k + 1], perms=perms)
-                    scoped = _Caller(
-                        http, gateway_url, token, pool, partition, Scope(acl=pushdown(who)), queries
-                    )
-                    await scoped.warm()
-                    point["by_selectivity"].append(
-                        {"visible": share, **await _pair(scoped, plan, plan.concurrency)}
-                    )
+        largest = size == max(plan.sizes)
+        point["caches"] = {}
+        for cache in plan.caches if largest else plan.caches[:1]:
+            log = stack.work_dir / f"gateway-{size}-{cache}.log"
+            async with (
+                _gateway(url, stack.sidecar_url, secret, log, model.id, cache) as gateway_url,
+                aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as http,
+            ):
+                faiss = await cache_ready(http, gateway_url)
+                admin = issue_token(secret=secret, sub="bench-admin", projects=None, admin=True)
+                caller = _Caller(http, gateway_url, admin, pool, partition, Scope(), queries)
+                await caller.warm()
+                measured: dict[str, Any] = {"faiss": faiss, **await _pair(caller, plan, plan.concurrency)}
+                if largest:
+                    measured["by_concurrency"] = [await _pair(caller, plan, c) for c in plan.load_concurrency]
+                    measured["by_selectivity"] = []
+                    perms = {SECTION: 1}
+                    for k, share in enumerate(plan.selectivity):
+                        who = Principal(f"bench-{k}", projects=frozenset({k + 1}), perms=perms)
+                        token = issue_token(secret=secret, sub=who.sub, projects=[k + 1], perms=perms)
+                        scoped = _Caller(
+                            http, gateway_url, token, pool, partition, Scope(acl=pushdown(who)), queries
+                        )
+                        await scoped.warm()
+                        measured["by_selectivity"].append(
+                            {"visible": share, **await _pair(scoped, plan, plan.concurrency, caller)}
+                        )
+                point["caches"][cache] = measured
+        point.update(point["caches"][plan.caches[0]])  # the first mode's figures at the top level
     finally:
         await pool.close()
     return point
@@ -200,12 +219,15 @@ async def _measure_size(
 
 @contextlib.asynccontextmanager
 async def _gateway(
-    database_url: str, sidecar_url: str, secret: str, log: Any, model: str
+    database_url: str, sidecar_url: str, secret: str, log: Any, model: str, cache: str
 ) -> AsyncIterator[str]:
-    """The gateway benchmark's ``mnemo gateway`` subprocess, told which text model the corpus is in."""
+    """The gateway benchmark's ``mnemo gateway`` subprocess, told which text model the corpus is in
+    and which ``RAG_FAISS_CACHE`` to run."""
     from .gateway import gateway_process
 
-    async with gateway_process(database_url, sidecar_url, secret, log, text_model=model) as gateway:
+    async with gateway_process(
+        database_url, sidecar_url, secret, log, text_model=model, RAG_FAISS_CACHE=cache
+    ) as gateway:
         yield gateway.url
 
 
@@ -219,25 +241,43 @@ def _series(points: list[dict[str, Any]], x: str) -> dict[str, list[tuple[float,
 
 def _as_suite(plan: GatewayPlan, points: list[dict[str, Any]], setup: dict[str, Any]) -> SuiteResult:
     largest = points[-1]
-    c1 = next((p for p in largest["by_concurrency"] if p["concurrency"] == 1), largest)
-    busiest = largest["by_concurrency"][-1] if largest["by_concurrency"] else largest
-    headlines = [
-        Headline(
-            f"semantic_search p50, {largest['chunks']:,} chunks, 1 caller",
-            c1["gateway"]["p50"],
-            "ms",
-            SQL,
-            c1["sql"]["p50"],
-            higher_is_better=False,
-        ),
-        Headline(
-            f"semantic_search throughput, {largest['chunks']:,} chunks, {busiest['concurrency']} callers",
-            busiest["gateway"]["rps"],
-            "req/s",
-            SQL,
-            busiest["sql"]["rps"],
-        ),
-    ]
+    headlines: list[Headline] = []
+    for cache, measured in largest["caches"].items():
+        tag = "FAISS cache off" if cache == "off" else f"FAISS cache {cache}"
+        c1 = next((p for p in measured["by_concurrency"] if p["concurrency"] == 1), measured)
+        busiest = measured["by_concurrency"][-1] if measured["by_concurrency"] else measured
+        headlines += [
+            Headline(
+                f"semantic_search p50, {largest['chunks']:,} chunks, 1 caller ({tag})",
+                c1["gateway"]["p50"],
+                "ms",
+                SQL,
+                c1["sql"]["p50"],
+                higher_is_better=False,
+                bar=1.3,
+            ),
+            Headline(
+                f"semantic_search throughput, {largest['chunks']:,} chunks, {busiest['concurrency']} callers ({tag})",
+                busiest["gateway"]["rps"],
+                "req/s",
+                SQL,
+                busiest["sql"]["rps"],
+                bar=0.7,
+            ),
+        ]
+    full = next((p for p in largest["by_selectivity"] if p["visible"] == 1.0), None)
+    if full is not None:  # the non-admin dense leg (SQL path) beside the admin's, measured right after
+        headlines.append(
+            Headline(
+                f"non-admin dense leg p50 at 100% visibility, {largest['chunks']:,} chunks",
+                full["dense_sql"]["p50"],
+                "ms",
+                "admin dense leg",
+                full["admin_dense_sql"]["p50"],
+                higher_is_better=False,
+                bar=1.2,
+            )
+        )
     selectivity = sorted(largest["by_selectivity"], key=lambda p: p["visible"])
     curves = [
         Curve(
@@ -274,32 +314,40 @@ def _as_suite(plan: GatewayPlan, points: list[dict[str, Any]], setup: dict[str, 
             "concurrent callers",
             "requests/s",
             {
-                "gateway semantic_search": [
-                    (p["concurrency"], p["gateway"]["rps"]) for p in largest["by_concurrency"]
-                ],
+                **{
+                    f"gateway, cache {cache}": [
+                        (p["concurrency"], p["gateway"]["rps"]) for p in m["by_concurrency"]
+                    ]
+                    for cache, m in largest["caches"].items()
+                },
                 SQL: [(p["concurrency"], p["sql"]["rps"]) for p in largest["by_concurrency"]],
+                DENSE_SQL: [(p["concurrency"], p["dense_sql"]["rps"]) for p in largest["by_concurrency"]],
             },
             log_x=True,
-            baselines=(SQL,),
+            baselines=(SQL, DENSE_SQL),
         ),
     ]
 
     def row(p: dict[str, Any]) -> list[Any]:
-        g, s = p["gateway"], p["sql"]
-        return [g["p50"], g["p95"], g["rps"], s["p50"], s["p95"], s["rps"], p["p50_ratio"]]
+        g, s, d = p["gateway"], p["sql"], p["dense_sql"]
+        return [g["p50"], g["p95"], g["rps"], s["p50"], s["rps"], d["p50"], d["rps"], p["p50_ratio"],
+                p["rps_ratio"], p["p50_ratio_dense"]]  # fmt: skip
 
     latency_columns = [
         "gw p50 ms",
         "gw p95 ms",
         "gw req/s",
-        "SQL p50 ms",
-        "SQL p95 ms",
-        "SQL req/s",
+        "legs SQL p50 ms",
+        "legs SQL req/s",
+        "dense SQL p50 ms",
+        "dense SQL req/s",
         "p50 ratio",
+        "req/s ratio",
+        "p50 ratio (dense alone)",
     ]
     tables = [
         Table(
-            f"By corpus size ({plan.concurrency} callers)",
+            f"By corpus size ({plan.concurrency} callers, FAISS cache {plan.caches[0]})",
             ["chunks", "load s", "REINDEX s", "index MB", "table MB", *latency_columns],
             [
                 [p["chunks"], p["load_s"], p["reindex_s"], p["index_mb"], p["table_mb"], *row(p)]
@@ -308,21 +356,34 @@ def _as_suite(plan: GatewayPlan, points: list[dict[str, Any]], setup: dict[str, 
         ),
         Table(
             f"By filter selectivity ({largest['chunks']:,} chunks, {plan.concurrency} callers)",
-            ["% visible", "hits/query", *latency_columns],
-            [[100 * p["visible"], p["mean_hits"], *row(p)] for p in largest["by_selectivity"]],
+            ["FAISS cache", "% visible", "hits/query", *latency_columns],
+            [
+                [cache, 100 * p["visible"], p["mean_hits"], *row(p)]
+                for cache, m in largest["caches"].items()
+                for p in m["by_selectivity"]
+            ],
         ),
         Table(
             f"By concurrency ({largest['chunks']:,} chunks)",
-            ["callers", *latency_columns],
-            [[p["concurrency"], *row(p)] for p in largest["by_concurrency"]],
+            ["FAISS cache", "callers", *latency_columns],
+            [
+                [cache, p["concurrency"], *row(p)]
+                for cache, m in largest["caches"].items()
+                for p in m["by_concurrency"]
+            ],
         ),
     ]
     notes = [
         f"Model {setup['model']}; {setup['embedded']} chunk vectors from the sidecar, the rest seeded mixtures "
         f"of them; {setup['queries']} queries (vectors cached by the gateway after one warm pass); limit {LIMIT}, "
         f"each leg over-fetching {max(LIMIT * 4, 20)}.",
-        "gateway = HTTP + JWT + dense and lexical legs + RRF + ACL gate + JSON; SQL = the dense leg's query "
-        "alone (same vectors, same ACL push-down) on a pool of the gateway's size.",
+        "gateway = HTTP + JWT + dense and lexical legs + fusion + ACL gate + JSON; legs SQL = the dense and "
+        "lexical legs' queries run concurrently on two connections, as the gateway runs them (same vectors, same "
+        "ACL push-down, a read pool like the gateway's); dense SQL = the dense leg's query alone, the baseline of "
+        "earlier reports.",
+        "FAISS cache: each gateway runs with that RAG_FAISS_CACHE (measured once the cache has loaded); 'off' is "
+        "the SQL path, which a partition over RAG_FAISS_MAX_BYTES also takes. The SQL baselines never use the "
+        "cache, so with it on the dense leg's share of the ratio is the cache's gain.",
         "Selectivity: the caller's projects cover that share of the records (every chunk of a record shares "
         "its projects); hits/query is what the gateway returned for limit 10.",
     ]

@@ -276,7 +276,11 @@ SUITES: dict[str, Suite] = {
         Suite("sidecar", sidecar_suite, False, True, "sidecar vs the same model in-process at batch 32"),
         Suite("ingest", ingest_suite, True, True, "ingestion vs /embed alone, by batch size"),
         Suite(
-            "gateway", gateway_suite, True, True, "semantic_search vs its dense leg's SQL, by size and filter"
+            "gateway",
+            gateway_suite,
+            True,
+            True,
+            "semantic_search vs the legs' SQL, by size, filter and FAISS cache",
         ),
         Suite(
             "quality", quality_suite, True, True, "nDCG@10 / recall@100 / MRR@10 vs BM25, exact dense, RRF"

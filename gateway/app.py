@@ -66,14 +66,25 @@ async def _sidecar_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def _retriever_ctx(app: web.Application) -> AsyncIterator[None]:
     """The retrieval engine, with its own sidecar client: one quick retry, then a 503 for the caller."""
+    from schema.database import create_pool
+
     from .retrieval import Retriever
 
-    client = app[SETTINGS_KEY].sidecar.client(max_retries=1)
-    app[RETRIEVER_KEY] = Retriever(app[POOL_KEY], client, app[SETTINGS_KEY], app[METRICS_KEY])
+    settings = app[SETTINGS_KEY]
+    # Its own pool of read connections, released without asyncpg's reset query: every leg and
+    # seed read leaves no session state (SET LOCAL only), and the reset cost a round trip plus
+    # RESET ALL / CLOSE ALL / UNLISTEN on the server per leg (issue 15). Writes, the drain's
+    # advisory lock and the cache's listener stay on the main pool.
+    reads = await create_pool(
+        app[DATABASE_URL_KEY], max_size=settings.database.pool_size, reset_session=False
+    )
+    client = settings.sidecar.client(max_retries=1)
+    app[RETRIEVER_KEY] = Retriever(reads, client, settings, app[METRICS_KEY])
     try:
         yield
     finally:
         await client.close()
+        await reads.close()
 
 
 async def _vector_cache_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -83,7 +94,15 @@ async def _vector_cache_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
         return
     from index.cache_metrics import CacheMetrics
+    from index.faiss_backend import gpu_available
     from index.vector_cache import CacheConfig, VectorCache
+
+    if settings.faiss_cache == "auto" and not gpu_available():
+        # Measured on CPU (issue 15): the flat scan made the gateway slower than pgvector's HNSW at
+        # every size tried, while HNSW kept full recall, so `auto` caches on a GPU only.
+        log.info("FAISS cache off: RAG_FAISS_CACHE=auto caches on a GPU only (set cpu to force it)")
+        yield
+        return
 
     cache = VectorCache(
         app[POOL_KEY],
@@ -92,6 +111,7 @@ async def _vector_cache_ctx(app: web.Application) -> AsyncIterator[None]:
             mode=settings.faiss_cache,
             max_bytes=settings.faiss_max_bytes,
             cpu_broad_scan_max=settings.faiss_cpu_broad_scan_max,
+            threads=settings.faiss_threads,
         ),
         CacheMetrics(app[METRICS_KEY].registry),
     )
@@ -154,7 +174,10 @@ async def readyz(request: web.Request) -> web.Response:
     status = "degraded" if drain_status and drain_status["state"] == "crashed" else "ready"
     cache = request.app.get(VECTOR_CACHE_KEY)
     # A cold or lagging cache does not make the gateway unready either: pgvector answers meanwhile.
-    faiss = {"mode": "off"} if cache is None else cache.status()
+    # Not running: off, or auto without a GPU (the configured mode says which).
+    faiss = (
+        {"mode": request.app[SETTINGS_KEY].faiss_cache, "running": False} if cache is None else cache.status()
+    )
     return envelope_ok(
         request,
         {"status": status, "database": True, "sidecar": True, "drain": drain_status, "faiss": faiss},

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -33,6 +34,7 @@ ADMIN_LEVEL = 3  # the archive's levels: 0 none, 1 read, 2 write, 3 admin
 # a token is not a place for megabytes of grants.
 MAX_CLAIM_ITEMS = 10_000
 MAX_SUB_CHARS = 256
+VERIFIED_TOKENS = 4096  # verified tokens kept (LRU), so a caller's next request skips the signature check
 # A perms key is a section tipo or "section/component": the grammar ingestion stores them in. Keys
 # reach SQL as parameters, where a NUL or a lone surrogate would be a database error (a 500).
 _PERM_KEY = re.compile(CONTRIBUTOR_PATTERN)
@@ -135,8 +137,30 @@ class TokenVerifier:
         self._audience = settings.jwt_audience
         self._issuer = settings.jwt_issuer
         self._leeway = settings.jwt_leeway
+        # Verified tokens: token -> (principal, valid from, valid until), monotonic-free wall clock.
+        # A token's signature, audience, issuer and claims decide the same way every time; only
+        # the clock moves, so a hit re-checks the time window and nothing else. Failures are never
+        # kept (a forged token costs a full verification each time).
+        self._verified: OrderedDict[str, tuple[Principal, float, float]] = OrderedDict()
 
     def verify(self, token: str) -> Principal:
+        """The token's principal; a token verified before is only re-checked against the clock."""
+        hit = self._verified.get(token)
+        if hit is not None:
+            principal, valid_from, valid_until = hit
+            if valid_from <= time.time() < valid_until:
+                self._verified.move_to_end(token)
+                return principal
+            del self._verified[token]  # expired (or not yet valid): verify again, which says why
+        principal, claims = self._verify(token)
+        window = _time_window(claims, self._leeway)
+        if window is not None:
+            self._verified[token] = (principal, *window)
+            while len(self._verified) > VERIFIED_TOKENS:
+                self._verified.popitem(last=False)
+        return principal
+
+    def _verify(self, token: str) -> tuple[Principal, Mapping[str, Any]]:
         try:
             header = jwt.get_unverified_header(token)
         except jwt.PyJWTError as exc:
@@ -159,7 +183,17 @@ class TokenVerifier:
             raise ApiError.invalid_token("The token has expired") from exc
         except jwt.PyJWTError as exc:
             raise ApiError.invalid_token() from exc
-        return _claims_to_principal(claims)
+        return _claims_to_principal(claims), claims
+
+
+def _time_window(claims: Mapping[str, Any], leeway: float) -> tuple[float, float] | None:
+    """When PyJWT would accept these claims again: [max(nbf, iat) - leeway, exp + leeway); None when
+    a time claim is not a plain number (then the token is verified in full every time)."""
+    times = {k: claims.get(k) for k in ("exp", "nbf", "iat")}
+    if any(v is not None and (isinstance(v, bool) or not isinstance(v, int | float)) for v in times.values()):
+        return None
+    starts = [float(v) for k, v in times.items() if k != "exp" and v is not None]
+    return (max(starts, default=float("-inf")) - leeway, float(times["exp"]) + leeway)  # type: ignore[arg-type]
 
 
 def authenticate(request: web.Request) -> Principal:

@@ -325,9 +325,9 @@ class GatewaySettings:
     faiss_cache: str = setting(
         "RAG_FAISS_CACHE",
         "auto",
-        "FAISS vector cache in the gateway's process: `auto` (GPU when one and `faiss-gpu` are present, "
-        "else CPU; each partition that fits `RAG_FAISS_MAX_BYTES`), `cpu`, `cuda` (refuses to start "
-        "without a GPU), or `off`. On: exact dense search at any ACL selectivity and exact re-scoring, "
+        "FAISS vector cache in the gateway's process: `auto` (on a GPU with `faiss-gpu`, each partition "
+        "that fits `RAG_FAISS_MAX_BYTES`; off on CPU, where the flat scan measured slower than HNSW), "
+        "`cpu` (force it on CPU), `cuda` (refuses to start without a GPU), or `off`. On: exact dense search at any ACL selectivity and exact re-scoring, "
         "for the memory of every vector and a load at start (pgvector serves meanwhile).",
     )
     faiss_max_bytes: int = setting(
@@ -343,6 +343,13 @@ class GatewaySettings:
         "On CPU, an unfiltered search (an admin, no section or group) over a partition with more vectors "
         "than this goes to pgvector's HNSW, which beats a flat scan there; filtered searches stay on the "
         "cache at any size. 0: the cache serves every search.",
+    )
+    faiss_threads: int = setting(
+        "RAG_FAISS_THREADS",
+        1,
+        "CPU threads per FAISS cache search (FAISS's OpenMP and numpy's BLAS in this process); 0 keeps "
+        "the libraries' default (every core). Concurrent requests already use the cores: more threads "
+        "per search only spin against the database on a small machine.",
     )
     shutdown_timeout: float = setting(
         "RAG_SHUTDOWN_TIMEOUT", 30.0, "Seconds SIGTERM waits for in-flight requests before closing."
@@ -401,6 +408,8 @@ class GatewaySettings:
         parse_weights(self.fusion_weights)
         if not 0.0 < self.near_duplicate_similarity <= 1.0:
             raise SettingsError("RAG_NEAR_DUPLICATE_SIMILARITY must be in (0, 1]")
+        if self.faiss_threads < 0:
+            raise SettingsError("RAG_FAISS_THREADS must be >= 0")
         if self.faiss_cache not in FAISS_MODES:
             raise SettingsError(f"RAG_FAISS_CACHE={self.faiss_cache!r}: use one of {', '.join(FAISS_MODES)}")
         if self.faiss_max_bytes < 0 or self.faiss_cpu_broad_scan_max < 0:

@@ -120,7 +120,8 @@ class DatabaseSettings:
     pool_size: int = setting(
         "RAG_DB_POOL_SIZE",
         10,
-        "Connections per process. More allows more concurrent queries but costs server memory.",
+        "Connections per pool. The gateway holds two (writes and the drain; retrieval reads), so up to twice "
+        "this. More allows more concurrent queries but costs server memory.",
     )
 
     def validate(self) -> None:

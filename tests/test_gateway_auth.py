@@ -190,3 +190,23 @@ def test_every_gateway_setting_is_documented_in_the_readme() -> None:
     readme = (REPO_ROOT / "README.md").read_text()
     for env, _default, help_text in env_settings_rows():
         assert help_text and f"`{env}`" in readme, f"{env} missing from the README settings table"
+
+
+def test_a_verified_token_is_kept_until_its_exp_and_failures_never(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The verifier keeps tokens it verified (a caller's next request skips the signature check) but
+    re-checks the clock on every hit: the token expires exactly when PyJWT would refuse it."""
+    v = _verifier(RAG_JWT_LEEWAY="0")
+    exp = int(time.time()) + 2
+    token = jwt.encode({"sub": "alice", "exp": exp, "perms": {"oh1": 1}}, SECRET, algorithm="HS256")
+    first = v.verify(token)
+    decodes = []
+    real = jwt.decode
+    monkeypatch.setattr(jwt, "decode", lambda *a, **k: decodes.append(1) or real(*a, **k))
+    assert v.verify(token) is first and decodes == []  # kept: no second verification
+    time.sleep(max(0.0, exp - time.time()) + 0.05)
+    _expect_invalid(v, token, "expired")
+    assert decodes == [1]  # the expired hit was verified again, which refused it
+    forged = token[:-2] + ("AA" if not token.endswith("AA") else "BB")
+    for _ in range(2):
+        _expect_invalid(v, forged)
+    assert token not in v._verified and forged not in v._verified

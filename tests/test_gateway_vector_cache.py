@@ -12,6 +12,7 @@ import pytest
 from gateway.acl import pushdown
 from gateway.auth import Principal
 from gateway.resources import RETRIEVER_KEY
+from index.faiss_backend import gpu_available
 from index.search import Scope, dense_search
 from tests.fixtures.gateway import Gateway, running_gateway, token
 
@@ -39,10 +40,15 @@ async def test_cache_serves_the_dense_leg_exactly(corpus_database_url: str, side
     async with (
         running_gateway(corpus_database_url, sidecar_url, RAG_FAISS_CACHE="cpu") as on,
         running_gateway(corpus_database_url, sidecar_url) as off,
+        running_gateway(corpus_database_url, sidecar_url, RAG_FAISS_CACHE="auto") as auto,
     ):
         faiss = await _wait_ready(on)
-        assert faiss["mode"] == "cpu" and faiss["device"] == "cpu" and faiss["listening"]
-        assert (await _readyz(off))["faiss"] == {"mode": "off"}
+        assert faiss["mode"] == "cpu" and faiss["device"] == "cpu" and faiss["listening"] and faiss["running"]
+        assert (await _readyz(off))["faiss"] == {"mode": "off", "running": False}
+        # auto caches on a GPU only (on CPU the flat scan was slower than HNSW at every size measured)
+        if not gpu_available():
+            assert (await _readyz(auto))["faiss"] == {"mode": "auto", "running": False}
+            assert auto.app[RETRIEVER_KEY].vector_cache is None
         retriever = on.app[RETRIEVER_KEY]
         for query in QUERIES:
             for principal in (RESEARCHER, Principal("root", None, {}, admin=True)):

@@ -37,6 +37,11 @@ async def test_the_benchmark_measures_a_small_collection(
     assert 0 < result["embed_share"] < 1 and 0 < result["write_share"] < 1
     assert set(result["phase_share"]) == {"chunk", "tokenize", "embed", "write"}
     assert (result["reindex_chunks_embedded"], result["reindex_rows_written"]) == (0, 0)
-    assert result["write_baseline"]["rows"] == result["rows_written"]
+    writes = result["write_baseline"]
+    assert writes["rows"] == result["rows_written"]
+    assert min(writes[f"{shape}{index}_rows_per_s"] for shape in ("multirow", "row_at_a_time")
+               for index in ("", "_no_hnsw")) > 0  # fmt: skip
+    assert writes["multirow_speedup_ceiling"] > 0 and 0 <= writes["hnsw_share_of_multirow"] <= 1
     report = write_report(tmp_path, [as_suite(result)], {"records": 9})
-    assert "ingest chunks/s" in report.read_text()
+    text = report.read_text()
+    assert "ingest chunks/s" in text and "Writes: statement shape vs the HNSW insert" in text
