@@ -254,13 +254,15 @@ async def _drain(server: web.Server, deadline: float, grace: float) -> None:
         if isinstance(conn, _EnvelopeProtocol):
             conn.start_draining()
     while loop.time() < deadline:
+        # Sleep first: a connection asyncio accepted just before the stop gets its protocol two loop
+        # iterations later; counting connections at once would miss it, end the drain, and drop it.
+        await asyncio.sleep(_DRAIN_POLL_S)
         conns = [c for c in server.connections if isinstance(c, _EnvelopeProtocol) and c.open]
-        if not conns or (loop.time() >= grace_end and not any(c.busy for c in conns)):
-            break
-        for conn in conns:  # accepted from the backlog or opened during this loop
+        for conn in conns:  # accepted from the backlog, or by asyncio just before the stop
             if not conn._draining:
                 conn.start_draining()
-        await asyncio.sleep(_DRAIN_POLL_S)
+        if not conns or (loop.time() >= grace_end and not any(c.busy for c in conns)):
+            break
     for conn in server.connections:
         if isinstance(conn, _EnvelopeProtocol) and conn.open and not conn.busy:
             conn.force_close()
