@@ -256,4 +256,3 @@ async def test_sigterm_under_closed_loop_load_fails_no_request(
         result = await sigterm_gateway(gw.url, gw.process, ADMIN, callers=4, load_seconds=1.0)
     assert result["before_sigterm"]["ok"] > 0 and result["exit_code"] == 0, result
     assert result["before_sigterm"]["broken"] == 0 and result["after_sigterm"]["broken"] == 0, result
-
