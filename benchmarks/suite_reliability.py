@@ -167,7 +167,6 @@ def _run(gateway_url: str, sidecar_url: str, secret: str, plan: ReliabilityPlan)
 
     admin = issue_token(secret=secret, sub="bench-admin", projects=None, admin=True)
     restricted = issue_token(secret=secret, sub="bench-alice", projects=[1], perms={"oh1": 1, "oh1/oh23": 0})
-    _load_corpus(gateway_url, admin, plan.seconds)
     served = {m["id"]: m for m in _get(sidecar_url + "/models")["models"]}
     budget = {"cases_per_route": plan.cases_per_route, "seconds": plan.seconds}
     gateway = fuzz_service(
@@ -503,16 +502,17 @@ async def run_suite(stack: BenchStack, plan: ReliabilityPlan) -> SuiteResult:
     database = await stack.fresh_database("bench_reliability")
     secret = secrets.token_urlsafe(48)
     log = stack.work_dir / "reliability-gateway.log"
-    async with gateway_process(database, stack.sidecar_url, secret, log, text_model=BENCH_MODEL) as gateway:
-        result = await asyncio.to_thread(_run, gateway.url, stack.sidecar_url, secret, plan)
-        if plan.mixed_callers > 0:
-            from gateway.auth import issue_token
+    from gateway.auth import issue_token
 
+    admin = issue_token(secret=secret, sub="bench-admin", projects=None, admin=True)
+    async with gateway_process(database, stack.sidecar_url, secret, log, text_model=BENCH_MODEL) as gateway:
+        await asyncio.to_thread(_load_corpus, gateway.url, admin, plan.seconds)
+        mixed: dict[str, Any] = {}
+        if plan.mixed_callers > 0:  # first, on the corpus as loaded (the fuzz edits and deletes records)
             from .load_held import gateway_mixed_load
 
-            admin = issue_token(secret=secret, sub="bench-admin", projects=None, admin=True)
             await _attempt(
-                result,
+                mixed,
                 "mixed_load",
                 gateway_mixed_load(
                     gateway.url,
@@ -523,13 +523,10 @@ async def run_suite(stack: BenchStack, plan: ReliabilityPlan) -> SuiteResult:
                     ingest_record=_mixed_record,
                 ),
             )
-            result["healthy_after"] = _healthy(gateway.url, stack.sidecar_url)
+        result = {**await asyncio.to_thread(_run, gateway.url, stack.sidecar_url, secret, plan), **mixed}
     if plan.sigterm_callers > 0:
-        from gateway.auth import issue_token
-
         from .faults import sigterm_under_load
 
-        admin = issue_token(secret=secret, sub="bench-admin", projects=None, admin=True)
         result["sigterm"] = await asyncio.to_thread(
             sigterm_under_load,
             database,
