@@ -169,6 +169,11 @@ def _run(gateway_url: str, sidecar_url: str, secret: str, plan: ReliabilityPlan)
     restricted = issue_token(secret=secret, sub="bench-alice", projects=[1], perms={"oh1": 1, "oh1/oh23": 0})
     served = {m["id"]: m for m in _get(sidecar_url + "/models")["models"]}
     budget = {"cases_per_route": plan.cases_per_route, "seconds": plan.seconds}
+    # The ACL check first, on the corpus as loaded: the fuzz's valid cases replace descriptors and
+    # records, after which the restricted principal could read nothing and "0 rows leaked" meant nothing.
+    search = {"dd_api": "dd_rag_api", "action": "semantic_search", "options": {"query": "reservoir"}}
+    acl = leak_check(gateway_url, _probe(admin, restricted))
+    tokens = token_attacks(gateway_url, forged_tokens(secret), search)
     gateway = fuzz_service(
         gateway_url,
         _get(gateway_url + "/openapi.json"),
@@ -196,11 +201,10 @@ def _run(gateway_url: str, sidecar_url: str, secret: str, plan: ReliabilityPlan)
         oversize=plan.sidecar_oversize_bytes,
         **budget,
     )
-    search = {"dd_api": "dd_rag_api", "action": "semantic_search", "options": {"query": "reservoir"}}
     result = {
         "fuzz": {"gateway": gateway.as_dict(), "sidecar": sidecar.as_dict()},
-        "tokens": token_attacks(gateway_url, forged_tokens(secret), search),
-        "acl": leak_check(gateway_url, _probe(admin, restricted)),
+        "tokens": tokens,
+        "acl": acl,
     }
     if IMAGE_MODEL in served:
         dimension = int(served[IMAGE_MODEL]["dimension"])
@@ -337,6 +341,11 @@ def _as_suite(result: dict[str, Any]) -> SuiteResult:
         ["forged tokens sent", tokens["tokens"], ""],
         ["forged tokens not refused (coded 4xx)", len(tokens["not_refused"]), 0],
         ["ACL requests (restricted principal and admin)", acl["requests"], ""],
+        [
+            "rows the restricted principal read (> 0, or the leak count proves nothing)",
+            acl["restricted_rows"],
+            "> 0",
+        ],
         ["rows leaked to the restricted principal", acl["rows_leaked"], 0],
         ["forbidden vs missing answers that differ", len(acl["twins_differing"]), 0],
     ]
