@@ -14,6 +14,7 @@ import json
 import signal
 import threading
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -40,9 +41,9 @@ def _search(conn: http.client.HTTPConnection, token: str, body: bytes) -> tuple[
     except ConnectionRefusedError:
         conn.close()
         return "refused", 0
-    except (OSError, http.client.HTTPException):
+    except (OSError, http.client.HTTPException) as exc:
         conn.close()
-        return "broken", 0  # accepted, then dropped: the failure this fault counts
+        return f"broken:{type(exc).__name__}", 0  # accepted, then dropped: the failure this fault counts
     if response.status == 200:
         return "ok", 200
     try:
@@ -114,6 +115,7 @@ async def sigterm_gateway(
     signalled = threading.Event()
     stop = threading.Event()
     outcomes: list[tuple[bool, str, int]] = []  # (sent after SIGTERM, outcome, status)
+    broken_errors: Counter = Counter()  # "exception (caller kind)" -> count
     lock = threading.Lock()
 
     parts = urlsplit(url)
@@ -126,6 +128,11 @@ async def sigterm_gateway(
                 outcome, status = _search(conn, token, body)
                 if not keep_alive:
                     conn.close()
+                if outcome.startswith("broken:"):
+                    kind = "kept alive" if keep_alive else "fresh"
+                    with lock:
+                        broken_errors[f"{outcome.removeprefix('broken:')} ({kind})"] += 1
+                    outcome = "broken"
                 with lock:
                     outcomes.append((after, outcome, status))
                 if after and outcome == "refused":
@@ -163,6 +170,7 @@ async def sigterm_gateway(
         "seconds_to_exit": round(exit_s, 2),
         "statuses": sorted({o[2] for o in outcomes}),
         "broken_statuses": sorted({o[2] for o in outcomes if o[1] == "broken"}),
+        "broken_errors": dict(broken_errors),
     }
 
 

@@ -141,6 +141,33 @@ async def sidecar_overload(
 MIXED_CLASSES = ("semantic_search", "retrieve", "similar_to", "ingest")
 
 
+def _code(answer: bytes) -> str:
+    try:
+        return str(json.loads(answer)["error"]["code"])
+    except (ValueError, KeyError, TypeError):
+        return "uncoded"
+
+
+async def _seeds(
+    session: Any, url: str, headers: dict[str, str], section_tipo: str, queries: Any
+) -> list[int]:
+    """Ids of ``section_tipo`` records a search finds now: ``similar_to`` seeds that exist."""
+    ids: list[int] = []
+    for query in queries:
+        options = {"query": query, "section_tipo": section_tipo, "limit": 20}
+        payload = {"dd_api": "dd_rag_api", "action": "semantic_search", "options": options}
+        async with session.post(url + "/api/v1/json", json=payload, headers=headers) as response:
+            rows = (await response.json()).get("data") or []
+        ids += [
+            r["section_id"]
+            for r in rows
+            if isinstance(r.get("section_id"), int) and r["section_id"] not in ids
+        ]
+    if not ids:
+        raise RuntimeError(f"no {section_tipo} record found to seed similar_to")
+    return ids
+
+
 async def gateway_mixed_load(
     url: str,
     token: str,
@@ -148,13 +175,13 @@ async def gateway_mixed_load(
     callers: int = 64,
     seconds: float,
     section_tipo: str,
-    section_ids: list[int],
     ingest_record: Any,
     timeout_s: float = 120.0,
 ) -> dict[str, Any]:
     """``callers`` closed-loop callers, each cycling through :data:`MIXED_CLASSES` from its own
-    offset, for ``seconds``. ``ingest_record(n)`` gives the n-th record to push (one per request).
-    Failed: any answer but 200/202 (429 included: it is counted, and its share shown)."""
+    offset, for ``seconds``. ``similar_to`` seeds are records of ``section_tipo`` that a search finds
+    first (so they exist now); ``ingest_record(n)`` gives the n-th record to push (one per request).
+    Failed: any answer but 200/202 (429 included), counted by status and error code."""
     import aiohttp
 
     headers = {"Authorization": f"Bearer {token}"}
@@ -162,11 +189,12 @@ async def gateway_mixed_load(
     failed: dict[str, Counter] = {c: Counter() for c in MIXED_CLASSES}
     queries = ("reservoir families", "silver coins mill", "amphora chariot", "valley flooded farms")
     pushed = 0
-    deadline = time.perf_counter() + seconds
     connector = aiohttp.TCPConnector(limit=callers)
     async with aiohttp.ClientSession(
         connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s)
     ) as s:
+        section_ids = await _seeds(s, url, headers, section_tipo, queries)
+        deadline = time.perf_counter() + seconds
 
         async def one(klass: str, i: int) -> None:
             nonlocal pushed
@@ -184,13 +212,13 @@ async def gateway_mixed_load(
             start = time.perf_counter()
             try:
                 async with s.request(method, url + path, json=payload, headers=headers) as response:
-                    await response.read()
+                    answer = await response.read()
                     status = response.status
             except (aiohttp.ClientError, TimeoutError):
-                status = 0
+                status, answer = 0, b""
             latencies[klass].append(time.perf_counter() - start)
             if status not in (200, 202):
-                failed[klass][str(status) if status else "no answer"] += 1
+                failed[klass][f"{status} {_code(answer)}" if status else "no answer"] += 1
 
         async def caller(offset: int) -> None:
             i = offset

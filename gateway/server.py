@@ -21,9 +21,10 @@
   shutdown, which closed every connection at once: data arriving on them was
   then ignored, so a request whose body was still in transit, or a request
   sent on a kept-alive connection, got no answer, and connections waiting in
-  the listen backlog were reset when the socket closed. Instead: (1) accept
-  what is in the backlog, then close the listening socket, so later clients
-  are refused (connection refused) and can go elsewhere; (2) every request
+  the listen backlog were reset when the socket closed. Instead: (1) stop new
+  handshakes (:func:`refuse_new_handshakes`), accept what is in the backlog,
+  then close the listening socket, so later clients are refused (connection
+  refused, after one SYN retry) and can go elsewhere; (2) every request
   already read, and the first request of every connection opened before the
   stop, is served, with ``Connection: close``; (3) any other request arriving
   on a kept-alive connection while draining gets 503 ``service.stopping``
@@ -35,10 +36,13 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import logging
 import os
 import socket
+import struct
+import sys
 import uuid
 from typing import Any
 
@@ -49,7 +53,14 @@ from aiohttp.web_request import BaseRequest
 from .errors import REQUEST_ID_HEADER, ApiError, Handler, error_response
 from .settings import GatewaySettings
 
-__all__ = ["DRAIN_GRACE_S", "UNBOUNDED_PATHS", "GatewayRunner", "concurrency_middleware", "handler_args"]
+__all__ = [
+    "DRAIN_GRACE_S",
+    "UNBOUNDED_PATHS",
+    "GatewayRunner",
+    "concurrency_middleware",
+    "handler_args",
+    "refuse_new_handshakes",
+]
 
 log = logging.getLogger(__name__)
 
@@ -213,8 +224,9 @@ def _close_listener(site: web.BaseSite) -> list[socket.socket]:
 
     Closing a listening socket resets the connections the kernel completed but nobody accepted yet,
     though their clients may have sent a whole request. A duplicate descriptor keeps the socket
-    listening while asyncio lets go of it; no ``await`` runs between the last ``accept`` and the
-    close, so only a connection completed within those microseconds can still be reset.
+    listening while asyncio lets go of it. First :func:`refuse_new_handshakes`: otherwise a client
+    whose handshake completes between the last ``accept`` and the close (a window that grows to
+    milliseconds when the OS preempts this process) is reset after sending its request.
     """
     server = getattr(site, "_server", None)
     listeners = list(getattr(server, "sockets", None) or ())
@@ -222,6 +234,7 @@ def _close_listener(site: web.BaseSite) -> list[socket.socket]:
     for listener in listeners:
         dup = socket.socket(fileno=os.dup(listener.fileno()))
         dup.setblocking(False)
+        refuse_new_handshakes(dup)
         dups.append(dup)
     if server is not None:
         server.close()  # asyncio stops accepting; the duplicates still hold the sockets open
@@ -242,6 +255,30 @@ def _close_listener(site: web.BaseSite) -> list[socket.socket]:
     return accepted
 
 
+_SO_ATTACH_FILTER = 26  # <asm-generic/socket.h>
+_BPF_RET_K = 0x06  # BPF_RET | BPF_K: return the constant k (here 0: drop the packet)
+
+
+def refuse_new_handshakes(sock: socket.socket) -> bool:
+    """Make a listening TCP socket drop new SYNs (Linux: a socket filter that accepts nothing).
+
+    The kernel then completes no new connection into its backlog; a client's SYN goes unanswered and
+    its retry (after about a second) meets the closed port: connection refused, before it sent
+    anything. Connections already in the backlog stay there to be accepted. False where the
+    platform has no socket filters (the close then races as without it).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    program = ctypes.create_string_buffer(struct.pack("HBBI", _BPF_RET_K, 0, 0, 0))
+    fprog = struct.pack("HL", 1, ctypes.addressof(program))  # struct sock_fprog {len; *filter}
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, fprog)
+    except OSError as exc:
+        log.warning("stopping: could not stop new handshakes on the listener: %s", exc)
+        return False
+    return True
+
+
 async def _drain(server: web.Server, deadline: float, grace: float) -> None:
     """Let every connection finish (see :class:`_EnvelopeProtocol`); close idle ones after ``grace``.
 
@@ -254,13 +291,15 @@ async def _drain(server: web.Server, deadline: float, grace: float) -> None:
         if isinstance(conn, _EnvelopeProtocol):
             conn.start_draining()
     while loop.time() < deadline:
+        # Sleep first: a connection asyncio accepted just before the stop gets its protocol two loop
+        # iterations later; counting connections at once would miss it, end the drain, and drop it.
+        await asyncio.sleep(_DRAIN_POLL_S)
         conns = [c for c in server.connections if isinstance(c, _EnvelopeProtocol) and c.open]
-        if not conns or (loop.time() >= grace_end and not any(c.busy for c in conns)):
-            break
-        for conn in conns:  # accepted from the backlog or opened during this loop
+        for conn in conns:  # accepted from the backlog, or by asyncio just before the stop
             if not conn._draining:
                 conn.start_draining()
-        await asyncio.sleep(_DRAIN_POLL_S)
+        if not conns or (loop.time() >= grace_end and not any(c.busy for c in conns)):
+            break
     for conn in server.connections:
         if isinstance(conn, _EnvelopeProtocol) and conn.open and not conn.busy:
             conn.force_close()

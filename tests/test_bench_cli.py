@@ -162,7 +162,9 @@ def test_reliability_suite_writes_its_figures(sidecar_url: str, pg_server, tmp_p
     args = ["bench", "--suite", "reliability", "--out", str(out), "--sidecar-url", sidecar_url]
     args += ["--database-url", pg_server.url, "--work-dir", str(tmp_path / "work")]
     args += ["--set", "reliability.cases_per_route=2", "--set", "reliability.sidecar_oversize_bytes=4194305"]
-    args += ["--set", "reliability.sigterm_callers=3"]
+    args += ["--set", "reliability.sigterm_callers=3", "--set", "reliability.fault_records=12"]
+    args += ["--set", "reliability.overload_seconds=1", "--set", "reliability.mixed_seconds=1"]
+    args += ["--set", "reliability.mixed_callers=8"]
     assert mnemo(args) == 0
     (suite,) = json.loads((out / "results.json").read_text())["suites"]
     assert suite["skipped"] is None, suite
@@ -176,4 +178,12 @@ def test_reliability_suite_writes_its_figures(sidecar_url: str, pg_server, tmp_p
     sigterm = figures["sigterm"]
     assert sigterm["requests_before_sigterm"] > 0 and sigterm["before_sigterm"]["broken"] == 0, sigterm
     assert sigterm["after_sigterm"]["broken"] == 0 and sigterm["exit_code"] == 0, sigterm
+    for fault in ("postgres_stopped", "sidecar_stopped"):
+        assert figures[fault]["records_lost"] == 0 and figures[fault]["queue_left"] == 0, figures[fault]
+    killed = figures["replica_killed"]
+    assert killed["failed_after_retries"] == 0 and killed["server_errors"] == 0, killed
+    assert figures["overload"]["server_errors"] == 0 and figures["overload"]["served_after"], figures[
+        "overload"
+    ]
+    assert figures["mixed_load"]["failed"] == 0, figures["mixed_load"]
     assert "Reliability figures" in (out / "REPORT.md").read_text()

@@ -82,7 +82,6 @@ async def test_the_gateway_under_64_mixed_callers_fails_no_request(
             callers=64,
             seconds=2.0,
             section_tipo="oh1",
-            section_ids=[1, 3, 5],
             ingest_record=record,
         )
     assert all(c["requests"] > 0 for c in result["classes"].values()), result

@@ -246,13 +246,13 @@ async def test_sigterm_drops_no_request_it_accepted(
 async def test_sigterm_under_closed_loop_load_fails_no_request(
     database_url: str, sidecar_url: str, tmp_path: Path
 ) -> None:
-    """The reliability suite's SIGTERM fault, small: 4 callers (2 kept alive), 1 s of load."""
+    """The reliability suite's SIGTERM fault, small: 8 callers (4 kept alive), 1 s of load."""
     from benchmarks.faults import sigterm_gateway
     from benchmarks.gateway import gateway_process
 
     async with gateway_process(
         database_url, sidecar_url, SECRET, tmp_path / "gw.log", text_model=TEXT_MODEL
     ) as gw:
-        result = await sigterm_gateway(gw.url, gw.process, ADMIN, callers=4, load_seconds=1.0)
+        result = await sigterm_gateway(gw.url, gw.process, ADMIN, callers=8, load_seconds=1.0)
     assert result["before_sigterm"]["ok"] > 0 and result["exit_code"] == 0, result
     assert result["before_sigterm"]["broken"] == 0 and result["after_sigterm"]["broken"] == 0, result
