@@ -430,6 +430,19 @@ def _siglip_rows(path: Path, config: GpuBenchConfig, dtype: str, peak: float | N
         return encoder.model.get_text_features(input_ids=batch["input_ids"]).pooler_output
 
     common = {"model": "SigLIP base (ViT-B/16, 224 px)", "dtype": dtype, "spec": spec, "config": config}
+    text_path = (texts, text_length, collate_text, forward_text)
+    return _image_text_rows(encoder, pixels, text_path, peak, common)
+
+
+def _image_text_rows(
+    encoder: Any,
+    pixels: list[Any],
+    text_path: tuple[Any, int, Any, Any],
+    peak: float | None,
+    common: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """An image-text encoder's /image and /text rows (``text_path``: items, length, collate, forward)."""
+    texts, text_length, collate_text, forward_text = text_path
     return [
         _measure(
             task="/image",
@@ -479,28 +492,8 @@ def _open_clip_rows(
         return encoder.model.encode_text(batch)
 
     common = {"model": "open_clip ViT-B-16 (224 px)", "dtype": dtype, "spec": spec, "config": config}
-    return [
-        _measure(
-            task="/image",
-            tokens_per_item=encoder.tokens_per_image,
-            items=pixels,
-            run_batch=encoder.run_batch,
-            collate=encoder.collate,
-            forward=encoder.forward,
-            peak=peak,
-            **common,
-        ),
-        _measure(
-            task="/text (text tower)",
-            tokens_per_item=text_length,
-            items=texts,
-            run_batch=encoder.run_text_batch,
-            collate=collate_text,
-            forward=forward_text,
-            peak=peak,
-            **common,
-        ),
-    ]
+    text_path = (texts, text_length, collate_text, forward_text)
+    return _image_text_rows(encoder, pixels, text_path, peak, common)
 
 
 def _device_name(device: str) -> str:

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from index.partitions import ModelPartition, get_partition
-from index.search import ChunkHit, Scope, dense_search, lexical_search, seed_chunks
+from index.search import ChunkHit, Scope, lexical_search, seed_chunks
 from index.sections import SectionStore
 
 from . import options as opt
@@ -139,21 +139,9 @@ class ObjectRetriever:
     async def _dense(
         self, partition: ModelPartition, vector: np.ndarray, scope: Scope, fetch: int
     ) -> list[ChunkHit]:
-        s = self.settings
-
-        async def run(conn: Any) -> list[ChunkHit]:
-            return await dense_search(
-                conn,
-                partition,
-                vector,
-                scope,
-                fetch,
-                ef_search=s.hnsw_ef_search,
-                max_scan_tuples=s.hnsw_max_scan_tuples,
-                modality="image",
-            )
-
-        return await self.base._timed("image_dense", run)
+        return await self.base._timed(
+            "image_dense", lambda conn: self.base.hnsw_search(conn, partition, vector, scope, fetch, "image")
+        )
 
     async def _lexical(
         self, partition: ModelPartition, query: str, scope: Scope, fetch: int

@@ -269,23 +269,35 @@ class Retriever:
 
         Returns the hits and whether the cache served them.
         """
-        s = self.settings
         with self.metrics.time_leg("dense"):
             async with self.pool.acquire() as conn:
                 if self.vector_cache is not None:
                     hits = await self.vector_cache.search(conn, partition, vector, scope, fetch)
                     if hits is not None:
                         return hits, True
-                hits = await dense_search(
-                    conn,
-                    partition,
-                    vector,
-                    scope,
-                    fetch,
-                    ef_search=s.hnsw_ef_search,
-                    max_scan_tuples=s.hnsw_max_scan_tuples,
-                )
-                return hits, False
+                return await self.hnsw_search(conn, partition, vector, scope, fetch), False
+
+    async def hnsw_search(
+        self,
+        conn: asyncpg.Connection,
+        partition: ModelPartition,
+        vector: np.ndarray,
+        scope: Scope,
+        fetch: int,
+        modality: str = "text",
+    ) -> list[ChunkHit]:
+        """pgvector's HNSW dense search with the configured scan settings."""
+        s = self.settings
+        return await dense_search(
+            conn,
+            partition,
+            vector,
+            scope,
+            fetch,
+            ef_search=s.hnsw_ef_search,
+            max_scan_tuples=s.hnsw_max_scan_tuples,
+            modality=modality,
+        )
 
     def _rescore(
         self,

@@ -20,9 +20,9 @@ from typing import Any
 
 import asyncpg
 import numpy as np
-from pgvector import Vector
 
 from .partitions import ModelPartition
+from .store import as_vector, rows_of_records
 
 __all__ = [
     "IMAGE_LANG",
@@ -85,10 +85,6 @@ class Thumbnail:
     data: bytes
 
 
-def _vector(value: Any) -> Vector:
-    return value if isinstance(value, Vector) else Vector(np.asarray(value, dtype=np.float32))
-
-
 async def stored_images(
     db: Executor, partition: ModelPartition, records: Sequence[RecordKey]
 ) -> dict[RecordKey, dict[ImageKey, StoredImage]]:
@@ -96,18 +92,9 @@ async def stored_images(
     out: dict[RecordKey, dict[ImageKey, StoredImage]] = {key: {} for key in records}
     if not records:
         return out
-    rows = await db.fetch(
-        f"""
-        SELECT e.section_tipo, e.section_id, e.component_tipo, e.view, e.chunk_index, e.source_hash,
-               e.source_text, e.lexical_text, e.projects, e.chunk_meta
-        FROM {partition.table} e
-        JOIN unnest($1::text[], $2::bigint[]) AS k(section_tipo, section_id)
-          ON e.section_tipo = k.section_tipo AND e.section_id = k.section_id
-        WHERE e.modality = 'image'
-        """,
-        [k[0] for k in records],
-        [k[1] for k in records],
-    )
+    columns = """e.section_tipo, e.section_id, e.component_tipo, e.view, e.chunk_index, e.source_hash,
+                 e.source_text, e.lexical_text, e.projects, e.chunk_meta"""
+    rows = await rows_of_records(db, partition, records, columns, "image")
     for r in rows:
         out[(r["section_tipo"], r["section_id"])][(r["component_tipo"], r["view"], r["chunk_index"])] = (
             StoredImage(
@@ -178,7 +165,7 @@ async def upsert_images(conn: asyncpg.Connection, partition: ModelPartition, row
         [r.content_hash for r in rows],
         [r.summary for r in rows],
         [r.lexical_text for r in rows],
-        [_vector(r.embedding) for r in rows],
+        [as_vector(r.embedding) for r in rows],
         [json.dumps(sorted(set(r.projects))) for r in rows],
         [json.dumps(r.meta, ensure_ascii=False) for r in rows],
     )

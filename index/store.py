@@ -30,8 +30,10 @@ __all__ = [
     "SPARSE_DIMENSION",
     "ChunkRow",
     "StoredChunk",
+    "as_vector",
     "delete_record",
     "delete_stale",
+    "rows_of_records",
     "section_ids",
     "stored_chunks",
     "stored_vectors",
@@ -93,8 +95,27 @@ def to_sparsevec(weights: Mapping[int, float] | SparseVector | None) -> SparseVe
     return SparseVector(kept, SPARSE_DIMENSION)
 
 
-def _vector(value: Any) -> Vector:
+def as_vector(value: Any) -> Vector:
+    """A pgvector ``Vector`` for a write, from one or from any float sequence."""
     return value if isinstance(value, Vector) else Vector(np.asarray(value, dtype=np.float32))
+
+
+async def rows_of_records(
+    db: Executor, partition: ModelPartition, records: Sequence[RecordKey], columns: str, modality: str
+) -> list[asyncpg.Record]:
+    """``columns`` (alias ``e``) of the ``modality`` rows of many records, in one query."""
+    return await db.fetch(
+        f"""
+        SELECT {columns}
+        FROM {partition.table} e
+        JOIN unnest($1::text[], $2::bigint[]) AS k(section_tipo, section_id)
+          ON e.section_tipo = k.section_tipo AND e.section_id = k.section_id
+        WHERE e.modality = $3
+        """,
+        [k[0] for k in records],
+        [k[1] for k in records],
+        modality,
+    )
 
 
 async def stored_chunks(
@@ -104,19 +125,9 @@ async def stored_chunks(
     out: dict[RecordKey, dict[ChunkKey, StoredChunk]] = {key: {} for key in records}
     if not records:
         return out
-    rows = await db.fetch(
-        f"""
-        SELECT e.section_tipo, e.section_id, e.component_tipo, e.lang, e.chunk_index,
-               e.source_hash, e.source_text, e.lexical_text, e.parent_key, e.token_count,
-               e.projects, e.chunk_meta
-        FROM {partition.table} e
-        JOIN unnest($1::text[], $2::bigint[]) AS k(section_tipo, section_id)
-          ON e.section_tipo = k.section_tipo AND e.section_id = k.section_id
-        WHERE e.modality = 'text'
-        """,
-        [k[0] for k in records],
-        [k[1] for k in records],
-    )
+    columns = """e.section_tipo, e.section_id, e.component_tipo, e.lang, e.chunk_index, e.source_hash,
+                 e.source_text, e.lexical_text, e.parent_key, e.token_count, e.projects, e.chunk_meta"""
+    rows = await rows_of_records(db, partition, records, columns, "text")
     for r in rows:
         out[(r["section_tipo"], r["section_id"])][(r["component_tipo"], r["lang"], r["chunk_index"])] = (
             StoredChunk(
@@ -150,7 +161,7 @@ async def stored_vectors(
         record[1],
         list(hashes),
     )
-    return {r["source_hash"]: (_vector(r["embedding"]), r["sparse"]) for r in rows}
+    return {r["source_hash"]: (as_vector(r["embedding"]), r["sparse"]) for r in rows}
 
 
 async def upsert_chunks(
@@ -199,7 +210,7 @@ async def upsert_chunks(
         [r.source_hash for r in rows],
         [r.source_text for r in rows],
         [r.lexical_text for r in rows],
-        [_vector(r.embedding) for r in rows],
+        [as_vector(r.embedding) for r in rows],
         [to_sparsevec(r.sparse) for r in rows],
         [r.token_count for r in rows],
         [json.dumps(r.chunk_meta, ensure_ascii=False) for r in rows],
