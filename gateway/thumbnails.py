@@ -12,6 +12,7 @@ from aiohttp import web
 
 from index.image_store import IMAGE_LANG, get_thumbnail
 from index.search import ChunkHit
+from index.validation import FieldError, parse_id
 
 from .acl import chunk_readable
 from .auth import authenticate
@@ -22,18 +23,20 @@ from .resources import POOL_KEY
 __all__ = ["setup_thumbnails", "thumbnail"]
 
 _MISSING = "No such thumbnail"
+INDEX_MAX = 2**31 - 1  # chunk_index is int4
 
 
 async def thumbnail(request: web.Request) -> web.StreamResponse:
     principal = authenticate(request)
     info = request.match_info
     tipo, component = info["section_tipo"], info["component_tipo"]
-    raw_id, raw_index = info["section_id"], info["index"]
-    if not (is_tipo(tipo) and is_tipo(component) and raw_id.isdigit() and raw_index.isdigit()):
+    if not (is_tipo(tipo) and is_tipo(component)):
         raise ApiError.not_found(_MISSING)
-    section_id, index = int(raw_id), int(raw_index)
-    if section_id >= 2**63 or index >= 2**31:
-        raise ApiError.not_found(_MISSING)
+    try:  # ASCII digits only: str.isdigit() took "٥" for record 5, and int() of "²" raised
+        section_id = parse_id(info["section_id"], field="section_id")
+        index = parse_id(info["index"], field="index", maximum=INDEX_MAX)
+    except FieldError:
+        raise ApiError.not_found(_MISSING) from None
     pool = request.app[POOL_KEY]
     # The ACL reads the image row itself (any image model's partition holds the same projects).
     row = await pool.fetchrow(

@@ -314,6 +314,15 @@ async def test_thumbnails_are_served_behind_the_acl(coins: Gateway) -> None:
         status, _, forbidden = await _get(coins.url + url, bearer)
         assert status == 404
         assert _same_answer(json.loads(forbidden), json.loads(missing))
+    # Ids are ASCII digits only: "٥" (Arabic-Indic five) must not serve record 5, and "²", a
+    # 5,000-digit id, signs, spaces and an index past int4 are the same 404 as a missing one.
+    for section_id, index in [("٥", "0"), ("²", "0"), ("9" * 5000, "0"), ("+5", "0"), ("%205", "0"),
+                              ("5", "٠"), ("5", "2147483648"), ("5", "-1")]:  # fmt: skip
+        status, _, hostile = await _get(
+            coins.url + f"/v1/thumbnails/coins1/{section_id}/numd5/{index}", READER
+        )
+        assert status == 404, (section_id, index, status)
+        assert _same_answer(json.loads(hostile), json.loads(missing))
     status, _, _ = await _get(coins.url + "/v1/thumbnails/coins1/5/numd5/0", None)
     assert status == 401
     status, _, _ = await _get(coins.url + "/v1/thumbnails/coins1/2001/numd5/0", ADMIN)
