@@ -58,6 +58,9 @@ class Backend(Protocol):
     async def info(self) -> dict[str, Any]: ...
     async def is_ready(self) -> bool: ...
     async def stats(self) -> dict[str, Any]: ...
+    def coalescing(self) -> dict[str, int] | None:
+        """Calls and bundles sent to the model when the backend coalesces calls (else None)."""
+        ...
 
 
 class LocalBackend:
@@ -89,6 +92,9 @@ class LocalBackend:
 
     async def stats(self):
         return self.service.stats()
+
+    def coalescing(self) -> None:  # in-process: every call is already a plain function call
+        return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -366,7 +372,8 @@ class SidecarAPI:
                 return model, None
 
         stats = await asyncio.gather(*(one(m, b) for m, b in self.backends.items()))
-        body, content_type = self.metrics.render({m: s for m, s in stats if s is not None})
+        coalescing = {m: c for m, b in self.backends.items() if (c := b.coalescing()) is not None}
+        body, content_type = self.metrics.render({m: s for m, s in stats if s is not None}, coalescing)
         return HttpResponse(200, body, content_type=content_type)
 
     # -- POST routes -----------------------------------------------------------------------------

@@ -82,6 +82,9 @@ class ModelSpec:
     max_client_batch: int = 128  # inputs per request (413 above)
     max_queued_items: int = 512  # admitted, unfinished items per replica (429 above)
     batch_wait_ms: float = 2.0  # how long a lone request waits for company
+    # /embed bundles in flight from the ingress to this model's replicas (default 2 per replica):
+    # requests arriving meanwhile travel together in the next bundle. 0: one Ray call per request.
+    coalesce_in_flight: int | None = None
     replicas: int = 1
     num_cpus: float = 0.5
     num_gpus: float = 0.0
@@ -118,6 +121,13 @@ class ModelSpec:
             )
         if self.num_cpus < 0 or self.num_gpus < 0:
             raise ConfigError(f"model {self.id!r}: num_cpus/num_gpus cannot be negative")
+        if self.coalesce_in_flight is not None and self.coalesce_in_flight < 0:
+            raise ConfigError(f"model {self.id!r}: coalesce_in_flight cannot be negative (0 turns it off)")
+
+    @property
+    def bundles_in_flight(self) -> int:
+        """``coalesce_in_flight`` resolved: two per replica keep each busy while the next travels."""
+        return 2 * self.replicas if self.coalesce_in_flight is None else self.coalesce_in_flight
 
     def public(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

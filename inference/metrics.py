@@ -30,6 +30,7 @@ class _ModelStatsCollector:
 
     def __init__(self) -> None:
         self.snapshots: Mapping[str, Mapping[str, Any]] = {}
+        self.coalescing: Mapping[str, Mapping[str, int]] = {}
 
     def collect(self) -> Iterator[Any]:
         counters = {
@@ -67,6 +68,19 @@ class _ModelStatsCollector:
         yield from families.values()
         yield depth
         yield sizes
+        calls = CounterMetricFamily(
+            "mnemo_sidecar_coalesced_calls", "/embed calls the ingress sent on in bundles", labels=["model"]
+        )
+        bundles = CounterMetricFamily(
+            "mnemo_sidecar_coalesced_bundles",
+            "Ray calls from the ingress to the model carrying those /embed calls",
+            labels=["model"],
+        )
+        for model, counts in self.coalescing.items():
+            calls.add_metric([model], float(counts["calls"]))
+            bundles.add_metric([model], float(counts["bundles"]))
+        yield calls
+        yield bundles
 
 
 class SidecarMetrics:
@@ -104,6 +118,11 @@ class SidecarMetrics:
         if tokens:
             self.tokens.labels(model).inc(tokens)
 
-    def render(self, model_stats: Mapping[str, Mapping[str, Any]]) -> tuple[bytes, str]:
+    def render(
+        self,
+        model_stats: Mapping[str, Mapping[str, Any]],
+        coalescing: Mapping[str, Mapping[str, int]] | None = None,
+    ) -> tuple[bytes, str]:
         self._models.snapshots = model_stats
+        self._models.coalescing = coalescing or {}
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .api import SidecarAPI, read_body
+from .coalesce import CallCoalescer
 from .config import Limits, ModelSpec, SidecarConfig, SidecarSettings, config_from_dict, load_config
 from .errors import NotReady, Overloaded, SidecarApiError
 
@@ -43,6 +44,11 @@ class ModelDeployment:
 
     async def embed(self, texts: list[str], *, truncate: bool, return_sparse: bool) -> dict[str, Any]:
         return await self.service.embed(texts, truncate=truncate, return_sparse=return_sparse)
+
+    async def embed_many(
+        self, groups: list[list[str]], *, truncate: bool, return_sparse: bool
+    ) -> list[dict[str, Any] | SidecarApiError]:
+        return await self.service.embed_many(groups, truncate=truncate, return_sparse=return_sparse)
 
     async def embed_texts(self, texts: list[str], *, truncate: bool) -> dict[str, Any]:
         return await self.service.embed_texts(texts, truncate=truncate)
@@ -74,11 +80,18 @@ class ModelDeployment:
 
 
 class HandleBackend:
-    """Adapts a Serve ``DeploymentHandle`` to :class:`~inference.api.Backend`, unwrapping Ray's errors."""
+    """Adapts a Serve ``DeploymentHandle`` to :class:`~inference.api.Backend`, unwrapping Ray's errors.
 
-    def __init__(self, handle: DeploymentHandle, model_id: str) -> None:
+    ``/embed`` calls that arrive while others are in flight travel to the replica together
+    (:class:`~inference.coalesce.CallCoalescer`): one Ray round trip per bundle, not per request.
+    """
+
+    def __init__(self, handle: DeploymentHandle, model_id: str, *, bundles_in_flight: int = 2) -> None:
         self.handle = handle
         self.model_id = model_id
+        self._embeds: CallCoalescer[list[str]] | None = (
+            CallCoalescer(self._embed_bundle, max_in_flight=bundles_in_flight) if bundles_in_flight else None
+        )
 
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         from ray import exceptions as ray_errors
@@ -102,7 +115,13 @@ class HandleBackend:
             raise NotReady(f"model {self.model_id!r} has no live replica", retry_after=5) from exc
 
     async def embed(self, texts, *, truncate, return_sparse):
-        return await self._call("embed", texts, truncate=truncate, return_sparse=return_sparse)
+        if self._embeds is None:
+            return await self._call("embed", texts, truncate=truncate, return_sparse=return_sparse)
+        return await self._embeds.call((truncate, return_sparse), texts)
+
+    async def _embed_bundle(self, options: Any, groups: list[list[str]]) -> list[Any]:
+        truncate, return_sparse = options
+        return await self._call("embed_many", groups, truncate=truncate, return_sparse=return_sparse)
 
     async def embed_texts(self, texts, *, truncate):
         return await self._call("embed_texts", texts, truncate=truncate)
@@ -125,6 +144,11 @@ class HandleBackend:
     async def stats(self):
         return await self._call("stats")
 
+    def coalescing(self) -> dict[str, int] | None:
+        if self._embeds is None:
+            return None
+        return {"calls": self._embeds.calls, "bundles": self._embeds.bundles}
+
 
 @serve.deployment(ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=1024)
 class Ingress:
@@ -134,7 +158,10 @@ class Ingress:
         self, config: dict[str, Any], handles: dict[str, DeploymentHandle], api_key: str | None
     ) -> None:
         cfg = config_from_dict(config, environ={})
-        backends = {model: HandleBackend(handle, model) for model, handle in handles.items()}
+        backends = {
+            model: HandleBackend(handle, model, bundles_in_flight=cfg.model(model).bundles_in_flight)
+            for model, handle in handles.items()
+        }
         self.api = SidecarAPI(cfg, backends, api_key=api_key)
 
     async def __call__(self, request: Request) -> Response:

@@ -20,7 +20,7 @@ import numpy as np
 from .batching import TokenBudgetBatcher
 from .config import Limits, ModelSpec
 from .encoders import CrossEncoder, Encoder, ImageTextEncoder, TextEncoder, load_encoder
-from .errors import BadRequest, NotReady, PayloadTooLarge
+from .errors import BadRequest, NotReady, PayloadTooLarge, SidecarApiError
 from .images import open_image
 
 __all__ = ["ModelService"]
@@ -98,17 +98,52 @@ class ModelService:
         self, texts: Sequence[str], *, truncate: bool = False, return_sparse: bool = False
     ) -> dict[str, Any]:
         """``/embed``: ``{"dense": (n, d) float32, "sparse": [{id: w}] | None, "tokens": int}``."""
+        (outcome,) = await self.embed_many([texts], truncate=truncate, return_sparse=return_sparse)
+        if isinstance(outcome, SidecarApiError):
+            raise outcome
+        return outcome
+
+    async def embed_many(
+        self, groups: Sequence[Sequence[str]], *, truncate: bool = False, return_sparse: bool = False
+    ) -> list[dict[str, Any] | SidecarApiError]:
+        """Several ``/embed`` requests in one call (the ingress coalesces them): one outcome per group.
+
+        A group's own fault (empty, too many inputs, a text over the limit) is its outcome, an
+        exception instance, and its neighbours are still served; the texts of every valid group share
+        one submission to the batcher. A fault of the whole call (wrong model kind, not ready, the
+        forward pass failed, the queue full) raises for all.
+        """
         encoder = self._expect(TextEncoder, "/embed")
-        self._check_count(texts)
         if return_sparse and encoder.sparse_linear is None:
             raise BadRequest(f"model {self.spec.id!r} has no sparse head", code="sparse_unsupported")
-        items = await self._run_prep(encoder.prepare, texts, truncate=truncate)
-        results = await self._batchers["main"].submit(items, [i.length for i in items])
-        return {
-            "dense": _stack(r.dense for r in results),
-            "sparse": [r.sparse for r in results] if return_sparse else None,
-            "tokens": sum(i.length for i in items),
-        }
+
+        def prepare_each() -> list[list[Any] | SidecarApiError]:
+            prepared: list[list[Any] | SidecarApiError] = []
+            for texts in groups:
+                try:
+                    self._check_count(texts)
+                    prepared.append(encoder.prepare(texts, truncate=truncate))
+                except SidecarApiError as exc:
+                    prepared.append(exc)
+            return prepared
+
+        prepared = await self._run_prep(prepare_each)
+        items = [item for group in prepared if isinstance(group, list) for item in group]
+        results = iter(await self._batchers["main"].submit(items, [i.length for i in items]))
+        outcomes: list[dict[str, Any] | SidecarApiError] = []
+        for group in prepared:
+            if isinstance(group, SidecarApiError):
+                outcomes.append(group)
+                continue
+            mine = [next(results) for _ in group]
+            outcomes.append(
+                {
+                    "dense": _stack(r.dense for r in mine),
+                    "sparse": [r.sparse for r in mine] if return_sparse else None,
+                    "tokens": sum(i.length for i in group),
+                }
+            )
+        return outcomes
 
     async def embed_texts(self, texts: Sequence[str], *, truncate: bool = False) -> dict[str, Any]:
         """``/text``: the joint model's text tower; ``{"dense", "tokens"}``."""
