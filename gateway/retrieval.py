@@ -192,9 +192,9 @@ class Retriever:
         model_id: str = model.id  # type: ignore[attr-defined]
         cached = self.cache.get(model_id, query, owner=principal.sub)
         if cached is not None:
-            self.metrics.query_cache.labels("hit").inc()
+            self.metrics.query_cache_lookup("hit")
             return model_id, cached
-        self.metrics.query_cache.labels("miss").inc()
+        self.metrics.query_cache_lookup("miss")
         with self.metrics.time_leg("embed"):
             try:
                 result = await self._embed(model_id, [query])
