@@ -36,7 +36,7 @@ G = TypeVar("G", bound=Hashable)
 DEFAULT_K = 60
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # no __dict__: a search builds one per candidate
 class Fused(Generic[K]):
     key: K
     score: float
@@ -45,6 +45,11 @@ class Fused(Generic[K]):
     @property
     def best_rank(self) -> int:
         return min(self.ranks.values())
+
+
+def _fused_order(f: Fused[K]) -> tuple[float, int, K]:
+    """Best first: fused score, then best single rank, then the key itself."""
+    return (-f.score, f.best_rank, f.key)
 
 
 def rrf(
@@ -68,14 +73,18 @@ def rrf(
         if weight == 0:
             continue
         for position, key in enumerate(lists[name], start=1):
-            ranks.setdefault(key, {}).setdefault(name, position)
+            per_list = ranks.get(key)
+            if per_list is None:
+                ranks[key] = {name: position}
+            elif name not in per_list:
+                per_list[name] = position
     fused = []
     for key, per_list in ranks.items():
         terms = [
             (1.0 if weights is None else float(weights.get(n, 1.0))) / (k + r) for n, r in per_list.items()
         ]
         fused.append(Fused(key, math.fsum(terms), per_list))
-    fused.sort(key=lambda f: (-f.score, f.best_rank, f.key))
+    fused.sort(key=_fused_order)
     return fused
 
 
@@ -133,10 +142,15 @@ def score_fusion(
         rows = _first_occurrences(lists[name])
         unit = _unit_scores([score for _, score in rows], normalize)
         for position, ((key, _), value) in enumerate(zip(rows, unit, strict=True), start=1):
-            ranks.setdefault(key, {})[name] = position
-            normalized.setdefault(key, {})[name] = weight * value
+            per_list = ranks.get(key)
+            if per_list is None:  # (no setdefault: it would build two throw-away dicts per known key)
+                ranks[key] = {name: position}
+                normalized[key] = {name: weight * value}
+            else:
+                per_list[name] = position
+                normalized[key][name] = weight * value
     fused = [Fused(key, math.fsum(normalized[key].values()), ranks[key]) for key in normalized]
-    fused.sort(key=lambda f: (-f.score, f.best_rank, f.key))
+    fused.sort(key=_fused_order)
     return fused
 
 

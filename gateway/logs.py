@@ -58,6 +58,13 @@ def configure_logging(fmt: str = "json", level: str | int = "INFO") -> None:
         handler.setFormatter(
             logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s")
         )
+    # Neither format shows a record's thread, process or calling function: leave them uncomputed
+    # (the switches of the logging HOWTO's "Optimization" section). The caller's lookup walks the
+    # stack for every record, and the gateway writes one access line per request (issue 15).
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
+    logging._srcfile = None  # type: ignore[attr-defined]
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

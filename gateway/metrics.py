@@ -7,13 +7,28 @@ requests and each retrieval leg (embed, dense, lexical, sparse, fusion, acl).
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class _LegTimer:
+    """Times one block into a histogram child (a plain class: cheaper than a generator context manager)."""
+
+    __slots__ = ("_child", "_start")
+
+    def __init__(self, child: Any) -> None:
+        self._child = child
+        self._start = 0.0
+
+    def __enter__(self) -> None:
+        self._start = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self._child.observe(time.perf_counter() - self._start)
 
 
 class Metrics:
@@ -69,17 +84,34 @@ class Metrics:
             registry=self.registry,
         )
 
-    def observe_request(self, action: str, outcome: str, seconds: float) -> None:
-        self.requests.labels(action, outcome).inc()
-        self.request_seconds.labels(action).observe(seconds)
+        # Labelled children by label values, looked up once: prometheus_client's ``labels()`` checks
+        # and converts its arguments and takes a lock on every call, and every request made five of
+        # them (issue 15). Label values come from fixed sets (actions, routes, error codes, legs).
+        self._request_children: dict[tuple[str, str], tuple[Any, Any]] = {}
+        self._leg_children: dict[str, Any] = {}
+        self._cache_children: dict[str, Any] = {}
 
-    @contextlib.contextmanager
-    def time_leg(self, leg: str) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.leg_seconds.labels(leg).observe(time.perf_counter() - start)
+    def observe_request(self, action: str, outcome: str, seconds: float) -> None:
+        children = self._request_children.get((action, outcome))
+        if children is None:
+            children = (self.requests.labels(action, outcome), self.request_seconds.labels(action))
+            self._request_children[(action, outcome)] = children
+        children[0].inc()
+        children[1].observe(seconds)
+
+    def query_cache_lookup(self, result: str) -> None:
+        """One query-vector cache lookup (``hit`` or ``miss``)."""
+        child = self._cache_children.get(result)
+        if child is None:
+            child = self._cache_children[result] = self.query_cache.labels(result)
+        child.inc()
+
+    def time_leg(self, leg: str) -> _LegTimer:
+        """``with metrics.time_leg("dense"): ...`` observes the block's seconds for that leg."""
+        child = self._leg_children.get(leg)
+        if child is None:
+            child = self._leg_children[leg] = self.leg_seconds.labels(leg)
+        return _LegTimer(child)
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""

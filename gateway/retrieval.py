@@ -87,7 +87,7 @@ class SeedNotFound(Exception):
     """The seed record does not exist, has no stored vectors, or the caller may not read it."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # no __dict__: a search builds one per authorized candidate
 class Ranked:
     """A fused, authorized chunk: the fused score and its rank in each leg that found it."""
 
@@ -155,6 +155,7 @@ class Retriever:
         # section tipo -> (when read, (method, weights) tuned for it or None)
         self._fusion_cache: dict[str, tuple[float, tuple[str, tuple[tuple[str, float], ...]] | None]] = {}
         self._ttl = settings.lexical_stats_ttl
+        self._weights = settings.weights  # parsed once (the property parses RAG_FUSION_WEIGHTS per read)
 
     # -- model, partition, query vector -------------------------------------------------------
 
@@ -191,9 +192,9 @@ class Retriever:
         model_id: str = model.id  # type: ignore[attr-defined]
         cached = self.cache.get(model_id, query, owner=principal.sub)
         if cached is not None:
-            self.metrics.query_cache.labels("hit").inc()
+            self.metrics.query_cache_lookup("hit")
             return model_id, cached
-        self.metrics.query_cache.labels("miss").inc()
+        self.metrics.query_cache_lookup("miss")
         with self.metrics.time_leg("embed"):
             try:
                 result = await self._embed(model_id, [query])
@@ -370,17 +371,20 @@ class Retriever:
         method: str | None = None,
     ) -> list[Ranked]:
         """Fuse the legs (``method``: ``dbsf``, ``minmax`` or ``rrf``; default the settings'), then gate."""
-        weights = self.settings.weights if weights is None else weights
+        weights = self._weights if weights is None else weights
         method = self.settings.fusion if method is None else method
         with self.metrics.time_leg("fusion"):
             by_key: dict[tuple, ChunkHit] = {}
             similarity: dict[tuple, float] = {}
             order = [n for n in LEGS if n in results.lists] + sorted(set(results.lists) - set(LEGS))
             for name in order:
+                scored = name == "dense" or name.startswith("seed:")
                 for chunk in results.lists[name]:
-                    by_key.setdefault(chunk.key, chunk)  # dense's row first (same content in every leg)
-                    if name == "dense" or name.startswith("seed:"):
-                        similarity[chunk.key] = max(similarity.get(chunk.key, -1.0), chunk.score)
+                    key = chunk.key
+                    if key not in by_key:  # dense's row first (same content in every leg)
+                        by_key[key] = chunk
+                    if scored:
+                        similarity[key] = max(similarity.get(key, -1.0), chunk.score)
             if method == "rrf":
                 fused = rrf(
                     {name: [c.key for c in rows] for name, rows in results.lists.items()},
@@ -402,7 +406,11 @@ class Retriever:
             if dropped:
                 self.metrics.acl_dropped.inc(dropped)
         scores = {f.key: f for f in fused}
-        return [Ranked(c, scores[c.key].score, scores[c.key].ranks, similarity.get(c.key)) for c in allowed]
+        out = []
+        for c in allowed:
+            f = scores[c.key]
+            out.append(Ranked(c, f.score, f.ranks, similarity.get(f.key)))
+        return out
 
     # -- the actions' retrievals ---------------------------------------------------------------
 
