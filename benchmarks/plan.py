@@ -36,6 +36,7 @@ class SidecarPlan:
     repeats: int = 3
     sweep_batches: tuple[int, ...] = (8, 16, 32, 64, 128)  # the in-process sweeps' batch sizes
     sweep_seconds: float = 1.0  # each sweep window, and each window of the configurations table
+    sweep_sample: int = 256  # texts a window of the strongest configuration runs over (whole passes)
     lengths: tuple[int, ...] = (16, 64, 128, 256, 512)  # tokens per text
     length_concurrency: int = 4
     length_request_size: int = 8

@@ -570,6 +570,7 @@ def run_sidecar_benchmark(
     repeats: int = 1,
     sweep_batches: Sequence[int] = SWEEP_BATCHES,
     sweep_seconds: float = 1.0,
+    sweep_sample: int = SAMPLE,
     configurations: bool = True,
     include_service: bool = False,
     torch_threads: int | None = None,
@@ -597,7 +598,12 @@ def run_sidecar_benchmark(
     configs = None
     if configurations:
         configs = measure_configurations(
-            encoder, texts, resolve_weights(spec), batches=sweep_batches, seconds=sweep_seconds
+            encoder,
+            texts,
+            resolve_weights(spec),
+            batches=sweep_batches,
+            seconds=sweep_seconds,
+            sample=sweep_sample,
         )
     windows: list[dict[str, Any]] = []
     strongest_windows: list[dict[str, Any]] = []
@@ -607,7 +613,9 @@ def run_sidecar_benchmark(
         figures = {"inprocess": float(windows[-1]["items_per_s"])}
         if configs is not None:
             best = configs["strongest"]["batch"]
-            strongest_windows.append(measure_pipelined(encoder, texts, batch=best, seconds=baseline_seconds))
+            strongest_windows.append(
+                measure_pipelined(encoder, texts, batch=best, seconds=baseline_seconds, sample=sweep_sample)
+            )
             figures["strongest"] = float(strongest_windows[-1]["items_per_s"])
         return figures
 

@@ -389,6 +389,7 @@ def run_suite(stack: BenchStack, plan: SidecarPlan) -> SuiteResult:
         repeats=plan.repeats,
         sweep_batches=plan.sweep_batches,
         sweep_seconds=plan.sweep_seconds,
+        sweep_sample=plan.sweep_sample,
     )
     lengths = length_sweep(url, plan)
     peers = None

@@ -19,6 +19,7 @@ TINY_PLAN = [
     "sidecar.repeats=2",
     "sidecar.sweep_batches=4,8",
     "sidecar.sweep_seconds=0.05",
+    "sidecar.sweep_sample=16",
     "sidecar.lengths=16,64,512",  # 512 is over the session MiniLM's 256: skipped, and said so
     "sidecar.length_concurrency=2",
     "sidecar.length_request_size=2",

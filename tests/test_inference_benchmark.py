@@ -21,6 +21,7 @@ def test_sidecar_benchmark_reports_cells_ratios_and_bars(sidecar_url: str) -> No
         repeats=2,
         sweep_batches=(4, 8),
         sweep_seconds=0.05,
+        sweep_sample=16,
         include_service=False,
     )
     assert [(c["mode"], c["concurrency"], c["request_size"]) for c in result["cells"]] == [
