@@ -163,11 +163,20 @@ def measure_inprocess(encoder: Any, texts: Sequence[str], *, batch: int = 32, se
 
 
 def measure_pipelined(
-    encoder: Any, texts: Sequence[str], *, batch: int, seconds: float, sample: int = SAMPLE
+    encoder: Any,
+    texts: Sequence[str],
+    *,
+    batch: int,
+    seconds: float,
+    sample: int = SAMPLE,
+    overlap: bool = True,
 ) -> dict[str, Any]:
     """The strongest in-process configuration: batch k+1 is tokenized and padded on a helper thread
     while the calling thread runs batch k's forward pass (torch releases the GIL in its kernels, the
-    fast tokenizer in its Rust code), on every core torch was given.
+    fast tokenizer in its Rust code), on every core torch was given. ``overlap=False`` tokenizes each
+    batch on the calling thread just before its forward pass, on the same texts: on a machine whose
+    cores are all busy the helper thread can cost more than it hides, and the configurations pick
+    whichever is faster.
 
     A window runs whole passes over ``sample`` texts spread over the corpus's length distribution,
     sorted by length and cut into ``batch``-sized batches: the same texts at every batch size, so a
@@ -180,13 +189,16 @@ def measure_pipelined(
     ready: queue.Queue = queue.Queue(maxsize=2)
     stop = threading.Event()
 
+    def make_job(k: int) -> Any:
+        try:
+            items = encoder.prepare(chunks[k % len(chunks)], truncate=True)
+            return (len(items), sum(p.length for p in items), encoder.collate(items))
+        except Exception as exc:  # handed to the measuring thread, which raises it
+            return exc
+
     def tokenize() -> None:
         for k in itertools.count():
-            try:
-                items = encoder.prepare(chunks[k % len(chunks)], truncate=True)
-                job: Any = (len(items), sum(p.length for p in items), encoder.collate(items))
-            except Exception as exc:  # handed to the measuring thread, which raises it
-                job = exc
+            job = make_job(k)
             while not stop.is_set():
                 try:
                     ready.put(job, timeout=0.05)
@@ -196,11 +208,13 @@ def measure_pipelined(
             if stop.is_set():
                 return
 
+    inline = itertools.count()
     worker = threading.Thread(target=tokenize, name="bench-tokenize", daemon=True)
-    worker.start()
+    if overlap:
+        worker.start()
 
     def run_one() -> tuple[int, int]:
-        job = ready.get()
+        job = ready.get() if overlap else make_job(next(inline))
         if isinstance(job, Exception):
             raise job
         items, tokens, tensors = job
@@ -222,10 +236,12 @@ def measure_pipelined(
         items_per_s, tokens_per_s = _timed_passes(one_pass, seconds)
     finally:
         stop.set()
-        worker.join()
+        if overlap:
+            worker.join()
     return {
         "mode": "inprocess-strongest",
         "batch": batch,
+        "overlap": overlap,
         "items_per_s": items_per_s,
         "tokens_per_s": tokens_per_s,
     }
@@ -312,9 +328,14 @@ def measure_configurations(
     model = load_sentence_transformer(model_dir)
     st = sweep(lambda b: measure_st_encode(model, encoder, texts, batch=b, **window), batches)
     best, st_best = strongest["best_batch"], st["best_batch"]
+    # Overlap or not, at the best batch size: whichever is faster is the strongest configuration.
+    overlapped = next(p for p in strongest["points"] if p["batch"] == best)
+    serial = measure_pipelined(encoder, texts, batch=best, overlap=False, **window)
+    overlap = overlapped["items_per_s"] >= serial["items_per_s"]
+    strongest["serial_at_best"] = serial
     runs: dict[str, Callable[[], dict[str, Any]]] = {
         "inprocess_batch32": lambda: measure_inprocess(encoder, texts, seconds=seconds),
-        "strongest": lambda: measure_pipelined(encoder, texts, batch=best, **window),
+        "strongest": lambda: measure_pipelined(encoder, texts, batch=best, overlap=overlap, **window),
         "ceiling": lambda: measure_forward_only(encoder, texts, batch=best, **window),
         "st_encode": lambda: measure_st_encode(model, encoder, texts, batch=st_best, **window),
     }
@@ -332,6 +353,7 @@ def measure_configurations(
         }
         for name, ws in windows.items()
     }
+    out["strongest"]["overlap"] = overlap
     out["sweeps"] = {"strongest": strongest, "st_encode": st}
     out["sentence_transformers"] = _version("sentence-transformers")
     return out
@@ -500,10 +522,15 @@ def sidecar_caller(http: Any, url: str, model: str) -> Callable[[list[str]], Awa
                     if response.status != 200:
                         raise RuntimeError(f"sidecar answered {response.status}: {answer}")
                     return int(answer["usage"]["tokens"])
-            except aiohttp.ServerDisconnectedError:
+            except (
+                aiohttp.ServerDisconnectedError,
+                aiohttp.ClientConnectionResetError,
+                aiohttp.ClientOSError,
+            ):
                 # The proxy closed a pooled (or, on a loaded machine, a just-opened) connection
-                # at its keep-alive timeout before the request reached it: nothing was served,
-                # so send it again once, as SidecarClient does.
+                # at its keep-alive timeout before the request reached it ("Cannot write to closing
+                # transport", "Can not write request body"): nothing was served, so send it again
+                # once, as SidecarClient does.
                 if attempt == 2:
                     raise
         raise AssertionError("unreachable")
@@ -612,9 +639,11 @@ def run_sidecar_benchmark(
         windows.append(measure_inprocess(encoder, texts, seconds=baseline_seconds))
         figures = {"inprocess": float(windows[-1]["items_per_s"])}
         if configs is not None:
-            best = configs["strongest"]["batch"]
+            best, overlap = configs["strongest"]["batch"], configs["strongest"]["overlap"]
             strongest_windows.append(
-                measure_pipelined(encoder, texts, batch=best, seconds=baseline_seconds, sample=sweep_sample)
+                measure_pipelined(
+                    encoder, texts, batch=best, seconds=baseline_seconds, sample=sweep_sample, overlap=overlap
+                )
             )
             figures["strongest"] = float(strongest_windows[-1]["items_per_s"])
         return figures
@@ -733,7 +762,7 @@ def run_encoder_tokens_benchmark(
 
 CONFIGURATIONS = {
     "inprocess_batch32": "in-process batch 32, tokenize then run (the goal table's baseline)",
-    "strongest": "in-process strongest: tokenization overlapped, all cores, swept batch",
+    "strongest": "in-process strongest: all cores, swept batch, tokenization overlapped if faster",
     "ceiling": "ceiling: forward pass alone on pre-tokenized batches",
     "st_encode": "sentence-transformers encode(), swept batch",
 }

@@ -168,10 +168,14 @@ def configurations_table(configs: dict[str, Any]) -> Table:
 def _configuration_notes(configs: dict[str, Any], headlines: list[dict[str, Any]]) -> list[str]:
     strongest, ceiling = configs["strongest"], configs["ceiling"]
     st = configs["sentence_transformers"] or "(version unknown)"
+    how = (
+        "tokenization of batch k+1 on a helper thread while batch k runs"
+        if strongest.get("overlap", True)
+        else "each batch tokenized then run (overlapping them on a helper thread was slower here)"
+    )
     notes = [
         f"Strongest in-process configuration: batch {strongest['batch']} (best of the sweep "
-        f"{[p['batch'] for p in configs['sweeps']['strongest']['points']]}), tokenization of batch k+1 on a "
-        "helper thread while batch k runs, all cores; "
+        f"{[p['batch'] for p in configs['sweeps']['strongest']['points']]}), all cores, {how}; "
         f"{strongest['items_per_s'] / ceiling['items_per_s']:.2f} of the ceiling (the forward pass alone on "
         f"pre-tokenized batches of {ceiling['batch']}). sentence-transformers {st} `encode()` peaks at batch "
         f"{configs['st_encode']['batch']}: {configs['st_encode']['items_per_s'] / strongest['items_per_s']:.2f} "

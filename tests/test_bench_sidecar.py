@@ -156,7 +156,13 @@ def test_summarized_pairs_are_the_ratio_of_the_means_with_the_pairs_spread() -> 
 def _grid_with_configurations() -> dict:
     configs = {
         "inprocess_batch32": {"batch": 32, "items_per_s": 100.0, "tokens_per_s": 4000.0, "windows": [100.0]},
-        "strongest": {"batch": 64, "items_per_s": 150.0, "tokens_per_s": 6000.0, "windows": [150.0]},
+        "strongest": {
+            "batch": 64,
+            "overlap": False,
+            "items_per_s": 150.0,
+            "tokens_per_s": 6000.0,
+            "windows": [150.0],
+        },
         "ceiling": {"batch": 64, "items_per_s": 200.0, "tokens_per_s": 8000.0, "windows": [200.0]},
         "st_encode": {"batch": 16, "items_per_s": 120.0, "tokens_per_s": 4800.0, "windows": [120.0]},
         "sweeps": {
@@ -207,7 +213,12 @@ def test_the_suite_reports_the_configurations_the_ceiling_and_both_ratios(tmp_pa
     assert c16[by_concurrency.columns.index("vs strongest in-process")] == pytest.approx(55 / 150)
     assert [h.spread for h in suite.headlines] == [(0.55, 0.55), (0.9, 0.9)]
     notes = " ".join(suite.notes)
-    assert "batch 64" in notes and "0.75 of the ceiling" in notes and "sentence-transformers 9.9.9" in notes
+    assert (
+        "batch 64" in notes
+        and "0.75 of the ceiling" in notes
+        and "overlapping them" in notes
+        and "sentence-transformers 9.9.9" in notes
+    )
     assert "0.37 of the strongest" in notes  # 55 / 150
     report = write_report(tmp_path, [suite], {}).read_text()
     assert "In-process configurations" in report and "0.55 (0.55–0.55)" in report
