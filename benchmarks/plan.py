@@ -30,6 +30,13 @@ class SidecarPlan:
     sizes: tuple[int, ...] = (1, 32)  # items per request
     seconds_per_cell: float = 2.0
     baseline_seconds: float = 1.0  # each in-process window bracketing a cell
+    # Windows of each headline cell (concurrency 16), each followed by baseline windows; with peers,
+    # also the (sidecar, infinity) pairs per request size. The spread of their ratios is reported
+    # beside each headline: one that crosses its bar needs more of them.
+    repeats: int = 3
+    sweep_batches: tuple[int, ...] = (8, 16, 32, 64, 128)  # the in-process sweeps' batch sizes
+    sweep_seconds: float = 1.0  # each sweep window, and each window of the configurations table
+    sweep_sample: int = 256  # texts a window of the strongest configuration runs over (whole passes)
     lengths: tuple[int, ...] = (16, 64, 128, 256, 512)  # tokens per text
     length_concurrency: int = 4
     length_request_size: int = 8
@@ -106,6 +113,8 @@ FULL = BenchPlan(
         concurrencies=(1, 2, 4, 8, 16, 32, 64),
         seconds_per_cell=5.0,
         baseline_seconds=2.0,
+        repeats=6,
+        sweep_seconds=2.0,
         lengths=(16, 32, 64, 128, 256, 512),
         peers=True,
     ),

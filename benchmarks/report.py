@@ -34,6 +34,9 @@ class Headline:
     baseline: float
     higher_is_better: bool = True
     bar: float | None = None  # the ratio Mnemo aims for, when there is one
+    # min and max of the ratio over the run's windows (or repeated cells), when it was measured more
+    # than once: a bar inside it is not settled by this run
+    spread: tuple[float, float] | None = None
 
     @property
     def ratio(self) -> float:
@@ -44,6 +47,10 @@ class Headline:
         if self.bar is None or math.isnan(self.ratio):
             return None
         return self.ratio >= self.bar if self.higher_is_better else self.ratio <= self.bar
+
+    @property
+    def spread_crosses_bar(self) -> bool:
+        return self.bar is not None and self.spread is not None and self.spread[0] < self.bar < self.spread[1]
 
 
 @dataclass
@@ -299,7 +306,15 @@ def write_report(out_dir: Path, results: list[SuiteResult], config: dict[str, An
         "suites": [
             {
                 **asdict(r),
-                "headlines": [{**asdict(h), "ratio": h.ratio, "meets_bar": h.meets_bar} for h in r.headlines],
+                "headlines": [
+                    {
+                        **asdict(h),
+                        "ratio": h.ratio,
+                        "meets_bar": h.meets_bar,
+                        "spread_crosses_bar": h.spread_crosses_bar,
+                    }
+                    for h in r.headlines
+                ],
                 "knees": {c.name: c.knees() for c in r.curves if c.kind == "throughput"},
                 "growth": {c.name: c.growth() for c in r.curves if c.kind == "cost"},
             }
@@ -322,7 +337,7 @@ def write_report(out_dir: Path, results: list[SuiteResult], config: dict[str, An
         lines += [
             "## Headlines",
             "",
-            "| suite | figure | value | baseline | ratio | bar |",
+            "| suite | figure | value | baseline | ratio (spread) | bar |",
             "| --- | --- | --- | --- | --- | --- |",
         ]
         for suite, h in headlines:
@@ -331,9 +346,14 @@ def write_report(out_dir: Path, results: list[SuiteResult], config: dict[str, An
                 if h.bar is None
                 else f"{'≥' if h.higher_is_better else '≤'} {h.bar:g} " + ("✓" if h.meets_bar else "✗")
             )
+            if h.spread_crosses_bar:
+                bar += " (spread crosses it)"
+            shown = _fmt(h.ratio)
+            if h.spread is not None:
+                shown += f" ({_fmt(h.spread[0])}–{_fmt(h.spread[1])})"
             lines.append(
                 f"| {suite} | {h.name} | {_fmt(h.value)} {h.unit} | {h.baseline_name}: {_fmt(h.baseline)} {h.unit} "
-                f"| {_fmt(h.ratio)} | {bar} |"
+                f"| {shown} | {bar} |"
             )
         lines.append("")
     for r in results:

@@ -20,11 +20,17 @@ from typing import Any
 
 from .plan import SidecarPlan
 from .report import Curve, Headline, SuiteResult, Table
+from .sidecar import headline_concurrency
 from .stack import BENCH_MODEL, LONG_MODEL, MINILM_WEIGHTS, BenchStack
 
-__all__ = ["length_sweep", "run_suite", "texts_of_length"]
+__all__ = ["configurations_table", "length_sweep", "run_suite", "texts_of_length"]
 
 BASELINE = "in-process batch 32 (same model)"
+STRONGEST = "in-process strongest configuration"
+
+
+def _span(spread: Sequence[float]) -> str:
+    return f"{spread[0]:.2f}–{spread[1]:.2f}"
 
 
 def texts_of_length(encoder: Any, n: int, tokens: int, *, seed: int = 0) -> list[str]:
@@ -120,6 +126,7 @@ def _headline(cell: dict[str, Any]) -> Headline:
     from .sidecar import BARS
 
     key = f"c{cell['concurrency']}_{cell['request_size']}item"
+    low, high = cell["spread"]["ratio_to_inprocess"]
     return Headline(
         f"sidecar {cell['request_size']}-item requests, concurrency {cell['concurrency']}",
         cell["items_per_s"],
@@ -127,20 +134,82 @@ def _headline(cell: dict[str, Any]) -> Headline:
         BASELINE,
         cell["baseline_items_per_s"],
         bar=BARS.get(key),
+        spread=(low, high),
     )
+
+
+def _windows(cell: dict[str, Any]) -> int:
+    return len(cell.get("windows") or [cell])
+
+
+def configurations_table(configs: dict[str, Any]) -> Table:
+    """In-process batch 32, the strongest configuration, the ceiling and sentence-transformers."""
+    from .sidecar import CONFIGURATIONS
+
+    base = configs["inprocess_batch32"]["items_per_s"]
+    ceiling = configs["ceiling"]["items_per_s"]
+    return Table(
+        "In-process configurations (same model, same texts; each the mean of its windows, taken in turn)",
+        ["configuration", "best batch", "items/s", "tokens/s", "vs in-process batch 32", "vs ceiling"],
+        [
+            [
+                label,
+                configs[key]["batch"],
+                configs[key]["items_per_s"],
+                configs[key]["tokens_per_s"],
+                configs[key]["items_per_s"] / base,
+                configs[key]["items_per_s"] / ceiling,
+            ]
+            for key, label in CONFIGURATIONS.items()
+        ],
+    )
+
+
+def _configuration_notes(configs: dict[str, Any], headlines: list[dict[str, Any]]) -> list[str]:
+    strongest, ceiling = configs["strongest"], configs["ceiling"]
+    st = configs["sentence_transformers"] or "(version unknown)"
+    how = (
+        "tokenization of batch k+1 on a helper thread while batch k runs"
+        if strongest.get("overlap", True)
+        else "each batch tokenized then run (overlapping them on a helper thread was slower here)"
+    )
+    notes = [
+        f"Strongest in-process configuration: batch {strongest['batch']} (best of the sweep "
+        f"{[p['batch'] for p in configs['sweeps']['strongest']['points']]}), all cores, {how}; "
+        f"{strongest['items_per_s'] / ceiling['items_per_s']:.2f} of the ceiling (the forward pass alone on "
+        f"pre-tokenized batches of {ceiling['batch']}). sentence-transformers {st} `encode()` peaks at batch "
+        f"{configs['st_encode']['batch']}: {configs['st_encode']['items_per_s'] / strongest['items_per_s']:.2f} "
+        "of the strongest configuration.",
+    ]
+    for cell in headlines:
+        if "ratio_to_strongest" not in cell:
+            continue
+        low, high = cell["spread"]["ratio_to_strongest"]
+        in_low, in_high = cell["spread"]["ratio_to_inprocess"]
+        notes.append(
+            f"sidecar {cell['request_size']}-item requests at concurrency {cell['concurrency']} "
+            f"({_windows(cell)} windows): {cell['ratio_to_inprocess']:.2f} of in-process batch 32 "
+            f"(spread {in_low:.2f}–{in_high:.2f}), {cell['ratio_to_strongest']:.2f} of the strongest "
+            f"in-process configuration (spread {low:.2f}–{high:.2f}), about "
+            f"{cell['ratio_to_strongest'] * strongest['items_per_s'] / ceiling['items_per_s']:.2f} of the ceiling."
+        )
+    return notes
 
 
 def _as_suite(grid: dict[str, Any], lengths: dict[str, Any], peers: dict[str, Any] | None) -> SuiteResult:
     cells = [c for c in grid["cells"] if c["mode"] == "sidecar"]
     sizes = sorted({c["request_size"] for c in cells})
-    top = 16 if any(c["concurrency"] == 16 for c in cells) else max(c["concurrency"] for c in cells)
+    top = headline_concurrency([c["concurrency"] for c in cells])
     headlines = [_headline(c) for c in cells if c["concurrency"] == top]
+    strongest = any("ratio_to_strongest" in c for c in cells)
 
     def series(size: int, key: Any) -> list[tuple[float, float]]:
         return [(c["concurrency"], key(c)) for c in cells if c["request_size"] == size]
 
     throughput = {f"sidecar, {s}-item requests": series(s, lambda c: c["items_per_s"]) for s in sizes}
     throughput[BASELINE] = series(sizes[-1], lambda c: c["baseline_items_per_s"])
+    if strongest:
+        throughput[STRONGEST] = series(sizes[-1], lambda c: c["strongest_items_per_s"])
     latency = {f"{s}-item requests": series(s, lambda c: c["latency_ms"]["p95"]) for s in sizes}
     tables = [
         Table(
@@ -153,7 +222,10 @@ def _as_suite(grid: dict[str, Any], lengths: dict[str, Any], peers: dict[str, An
                 "p50 ms",
                 "p95 ms",
                 "p99 ms",
-                "vs in-process",
+                "windows",
+                "vs in-process batch 32",
+                "spread",
+                *(["vs strongest in-process", "spread "] if strongest else []),
             ],
             [
                 [
@@ -164,12 +236,22 @@ def _as_suite(grid: dict[str, Any], lengths: dict[str, Any], peers: dict[str, An
                     c["latency_ms"]["p50"],
                     c["latency_ms"]["p95"],
                     c["latency_ms"]["p99"],
+                    _windows(c),
                     c["ratio_to_inprocess"],
+                    _span(c["spread"]["ratio_to_inprocess"]),
+                    *(
+                        [c["ratio_to_strongest"], _span(c["spread"]["ratio_to_strongest"])]
+                        if strongest
+                        else []
+                    ),
                 ]
                 for c in cells
             ],
         )
     ]
+    configs = grid.get("configurations")
+    if configs is not None:
+        tables.insert(0, configurations_table(configs))
     curves = [
         Curve(
             "Sidecar throughput vs concurrency",
@@ -177,7 +259,7 @@ def _as_suite(grid: dict[str, Any], lengths: dict[str, Any], peers: dict[str, An
             "items/s",
             throughput,
             log_x=True,
-            baselines=(BASELINE,),
+            baselines=(BASELINE, STRONGEST),
         ),
         Curve(
             "Sidecar p95 latency vs concurrency",
@@ -239,6 +321,37 @@ def _as_suite(grid: dict[str, Any], lengths: dict[str, Any], peers: dict[str, An
         "Bars (Mnemo's, on a 2-core CPU): 1-item requests at concurrency 16 reach >= 50% of in-process "
         "batch-32 throughput, 32-item requests >= 80%.",
     ]
+    if configs is not None:
+        sweeps = configs["sweeps"]
+        curves.append(
+            Curve(
+                "In-process throughput vs batch size",
+                "texts per batch",
+                "items/s",
+                {
+                    "strongest (tokenization overlapped)": [
+                        (p["batch"], p["items_per_s"]) for p in sweeps["strongest"]["points"]
+                    ],
+                    "sentence-transformers encode()": [
+                        (p["batch"], p["items_per_s"]) for p in sweeps["st_encode"]["points"]
+                    ],
+                },
+                log_x=True,
+            )
+        )
+        notes += _configuration_notes(configs, [c for c in cells if c["concurrency"] == top])
+    if grid.get("repeats", 1) > 1:
+        notes.append(
+            f"Each concurrency-{top} cell ran in {grid['repeats']} windows, each beside its own baseline "
+            "windows; its ratio is the mean over the means, its spread the ratio of each window to each "
+            "baseline window beside it, min to max (latencies: the median of the windows' percentiles)."
+        )
+    for name, bar in grid["bars"].items():
+        if bar["settled"] is False:
+            notes.append(
+                f"The spread of {name} ({bar['spread'][0]:.2f}–{bar['spread'][1]:.2f}) crosses its bar "
+                f"{bar['bar']:g}: this run does not settle it; raise sidecar.repeats."
+            )
     if lengths["skipped_lengths"]:
         notes.append(
             f"Lengths {lengths['skipped_lengths']} skipped: {lengths['model']} takes at most "
@@ -277,11 +390,15 @@ def run_suite(stack: BenchStack, plan: SidecarPlan) -> SuiteResult:
         sizes=plan.sizes,
         seconds_per_cell=plan.seconds_per_cell,
         baseline_seconds=plan.baseline_seconds,
+        repeats=plan.repeats,
+        sweep_batches=plan.sweep_batches,
+        sweep_seconds=plan.sweep_seconds,
+        sweep_sample=plan.sweep_sample,
     )
     lengths = length_sweep(url, plan)
     peers = None
     if plan.peers:
         from .peers import run_infinity_peer
 
-        peers = run_infinity_peer(stack.work_dir, plan, grid)
+        peers = run_infinity_peer(stack.work_dir, plan, grid, sidecar_url=url)
     return _as_suite(grid, lengths, peers)

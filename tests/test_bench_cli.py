@@ -16,6 +16,10 @@ TINY_PLAN = [
     "sidecar.sizes=1,4",
     "sidecar.seconds_per_cell=0.3",
     "sidecar.baseline_seconds=0.2",
+    "sidecar.repeats=2",
+    "sidecar.sweep_batches=4,8",
+    "sidecar.sweep_seconds=0.05",
+    "sidecar.sweep_sample=16",
     "sidecar.lengths=16,64,512",  # 512 is over the session MiniLM's 256: skipped, and said so
     "sidecar.length_concurrency=2",
     "sidecar.length_request_size=2",
@@ -93,6 +97,8 @@ def test_every_suite_writes_a_report_with_baselines_and_plots(
         "sidecar 1-item requests, concurrency 2",
         "sidecar 4-item requests, concurrency 2",
     ]
+    assert all(h["spread"][0] <= h["ratio"] <= h["spread"][1] for h in sidecar["headlines"])
+    assert sidecar["tables"][0]["title"].startswith("In-process configurations")
     lengths = sidecar["figures"]["lengths"]
     assert [p["tokens_per_text"] for p in lengths["points"]] == [16, 64] and lengths["skipped_lengths"] == [
         512

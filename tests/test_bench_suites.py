@@ -20,6 +20,8 @@ def test_quick_plan_is_smaller_than_full_and_full_has_peers_and_100k_chunks() ->
     assert QUICK.quality.datasets == FULL.quality.datasets == ("*",)  # every data set, either plan
     assert QUICK.sidecar.lengths[0] == 16 and QUICK.sidecar.lengths[-1] == 512
     assert QUICK.sidecar.concurrencies[0] == 1 and QUICK.sidecar.concurrencies[-1] == 64
+    assert 1 < QUICK.sidecar.repeats < FULL.sidecar.repeats  # headlines always show a spread
+    assert 32 in QUICK.sidecar.sweep_batches and QUICK.sidecar.sweep_seconds <= FULL.sidecar.sweep_seconds
 
 
 def test_overrides_parse_by_field_type() -> None:

@@ -18,21 +18,37 @@ def test_sidecar_benchmark_reports_cells_ratios_and_bars(sidecar_url: str) -> No
         sizes=(4,),
         seconds_per_cell=0.3,
         baseline_seconds=0.1,
+        repeats=2,
+        sweep_batches=(4, 8),
+        sweep_seconds=0.05,
+        sweep_sample=16,
         include_service=False,
     )
     assert [(c["mode"], c["concurrency"], c["request_size"]) for c in result["cells"]] == [
         ("sidecar", 1, 4),
         ("sidecar", 2, 4),
     ]
+    assert result["headline_concurrency"] == 2 and len(result["cells"][1]["windows"]) == 2
+    configs = result["configurations"]
+    assert configs["strongest"]["batch"] in (4, 8) and configs["st_encode"]["batch"] in (4, 8)
+    assert configs["ceiling"]["batch"] == configs["strongest"]["batch"]
+    assert configs["strongest"]["overlap"] in (True, False)  # whichever was faster at that batch size
+    assert all(
+        configs[k]["items_per_s"] > 0 for k in ("inprocess_batch32", "strongest", "ceiling", "st_encode")
+    )
     for cell in result["cells"]:
         assert cell["items_per_s"] > 0 and cell["tokens_per_s"] > cell["items_per_s"]  # > 1 token per text
         assert cell["latency_ms"]["p50"] <= cell["latency_ms"]["p95"] <= cell["latency_ms"]["p99"]
         assert math.isfinite(cell["ratio_to_inprocess"]) and cell["ratio_to_inprocess"] > 0
-    assert result["baseline"]["windows"] == 2  # one before the cells of a request size, one after
+        assert cell["ratio_to_strongest"] > 0  # every baseline window also ran the strongest configuration
+        low, high = cell["spread"]["ratio_to_inprocess"]
+        assert low <= cell["ratio_to_inprocess"] <= high
+    assert result["baseline"]["windows"] == 3  # before and after the size's cells, after the repeat
     assert set(result["bars"]) == {"c16_1item", "c16_32item"}  # not measured in this small grid
     assert all(bar["ratio"] is None for bar in result["bars"].values())
     report = format_report(result)
     assert "in-process batch 32" in report and "sidecar c16_1item: n/a" in report
+    assert "ceiling: forward pass alone" in report and "sentence-transformers encode()" in report
 
 
 def test_encoder_tokens_benchmark_runs_the_bge_m3_shape_small_on_cpu() -> None:
