@@ -260,11 +260,10 @@ class SidecarSettings:
     api_key: str | None = None  # RAG_SIDECAR_API_KEY
     num_cpus: float | None = None  # RAG_SIDECAR_NUM_CPUS (Ray's CPU count; default: all cores)
     object_store_mb: int = 256  # RAG_SIDECAR_OBJECT_STORE_MB
-    # Ray Serve's HTTP proxy (uvicorn) against slow or idle clients. request_timeout_s bounds a
-    # request from its headers to its answer, body upload included (Serve answers 408); the
-    # keep-alive timeout closes a connection idle after a response. Serve exposes no timeout for a
-    # connection that never completes its headers: see the README (put the sidecar behind a proxy
-    # with a header timeout, or keep it on a private network).
+    # The ingress's HTTP front (aiohttp) against slow or idle clients. The keep-alive timeout closes
+    # a connection with no complete request head that long after it opened or after its last answer
+    # (an idle client and one sending its headers byte by byte alike); request_timeout_s bounds the
+    # rest of a request, body upload included (408 request_timeout).
     request_timeout_s: float = 120.0  # RAG_SIDECAR_REQUEST_TIMEOUT
     keep_alive_timeout_s: int = 30  # RAG_SIDECAR_KEEP_ALIVE_TIMEOUT
 

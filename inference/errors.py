@@ -16,6 +16,7 @@ __all__ = [
     "NotReady",
     "Overloaded",
     "PayloadTooLarge",
+    "RequestTimeout",
     "RouteNotFound",
     "SidecarApiError",
     "Unauthorized",
@@ -79,6 +80,13 @@ class MethodNotAllowed(SidecarApiError):
 
     status = 405
     default_code = "method_not_allowed"
+
+
+class RequestTimeout(SidecarApiError):
+    """The request, body upload included, took longer than the front's request timeout (408)."""
+
+    status = 408
+    default_code = "request_timeout"
 
 
 class PayloadTooLarge(SidecarApiError):

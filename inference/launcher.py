@@ -1,7 +1,9 @@
 """Start the sidecar on a local Ray instance (no dashboard) and stop it again.
 
 Used by ``mnemo sidecar``, ``mnemo up`` and the tests' session fixture. Ray starts inside the calling
-process (it becomes the driver); Serve's HTTP proxy listens on ``host:port``.
+process (it becomes the driver). The ingress replica listens on ``host:port`` itself and Serve's HTTP
+proxy stays off: a request crosses one process, not two, before its bundle reaches a model replica
+(see :mod:`inference.local_server`).
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ def running_sidecar(
 ) -> Iterator[str]:
     """Run the sidecar for ``config`` and yield its base URL; Serve and Ray stop on exit.
 
-    ``port=0`` picks a free port. ``request_timeout_s`` and ``keep_alive_timeout_s`` go to Serve's
-    HTTP proxy (see :class:`~inference.config.SidecarSettings`). Missing weights fail before Ray starts (:class:`ModelWeightsMissing`
+    ``port=0`` picks a free port. ``request_timeout_s`` and ``keep_alive_timeout_s`` go to the
+    ingress's HTTP front (see :class:`~inference.config.SidecarSettings`). Missing weights fail before Ray starts (:class:`ModelWeightsMissing`
     naming the path); a model that fails to load or warm up fails here too.
     """
     from .config import resolve_weights
@@ -70,16 +72,14 @@ def running_sidecar(
         )
         started_ray = True
     try:
-        serve.start(
-            http_options={
-                "host": host,
-                "port": port,
-                "request_timeout_s": request_timeout_s,
-                "keep_alive_timeout_s": keep_alive_timeout_s,
-            },
-            proxy_location="HeadOnly",
-        )
-        serve.run(build_app(config, api_key=api_key), name=APP_NAME, route_prefix="/")
+        serve.start(proxy_location="Disabled")
+        listen = {
+            "host": host,
+            "port": port,
+            "request_timeout_s": request_timeout_s,
+            "keep_alive_timeout_s": keep_alive_timeout_s,
+        }
+        serve.run(build_app(config, api_key=api_key, listen=listen), name=APP_NAME, route_prefix=None)
         url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
         wait_ready(url, ready_timeout_s)
         yield url

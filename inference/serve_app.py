@@ -1,5 +1,12 @@
 """The Ray Serve application: one deployment per model behind one HTTP ingress.
 
+The ingress answers HTTP two ways. Given ``listen`` (what ``mnemo sidecar`` does), it runs its own
+aiohttp front (:func:`~inference.local_server.start_front`) on that address and Serve's HTTP proxy is
+left off: one process between the client and the model replicas. Without it (``serve run`` /
+``serve deploy`` of ``inference/serve_config.yaml`` on a cluster), Serve's proxies route to
+:meth:`Ingress.__call__`. Both paths share one :class:`~inference.api.SidecarAPI` on the replica's
+event loop, so their ``/embed`` calls bundle together.
+
 Deployments are thin: :class:`ModelDeployment` wraps a Ray-free :class:`~inference.service.ModelService`
 (load, warm up at the largest batch, batch, answer) and :class:`Ingress` wraps the Ray-free
 :class:`~inference.api.SidecarAPI`. Scale-out (replicas, fractional CPUs/GPUs, autoscaling) comes from
@@ -22,6 +29,7 @@ from .api import SidecarAPI, read_body
 from .coalesce import CallCoalescer
 from .config import Limits, ModelSpec, SidecarConfig, SidecarSettings, config_from_dict, load_config
 from .errors import NotReady, Overloaded, SidecarApiError
+from .local_server import start_front
 
 __all__ = ["HandleBackend", "Ingress", "ModelDeployment", "app_builder", "build_app", "deployment_name"]
 
@@ -154,8 +162,14 @@ class HandleBackend:
 class Ingress:
     """The one HTTP entry point: reads the body within the byte limit and hands it to the API."""
 
-    def __init__(
-        self, config: dict[str, Any], handles: dict[str, DeploymentHandle], api_key: str | None
+    # Serve runs an async constructor on the replica's user-code event loop, where __call__ runs too:
+    # the front's server lives on that loop.
+    async def __init__(  # type: ignore[misc]
+        self,
+        config: dict[str, Any],
+        handles: dict[str, DeploymentHandle],
+        api_key: str | None,
+        listen: dict[str, Any] | None = None,
     ) -> None:
         cfg = config_from_dict(config, environ={})
         backends = {
@@ -163,6 +177,8 @@ class Ingress:
             for model, handle in handles.items()
         }
         self.api = SidecarAPI(cfg, backends, api_key=api_key)
+        # A taken port fails the constructor, so the deploy fails naming the address.
+        self._front = await start_front(self.api, **listen) if listen else None
 
     async def __call__(self, request: Request) -> Response:
         path = request.url.path
@@ -185,8 +201,15 @@ class Ingress:
         )
 
 
-def build_app(config: SidecarConfig, *, api_key: str | None = None) -> serve.Application:
-    """The Serve application for ``config``. ``api_key`` defaults to ``RAG_SIDECAR_API_KEY``."""
+def build_app(
+    config: SidecarConfig, *, api_key: str | None = None, listen: dict[str, Any] | None = None
+) -> serve.Application:
+    """The Serve application for ``config``. ``api_key`` defaults to ``RAG_SIDECAR_API_KEY``.
+
+    ``listen`` (``host``, ``port``, ``request_timeout_s``, ``keep_alive_timeout_s``) makes the ingress
+    serve HTTP itself on that address, for a Serve started without its proxy (one ingress replica:
+    the address is bound once).
+    """
     if api_key is None:
         api_key = SidecarSettings.load().api_key
     limits = config.to_dict()["limits"]
@@ -208,7 +231,10 @@ def build_app(config: SidecarConfig, *, api_key: str | None = None) -> serve.App
             max_constructor_retry_count=3,
         )
         handles[spec.id] = deployment.bind(spec.public(), limits)
-    return Ingress.options(name=INGRESS_NAME).bind(config.to_dict(), handles, api_key)
+    ingress = Ingress.options(name=INGRESS_NAME)
+    if listen is not None:
+        ingress = ingress.options(num_replicas=1)
+    return ingress.bind(config.to_dict(), handles, api_key, listen)
 
 
 def app_builder(args: dict[str, str]) -> serve.Application:
