@@ -1,6 +1,9 @@
 """How much each suite measures: the quick plan (``make bench``) and the full one (``--full``).
 
-The quick plan fits a 2-core CPU machine in under 10 minutes: small corpora, short curves, no peers.
+The quick plan takes about 16 minutes on a quiet 2-core CPU machine (commit 9c80490: sidecar 235 s,
+ingest 31 s, gateway 94 s, quality 470 s, reliability 85 s): small corpora, short curves, no peers, but
+every data set in the quality suite, whose embedding of about 4,800 documents with MiniLM is most of
+its time (``--suite`` narrows a run).
 ``mnemo bench --set SUITE.FIELD=VALUE`` overrides any field (``--set gateway.sizes=1000,5000``).
 """
 

@@ -15,7 +15,7 @@ Then the load, each way to embed the same texts with the same model:
 
 - ``service``: the Ray-free :class:`~inference.service.ModelService` (token-budget batcher + executor)
   driven by concurrent in-process callers: what batching itself costs (`--service`; off by default).
-- ``sidecar``: the Ray Serve sidecar over HTTP (proxy -> ingress -> model replica): what callers get.
+- ``sidecar``: the Ray Serve sidecar over HTTP (the ingress replica's own HTTP front -> model replica): what callers get.
 
 Each mode runs concurrency 1, 4 and 16 with 1-item and 32-item requests (closed loop, bounded in time)
 and reports items/s, tokens/s and latency p50/p95/p99. Baseline windows (in-process batch 32 and the
@@ -527,7 +527,7 @@ def sidecar_caller(http: Any, url: str, model: str) -> Callable[[list[str]], Awa
                 aiohttp.ClientConnectionResetError,
                 aiohttp.ClientOSError,
             ):
-                # The proxy closed a pooled (or, on a loaded machine, a just-opened) connection
+                # The server closed a pooled (or, on a loaded machine, a just-opened) connection
                 # at its keep-alive timeout before the request reached it ("Cannot write to closing
                 # transport", "Can not write request body"): nothing was served, so send it again
                 # once, as SidecarClient does.

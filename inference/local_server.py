@@ -5,8 +5,8 @@ Two uses of one :func:`create_app`:
 - **The sidecar's HTTP front.** :func:`start_front` runs inside the Serve ingress replica
   (:class:`inference.serve_app.Ingress`), so a request reaches the model replicas with no Serve HTTP
   proxy in between: one process parses HTTP and bundles ``/embed`` calls, where the proxy path
-  costs two processes and two hops per request (measured: the proxy path served 0.84 of
-  infinity-emb's 1-item throughput, this front 1.07-1.22, same machine, same run).
+  costs two processes and two hops per request (``mnemo bench --full --suite sidecar``, 2 cores:
+  0.80 of infinity-emb's 1-item throughput at concurrency 16 through the proxy, 1.08 with this front).
 - **In-process** (``ModelService`` through :class:`~inference.api.LocalBackend`): for machines where
   Ray is not wanted and for tests that need to hold a model in a given state.
 
