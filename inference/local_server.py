@@ -19,11 +19,18 @@ alike. ``request_timeout_s`` bounds the rest: body upload and answer (408 ``requ
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
+from typing import Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
 
 from .api import SidecarAPI, read_body
-from .errors import RequestTimeout, SidecarApiError
+from .errors import BadRequest, PayloadTooLarge, RequestTimeout, SidecarApiError
+
+log = logging.getLogger(__name__)
 
 __all__ = ["create_app", "start_front"]
 
@@ -75,7 +82,7 @@ async def start_front(
     keep_alive_timeout_s: float,
 ) -> web.AppRunner:
     """Listen on ``host:port`` with ``api`` on the running event loop; ``await runner.cleanup()`` stops it."""
-    runner = web.AppRunner(
+    runner = _FrontRunner(
         create_app(api, request_timeout_s=request_timeout_s),
         access_log=None,  # the API's metrics count requests; a log line per request costs a core
         keepalive_timeout=keep_alive_timeout_s,
@@ -93,3 +100,53 @@ async def start_front(
         await runner.cleanup()
         raise
     return runner
+
+
+class _JsonErrorProtocol(RequestHandler):
+    """aiohttp's connection handler, answering a request it cannot parse (a request line or header
+    over 8 KiB, bad framing) in the sidecar's error envelope instead of aiohttp's plain text."""
+
+    def handle_error(
+        self,
+        request: BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if request.writer.output_size > 0:  # a response already started: nothing sensible to send
+            raise ConnectionError("response already sent; cannot send an error")
+        error: SidecarApiError
+        if status >= 500:
+            self.log_exception("error handling request from %s", request.remote, exc_info=exc)
+            error = SidecarApiError("internal error")
+        else:  # the client's bytes are at fault: one line, no traceback
+            # aiohttp's messages quote the client's bytes: keep the first line, cut short.
+            reason = str(getattr(exc, "message", None) or message or type(exc).__name__).splitlines()
+            text = f"malformed HTTP request ({status}: {(reason[0] if reason else 'bad request')[:120]})"
+            log.warning("%s from %s", text, request.remote)
+            kind = {408: RequestTimeout, 413: PayloadTooLarge}.get(status, BadRequest)
+            error = kind(text, code="bad_http_request" if kind is BadRequest else None)
+        body = json.dumps(error.to_json(), separators=(",", ":")).encode()
+        response = web.Response(status=error.status, body=body, content_type="application/json")
+        response.force_close()  # the stream's framing is unknown after a parse error
+        return response
+
+
+class _JsonErrorServer(web.Server):
+    def __call__(self) -> RequestHandler:
+        return _JsonErrorProtocol(self, loop=self._loop, **self._kwargs)
+
+
+class _FrontRunner(web.AppRunner):
+    """``web.AppRunner`` whose connections answer protocol errors in the sidecar's envelope."""
+
+    async def _make_server(self) -> web.Server:
+        base = await super()._make_server()
+        # Same handler, factory and options; only the per-connection protocol class differs.
+        kwargs: dict[str, Any] = base._kwargs
+        return _JsonErrorServer(
+            base.request_handler,
+            request_factory=base.request_factory,
+            handler_cancellation=base.handler_cancellation,
+            **kwargs,
+        )

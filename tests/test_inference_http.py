@@ -193,6 +193,29 @@ async def test_a_request_head_that_never_completes_is_closed(sidecar_url: str) -
         writer.close()
 
 
+async def test_a_request_the_front_cannot_parse_gets_a_coded_json_400(sidecar_url: str) -> None:
+    # aiohttp refuses a request line or header over 8 KiB before any handler runs; the front
+    # answers that in the sidecar's envelope too, not in aiohttp's plain text.
+    host, port = sidecar_url.removeprefix("http://").split(":")
+    for request in (
+        b"GET /healthz?" + b"x" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"y" * 9000 + b"\r\n\r\n",
+    ):
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            writer.write(request)
+            await writer.drain()
+            answer = await asyncio.wait_for(reader.read(), 30)
+        finally:
+            writer.close()
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.split()[1] == b"400", head  # HTTP/1.0 when the request line itself was refused
+        error = json.loads(body)["error"]
+        assert error["code"] == "bad_http_request" and len(error["message"]) < 200
+    async with aiohttp.ClientSession() as http, http.get(f"{sidecar_url}/healthz") as response:
+        assert response.status == 200  # and the front serves on
+
+
 async def test_a_stalled_body_gets_408_and_the_front_serves_on(
     http: aiohttp.ClientSession, sidecar_config: SidecarConfig, inference_encoders: dict[str, Encoder]
 ) -> None:
