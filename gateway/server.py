@@ -43,6 +43,7 @@ import os
 import socket
 import struct
 import sys
+import time
 import uuid
 from typing import Any
 
@@ -226,7 +227,9 @@ def _close_listener(site: web.BaseSite) -> list[socket.socket]:
     though their clients may have sent a whole request. A duplicate descriptor keeps the socket
     listening while asyncio lets go of it. First :func:`refuse_new_handshakes`: otherwise a client
     whose handshake completes between the last ``accept`` and the close (a window that grows to
-    milliseconds when the OS preempts this process) is reset after sending its request.
+    milliseconds when the OS preempts this process) is reset after sending its request. Handshakes
+    already under way when the filter goes on still complete, so the sweep waits for the backlog to
+    stay empty a moment (:func:`_sweep_backlogs`) before the close.
     """
     server = getattr(site, "_server", None)
     listeners = list(getattr(server, "sockets", None) or ())
@@ -238,39 +241,67 @@ def _close_listener(site: web.BaseSite) -> list[socket.socket]:
         dups.append(dup)
     if server is not None:
         server.close()  # asyncio stops accepting; the duplicates still hold the sockets open
-    accepted = []
+    accepted = _sweep_backlogs(dups)
     for dup in dups:
-        try:
-            while True:
-                conn, _ = dup.accept()
-                accepted.append(conn)
-        except (BlockingIOError, InterruptedError):
-            pass
-        except OSError as exc:  # e.g. EMFILE: what is left in the backlog is reset, as before
-            log.warning("stopping: could not accept the listen backlog: %s", exc)
-        finally:
-            dup.close()
+        dup.close()
     if accepted:
         log.info("stopping: %d connection(s) taken from the listen backlog", len(accepted))
     return accepted
 
 
+def _sweep_backlogs(listeners: list[socket.socket]) -> list[socket.socket]:
+    """Accept every queued connection, until the backlogs stay empty for ``_SWEEP_QUIET_S``."""
+    accepted: list[socket.socket] = []
+    started = quiet_since = time.monotonic()
+    while True:
+        for listener in listeners:
+            try:
+                while True:
+                    conn, _ = listener.accept()
+                    accepted.append(conn)
+                    quiet_since = time.monotonic()
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError as exc:  # e.g. EMFILE: what is left in the backlog is reset, as before
+                log.warning("stopping: could not accept the listen backlog: %s", exc)
+                return accepted
+        now = time.monotonic()
+        if now - quiet_since >= _SWEEP_QUIET_S or now - started >= _SWEEP_MAX_S:
+            return accepted
+        time.sleep(0.002)
+
+
 _SO_ATTACH_FILTER = 26  # <asm-generic/socket.h>
-_BPF_RET_K = 0x06  # BPF_RET | BPF_K: return the constant k (here 0: drop the packet)
+# A classic BPF program run on each TCP segment that reaches the listener (skb data starts at the TCP
+# header): keep a segment with the ACK flag, drop one without it. A fresh SYN has no ACK and is
+# dropped; the ACK that completes a handshake already under way goes through, so that connection
+# lands in the backlog to be swept instead of being reset by the close. (Dropping every segment also
+# dropped those ACKs: a client whose handshake was in flight at the stop saw it complete, sent its
+# request, and met a reset.)
+_SYN_DROP_FILTER = (
+    (0x30, 0, 0, 13),  # BPF_LD | BPF_B | BPF_ABS: A = TCP flags (byte 13 of the header)
+    (0x45, 0, 1, 0x10),  # BPF_JMP | BPF_JSET | BPF_K: A & ACK? keep : drop
+    (0x06, 0, 0, 0xFFFFFFFF),  # BPF_RET | BPF_K: keep the whole segment
+    (0x06, 0, 0, 0),  # BPF_RET | BPF_K: drop it
+)
+# After the filter is on, handshakes already under way finish within microseconds on an idle host;
+# the backlog is swept until it has stayed empty this long (bounded by _SWEEP_MAX_S).
+_SWEEP_QUIET_S = 0.02
+_SWEEP_MAX_S = 0.2
 
 
 def refuse_new_handshakes(sock: socket.socket) -> bool:
-    """Make a listening TCP socket drop new SYNs (Linux: a socket filter that accepts nothing).
+    """Make a listening TCP socket drop new SYNs (Linux: a socket filter keeping only ACK segments).
 
-    The kernel then completes no new connection into its backlog; a client's SYN goes unanswered and
-    its retry (after about a second) meets the closed port: connection refused, before it sent
-    anything. Connections already in the backlog stay there to be accepted. False where the
-    platform has no socket filters (the close then races as without it).
+    The kernel then starts no new connection; a client's SYN goes unanswered and its retry (after
+    about a second) meets the closed port: connection refused, before it sent anything. Handshakes
+    already under way complete into the backlog, and connections there stay to be accepted. False
+    where the platform has no socket filters (the close then races as without it).
     """
     if not sys.platform.startswith("linux"):
         return False
-    program = ctypes.create_string_buffer(struct.pack("HBBI", _BPF_RET_K, 0, 0, 0))
-    fprog = struct.pack("HL", 1, ctypes.addressof(program))  # struct sock_fprog {len; *filter}
+    program = ctypes.create_string_buffer(b"".join(struct.pack("HBBI", *op) for op in _SYN_DROP_FILTER))
+    fprog = struct.pack("HL", len(_SYN_DROP_FILTER), ctypes.addressof(program))  # struct sock_fprog
     try:
         sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, fprog)
     except OSError as exc:
