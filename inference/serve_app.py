@@ -180,6 +180,12 @@ class Ingress:
         # A taken port fails the constructor, so the deploy fails naming the address.
         self._front = await start_front(self.api, **listen) if listen else None
 
+    async def check_health(self) -> None:
+        """Serve's health probe: a replica that answers HTTP itself is healthy only while it listens,
+        so Serve replaces one whose front stopped (and the new replica binds the address again)."""
+        if self._front is not None and not self._front.addresses:
+            raise RuntimeError("the ingress's HTTP front is not listening")
+
     async def __call__(self, request: Request) -> Response:
         path = request.url.path
         root = request.scope.get("root_path", "")

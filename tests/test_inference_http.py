@@ -216,6 +216,27 @@ async def test_a_request_the_front_cannot_parse_gets_a_coded_json_400(sidecar_ur
         assert response.status == 200  # and the front serves on
 
 
+async def test_the_ingress_health_probe_fails_once_its_front_stops_listening(
+    sidecar_config: SidecarConfig,
+) -> None:
+    # The deployment's class outside Serve: its async constructor starts the front on this loop.
+    from inference.serve_app import Ingress
+
+    ingress = Ingress.func_or_class.__new__(Ingress.func_or_class)
+    listen = {"host": "127.0.0.1", "port": free_port("127.0.0.1"), "request_timeout_s": 5.0,
+              "keep_alive_timeout_s": 5.0}  # fmt: skip
+    await ingress.__init__(sidecar_config.to_dict(), {}, None, listen)
+    try:
+        await ingress.check_health()  # listening: healthy
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{listen['port']}/healthz") as response:
+                assert response.status == 200
+    finally:
+        await ingress._front.cleanup()
+    with pytest.raises(RuntimeError, match="not listening"):
+        await ingress.check_health()
+
+
 async def test_a_stalled_body_gets_408_and_the_front_serves_on(
     http: aiohttp.ClientSession, sidecar_config: SidecarConfig, inference_encoders: dict[str, Encoder]
 ) -> None:
