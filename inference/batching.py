@@ -172,11 +172,14 @@ class TokenBudgetBatcher(Generic[T, R]):
 
     async def _loop(self) -> None:
         assert self._wakeup is not None
+        backlog = False  # requests queued while the previous wave ran
         while True:
             await self._wakeup.wait()
             queued = sum(len(r.items) for r in self._queue)
-            if self.batch_wait_s > 0 and queued < self.max_batch_size:
-                await asyncio.sleep(self.batch_wait_s)  # let concurrent callers join this wave
+            # The window lets concurrent callers join a wave that starts from idle. Requests that
+            # queued during the previous wave have waited that long already: they go at once.
+            if self.batch_wait_s > 0 and queued < self.max_batch_size and not backlog:
+                await asyncio.sleep(self.batch_wait_s)
             self._wakeup.clear()
             wave, self._queue = self._queue, []
             try:
@@ -185,6 +188,7 @@ class TokenBudgetBatcher(Generic[T, R]):
                 for request in wave:
                     if not request.future.done():
                         request.future.set_exception(exc)
+            backlog = bool(self._queue)
 
     async def _run_wave(self, wave: list[_Request[T]]) -> None:
         flat: list[tuple[_Request[T], int]] = [

@@ -123,6 +123,30 @@ async def test_cancelled_callers_are_skipped_before_the_forward_pass() -> None:
     executor.shutdown()
 
 
+async def test_requests_queued_during_a_wave_run_next_without_the_wait_window() -> None:
+    gate = _Gate()
+    gate.open.clear()
+    executor = ThreadPoolExecutor(1)
+    batcher = TokenBudgetBatcher(
+        gate,
+        max_batch_size=4,
+        max_batch_tokens=1000,
+        max_pending_items=100,
+        batch_wait_s=30.0,  # a window no test could sit out: only a wave that skips it finishes
+        executor=executor,
+    )
+    full = asyncio.create_task(batcher.submit([("full", i) for i in range(4)], [1] * 4))  # no window
+    await until(lambda: len(gate.calls) == 0 and batcher.stats.pending_items >= 4)
+    await asyncio.sleep(0.01)  # the full wave is now parked in the executor behind the gate
+    queued = asyncio.create_task(batcher.submit([("queued", 0)], [1]))
+    await until(lambda: batcher.stats.pending_items >= 5)
+    gate.open.set()
+    assert len(await full) == 4
+    assert await asyncio.wait_for(queued, 10) == ["queued:0"]  # not after the 30 s window
+    await batcher.close()
+    executor.shutdown()
+
+
 async def test_admission_is_bounded_with_retry_after() -> None:
     gate = _Gate()
     gate.open.clear()
