@@ -91,18 +91,26 @@ async def test_model_raising_mid_batch_reaches_every_waiter_and_the_next_request
     await batcher.close()
 
 
-async def test_cancelled_callers_are_skipped_before_the_forward_pass() -> None:
+def _held_batcher(
+    *, max_batch_size: int, batch_wait_s: float
+) -> tuple[_Gate, ThreadPoolExecutor, TokenBudgetBatcher]:
+    """A batcher whose forward passes wait behind a closed gate, on one executor thread."""
     gate = _Gate()
     gate.open.clear()
     executor = ThreadPoolExecutor(1)
     batcher = TokenBudgetBatcher(
         gate,
-        max_batch_size=8,
+        max_batch_size=max_batch_size,
         max_batch_tokens=1000,
         max_pending_items=100,
-        batch_wait_s=0,
+        batch_wait_s=batch_wait_s,
         executor=executor,
     )
+    return gate, executor, batcher
+
+
+async def test_cancelled_callers_are_skipped_before_the_forward_pass() -> None:
+    gate, executor, batcher = _held_batcher(max_batch_size=8, batch_wait_s=0)
     first = asyncio.create_task(batcher.submit([("first", 0)], [1]))
     await until(lambda: batcher.stats.pending_items > 0)
     await asyncio.sleep(0.01)  # the first wave is now parked in the executor behind the gate
@@ -124,17 +132,8 @@ async def test_cancelled_callers_are_skipped_before_the_forward_pass() -> None:
 
 
 async def test_requests_queued_during_a_wave_run_next_without_the_wait_window() -> None:
-    gate = _Gate()
-    gate.open.clear()
-    executor = ThreadPoolExecutor(1)
-    batcher = TokenBudgetBatcher(
-        gate,
-        max_batch_size=4,
-        max_batch_tokens=1000,
-        max_pending_items=100,
-        batch_wait_s=30.0,  # a window no test could sit out: only a wave that skips it finishes
-        executor=executor,
-    )
+    # A window no test could sit out: only a wave that skips it finishes in time.
+    gate, executor, batcher = _held_batcher(max_batch_size=4, batch_wait_s=30.0)
     full = asyncio.create_task(batcher.submit([("full", i) for i in range(4)], [1] * 4))  # no window
     await until(lambda: len(gate.calls) == 0 and batcher.stats.pending_items >= 4)
     await asyncio.sleep(0.01)  # the full wave is now parked in the executor behind the gate
