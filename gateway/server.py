@@ -48,8 +48,9 @@ import uuid
 from typing import Any
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
+
+from inference.http_protocol import JsonProtocolErrors, ProtocolRunner
 
 from .errors import REQUEST_ID_HEADER, ApiError, Handler, error_response
 from .settings import GatewaySettings
@@ -89,7 +90,7 @@ def handler_args(settings: GatewaySettings) -> dict[str, Any]:
     }
 
 
-class _EnvelopeProtocol(RequestHandler):
+class _EnvelopeProtocol(JsonProtocolErrors):
     """aiohttp's connection handler, answering its own protocol errors in envelope v2 and draining
     politely when the gateway stops (see the module's docstring)."""
 
@@ -128,29 +129,18 @@ class _EnvelopeProtocol(RequestHandler):
             resp.force_close()
         return await super().finish_response(request, resp, start_time)
 
-    def handle_error(
-        self,
-        request: BaseRequest,
-        status: int = 500,
-        exc: BaseException | None = None,
-        message: str | None = None,
-    ) -> web.StreamResponse:
-        if request.writer.output_size > 0:  # a response already started: nothing sensible to send
-            raise ConnectionError("response already sent; cannot send an error")
-        if status >= 500:
-            self.log_exception("error handling request from %s", request.remote, exc_info=exc)
+    def protocol_error_response(self, status: int, reason: str | None) -> web.Response:
+        if reason is None:
             error = ApiError.internal()
-        else:  # the client's bytes are at fault: one line, no traceback
-            log.warning("malformed request from %s: %s", request.remote, message or exc)
+        else:
             code = {413: "request.payload_too_large", 408: "request.timeout"}.get(
                 status, "request.invalid_request"
             )
-            error = ApiError(code, f"The HTTP request is malformed ({status}: {_reason(exc, message)})")
+            error = ApiError(code, f"The HTTP request is malformed ({status}: {reason})")
         rid = uuid.uuid4().hex
         body = json.dumps(error.body(rid), separators=(",", ":"))
         response = web.Response(status=error.status, text=body, content_type="application/json")
         response.headers[REQUEST_ID_HEADER] = rid
-        response.force_close()
         return response
 
 
@@ -161,37 +151,17 @@ async def _refuse_while_stopping(request: BaseRequest) -> web.StreamResponse:
     return response
 
 
-def _reason(exc: BaseException | None, message: str | None) -> str:
-    """A short reason for a parse failure; aiohttp's messages quote the client's bytes, so cut them."""
-    text = getattr(exc, "message", None) or message or type(exc).__name__
-    text = str(text).splitlines()[0] if str(text) else "bad request"
-    return text[:120]
-
-
-class _EnvelopeServer(web.Server):
-    def __call__(self) -> RequestHandler:
-        return _EnvelopeProtocol(self, loop=self._loop, **self._kwargs)
-
-
-class GatewayRunner(web.AppRunner):
+class GatewayRunner(ProtocolRunner):
     """``web.AppRunner`` with handler cancellation on and envelope-v2 protocol errors.
 
     Serve the gateway with it (``serve()`` and the test fixture do), not a bare ``AppRunner``.
     """
 
+    protocol = _EnvelopeProtocol
+
     def __init__(self, app: web.Application, **kwargs: Any) -> None:
         kwargs.setdefault("handler_cancellation", True)
         super().__init__(app, **kwargs)
-
-    async def _make_server(self) -> web.Server:
-        base = await super()._make_server()
-        # Same handler, factory and options; only the per-connection protocol class differs.
-        return _EnvelopeServer(
-            base.request_handler,
-            request_factory=base.request_factory,
-            handler_cancellation=base.handler_cancellation,
-            **base._kwargs,
-        )
 
     async def cleanup(self) -> None:
         """Stop: backlog accepted and listener closed, in-flight requests finished, then the app's cleanup.

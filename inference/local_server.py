@@ -20,17 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
-from typing import Any
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
-from aiohttp.web_request import BaseRequest
 
 from .api import SidecarAPI, read_body
 from .errors import BadRequest, PayloadTooLarge, RequestTimeout, SidecarApiError
-
-log = logging.getLogger(__name__)
+from .http_protocol import JsonProtocolErrors, ProtocolRunner
 
 __all__ = ["create_app", "start_front"]
 
@@ -102,51 +97,22 @@ async def start_front(
     return runner
 
 
-class _JsonErrorProtocol(RequestHandler):
-    """aiohttp's connection handler, answering a request it cannot parse (a request line or header
-    over 8 KiB, bad framing) in the sidecar's error envelope instead of aiohttp's plain text."""
+class _JsonErrorProtocol(JsonProtocolErrors):
+    """Protocol errors in the sidecar's error envelope, instead of aiohttp's plain text."""
 
-    def handle_error(
-        self,
-        request: BaseRequest,
-        status: int = 500,
-        exc: BaseException | None = None,
-        message: str | None = None,
-    ) -> web.StreamResponse:
-        if request.writer.output_size > 0:  # a response already started: nothing sensible to send
-            raise ConnectionError("response already sent; cannot send an error")
+    def protocol_error_response(self, status: int, reason: str | None) -> web.Response:
         error: SidecarApiError
-        if status >= 500:
-            self.log_exception("error handling request from %s", request.remote, exc_info=exc)
+        if reason is None:
             error = SidecarApiError("internal error")
-        else:  # the client's bytes are at fault: one line, no traceback
-            # aiohttp's messages quote the client's bytes: keep the first line, cut short.
-            reason = str(getattr(exc, "message", None) or message or type(exc).__name__).splitlines()
-            text = f"malformed HTTP request ({status}: {(reason[0] if reason else 'bad request')[:120]})"
-            log.warning("%s from %s", text, request.remote)
+        else:
+            text = f"malformed HTTP request ({status}: {reason})"
             kind = {408: RequestTimeout, 413: PayloadTooLarge}.get(status, BadRequest)
             error = kind(text, code="bad_http_request" if kind is BadRequest else None)
         body = json.dumps(error.to_json(), separators=(",", ":")).encode()
-        response = web.Response(status=error.status, body=body, content_type="application/json")
-        response.force_close()  # the stream's framing is unknown after a parse error
-        return response
+        return web.Response(status=error.status, body=body, content_type="application/json")
 
 
-class _JsonErrorServer(web.Server):
-    def __call__(self) -> RequestHandler:
-        return _JsonErrorProtocol(self, loop=self._loop, **self._kwargs)
-
-
-class _FrontRunner(web.AppRunner):
+class _FrontRunner(ProtocolRunner):
     """``web.AppRunner`` whose connections answer protocol errors in the sidecar's envelope."""
 
-    async def _make_server(self) -> web.Server:
-        base = await super()._make_server()
-        # Same handler, factory and options; only the per-connection protocol class differs.
-        kwargs: dict[str, Any] = base._kwargs
-        return _JsonErrorServer(
-            base.request_handler,
-            request_factory=base.request_factory,
-            handler_cancellation=base.handler_cancellation,
-            **kwargs,
-        )
+    protocol = _JsonErrorProtocol
