@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -82,6 +83,11 @@ class ModelSpec:
     max_client_batch: int = 128  # inputs per request (413 above)
     max_queued_items: int = 512  # admitted, unfinished items per replica (429 above)
     batch_wait_ms: float = 2.0  # how long a lone request waits for company
+    # A forward pass's fixed cost in padded tokens, weighed against padding when a wave is cut into
+    # batches (a CPU pays for padding, so short texts run apart from long ones). None: measured at
+    # warm-up on the device the model runs on (tens of tokens on a CPU; on a GPU padding is nearly
+    # free, the figure comes out large and batches stay full).
+    batch_overhead_tokens: float | None = None
     # /embed bundles in flight from the ingress to this model's replicas (default 2 per replica):
     # requests arriving meanwhile travel together in the next bundle. 0: one Ray call per request.
     coalesce_in_flight: int | None = None
@@ -121,6 +127,16 @@ class ModelSpec:
             )
         if self.num_cpus < 0 or self.num_gpus < 0:
             raise ConfigError(f"model {self.id!r}: num_cpus/num_gpus cannot be negative")
+        overhead = self.batch_overhead_tokens
+        if overhead is not None and (
+            isinstance(overhead, bool)
+            or not isinstance(overhead, int | float)
+            or not 0 <= overhead < math.inf
+        ):
+            raise ConfigError(
+                f"model {self.id!r}: batch_overhead_tokens must be a number of tokens, 0 or more "
+                f"(or left out, to measure it at warm-up), not {overhead!r}"
+            )
         if self.coalesce_in_flight is not None and self.coalesce_in_flight < 0:
             raise ConfigError(f"model {self.id!r}: coalesce_in_flight cannot be negative (0 turns it off)")
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -207,6 +208,47 @@ class Encoder:
     def finish(self, raw: Any, batch: dict[str, Any]) -> list[Any]:
         raise NotImplementedError
 
+    # Whether collate pads a batch to its longest input (then a batch's cost depends on how the
+    # batcher groups lengths, and measure_batch_overhead has something to weigh).
+    pads_to_longest = False
+
+    def _warm_inputs(self, texts: list[str]) -> list[Any]:
+        """The main batcher's inputs for ``texts`` (a reranker pairs each with a query)."""
+        return self.prepare(texts, truncate=True)  # type: ignore[attr-defined]
+
+    def measure_batch_overhead(self, *, repeats: int = 3) -> float | None:
+        """A forward pass's fixed cost in padded tokens, timed on this device (None: nothing to weigh).
+
+        One short input alone against a batch of 128-token inputs, each the median of ``repeats``
+        runs: the second gives the cost of a token, the first what a pass costs beyond its tokens.
+        Where padding costs nothing measurable (a GPU below saturation) it is ``max_batch_tokens``,
+        so the batcher keeps its batches full.
+        """
+        if not self.pads_to_longest:
+            return None
+        limit = self.spec.max_batch_tokens
+        (small,) = self._warm_inputs([self._warm_text(min(16, self.max_input_tokens))])
+        long_text = self._warm_text(min(128, self.max_input_tokens))
+        count = max(1, min(8, self.spec.max_batch_size, limit // max(1, min(128, self.max_input_tokens))))
+        big = self._warm_inputs([long_text] * count)
+        small_tokens, big_tokens = small.length, count * max(item.length for item in big)
+        if big_tokens <= small_tokens:
+            return None  # a model whose window is tiny: every batch costs about the same
+
+        def median_seconds(items: list[Any]) -> float:
+            times = []
+            for _ in range(repeats):
+                started = time.perf_counter()
+                self.run_batch(items)
+                times.append(time.perf_counter() - started)
+            return sorted(times)[len(times) // 2]
+
+        t_small, t_big = median_seconds([small]), median_seconds(big)
+        per_token = (t_big - t_small) / (big_tokens - small_tokens)
+        if per_token <= 0:
+            return float(limit)
+        return float(min(limit, max(1.0, t_small / per_token - small_tokens)))
+
     def warm_up_tokens(self) -> int:
         """The longest input the largest allowed batch can hold under the token budget."""
         budget = self.spec.max_batch_tokens // self.spec.max_batch_size
@@ -221,6 +263,7 @@ class TextEncoder(Encoder):
     """Dense (and optionally sparse) text embeddings."""
 
     kind = "text"
+    pads_to_longest = True
 
     def _load_model(self):
         import torch
@@ -453,6 +496,7 @@ class CrossEncoder(Encoder):
     """A reranker: one relevance logit per (query, document) pair."""
 
     kind = "rerank"
+    pads_to_longest = True
 
     def _load_model(self):
         from transformers import AutoModelForSequenceClassification
@@ -462,6 +506,9 @@ class CrossEncoder(Encoder):
     @property
     def dimension(self) -> None:
         return None
+
+    def _warm_inputs(self, texts: list[str]) -> list[Any]:
+        return self.prepare_pairs("warm", texts, truncate=True)
 
     def prepare_pairs(self, query: str, documents: Sequence[str], *, truncate: bool) -> list[TokenizedText]:
         return self._tokenize(

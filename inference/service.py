@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import math
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +25,8 @@ from .errors import BadRequest, NotReady, PayloadTooLarge, SidecarApiError
 from .images import open_image
 
 __all__ = ["ModelService"]
+
+log = logging.getLogger(__name__)
 
 _ROUTES_BY_KIND = {"text": "/embed", "image_text": "/image and /text", "rerank": "/rerank"}
 
@@ -67,8 +70,21 @@ class ModelService:
     # -- lifecycle -------------------------------------------------------------------------------
 
     def warm_up(self) -> None:
-        """A real forward pass at the largest allowed batch; readiness turns on only after it."""
+        """A real forward pass at the largest allowed batch; readiness turns on only after it.
+
+        Then the forward pass's fixed cost is set on the main batcher (the spec's, or timed here), so
+        waves are cut where padding would cost more than another pass.
+        """
         self.encoder.warm_up()
+        overhead = self.spec.batch_overhead_tokens
+        if overhead is None:
+            overhead = self.encoder.measure_batch_overhead()
+            log.info(
+                "model %s: a forward pass costs about %s padded tokens beyond its inputs",
+                self.spec.id,
+                "n/a" if overhead is None else f"{overhead:.0f}",
+            )
+        self._batchers["main"].batch_overhead_tokens = overhead
         self.ready = True
 
     async def warm_up_async(self) -> None:
@@ -84,7 +100,11 @@ class ModelService:
         self._prep.shutdown(wait=False, cancel_futures=True)
 
     def info(self) -> dict[str, Any]:
-        return self.encoder.info()
+        overhead = self._batchers["main"].batch_overhead_tokens
+        return {
+            **self.encoder.info(),
+            "batch_overhead_tokens": None if overhead is None else round(overhead, 1),
+        }
 
     def is_ready(self) -> bool:
         return self.ready and self.healthy()

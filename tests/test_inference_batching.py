@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from inference.batching import TokenBudgetBatcher, plan_micro_batches
@@ -33,6 +34,80 @@ def test_plan_covers_every_item_once_within_budget(
         assert padded <= max_batch_tokens or len(batch) == 1
     # Longest first: lengths never increase across the flattened plan.
     assert [lengths[i] for i in flat] == sorted((lengths[i] for i in flat), reverse=True)
+
+
+def _plan_cost(batches: list[list[int]], lengths: list[int], overhead: float) -> float:
+    return sum(overhead + len(b) * max(max(1, lengths[i]) for i in b) for b in batches)
+
+
+def _cheapest_by_brute_force(lengths: list[int], max_size: int, budget: int, overhead: float) -> float:
+    """Every way to cut the sorted wave into runs (2^(n-1) of them), the cheapest within the bounds."""
+    ordered = sorted((max(1, n) for n in lengths), reverse=True)
+    if not ordered:
+        return 0.0
+    best = math.inf
+    for mask in range(1 << max(0, len(ordered) - 1)):
+        runs, start = [], 0
+        for k in range(1, len(ordered)):
+            if mask >> (k - 1) & 1:
+                runs.append(ordered[start:k])
+                start = k
+        runs.append(ordered[start:])
+        if all(len(r) <= max_size and (len(r) == 1 or len(r) * r[0] <= budget) for r in runs):
+            best = min(best, sum(overhead + len(r) * r[0] for r in runs))
+    return best
+
+
+@given(
+    lengths=st.lists(st.integers(min_value=0, max_value=300), max_size=200),
+    max_batch_size=st.integers(min_value=1, max_value=64),
+    max_batch_tokens=st.integers(min_value=1, max_value=4096),
+    overhead=st.floats(min_value=0, max_value=5000),
+)
+def test_padding_aware_plan_keeps_the_bounds_and_never_costs_more_than_filling(
+    lengths: list[int], max_batch_size: int, max_batch_tokens: int, overhead: float
+) -> None:
+    bounds = {"max_batch_size": max_batch_size, "max_batch_tokens": max_batch_tokens}
+    batches = plan_micro_batches(lengths, **bounds, batch_overhead_tokens=overhead)
+    flat = [i for batch in batches for i in batch]
+    assert sorted(flat) == list(range(len(lengths)))
+    for batch in batches:
+        assert 1 <= len(batch) <= max_batch_size
+        assert len(batch) * max(max(1, lengths[i]) for i in batch) <= max_batch_tokens or len(batch) == 1
+    assert [lengths[i] for i in flat] == sorted((lengths[i] for i in flat), reverse=True)
+    filled = plan_micro_batches(lengths, **bounds)
+    assert _plan_cost(batches, lengths, overhead) <= _plan_cost(filled, lengths, overhead) + 1e-6
+
+
+@given(
+    lengths=st.lists(st.integers(min_value=1, max_value=64), max_size=10),
+    max_batch_size=st.integers(min_value=1, max_value=6),
+    max_batch_tokens=st.integers(min_value=1, max_value=256),
+    overhead=st.floats(min_value=0, max_value=200),
+)
+def test_padding_aware_plan_is_the_cheapest_cut(
+    lengths: list[int], max_batch_size: int, max_batch_tokens: int, overhead: float
+) -> None:
+    assume(overhead < max_batch_tokens)  # at or above it, batches are filled in turn (tested below)
+    batches = plan_micro_batches(
+        lengths,
+        max_batch_size=max_batch_size,
+        max_batch_tokens=max_batch_tokens,
+        batch_overhead_tokens=overhead,
+    )
+    expected = _cheapest_by_brute_force(lengths, max_batch_size, max_batch_tokens, overhead)
+    assert _plan_cost(batches, lengths, overhead) == pytest.approx(expected)
+
+
+def test_short_texts_run_apart_from_a_long_one_when_padding_costs_more_than_a_pass() -> None:
+    lengths = [256] + [16] * 31  # one abstract among titles: filling pads 31 titles to 256 tokens
+    filled = plan_micro_batches(lengths, max_batch_size=32, max_batch_tokens=8192)
+    assert filled == [list(range(32))]
+    cut = plan_micro_batches(lengths, max_batch_size=32, max_batch_tokens=8192, batch_overhead_tokens=50)
+    assert cut == [[0], list(range(1, 32))]
+    # A pass costing more than the padding saved (a GPU's measured overhead) keeps the batch whole.
+    whole = plan_micro_batches(lengths, max_batch_size=32, max_batch_tokens=8192, batch_overhead_tokens=8192)
+    assert whole == [list(range(32))]
 
 
 def _echo(items: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from pathlib import Path
 
@@ -200,3 +201,31 @@ def test_sidecar_start_fails_fast_naming_missing_weights(tmp_path: Path) -> None
     ):
         pass
     assert ray.is_initialized() == was_running  # nothing was started
+
+
+def test_warm_up_times_a_forward_pass_and_the_batcher_weighs_it_against_padding(
+    inference_encoders: dict[str, Encoder],
+) -> None:
+    from inference.service import ModelService
+
+    encoder = inference_encoders["all-minilm-l6-v2"]
+    service = ModelService(encoder.spec, encoder=encoder)
+    service.warm_up()
+    overhead = service.info()["batch_overhead_tokens"]
+    # On a CPU a pass costs more than one token and less than a full batch of padding.
+    assert 1 <= overhead < encoder.spec.max_batch_tokens
+    assert service._batchers["main"].batch_overhead_tokens == pytest.approx(overhead, abs=0.05)
+    # A reranker weighs it too; SigLIP's text tower pads to a fixed length: nothing to weigh there.
+    assert inference_encoders["tiny-reranker-random"].measure_batch_overhead() is not None
+    assert inference_encoders["tiny-siglip-random"].measure_batch_overhead() is None
+    fixed = ModelService(dataclasses.replace(encoder.spec, batch_overhead_tokens=40), encoder=encoder)
+    fixed.warm_up()
+    assert fixed.info()["batch_overhead_tokens"] == 40
+
+
+@pytest.mark.parametrize("value", [-1, "many", True, float("nan"), float("inf")])
+def test_batch_overhead_tokens_must_be_a_count_of_tokens(value: object) -> None:
+    with pytest.raises(ConfigError, match="batch_overhead_tokens"):
+        config_from_dict(
+            {"models": [{"id": "a", "kind": "text", "weights": "/x", "batch_overhead_tokens": value}]}
+        )
