@@ -1,9 +1,10 @@
 """How much each suite measures: the quick plan (``make bench``) and the full one (``--full``).
 
-The quick plan takes about 16 minutes on a quiet 2-core CPU machine (commit 9c80490: sidecar 235 s,
-ingest 31 s, gateway 94 s, quality 470 s, reliability 85 s): small corpora, short curves, no peers, but
-every data set in the quality suite, whose embedding of about 4,800 documents with MiniLM is most of
-its time (``--suite`` narrows a run).
+The quick plan takes about 10.5 minutes on a quiet 2-core CPU machine (10 min 24 s at the commit
+after ff27cc2: sidecar 151 s, ingest 21 s, gateway 81 s, quality 247 s, reliability 78 s, and about
+45 s starting and stopping PostgreSQL and the sidecar): small corpora, short curves, no peers, no
+tuned row, but every data set in the quality suite, whose embedding of about 4,800 documents with
+MiniLM (179 s) is its longest part (``--suite`` narrows a run).
 ``mnemo bench --set SUITE.FIELD=VALUE`` overrides any field (``--set gateway.sizes=1000,5000``).
 """
 
@@ -37,10 +38,13 @@ class SidecarPlan:
     # also the (sidecar, infinity) pairs per request size. The spread of their ratios is reported
     # beside each headline: one that crosses its bar needs more of them.
     repeats: int = 3
-    sweep_batches: tuple[int, ...] = (8, 16, 32, 64, 128)  # the in-process sweeps' batch sizes
+    # The in-process sweeps' batch sizes (8 and 128, in the full plan, never won in the kept runs).
+    sweep_batches: tuple[int, ...] = (16, 32, 64)
     sweep_seconds: float = 1.0  # each sweep window, and each window of the configurations table
-    sweep_sample: int = 256  # texts a window of the strongest configuration runs over (whole passes)
-    lengths: tuple[int, ...] = (16, 64, 128, 256, 512)  # tokens per text
+    # Texts a window of the strongest configuration runs over: whole passes, so a window lasts at
+    # least one pass (256 texts take about 2.5 s on 2 cores; the full plan's).
+    sweep_sample: int = 128
+    lengths: tuple[int, ...] = (16, 128, 512)  # tokens per text
     length_concurrency: int = 4
     length_request_size: int = 8
     peers: bool = False  # infinity-emb beside the sidecar (its own virtualenv)
@@ -71,7 +75,9 @@ class QualityPlan:
     # "*": every BEIR data set found (benchmarks/datasets, ../shared/datasets), so a regression on
     # any of them shows in the one table; names or paths narrow it.
     datasets: tuple[str, ...] = ("*",)
-    tune: bool = True  # the 2-fold cross-validated tuned figure beside the defaults
+    # The 2-fold cross-validated tuned figure beside the defaults: 15 fusions per query, so the full
+    # plan's (the quick plan keeps the bars, each leg and hybrid on every data set).
+    tune: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,11 +123,14 @@ FULL = BenchPlan(
         seconds_per_cell=5.0,
         baseline_seconds=2.0,
         repeats=6,
+        sweep_batches=(8, 16, 32, 64, 128),
         sweep_seconds=2.0,
+        sweep_sample=256,
         lengths=(16, 32, 64, 128, 256, 512),
         peers=True,
     ),
     ingest=IngestPlan(records=300, batch_records=(1, 4, 16, 32, 64, 128)),
+    quality=QualityPlan(tune=True),
     gateway=GatewayPlan(
         sizes=(1_000, 10_000, 100_000), embedded=1_000, queries=200, seconds=10.0, requests=3_000
     ),

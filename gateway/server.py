@@ -173,7 +173,7 @@ class GatewayRunner(ProtocolRunner):
         deadline = loop.time() + self._shutdown_timeout
         accepted: list[socket.socket] = []
         for site in list(self._sites):
-            accepted += _close_listener(site)
+            accepted += await _close_listener(site)
             await site.stop()
         server = self._server
         if server is not None:
@@ -190,7 +190,7 @@ class GatewayRunner(ProtocolRunner):
         self._server = None
 
 
-def _close_listener(site: web.BaseSite) -> list[socket.socket]:
+async def _close_listener(site: web.BaseSite) -> list[socket.socket]:
     """Close the site's listening sockets, first accepting the connections queued in their backlog.
 
     Closing a listening socket resets the connections the kernel completed but nobody accepted yet,
@@ -200,6 +200,12 @@ def _close_listener(site: web.BaseSite) -> list[socket.socket]:
     milliseconds when the OS preempts this process) is reset after sending its request. Handshakes
     already under way when the filter goes on still complete, so the sweep waits for the backlog to
     stay empty a moment (:func:`_sweep_backlogs`) before the close.
+
+    asyncio accepts in one callback and builds each connection's transport in a task that runs a loop
+    iteration later; a task still pending when ``Server.close`` runs fails (the closed server refuses
+    to count it) and asyncio drops the accepted socket without a word, resetting a client that had
+    sent its request. So asyncio stops accepting first, those tasks run, and only then is the server
+    closed.
     """
     server = getattr(site, "_server", None)
     listeners = list(getattr(server, "sockets", None) or ())
@@ -210,7 +216,12 @@ def _close_listener(site: web.BaseSite) -> list[socket.socket]:
         refuse_new_handshakes(dup)
         dups.append(dup)
     if server is not None:
-        server.close()  # asyncio stops accepting; the duplicates still hold the sockets open
+        loop = asyncio.get_running_loop()
+        for listener in listeners:
+            loop.remove_reader(listener.fileno())  # asyncio accepts no more
+        for _ in range(2):  # the transport tasks of what it accepted last run before we go on
+            await asyncio.sleep(0)
+        server.close()  # the duplicates still hold the sockets open
     accepted = _sweep_backlogs(dups)
     for dup in dups:
         dup.close()

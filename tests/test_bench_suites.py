@@ -18,6 +18,7 @@ def test_quick_plan_is_smaller_than_full_and_full_has_peers_and_100k_chunks() ->
     assert max(QUICK.gateway.sizes) == 10_000 and max(FULL.gateway.sizes) == 100_000
     assert not QUICK.sidecar.peers and FULL.sidecar.peers
     assert QUICK.quality.datasets == FULL.quality.datasets == ("*",)  # every data set, either plan
+    assert FULL.quality.tune and not QUICK.quality.tune  # the cross-validated row: 15 fusions a query
     assert QUICK.sidecar.lengths[0] == 16 and QUICK.sidecar.lengths[-1] == 512
     assert QUICK.sidecar.concurrencies[0] == 1 and QUICK.sidecar.concurrencies[-1] == 64
     assert 1 < QUICK.sidecar.repeats < FULL.sidecar.repeats  # headlines always show a spread
