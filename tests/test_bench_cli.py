@@ -33,6 +33,7 @@ TINY_PLAN = [
     "gateway.concurrency=2",
     "gateway.load_concurrency=1,2",
     "gateway.selectivity=1,0.1",
+    "quality.tune=true",  # the full plan's cross-validated row (the quick plan leaves it out)
     "gpu.lengths=16",
     "gpu.seconds=0.1",
 ]
