@@ -43,6 +43,9 @@ START_TIMEOUT_S = 300.0
 PEER_BAR = 1.0  # the sidecar leads every peer on the same machine, in the same run
 
 
+PEER_KEEPALIVE_S = 2.0  # under uvicorn's default --timeout-keep-alive of 5 s
+
+
 class PeerUnavailable(RuntimeError):
     """The peer could not be installed or started (the message says which and why)."""
 
@@ -137,7 +140,7 @@ def _infinity_caller(http: Any, url: str) -> Callable[[list[str]], Awaitable[int
         async with http.post(f"{url}/embeddings", json={"model": PEER_MODEL, "input": batch}) as response:
             answer = await response.json()
             if response.status != 200:
-                raise RuntimeError(f"infinity answered {response.status}: {answer}")
+                raise PeerUnavailable(f"infinity answered {response.status}: {answer}")
             return int(answer["usage"]["total_tokens"])
 
     return call
@@ -216,8 +219,12 @@ async def _peer_runs(
     from .sidecar import headline_concurrency, load_grid, sidecar_caller
     from .stack import BENCH_MODEL
 
+    # infinity's uvicorn closes a keep-alive connection idle for 5 s, and the in-process baseline
+    # windows between cells last about that long: a pooled connection reused as the server closes it
+    # fails the request (ServerDisconnectedError). So the client lets go of idle ones first.
+    peer_connector = aiohttp.TCPConnector(limit=64, keepalive_timeout=PEER_KEEPALIVE_S)
     async with (
-        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as peer_http,
+        aiohttp.ClientSession(connector=peer_connector) as peer_http,
         aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as sidecar_http,
     ):
         infinity = _infinity_caller(peer_http, url)
@@ -251,6 +258,7 @@ def run_infinity_peer(
     With ``sidecar_url``, first ``plan.repeats`` interleaved (sidecar, infinity) pairs per request size
     at the headline concurrency, both servers up: the headlines.
     """
+    import aiohttp
     import torch
 
     from inference.encoders import load_encoder
@@ -282,6 +290,9 @@ def run_infinity_peer(
             pairs, cells = asyncio.run(_peer_runs(sidecar_url, url, texts, plan, baseline))
     except PeerUnavailable as exc:
         return {"status": "skipped", "peer": "infinity-emb", "version": version, "reason": str(exc)}
+    except aiohttp.ClientError as exc:  # the peer failed mid-run: the sidecar's own figures stand
+        reason = f"infinity-emb failed during the measurement: {type(exc).__name__}: {exc}; see {log}"
+        return {"status": "skipped", "peer": "infinity-emb", "version": version, "reason": reason}
     return {
         "status": "ok",
         "peer": "infinity-emb",
