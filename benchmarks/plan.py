@@ -4,7 +4,7 @@ The quick plan takes about 10.5 minutes on a quiet 2-core CPU machine (10 min 24
 after ff27cc2: sidecar 151 s, ingest 21 s, gateway 81 s, quality 247 s, reliability 78 s, and about
 45 s starting and stopping PostgreSQL and the sidecar): small corpora, short curves, no peers, no
 tuned row, but every data set in the quality suite, whose embedding of about 4,800 documents with
-MiniLM (179 s) is its longest part (``--suite`` narrows a run).
+MiniLM (182 s) is its longest part (``--suite`` narrows a run).
 ``mnemo bench --set SUITE.FIELD=VALUE`` overrides any field (``--set gateway.sizes=1000,5000``).
 """
 
