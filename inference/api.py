@@ -346,13 +346,19 @@ class SidecarAPI:
         return _json(503, {**error.to_json(), "models": ready}, {"Retry-After": "5"})
 
     async def _info(self, model: str) -> dict[str, Any]:
-        if model not in self._infos:
-            try:
-                info = await asyncio.wait_for(self.backends[model].info(), self.backend_timeout_s)
-            except Exception as exc:
-                raise NotReady(f"model {model!r} is not reachable yet", retry_after=5) from exc
+        """The model's description, kept once it is ready (before its warm-up has run, what the
+        warm-up measures, such as ``batch_overhead_tokens``, is still unknown: asked again later)."""
+        if model in self._infos:
+            return self._infos[model]
+        backend = self.backends[model]
+        try:
+            info = await asyncio.wait_for(backend.info(), self.backend_timeout_s)
+            ready = await asyncio.wait_for(backend.is_ready(), self.backend_timeout_s)
+        except Exception as exc:
+            raise NotReady(f"model {model!r} is not reachable yet", retry_after=5) from exc
+        if ready:
             self._infos[model] = info
-        return self._infos[model]
+        return info
 
     async def _models(self) -> HttpResponse:
         infos = [await self._info(model) for model in self.backends]

@@ -537,3 +537,30 @@ async def test_api_key_guards_every_route_but_health(
                 assert r.status == 200
     finally:
         await server.close()
+
+
+async def test_models_reports_the_warm_up_figures_once_the_model_is_warm(
+    sidecar_config: SidecarConfig, inference_encoders: dict[str, Encoder]
+) -> None:
+    # A Ray-free sidecar answers /models while its model warms up (the fault benchmarks' does): what
+    # the warm-up measures must not stay unknown in the answer afterwards.
+    spec = sidecar_config.model(MINILM)
+    service = ModelService(spec, sidecar_config.limits, inference_encoders[MINILM])
+    api = SidecarAPI(
+        dataclasses.replace(sidecar_config, models=(spec,)), {MINILM: LocalBackend(service)}, api_key=None
+    )
+
+    async def overhead() -> float | None:
+        answer = await api.handle("GET", "/models", {}, b"")
+        assert answer.status == 200
+        (info,) = json.loads(answer.body)["models"]
+        return info["batch_overhead_tokens"]
+
+    try:
+        assert await overhead() is None  # not warmed up yet
+        await service.warm_up_async()
+        measured = await overhead()
+        assert measured is not None and measured >= 1
+        assert await overhead() == measured  # kept from now on
+    finally:
+        await service.close()
