@@ -6,8 +6,9 @@ batch, not the last) and cuts micro-batches whose *padded* size ``count x longes
 ``max_batch_tokens`` and ``max_batch_size``. Given a forward pass's fixed cost in padded tokens
 (``batch_overhead_tokens``, measured at warm-up), the cuts are the cheapest ones: on a CPU, where padding
 costs as much as real tokens, a wave of short texts with a few long ones no longer pads every short
-text to the longest (that had cost up to 2.6x the tokens on a corpus of titles and abstracts). Each micro-batch runs in an executor (the event loop is never
-blocked) and its results are scattered back so every caller gets exactly its own outputs in its own order.
+text to the longest (that had cost up to 2.6x the tokens on a corpus of titles and abstracts).
+Each micro-batch runs in an executor (the event loop is never blocked) and its results are scattered
+back so every caller gets exactly its own outputs in its own order.
 
 Guarantees, as in Ray's ``@serve.batch`` and TEI's queue:
 - every waiter gets its results or the exception, also when the model raises mid-batch;

@@ -228,9 +228,9 @@ class Encoder:
             return None
         limit = self.spec.max_batch_tokens
         (small,) = self._warm_inputs([self._warm_text(min(16, self.max_input_tokens))])
-        long_text = self._warm_text(min(128, self.max_input_tokens))
-        count = max(1, min(8, self.spec.max_batch_size, limit // max(1, min(128, self.max_input_tokens))))
-        big = self._warm_inputs([long_text] * count)
+        long_tokens = max(1, min(128, self.max_input_tokens))
+        count = max(1, min(8, self.spec.max_batch_size, limit // long_tokens))
+        big = self._warm_inputs([self._warm_text(long_tokens)] * count)
         small_tokens, big_tokens = small.length, count * max(item.length for item in big)
         if big_tokens <= small_tokens:
             return None  # a model whose window is tiny: every batch costs about the same
