@@ -151,8 +151,9 @@ async def run(args: argparse.Namespace, sidecar_url: str, database_url: str) -> 
     from inference.client import SidecarClient
     from schema import create_pool, migrate
 
-    media = MediaSettings()
     files = _files(args.images, args.count)
+    # The job reads manifest files only under the media root: the photographs' own folder.
+    media = MediaSettings(media_root=os.path.commonpath(files))
     curve = decode_curve(files, args.workers_max, media)
     prepared = [
         prepare_file(

@@ -129,7 +129,7 @@ class _Models:
             if model.dimension is None:
                 raise ValueError(f"image model {model.id!r} reports no dimension")
             partition = await ensure_partition(pool, model.id, model.dimension)
-            if self.media.base_urls:  # URL images are fetched only from the allow-list
+            if self.media.allowed_bases:  # URL images are fetched only from the allow-list
                 import aiohttp
 
                 self._session = aiohttp.ClientSession()

@@ -19,7 +19,8 @@ manifest lines) are written to a JSONL report with their reason and never stop
 the job.
 
 Manifest lines (JSONL objects or CSV rows): ``path`` (relative to the
-manifest), optional ``section_id`` (absent: one record per line, numbered
+manifest; it must resolve, symlinks followed, under ``RAG_MEDIA_ROOT``, or the
+manifest's folder when that is unset), optional ``section_id`` (absent: one record per line, numbered
 from ``--start-id``), ``tipo`` (the image component; default the section's
 first context image), ``view`` (default: the component's view), ``index``,
 ``title``, ``projects``, ``thumb_url``, ``metadata`` (keyed by component tipo
@@ -51,7 +52,8 @@ from inference.client import SidecarClient
 from . import image_store
 from .image_rows import image_meta, lexical_for, roles_for, summary_text
 from .image_store import ImageRow, StoredImage, Thumbnail
-from .images import ImageRejected, PreparedImage, prepare_file
+from .images import ImageRejected, MediaNotAllowed, PreparedImage, prepare_file, resolve_media_path
+from .media_urls import check_client_link
 from .models import resolve_model
 from .partitions import ModelPartition, ensure_partition
 from .sections import SectionStore
@@ -183,6 +185,9 @@ def read_manifest(
     if default_component is None:
         raise JobError(f"section {options.section_tipo!r} declares no image component in its context")
     base = source if source.is_dir() else source.parent
+    # A line's file resolves (symlinks followed) under RAG_MEDIA_ROOT, or the manifest's own
+    # folder when that is unset: an exported manifest cannot make the job read /etc/shadow.
+    root = options.media.media_root or base
     items: list[ManifestItem] = []
     rejects: list[Reject] = []
     next_index: dict[tuple[int, str], int] = {}
@@ -218,13 +223,15 @@ def read_manifest(
             slot = (section_id, component)
             index = _int(line["index"], "index") if "index" in line else next_index.get(slot, 0)
             next_index[slot] = max(next_index.get(slot, 0), index + 1)
+            if line.get("thumb_url") is not None:
+                check_client_link(line["thumb_url"])
             projects = line.get("projects", list(options.projects))
             if isinstance(projects, str):
                 projects = [int(p) for p in projects.split(",") if p.strip()]
             items.append(
                 ManifestItem(
                     line=number,
-                    path=str((base / path).resolve()),
+                    path=str(resolve_media_path(root, str(base / path))),
                     section_id=section_id,
                     component_tipo=component,
                     view=line.get("view") or views[component],
@@ -235,6 +242,8 @@ def read_manifest(
                     thumb_url=line.get("thumb_url"),
                 )
             )
+        except MediaNotAllowed as exc:
+            rejects.append(Reject(number, str(path or ""), "media_not_allowed", str(exc)))
         except (ValueError, TypeError) as exc:
             rejects.append(Reject(number, str(path or ""), "bad_line", str(exc)))
     return items, rejects

@@ -2,8 +2,9 @@
 
 - **Sources** (:func:`check_source`, :func:`load_source`): base64 ``data``, a
   ``path`` under ``RAG_MEDIA_ROOT`` (a path that resolves outside it, symlinks
-  included, is refused), or a ``url`` starting with an allow-listed
-  ``RAG_MEDIA_BASE_URL`` prefix. Nothing else is ever read or fetched.
+  included, is refused), or a ``url`` that an allow-listed
+  ``RAG_MEDIA_BASE_URL`` prefix admits on its parsed, decoded form
+  (:mod:`index.media_urls` states the rules). Nothing else is ever read or fetched.
 - **Preparation** (:func:`prepare_image`, pure and picklable, so the bulk job
   runs it in a process pool): the pixel count is checked from the header
   before any pixel is decoded (decompression bombs stop there), EXIF
@@ -20,16 +21,17 @@ import base64
 import binascii
 import hashlib
 import io
-import posixpath
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
+import aiohttp
+import yarl
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from .media_urls import MediaNotAllowed, check_url
 from .settings import MediaSettings
 
 __all__ = [
@@ -62,10 +64,6 @@ class ImageRejected(ValueError):
     def __reduce__(self) -> tuple[type, tuple[str, str]]:
         # Crosses the bulk job's process boundary: rebuild from both fields, not from args.
         return (type(self), (self.reason, self.message))
-
-
-class MediaNotAllowed(ValueError):
-    """A path outside the media root, a URL outside the allow-list, or a source kind not configured."""
 
 
 @dataclass(frozen=True)
@@ -113,23 +111,6 @@ def resolve_media_path(root: str | Path | None, relative: str) -> Path:
     return target
 
 
-def check_url(url: str, allowed: Sequence[str]) -> str:
-    """``url`` when it starts with an allow-listed prefix after normalizing dot segments."""
-    if not allowed:
-        raise MediaNotAllowed("RAG_MEDIA_BASE_URL is not set: URL images are refused")
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc or "@" in parts.netloc:
-        raise MediaNotAllowed(f"{url!r} is not a plain http(s) URL")
-    # "https://media/a/../../admin" must not pass as a child of "https://media/a/".
-    path = posixpath.normpath(parts.path) if parts.path else "/"
-    if parts.path.endswith("/") and not path.endswith("/"):
-        path += "/"
-    normalized = f"{parts.scheme}://{parts.netloc}{path}" + (f"?{parts.query}" if parts.query else "")
-    if not any(normalized.startswith(prefix) for prefix in allowed):
-        raise MediaNotAllowed(f"{url!r} is not under an allowed RAG_MEDIA_BASE_URL")
-    return normalized
-
-
 def check_source(image: Mapping[str, Any], media: MediaSettings) -> str:
     """Validate where an image's bytes come from (at intake, before it is queued); returns the kind."""
     given = [k for k in SOURCE_KEYS if image.get(k) is not None]
@@ -143,7 +124,7 @@ def check_source(image: Mapping[str, Any], media: MediaSettings) -> str:
         if not path.is_file():
             raise ImageRejected("not_found", f"{image['path']!r} is not a file under RAG_MEDIA_ROOT")
     else:
-        check_url(image["url"], media.base_urls)
+        check_url(image["url"], media.allowed_bases)
     return kind
 
 
@@ -158,13 +139,14 @@ async def load_source(image: Mapping[str, Any], media: MediaSettings, session: A
     if kind == "path":
         path = resolve_media_path(media.media_root, image["path"])
         return _read_file(path, media.image_max_bytes)
-    url = check_url(image["url"], media.base_urls)
+    url = check_url(image["url"], media.allowed_bases)
     if session is None:
         raise MediaNotAllowed("no HTTP session to fetch URL images with")
-    import aiohttp
-
-    # Redirects could leave the allow-list, so they are not followed.
-    async with session.get(url, allow_redirects=False, timeout=aiohttp.ClientTimeout(total=30)) as r:
+    # Exactly the checked URL goes out: encoded=True stops yarl from re-normalizing it, and
+    # redirects, which could leave the allow-list, are not followed.
+    async with session.get(
+        yarl.URL(url, encoded=True), allow_redirects=False, timeout=aiohttp.ClientTimeout(total=30)
+    ) as r:
         if r.status != 200:
             raise ImageRejected("fetch_failed", f"GET {url} answered {r.status}")
         raw = await r.content.read(media.image_max_bytes + 1)

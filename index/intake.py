@@ -25,6 +25,7 @@ from jsonschema import Draft202012Validator
 
 from . import queue
 from .images import ImageRejected, MediaNotAllowed, check_source
+from .media_urls import check_client_link
 from .sections import VIEW_PATTERN, SectionStore, validate_section_tipo
 from .settings import MediaSettings
 from .validation import (
@@ -221,6 +222,13 @@ def _check_images(
                 f"section {section!r} declares no image component {image['tipo']!r} in its context "
                 f"(declared: {', '.join(sorted(declared)) or 'none'})",
             )
+        if "thumb_url" in image:
+            try:
+                check_client_link(image["thumb_url"])
+            except MediaNotAllowed as exc:
+                raise IntakeError(
+                    "request.media_not_allowed", name(f"images[{i}].thumb_url"), str(exc)
+                ) from exc
         try:
             check_source(image, media)
         except MediaNotAllowed as exc:

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from schema.settings import SettingsError, setting
 
+from .media_urls import AllowedBase, MediaNotAllowed, parse_allowed_base
+
 if TYPE_CHECKING:
     from inference.client import SidecarClient
 
@@ -137,8 +139,11 @@ class MediaSettings:
     media_base_url: str | None = setting(
         "RAG_MEDIA_BASE_URL",
         None,
-        "Comma-separated http(s) URL prefixes a record image `url` must start with (the archive's "
-        "media server). Unset: URL images are refused, so the drain never fetches arbitrary hosts.",
+        "Comma-separated http(s) URL prefixes that admit a record image `url` (the archive's media "
+        "server), judged on the parsed URL: same scheme, host and port; no userinfo, fragment, dot "
+        "segment, encoded slash or double encoding; the decoded path under the prefix's path on a "
+        "segment boundary (see index/media_urls.py). Unset: URL images are refused, so the drain "
+        "never fetches arbitrary hosts.",
     )
     image_max_px: int = setting(
         "RAG_IMAGE_MAX_PX",
@@ -164,16 +169,22 @@ class MediaSettings:
     )
 
     @property
-    def base_urls(self) -> tuple[str, ...]:
-        return tuple(u.strip() for u in (self.media_base_url or "").split(",") if u.strip())
+    def allowed_bases(self) -> tuple[AllowedBase, ...]:
+        """``RAG_MEDIA_BASE_URL``'s entries, parsed (:meth:`validate` has checked each one)."""
+        return tuple(parse_allowed_base(entry) for entry in self._base_entries())
+
+    def _base_entries(self) -> list[str]:
+        return [u.strip() for u in (self.media_base_url or "").split(",") if u.strip()]
 
     def validate(self) -> None:
         if self.image_max_px < 32 or self.thumbnail_px < 16:
             raise SettingsError("RAG_IMAGE_MAX_PX must be >= 32 and RAG_THUMBNAIL_PX >= 16")
         if self.image_max_pixels < 1 or self.image_max_bytes < 1:
             raise SettingsError("RAG_IMAGE_MAX_PIXELS and RAG_IMAGE_MAX_BYTES must be positive")
-        for url in self.base_urls:
-            if not url.startswith(("http://", "https://")) or url.count("/") < 3:
+        for entry in self._base_entries():
+            try:
+                parse_allowed_base(entry)
+            except MediaNotAllowed as exc:
                 raise SettingsError(
-                    f"RAG_MEDIA_BASE_URL entry {url!r}: use http(s)://host/ prefixes ending in a path"
-                )
+                    f"RAG_MEDIA_BASE_URL entry {entry!r}: {exc}; use http(s)://host[:port]/path/ prefixes"
+                ) from None

@@ -15,8 +15,9 @@ from index.image_jobs import JobOptions
 from index.image_jobs_ray import run_ray_image_job
 from index.settings import MediaSettings
 from schema import create_pool
+from tests.image_support import COINS
 
-MEDIA = MediaSettings(image_max_px=64, thumbnail_px=24)
+MEDIA = MediaSettings(media_root=str(COINS), image_max_px=64, thumbnail_px=24)
 
 
 async def _run(url: str, manifest: Path, section: str, config: Path, address: str) -> dict:

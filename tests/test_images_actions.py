@@ -25,7 +25,7 @@ from tests.conftest import REPO_ROOT
 from tests.fixtures.gateway import ADMIN, Gateway, running_gateway, token
 from tests.image_support import COIN_SECTION, COINS, IMAGE_MODEL
 
-MEDIA = MediaSettings(image_max_px=64, thumbnail_px=24)
+MEDIA = MediaSettings(media_root=str(COINS), image_max_px=64, thumbnail_px=24)
 MANIFEST = COINS / "manifest.jsonl"
 LINES = [json.loads(line) for line in MANIFEST.read_text().splitlines() if line.strip()]
 # The same lines with absolute paths, for manifests written elsewhere (paths are relative to the manifest).
@@ -138,7 +138,7 @@ async def test_bulk_job_ingests_the_coins_and_resumes(
             tmp_path / "again.jsonl",
             [
                 *ABSOLUTE[:5],
-                {"path": "missing.jpg"},
+                {"path": str(COINS / "missing.jpg")},
                 {"path": str(COINS / "SOURCE.txt")},
                 {"path": LINES[0]["path"], "colour": "red"},
             ],
@@ -365,7 +365,7 @@ async def test_ray_data_job_writes_the_same_rows_as_the_single_machine_job(
     config.write_text(
         yaml.safe_dump({"models": [{"id": spec.id, "kind": spec.kind, "weights": spec.weights}]})
     )
-    manifest = _manifest(tmp_path / "six.jsonl", [*ABSOLUTE[:5], {"path": "missing.jpg"}])
+    manifest = _manifest(tmp_path / "six.jsonl", [*ABSOLUTE[:5], {"path": str(COINS / "missing.jpg")}])
     pool = await create_pool(database_url, max_size=2)
     try:
         for section in ("single1", "ray1"):
