@@ -223,9 +223,7 @@ class TokenBudgetBatcher(Generic[T, R]):
                 await self._task
             except asyncio.CancelledError:
                 pass
-        for request in self._queue:
-            if not request.future.done():
-                request.future.set_exception(RuntimeError(f"{self.name}: shutting down"))
+        _fail_waiters(self._queue, RuntimeError(f"{self.name}: shutting down"))
         self._queue.clear()
 
     async def _loop(self) -> None:
@@ -242,10 +240,11 @@ class TokenBudgetBatcher(Generic[T, R]):
             wave, self._queue = self._queue, []
             try:
                 await self._run_wave(wave)
+            except asyncio.CancelledError:  # close() mid-wave: every waiter still gets an answer
+                _fail_waiters(wave, RuntimeError(f"{self.name}: shutting down"))
+                raise
             except Exception as exc:  # bookkeeping bug: fail the wave, keep the loop alive
-                for request in wave:
-                    if not request.future.done():
-                        request.future.set_exception(exc)
+                _fail_waiters(wave, exc)
             backlog = bool(self._queue)
 
     async def _run_wave(self, wave: list[_Request[T]]) -> None:
@@ -298,3 +297,10 @@ class TokenBudgetBatcher(Generic[T, R]):
         stats.batch_real_tokens += sum(lengths)
         stats.forward_seconds += time.perf_counter() - started
         stats.batch_size_counts[len(live)] = stats.batch_size_counts.get(len(live), 0) + 1
+
+
+def _fail_waiters(requests: Sequence[_Request[Any]], exc: BaseException) -> None:
+    """Every waiter not answered yet gets ``exc`` (Ray's batcher rule: a result or an exception)."""
+    for request in requests:
+        if not request.future.done():
+            request.future.set_exception(exc)

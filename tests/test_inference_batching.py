@@ -132,10 +132,12 @@ class _Gate:
     def __init__(self, fail_on_call: int | None = None) -> None:
         self.open = threading.Event()
         self.open.set()
+        self.entered = threading.Event()  # a forward pass has begun (and may be held at the gate)
         self.calls: list[list[tuple[str, int]]] = []
         self.fail_on_call = fail_on_call
 
     def __call__(self, items: list[tuple[str, int]]) -> list[str]:
+        self.entered.set()
         self.open.wait()
         self.calls.append(list(items))
         if self.fail_on_call is not None and len(self.calls) == self.fail_on_call:
@@ -203,6 +205,22 @@ async def test_cancelled_callers_are_skipped_before_the_forward_pass() -> None:
     assert batcher.stats.skipped_items == 2
     assert batcher.stats.pending_items == 0
     await batcher.close()
+    executor.shutdown()
+
+
+async def test_close_answers_the_callers_of_a_wave_in_flight() -> None:
+    """close() cancels the loop mid-wave; CancelledError is no Exception, and its waiters used to
+    stay unanswered forever."""
+    gate, executor, batcher = _held_batcher(max_batch_size=4, batch_wait_s=0)
+    in_flight = asyncio.create_task(batcher.submit([("a", 0), ("a", 1)], [1, 1]))
+    assert await asyncio.to_thread(gate.entered.wait, 60)  # its forward pass is held at the gate
+    queued = asyncio.create_task(batcher.submit([("b", 0)], [1]))
+    await until(lambda: batcher.stats.pending_items >= 3)
+    await batcher.close()
+    for waiter in (in_flight, queued):
+        with pytest.raises(RuntimeError, match="shutting down"):
+            await asyncio.wait_for(waiter, 60)  # a safety net: unanswered, it would hang
+    gate.open.set()
     executor.shutdown()
 
 
