@@ -17,11 +17,8 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import io
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +26,9 @@ from typing import Any
 
 import aiohttp
 import yarl
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image
+
+from inference.images import ImageDecodeError, read_base64, read_image
 
 from .media_urls import MediaNotAllowed, check_url
 from .settings import MediaSettings
@@ -83,19 +82,14 @@ def content_hash(raw: bytes) -> str:
 
 def decode_data(data: str, max_bytes: int) -> bytes:
     """Strict base64 (optional ``data:`` URL prefix) within ``max_bytes``."""
-    if data.startswith("data:"):
-        data = data.partition(",")[2]
-    if len(data) > (max_bytes + 2) // 3 * 4 + 4:
-        raise ImageRejected("too_large", f"over the {max_bytes}-byte image limit")
     try:
-        raw = base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise ImageRejected("invalid_base64", "not valid base64") from exc
-    if not raw:
-        raise ImageRejected("empty", "the image is empty")
-    if len(raw) > max_bytes:
-        raise ImageRejected("too_large", f"over the {max_bytes}-byte image limit")
-    return raw
+        return read_base64(data, max_bytes)
+    except ImageDecodeError as exc:
+        raise _rejected(exc) from exc
+
+
+def _rejected(exc: ImageDecodeError) -> ImageRejected:
+    return ImageRejected(exc.reason, f"the image {exc.message}")
 
 
 def resolve_media_path(root: str | Path | None, relative: str) -> Path:
@@ -181,25 +175,9 @@ def prepare_image(
 ) -> PreparedImage:
     """Decode (pixel limit first), orient, RGB, downsize and re-encode; optionally a thumbnail."""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(raw))
-            width, height = image.size
-            if width * height > max_pixels:
-                raise ImageRejected(
-                    "too_many_pixels", f"{width}x{height} pixels is over the {max_pixels}-pixel limit"
-                )
-            image.load()
-            image = ImageOps.exif_transpose(image) or image
-            image = image.convert("RGB")
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise ImageRejected("too_many_pixels", "over the pixel limit (decompression bomb)") from exc
-    except UnidentifiedImageError as exc:
-        raise ImageRejected("not_an_image", "not a decodable image") from exc
-    except (OSError, ValueError, SyntaxError) as exc:  # truncated or corrupt past the header
-        if isinstance(exc, ImageRejected):
-            raise
-        raise ImageRejected("corrupt", f"could not be decoded: {exc}") from exc
+        image = read_image(raw, max_pixels, orient=True)
+    except ImageDecodeError as exc:
+        raise _rejected(exc) from exc
     image.thumbnail((max_px, max_px), Image.Resampling.LANCZOS)
     thumb = None
     if thumbnail_px:

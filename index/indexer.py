@@ -36,7 +36,7 @@ from typing import Any
 import asyncpg
 import numpy as np
 
-from inference.client import ModelInfo, SidecarClient, SidecarError, SidecarRejected, SidecarUnavailable
+from inference.client import ModelInfo, SidecarClient, SidecarError, SidecarUnavailable
 
 from . import store
 from .chunker import Chunk, chunk, estimate_tokens
@@ -159,7 +159,6 @@ class Indexer:
         self.embed_batch = embed_batch
         self.chunk_fn = chunk_fn
         self.counts = BatchCounts()
-        self._sparse: bool | None = None  # unknown until the sidecar answers
 
     # -- 1. chunk and diff -------------------------------------------------
 
@@ -323,18 +322,8 @@ class Indexer:
         return out
 
     async def _embed_call(self, texts: list[str]) -> Any:
-        """One embed call; sparse weights are asked for until the model says it has none."""
-        if self._sparse is False:
-            return await self.client.embed(self.model.id, texts, truncate=True)
-        try:
-            result = await self.client.embed(self.model.id, texts, truncate=True, return_sparse=True)
-        except SidecarRejected as exc:
-            if "sparse" not in f"{exc.code} {exc.message}".lower():
-                raise
-            self._sparse = False
-            return await self.client.embed(self.model.id, texts, truncate=True)
-        self._sparse = result.sparse is not None
-        return result
+        """One embed call, with sparse weights when ``/models`` says the model has a sparse head."""
+        return await self.client.embed(self.model.id, texts, truncate=True, return_sparse=self.model.sparse)
 
     # -- 4. write ------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ import numpy as np
 from .config import SidecarConfig
 from .errors import (
     BadRequest,
+    ErrorCode,
     MethodNotAllowed,
     ModelFailed,
     ModelNotFound,
@@ -110,30 +111,30 @@ async def read_body(chunks: AsyncIterator[bytes], content_length: str | None, li
     if content_length is not None:
         # ASCII digits only: int() would also take " 12", "1_2" and other scripts' digits.
         if not (content_length.isascii() and content_length.isdigit()):
-            raise BadRequest("Content-Length is not an integer", code="bad_content_length")
+            raise BadRequest("Content-Length is not an integer", code=ErrorCode.BAD_CONTENT_LENGTH)
         declared = (
             int(content_length[:19]) if len(content_length) <= 19 else limit + 1
         )  # no 4,300-digit int()
         if declared > limit:
             raise PayloadTooLarge(
-                f"body of {declared} bytes is over the {limit}-byte limit", code="body_too_large"
+                f"body of {declared} bytes is over the {limit}-byte limit", code=ErrorCode.BODY_TOO_LARGE
             )
     parts: list[bytes] = []
     size = 0
     async for chunk in chunks:
         size += len(chunk)
         if size > limit:
-            raise PayloadTooLarge(f"body is over the {limit}-byte limit", code="body_too_large")
+            raise PayloadTooLarge(f"body is over the {limit}-byte limit", code=ErrorCode.BODY_TOO_LARGE)
         parts.append(chunk)
     return b"".join(parts)
 
 
 # loads_strict's reasons as this service's error codes (all 400: the body is at fault).
 _JSON_CODES = {
-    "invalid_json": "invalid_json",
-    "too_deep": "json_too_deep",
-    "number_too_long": "number_too_long",
-    "invalid_text": "invalid_text",
+    "invalid_json": ErrorCode.INVALID_JSON,
+    "too_deep": ErrorCode.JSON_TOO_DEEP,
+    "number_too_long": ErrorCode.NUMBER_TOO_LONG,
+    "invalid_text": ErrorCode.INVALID_TEXT,
 }
 
 
@@ -169,13 +170,13 @@ def _error(exc: SidecarApiError) -> HttpResponse:
 def _field(body: Mapping[str, Any], name: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
     if name not in body or body[name] is None:
         if default is ...:
-            raise BadRequest(f"'{name}' is required", code="missing_field")
+            raise BadRequest(f"'{name}' is required", code=ErrorCode.MISSING_FIELD)
         return default
     value = body[name]
     # bool is an int subclass: a boolean option must be a real bool, and a count never a bool.
     if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
         names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
-        raise BadRequest(f"'{name}' must be of type {names}", code="invalid_type")
+        raise BadRequest(f"'{name}' must be of type {names}", code=ErrorCode.INVALID_TYPE)
     return value
 
 
@@ -183,13 +184,13 @@ def _strings(body: Mapping[str, Any], name: str) -> list[str]:
     """A list of strings (a bare string counts as one input, as TEI and OpenAI clients send)."""
     value = body.get(name)
     if value is None:
-        raise BadRequest(f"'{name}' is required", code="missing_field")
+        raise BadRequest(f"'{name}' is required", code=ErrorCode.MISSING_FIELD)
     if isinstance(value, str):
         return [value]
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise BadRequest(f"'{name}' must be a string or a list of strings", code="invalid_type")
+        raise BadRequest(f"'{name}' must be a string or a list of strings", code=ErrorCode.INVALID_TYPE)
     if not value:
-        raise BadRequest(f"'{name}' is empty", code="empty_input")
+        raise BadRequest(f"'{name}' is empty", code=ErrorCode.EMPTY_INPUT)
     return value
 
 
@@ -221,6 +222,7 @@ class SidecarAPI:
             ("GET", "/healthz"): self._healthz,
             ("GET", "/readyz"): self._readyz,
             ("GET", "/models"): self._models,
+            ("GET", "/v1/models"): self._openai_models,
             ("GET", "/metrics"): self._metrics,
             ("GET", "/openapi.json"): self._openapi,
             ("POST", "/embed"): self._embed,
@@ -265,7 +267,7 @@ class SidecarAPI:
             response = _error(exc)
         except Exception:  # a bug or a backend crash: coded 500, details in the log only
             log.exception("unhandled error on %s %s", method, path)
-            response = _error(SidecarApiError("internal error", code="internal_error"))
+            response = _error(SidecarApiError("internal error", code=ErrorCode.INTERNAL_ERROR))
         finally:
             self.metrics.in_flight.dec()
         known = model if model in self.backends else "-"
@@ -290,7 +292,7 @@ class SidecarAPI:
             where = f"'{exc.field}': " if exc.field else ""
             raise BadRequest(where + exc.message, code=_JSON_CODES[exc.reason]) from None
         if not isinstance(payload, dict):
-            raise BadRequest("body must be a JSON object", code="invalid_json")
+            raise BadRequest("body must be a JSON object", code=ErrorCode.INVALID_JSON)
         return payload
 
     def _backend(self, payload: Mapping[str, Any], kinds: Sequence[str]) -> tuple[str, Backend]:
@@ -301,7 +303,7 @@ class SidecarAPI:
         if spec.kind not in kinds:
             raise BadRequest(
                 f"model {model!r} is a {spec.kind} model; this route needs {' or '.join(kinds)}",
-                code="wrong_model_kind",
+                code=ErrorCode.WRONG_MODEL_KIND,
             )
         return model, self.backends[model]
 
@@ -309,7 +311,8 @@ class SidecarAPI:
         limit = self.config.model(model).max_client_batch
         if n > limit:
             raise PayloadTooLarge(
-                f"{n} inputs; model {model!r} takes at most {limit} per request", code="too_many_inputs"
+                f"{n} inputs; model {model!r} takes at most {limit} per request",
+                code=ErrorCode.TOO_MANY_INPUTS,
             )
 
     async def _call(self, coro):
@@ -364,6 +367,13 @@ class SidecarAPI:
         infos = [await self._info(model) for model in self.backends]
         return _json(200, {"models": infos})
 
+    async def _openai_models(self) -> HttpResponse:
+        """The served models in OpenAI's list shape (the SDK's ``models.list()`` discovers them here)."""
+        data = [
+            {"id": model, "object": "model", "created": 0, "owned_by": "mnemo"} for model in self.backends
+        ]
+        return _json(200, {"object": "list", "data": data})
+
     async def _openapi(self) -> HttpResponse:
         """This document: an OpenAPI 3.1 description of every route, from the route table itself."""
         from .openapi import build_spec
@@ -413,7 +423,7 @@ class SidecarAPI:
         if dimensions is not None and dimensions != out["dense"].shape[1]:
             raise BadRequest(
                 f"model {model!r} has {out['dense'].shape[1]} dimensions; 'dimensions' cannot change that",
-                code="unsupported_dimensions",
+                code=ErrorCode.UNSUPPORTED_DIMENSIONS,
             )
         self.metrics.observe_items(model, "texts", len(texts), out["tokens"])
         vectors = _encode_vectors(out["dense"], encoding)
@@ -449,11 +459,11 @@ class SidecarAPI:
         model, backend = self._backend(payload, ("image_text",))
         images = payload.get("images")
         if images is None:
-            raise BadRequest("'images' is required", code="missing_field")
+            raise BadRequest("'images' is required", code=ErrorCode.MISSING_FIELD)
         if not isinstance(images, list):
-            raise BadRequest("'images' must be a list of base64 strings", code="invalid_type")
+            raise BadRequest("'images' must be a list of base64 strings", code=ErrorCode.INVALID_TYPE)
         if not images:
-            raise BadRequest("'images' is empty", code="empty_input")
+            raise BadRequest("'images' is empty", code=ErrorCode.EMPTY_INPUT)
         self._check_count(model, len(images))
         encoding = self._encoding(payload)
         limit = self.config.limits.max_image_bytes
@@ -491,5 +501,7 @@ class SidecarAPI:
     def _encoding(payload: Mapping[str, Any]) -> str:
         encoding = _field(payload, "encoding_format", str, "float")
         if encoding not in ("float", "base64"):
-            raise BadRequest("'encoding_format' must be 'float' or 'base64'", code="invalid_encoding_format")
+            raise BadRequest(
+                "'encoding_format' must be 'float' or 'base64'", code=ErrorCode.INVALID_ENCODING_FORMAT
+            )
         return encoding

@@ -22,6 +22,8 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+from .errors import ErrorCode
+
 __all__ = [
     "EmbedResult",
     "ModelInfo",
@@ -33,6 +35,7 @@ __all__ = [
 ]
 
 _RETRY_STATUSES = frozenset({429, 502, 503, 504})
+_KNOWN_CODES = frozenset(code.value for code in ErrorCode)
 _MAX_IMAGE_REQUEST_BYTES = 32 * 1024 * 1024  # raw bytes per /image request (body limit is 64 MiB base64)
 _PARALLEL_REQUESTS = 4  # split requests in flight at once; the sidecar batches them together
 
@@ -50,9 +53,13 @@ class SidecarOverloaded(SidecarUnavailable):
 
 
 class SidecarRejected(SidecarError):
-    """A 4xx other than 429: the input is bad and retrying will not help."""
+    """A 4xx other than 429: the input is bad and retrying will not help.
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    ``code`` is an :class:`~inference.errors.ErrorCode` when the sidecar answered one (compare with
+    the enum's members, never with substrings), or ``http_<status>`` from a peer that did not.
+    """
+
+    def __init__(self, status: int, code: ErrorCode | str, message: str) -> None:
         super().__init__(f"{status} {code}: {message}")
         self.status = status
         self.code = code
@@ -67,6 +74,13 @@ class ModelInfo:
     max_input_tokens: int | None
     device: str
     dtype: str
+    # "dense", "sparse", "text", "image", "rerank": what the sidecar says the model can do
+    capabilities: frozenset[str] = frozenset()
+
+    @property
+    def sparse(self) -> bool:
+        """The model has a learned-sparse head (``return_sparse`` is accepted)."""
+        return "sparse" in self.capabilities
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,11 +171,12 @@ class SidecarClient:
             attempt += 1
 
     @staticmethod
-    async def _error_body(response: aiohttp.ClientResponse) -> tuple[str, str]:
+    async def _error_body(response: aiohttp.ClientResponse) -> tuple[ErrorCode | str, str]:
         try:
             body = await response.json(content_type=None)
             error = body["error"]
-            return str(error["code"]), str(error["message"])
+            code = str(error["code"])
+            return (ErrorCode(code) if code in _KNOWN_CODES else code), str(error["message"])
         except Exception:
             text = (await response.text(errors="replace"))[:200]
             return f"http_{response.status}", text
@@ -199,7 +214,13 @@ class SidecarClient:
     async def models(self) -> list[ModelInfo]:
         body = await self._request("GET", "/models")
         fields = [f.name for f in dataclasses.fields(ModelInfo)]
-        return [ModelInfo(**{k: m.get(k) for k in fields}) for m in body["models"]]
+        return [
+            ModelInfo(
+                **{k: m.get(k) for k in fields if k != "capabilities"},
+                capabilities=frozenset(m.get("capabilities") or ()),
+            )
+            for m in body["models"]
+        ]
 
     async def ready(self) -> bool:
         try:

@@ -142,10 +142,17 @@ class Encoder:
     def dimension(self) -> int | None:
         raise NotImplementedError
 
+    def capabilities(self) -> list[str]:
+        """What the model can do, as ``GET /models`` states it (so callers never probe):
+        ``dense``, ``sparse`` (bge-m3 lexical weights), ``text`` and ``image`` (the towers of an
+        image-text model), ``rerank``."""
+        raise NotImplementedError
+
     def info(self) -> dict[str, Any]:
         return {
             "id": self.spec.id,
             "kind": self.kind,
+            "capabilities": self.capabilities(),
             "dimension": self.dimension,
             "max_input_tokens": self.max_input_tokens,
             "device": self.device,
@@ -263,6 +270,10 @@ class TextEncoder(Encoder):
     """Dense (and optionally sparse) text embeddings."""
 
     kind = "text"
+
+    def capabilities(self) -> list[str]:
+        return ["dense", "sparse"] if self.sparse_linear is not None else ["dense"]
+
     pads_to_longest = True
 
     def _load_model(self):
@@ -336,6 +347,9 @@ class ImageTextEncoder(Encoder):
     """A SigLIP-style joint model: ``run_batch`` takes pixel tensors, ``run_text_batch`` token lists."""
 
     kind = "image_text"
+
+    def capabilities(self) -> list[str]:
+        return ["dense", "image", "text"]
 
     def _load_model(self):
         from transformers import AutoImageProcessor, AutoModel
@@ -496,6 +510,10 @@ class CrossEncoder(Encoder):
     """A reranker: one relevance logit per (query, document) pair."""
 
     kind = "rerank"
+
+    def capabilities(self) -> list[str]:
+        return ["rerank"]
+
     pads_to_longest = True
 
     def _load_model(self):

@@ -24,7 +24,7 @@ import json
 from aiohttp import web
 
 from .api import SidecarAPI, read_body
-from .errors import BadRequest, PayloadTooLarge, RequestTimeout, SidecarApiError
+from .errors import BadRequest, ErrorCode, PayloadTooLarge, RequestTimeout, SidecarApiError
 from .http_protocol import JsonProtocolErrors, ProtocolRunner
 
 __all__ = ["create_app", "start_front"]
@@ -107,7 +107,7 @@ class _JsonErrorProtocol(JsonProtocolErrors):
         else:
             text = f"malformed HTTP request ({status}: {reason})"
             kind = {408: RequestTimeout, 413: PayloadTooLarge}.get(status, BadRequest)
-            error = kind(text, code="bad_http_request" if kind is BadRequest else None)
+            error = kind(text, code=ErrorCode.BAD_HTTP_REQUEST if kind is BadRequest else None)
         body = json.dumps(error.to_json(), separators=(",", ":")).encode()
         return web.Response(status=error.status, body=body, content_type="application/json")
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from .errors import ErrorCode
+
 __all__ = ["build_spec"]
 
 _STRINGS = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]}
@@ -88,7 +90,10 @@ ERROR_SCHEMA: dict[str, Any] = {
         "error": {
             "type": "object",
             "required": ["code", "message"],
-            "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
+            "properties": {
+                "code": {"type": "string", "enum": [code.value for code in ErrorCode]},
+                "message": {"type": "string"},
+            },
         }
     },
 }

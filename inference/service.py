@@ -21,7 +21,7 @@ import numpy as np
 from .batching import TokenBudgetBatcher
 from .config import Limits, ModelSpec
 from .encoders import CrossEncoder, Encoder, ImageTextEncoder, TextEncoder, load_encoder
-from .errors import BadRequest, NotReady, PayloadTooLarge, SidecarApiError
+from .errors import BadRequest, ErrorCode, NotReady, PayloadTooLarge, SidecarApiError
 from .images import open_image
 
 __all__ = ["ModelService"]
@@ -135,7 +135,7 @@ class ModelService:
         """
         encoder = self._expect(TextEncoder, "/embed")
         if return_sparse and encoder.sparse_linear is None:
-            raise BadRequest(f"model {self.spec.id!r} has no sparse head", code="sparse_unsupported")
+            raise BadRequest(f"model {self.spec.id!r} has no sparse head", code=ErrorCode.SPARSE_UNSUPPORTED)
 
         def prepare_each() -> list[list[Any] | SidecarApiError]:
             prepared: list[list[Any] | SidecarApiError] = []
@@ -215,18 +215,18 @@ class ModelService:
             raise BadRequest(
                 f"model {self.spec.id!r} is a {self.spec.kind} model: use {_ROUTES_BY_KIND[self.spec.kind]}, "
                 f"not {route}",
-                code="wrong_model_kind",
+                code=ErrorCode.WRONG_MODEL_KIND,
             )
         return self.encoder
 
     def _check_count(self, inputs: Sequence[Any]) -> None:
         if not inputs:
-            raise BadRequest("input is empty", code="empty_input")
+            raise BadRequest("input is empty", code=ErrorCode.EMPTY_INPUT)
         if len(inputs) > self.spec.max_client_batch:
             raise PayloadTooLarge(
                 f"{len(inputs)} inputs; model {self.spec.id!r} takes at most {self.spec.max_client_batch} "
                 "per request",
-                code="too_many_inputs",
+                code=ErrorCode.TOO_MANY_INPUTS,
             )
 
     async def _run_prep(self, fn, *args, **kwargs):

@@ -24,8 +24,10 @@ from aiohttp.test_utils import TestServer
 from PIL import Image
 
 from inference.api import LocalBackend, SidecarAPI
+from inference.client import SidecarClient, SidecarRejected
 from inference.config import SidecarConfig
 from inference.encoders import Encoder
+from inference.errors import ErrorCode
 from inference.local_server import create_app, start_front
 from inference.net import free_port
 from inference.service import ModelService
@@ -373,6 +375,40 @@ async def test_readyz_and_models(http: aiohttp.ClientSession, sidecar_url: str) 
     async with http.get(f"{sidecar_url}/readyz") as response:
         assert response.status == 200
         assert all((await response.json())["models"].values())
+    # /models states what each model can do, so no caller has to probe for a sparse head.
+    async with SidecarClient(sidecar_url) as client:
+        models = {m.id: m for m in await client.models()}
+    assert {model: sorted(info.capabilities) for model, info in models.items()} == {
+        MINILM: ["dense"],
+        "tiny-bge-m3-random": ["dense", "sparse"],
+        "tiny-siglip-random": ["dense", "image", "text"],
+        "tiny-reranker-random": ["rerank"],
+    }
+    assert models["tiny-bge-m3-random"].sparse and not models[MINILM].sparse
+
+
+async def test_the_official_openai_sdk_lists_models_and_embeds(sidecar_url: str) -> None:
+    """OpenAI-compatible means the official SDK works unchanged against ``RAG_SIDECAR_URL/v1``."""
+    from openai import AsyncOpenAI
+
+    async with AsyncOpenAI(base_url=f"{sidecar_url}/v1", api_key="unused", max_retries=0) as sdk:
+        listed = [model.id async for model in sdk.models.list()]
+        floats = await sdk.embeddings.create(model=MINILM, input=["a coin", "an amphora"])
+        packed = await sdk.embeddings.create(model=MINILM, input=["a coin"], encoding_format="base64")
+    assert sorted(listed) == sorted(
+        [MINILM, "tiny-bge-m3-random", "tiny-siglip-random", "tiny-reranker-random"]
+    )
+    assert [d.index for d in floats.data] == [0, 1] and len(floats.data[0].embedding) == 384
+    first = np.frombuffer(base64.b64decode(packed.data[0].embedding), dtype=np.float32)  # type: ignore[arg-type]
+    assert np.allclose(first, floats.data[0].embedding, atol=1e-5)
+
+
+async def test_every_error_code_the_server_answers_is_in_the_one_table(sidecar_url: str) -> None:
+    """The client reads codes back as ``ErrorCode`` members; callers compare with the enum."""
+    async with SidecarClient(sidecar_url) as client:
+        with pytest.raises(SidecarRejected) as err:
+            await client.embed(MINILM, ["x"], return_sparse=True)
+    assert err.value.code is ErrorCode.SPARSE_UNSUPPORTED
 
 
 # -- states held in place: the same API on an in-process server ----------------------------------
