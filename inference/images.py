@@ -27,7 +27,6 @@ from .errors import BadRequest, ErrorCode, PayloadTooLarge, SidecarApiError
 __all__ = [
     "ImageDecodeError",
     "decode_base64",
-    "decode_base64_image",
     "open_image",
     "read_base64",
     "read_image",
