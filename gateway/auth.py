@@ -24,7 +24,7 @@ from aiohttp import web
 from index.validation import CONTRIBUTOR_PATTERN, PROJECT_ID_MAX
 
 from .errors import ApiError
-from .resources import PRINCIPAL_KEY, SETTINGS_KEY, VERIFIER_KEY
+from .resources import SETTINGS_KEY
 from .settings import GatewaySettings
 
 log = logging.getLogger(__name__)
@@ -194,6 +194,11 @@ def _time_window(claims: Mapping[str, Any], leeway: float) -> tuple[float, float
         return None
     starts = [float(v) for k, v in times.items() if k != "exp" and v is not None]
     return (max(starts, default=float("-inf")) - leeway, float(times["exp"]) + leeway)  # type: ignore[arg-type]
+
+
+# Auth's own state: the app's verifier, and each request's principal (memoized by authenticate()).
+VERIFIER_KEY: web.AppKey[TokenVerifier] = web.AppKey("token_verifier", TokenVerifier)
+PRINCIPAL_KEY: web.RequestKey[Principal] = web.RequestKey("principal", Principal)
 
 
 def authenticate(request: web.Request) -> Principal:
