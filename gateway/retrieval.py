@@ -506,9 +506,10 @@ class Retriever:
             for tipo in missing:
                 self._fusion_cache[tipo] = (now, _tuned_fusion((found.get(tipo) or {}).get("retrieval")))
         tuned = {self._fusion_cache[t][1] for t in scope.section_tipos}
-        if len(tuned) != 1 or None in tuned:
+        agreed = tuned.pop() if len(tuned) == 1 else None
+        if agreed is None:
             return None, None
-        method, weights = tuned.pop()  # type: ignore[misc]
+        method, weights = agreed
         return method, dict(weights)
 
     async def readable_seeds(
