@@ -36,8 +36,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gateway.eval import BeirDataset, EvalSession, load_beir, section_for
-
+from benchmarks.eval import BeirDataset, EvalSession, load_beir, section_for
 from index.text import fold
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -172,7 +171,7 @@ async def run_ask_benchmark(
                 # Evenly spaced over the sorted ids, so a small sample spans many paragraphs.
                 ordered = sorted(session.dataset.queries)
                 qids = ordered[:: max(1, len(ordered) // questions)][:questions]
-                await retriever.warm_queries([session.dataset.queries[q] for q in qids])
+                await retriever.warm_queries(ANONYMOUS_ADMIN, [session.dataset.queries[q] for q in qids])
                 for rerank in (False, True):
                     # Out of scope once per set: the gate refuses before the reranker runs.
                     other = "" if rerank else section_for(OUT_OF_SCOPE)
