@@ -36,8 +36,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gateway.eval import BeirDataset, EvalSession, load_beir, section_for
-
+from benchmarks.eval import BeirDataset, EvalSession, load_beir, section_for
 from index.text import fold
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -81,9 +80,9 @@ async def _measure(
     rerank: bool,
     other: str,
 ) -> dict[str, Any]:
-    from gateway.actions import retrieve
-    from gateway.ask import run_ask
+    from gateway.action_specs import ACTIONS
 
+    retrieve, ask = ACTIONS["retrieve"], ACTIONS["ask"]
     dataset = session.dataset
     contains = cited = cited_right = refused = refused_out = 0
     ask_s: list[float] = []
@@ -92,10 +91,10 @@ async def _measure(
         query = dataset.queries[qid]
         options = {"query": query, "section_tipo": session.section_tipo}
         start = time.perf_counter()
-        await retrieve(ctx, options)
+        await retrieve.handler(ctx, retrieve.read(options))
         retrieve_s.append(time.perf_counter() - start)
         start = time.perf_counter()
-        msg, data = await run_ask(ctx, {**options, "rerank": rerank})
+        msg, data = await ask.handler(ctx, ask.read({**options, "rerank": rerank}))
         ask_s.append(time.perf_counter() - start)
         if msg != "ok":
             refused += 1
@@ -105,7 +104,9 @@ async def _measure(
             cited += 1
             cited_right += session.ids.get(c["sectionId"]) in relevant
         if other:
-            msg, _ = await run_ask(ctx, {"query": query, "section_tipo": other, "rerank": rerank})
+            msg, _ = await ask.handler(
+                ctx, ask.read({"query": query, "section_tipo": other, "rerank": rerank})
+            )
             refused_out += msg == "no_grounded_context"
     n = len(qids)
     return {
@@ -124,9 +125,8 @@ async def run_ask_benchmark(
     sidecar_url: str, *, questions: int, database_url: str | None = None, datasets: Path = DATASETS
 ) -> dict[str, Any]:
     """Ingest the sets and the out-of-scope section, then measure every (set, reranked) pair."""
-    from gateway.actions import ActionContext
-    from gateway.ask import AskServices
     from gateway.auth import ANONYMOUS_ADMIN
+    from gateway.context import ActionContext, AskServices, PassageServices
     from gateway.metrics import Metrics
     from gateway.providers import build_provider
     from gateway.rerank import Reranker
@@ -151,11 +151,12 @@ async def run_ask_benchmark(
             ingest_s = time.perf_counter() - started
             provider = build_provider(settings.ask, retriever)
             reranker = Reranker(client, settings.sidecar.rerank_model, settings.ask.rerank_timeout, metrics)
-            services = AskServices(settings.ask, reranker, provider, SectionStore(db.pool), metrics)
-            ctx = ActionContext(ANONYMOUS_ADMIN, retriever, db.pool, services)
+            passages = PassageServices.configured(reranker, settings.ask)
+            services = AskServices(settings.ask, provider, SectionStore(db.pool), metrics)
+            ctx = ActionContext(ANONYMOUS_ADMIN, retriever, db.pool, passages=passages, ask=services)
             model = await retriever.text_model()
             out: dict[str, Any] = {
-                "text_model": model.id,  # type: ignore[attr-defined]
+                "text_model": model.id,
                 "reranker": await reranker._model_id(),
                 "reranker_note": "tiny-reranker-random has random weights: its order is noise",
                 "provider": provider.name,
@@ -170,7 +171,7 @@ async def run_ask_benchmark(
                 # Evenly spaced over the sorted ids, so a small sample spans many paragraphs.
                 ordered = sorted(session.dataset.queries)
                 qids = ordered[:: max(1, len(ordered) // questions)][:questions]
-                await retriever.warm_queries([session.dataset.queries[q] for q in qids])
+                await retriever.warm_queries(ANONYMOUS_ADMIN, [session.dataset.queries[q] for q in qids])
                 for rerank in (False, True):
                     # Out of scope once per set: the gate refuses before the reranker runs.
                     other = "" if rerank else section_for(OUT_OF_SCOPE)

@@ -17,23 +17,30 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from index.cache_metrics import CacheMetrics
+from index.sections import SectionStore
+from schema.database import create_pool, open_database
+
 from .auth import setup_auth
+from .context import ASK_KEY, OBJECTS_KEY, PASSAGES_KEY, RETRIEVER_KEY, AskServices, PassageServices
 from .dispatch import json_api
 from .errors import ApiError, envelope_ok, error_middleware
 from .intake import DRAIN_KEY, setup_intake
 from .metrics import Metrics
+from .objects import ObjectRetriever
 from .observe import observe_middleware
 from .openapi import openapi
+from .providers import build_provider
+from .rerank import Reranker
 from .resources import (
-    ASK_KEY,
     DATABASE_URL_KEY,
     METRICS_KEY,
     POOL_KEY,
-    RETRIEVER_KEY,
     SETTINGS_KEY,
     SIDECAR_KEY,
     VECTOR_CACHE_KEY,
 )
+from .retrieval import Retriever
 from .server import GatewayRunner, concurrency_middleware, handler_args
 from .settings import GatewaySettings
 from .thumbnails import setup_thumbnails
@@ -45,8 +52,6 @@ READY_TIMEOUT_S = 5.0  # a readiness probe answers promptly, even when a depende
 
 async def _database_ctx(app: web.Application) -> AsyncIterator[None]:
     """Open (embedded or external) PostgreSQL, apply migrations, share a pool."""
-    from schema.database import open_database
-
     settings = app[SETTINGS_KEY]
     async with open_database(settings.database) as db:
         app[POOL_KEY] = db.pool
@@ -65,11 +70,8 @@ async def _sidecar_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _retriever_ctx(app: web.Application) -> AsyncIterator[None]:
-    """The retrieval engine, with its own sidecar client: one quick retry, then a 503 for the caller."""
-    from schema.database import create_pool
-
-    from .retrieval import Retriever
-
+    """The retrieval engines (text, and image beside it), with their own sidecar client: one quick
+    retry, then a 503 for the caller."""
     settings = app[SETTINGS_KEY]
     # Its own pool of read connections, released without asyncpg's reset query: every leg and
     # seed read leaves no session state (SET LOCAL only), and the reset cost a round trip plus
@@ -79,7 +81,9 @@ async def _retriever_ctx(app: web.Application) -> AsyncIterator[None]:
         app[DATABASE_URL_KEY], max_size=settings.database.pool_size, reset_session=False
     )
     client = settings.sidecar.client(max_retries=1)
-    app[RETRIEVER_KEY] = Retriever(reads, client, settings, app[METRICS_KEY])
+    retriever = Retriever(reads, client, settings, app[METRICS_KEY])
+    app[RETRIEVER_KEY] = retriever
+    app[OBJECTS_KEY] = ObjectRetriever(retriever)
     try:
         yield
     finally:
@@ -93,7 +97,7 @@ async def _vector_cache_ctx(app: web.Application) -> AsyncIterator[None]:
     if settings.faiss_cache == "off":
         yield
         return
-    from index.cache_metrics import CacheMetrics
+    # Deliberately lazy: FAISS (a heavy optional dependency) loads only when a cache is configured.
     from index.faiss_backend import gpu_available
     from index.vector_cache import CacheConfig, VectorCache
 
@@ -126,22 +130,16 @@ async def _vector_cache_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _ask_ctx(app: web.Application) -> AsyncIterator[None]:
-    """ask's services: the reranker (the retriever's sidecar client), the generator, the section store."""
-    from index.sections import SectionStore
-
-    from .ask import AskServices
-    from .providers import build_provider
-    from .rerank import Reranker
-
+    """The passage steps (the reranker, on the retriever's sidecar client; expansion) and ask's
+    generator and section store."""
     settings = app[SETTINGS_KEY]
     retriever = app[RETRIEVER_KEY]
     reranker = Reranker(
         retriever.client, settings.sidecar.rerank_model, settings.ask.rerank_timeout, app[METRICS_KEY]
     )
     provider = build_provider(settings.ask, retriever)
-    app[ASK_KEY] = AskServices(
-        settings.ask, reranker, provider, SectionStore(app[POOL_KEY]), app[METRICS_KEY]
-    )
+    app[PASSAGES_KEY] = PassageServices.configured(reranker, settings.ask)
+    app[ASK_KEY] = AskServices(settings.ask, provider, SectionStore(app[POOL_KEY]), app[METRICS_KEY])
     try:
         yield
     finally:

@@ -25,51 +25,31 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
 from index.chunker import estimate_tokens
 from index.search import Scope
 
-from . import options as opt
-from .actions import expand_as_configured, query_error, services_of
 from .citations import citations, validate_markers
+from .context import ActionContext, Args, AskServices, query_error
 from .egress import passage_sections, restricted_sections
 from .errors import ApiError, request_id
 from .expand import Expanded, unexpanded
+from .passages import provenance
 from .providers import DEFAULT_SYSTEM_PROMPT, Generation, GenerationFailed, GenerationRequest
 from .retrieval import EmbeddingUnavailable, QueryRejected, Ranked
 
-if TYPE_CHECKING:
-    from index.sections import SectionStore
-
-    from .actions import ActionContext
-    from .metrics import Metrics
-    from .providers import Provider
-    from .rerank import Reranker
-    from .settings import AskSettings
-
 log = logging.getLogger(__name__)
 
-__all__ = ["AskServices", "fit_budget", "grounded_passages", "run_ask", "stream_ask"]
+__all__ = ["fit_budget", "grounded_passages", "run_ask", "stream_ask"]
 
 OK, NO_CONTEXT, RESTRICTED = "ok", "no_grounded_context", "external_generation_restricted"
 CITATION_RULE = (
     "Use only the numbered passages. Mark every claim with its passage number in square brackets, "
     "like [2]. If the passages do not answer the question, say so."
 )
-
-
-@dataclass
-class AskServices:
-    """What ask (and rerank/expand on the passage actions) needs besides retrieval."""
-
-    settings: AskSettings
-    reranker: Reranker
-    provider: Provider
-    sections: SectionStore
-    metrics: Metrics
 
 
 @dataclass
@@ -120,17 +100,6 @@ def system_prompt(
     return f"{custom.strip()}\n\n{CITATION_RULE}" if custom else DEFAULT_SYSTEM_PROMPT
 
 
-def provenance(p: Expanded, n: int | None = None) -> dict[str, Any]:
-    from .actions import passage
-
-    out = passage(p.ranked)
-    if n is not None:
-        out = {"n": n, **out}
-    if p.mode is not None:
-        out["expansion"] = {"mode": p.mode, "chunk_indexes": p.chunk_indexes, "text": p.text}
-    return out
-
-
 def _answer(
     prepared: Prepared,
     *,
@@ -164,16 +133,14 @@ def _answer(
 # -- the pipeline --------------------------------------------------------------------------------------
 
 
-async def prepare(ctx: ActionContext, options: Mapping[str, Any]) -> Prepared:
+async def prepare(ctx: ActionContext, args: Args) -> Prepared:
     """Steps 1-6: retrieval to the egress decision; ``request`` is set when a model is to be called."""
-    services = services_of(ctx)
+    services, steps = ctx.ask_services(), ctx.passage_services()
     s = services.settings
-    query = opt.query(options)
-    scope = Scope(section_tipos=opt.scope(options), group=opt.group(options))
-    limit = opt.limit(options)
-    rerank = opt.flag(options, "rerank", s.rerank_default)
-    expand = opt.expand(options)
-    depth = max(limit, s.rerank_depth) if rerank else limit
+    query, limit, expand = args["query"], args["limit"], args["expand"]
+    scope = Scope(section_tipos=args["section_tipo"], group=args["group"])
+    rerank = s.rerank_default if args["rerank"] is None else args["rerank"]
+    depth = steps.depth(limit, rerank)
     try:
         ranked = await ctx.retriever.passages(ctx.principal, query, scope, depth)
     except (EmbeddingUnavailable, QueryRejected) as exc:
@@ -183,13 +150,12 @@ async def prepare(ctx: ActionContext, options: Mapping[str, Any]) -> Prepared:
         return Prepared(NO_CONTEXT, expand=expand)
     reranked = False
     if rerank:
-        outcome = await services.reranker.rerank(query, ranked, depth)
-        ranked, reranked = outcome.ranked, outcome.reranked
+        ranked, reranked = await steps.rerank(query, ranked, limit)
     ranked = ranked[:limit]
     if expand is None:
         passages = unexpanded(ranked)
     else:
-        passages = await expand_as_configured(ctx, ranked, expand)
+        passages = await steps.expand(ctx.retriever, ctx.principal, ranked, expand)
     passages = fit_budget(passages, s.context_token_budget)
     sections = set().union(*(passage_sections(p.chunks) for p in passages))
     descriptors = await services.sections.get_many(sorted(sections))
@@ -233,9 +199,9 @@ def finish(services: AskServices, prepared: Prepared, generation: Generation) ->
     return OK, data
 
 
-async def run_ask(ctx: ActionContext, options: Mapping[str, Any]) -> tuple[str, Any]:
-    services = services_of(ctx)
-    prepared = await prepare(ctx, options)
+async def run_ask(ctx: ActionContext, args: Args) -> tuple[str, Any]:
+    services = ctx.ask_services()
+    prepared = await prepare(ctx, args)
     if prepared.request is None:
         services.metrics.ask_outcomes.labels(prepared.msg).inc()
         return prepared.msg, _answer(prepared)
@@ -256,15 +222,13 @@ def _event(name: str, data: Any) -> bytes:
     return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
 
 
-async def stream_ask(
-    request: web.Request, ctx: ActionContext, options: Mapping[str, Any]
-) -> web.StreamResponse:
+async def stream_ask(request: web.Request, ctx: ActionContext, args: Args) -> web.StreamResponse:
     """``ask`` as server-sent events: ``delta`` events carry text as it is generated, then one ``done``
     event carries the whole v2 envelope (validated citations included), or one ``error`` event its
     failure envelope. Errors before generation starts are ordinary JSON error responses."""
-    services = services_of(ctx)
+    services = ctx.ask_services()
     rid = request_id(request)
-    prepared = await prepare(ctx, options)
+    prepared = await prepare(ctx, args)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     response.headers["X-Request-Id"] = rid
     await response.prepare(request)

@@ -24,7 +24,7 @@ from aiohttp import web
 from index.validation import CONTRIBUTOR_PATTERN, PROJECT_ID_MAX
 
 from .errors import ApiError
-from .resources import PRINCIPAL_KEY, SETTINGS_KEY, VERIFIER_KEY
+from .resources import SETTINGS_KEY
 from .settings import GatewaySettings
 
 log = logging.getLogger(__name__)
@@ -192,8 +192,16 @@ def _time_window(claims: Mapping[str, Any], leeway: float) -> tuple[float, float
     times = {k: claims.get(k) for k in ("exp", "nbf", "iat")}
     if any(v is not None and (isinstance(v, bool) or not isinstance(v, int | float)) for v in times.values()):
         return None
+    exp = times["exp"]
+    if exp is None:  # verification requires exp, so a verified token has one
+        return None
     starts = [float(v) for k, v in times.items() if k != "exp" and v is not None]
-    return (max(starts, default=float("-inf")) - leeway, float(times["exp"]) + leeway)  # type: ignore[arg-type]
+    return (max(starts, default=float("-inf")) - leeway, float(exp) + leeway)
+
+
+# Auth's own state: the app's verifier, and each request's principal (memoized by authenticate()).
+VERIFIER_KEY: web.AppKey[TokenVerifier] = web.AppKey("token_verifier", TokenVerifier)
+PRINCIPAL_KEY: web.RequestKey[Principal] = web.RequestKey("principal", Principal)
 
 
 def authenticate(request: web.Request) -> Principal:

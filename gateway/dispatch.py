@@ -13,12 +13,12 @@ from typing import Any
 
 from aiohttp import web
 
-from . import options as opt
-from .actions import ACTIONS, NO_GROUPS, ActionContext
+from .action_specs import ACTIONS, admit
 from .auth import authenticate
 from .body import read_json
+from .context import action_context
 from .errors import ApiError, envelope_ok
-from .resources import ACTION_KEY, ASK_KEY, POOL_KEY, RETRIEVER_KEY, SETTINGS_KEY
+from .resources import ACTION_KEY, SETTINGS_KEY
 
 API_NAME = "dd_rag_api"
 
@@ -43,20 +43,13 @@ async def json_api(request: web.Request) -> web.StreamResponse:
     if not isinstance(options, dict):
         raise ApiError.invalid_options("options must be an object")
     principal = authenticate(request)
-    settings = request.app[SETTINGS_KEY]
+    off = admit(request.app[SETTINGS_KEY], action)
+    if off is not None:
+        return envelope_ok(request, off[1], off[0])
     spec = ACTIONS[action]
-    if not settings.enabled:
-        if action == "embed_groups":  # the capability probe stays silent: no alert, no oracle
-            return envelope_ok(request, NO_GROUPS)
-        raise ApiError.rag_disabled()
-    if spec.media and not settings.media_enabled:
-        raise ApiError.media_disabled()
-    ctx = ActionContext(
-        principal, request.app[RETRIEVER_KEY], request.app[POOL_KEY], request.app.get(ASK_KEY)
-    )
-    if action == "ask" and opt.flag(options, "stream", False):  # server-sent events instead of one body
-        from .ask import stream_ask
-
-        return await stream_ask(request, ctx, options)
-    msg, data = await spec.handler(ctx, options)
+    args = spec.read(options)
+    ctx = action_context(request.app, principal)
+    if spec.stream is not None and args.get("stream"):  # server-sent events instead of one body
+        return await spec.stream(request, ctx, args)
+    msg, data = await spec.handler(ctx, args)
     return envelope_ok(request, data, msg)

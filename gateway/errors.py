@@ -178,7 +178,7 @@ class ApiError(Exception):
         return cls("internal")
 
 
-def request_id(request: web.Request) -> str:
+def request_id(request: web.BaseRequest) -> str:
     """The id of this request: the caller's ``X-Request-Id`` when plain, else a fresh one (memoized)."""
     rid = request.get(REQUEST_ID_KEY)
     if rid is None:
@@ -192,7 +192,7 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
-def json_response(request: web.Request, body: dict[str, Any], *, status: int = 200) -> web.Response:
+def json_response(request: web.BaseRequest, body: dict[str, Any], *, status: int = 200) -> web.Response:
     """A compact JSON response carrying the request id header."""
     response = web.json_response(body, status=status, dumps=_dumps)
     response.headers[REQUEST_ID_HEADER] = request_id(request)
@@ -207,7 +207,8 @@ def envelope_ok(request: web.Request, data: Any, msg: str = "ok") -> web.Respons
 RETRY_AFTER_S = 1  # what a 429 or retryable 503 asks a client to wait: in-flight requests finish by then
 
 
-def error_response(request: web.Request, error: ApiError) -> web.Response:
+def error_response(request: web.BaseRequest, error: ApiError) -> web.Response:
+    """The error envelope (headers and the request id only: a protocol-level request has no route)."""
     response = json_response(request, error.body(request_id(request)), status=error.status)
     if error.status == 429 or (error.status == 503 and error.retryable):
         response.headers["Retry-After"] = str(RETRY_AFTER_S)

@@ -52,7 +52,7 @@ async def expand_passages(
 ) -> list[Expanded]:
     """Each passage widened by ``mode`` (``neighbours`` or ``parent``), readable chunks only."""
     model = await retriever.text_model()
-    partition = await retriever.partition(model.id)  # type: ignore[attr-defined]
+    partition = await retriever.partition(model.id)
     if partition is None:
         return unexpanded(ranked)
     shown: set[tuple] = set()

@@ -12,7 +12,7 @@ import re
 from index.search import ChunkHit, ChunkKey
 from index.validation import GROUP_ID_PATTERN, LANG_PATTERN, TIPO_PATTERN
 
-__all__ = ["chunk_id", "parse_chunk_id", "record_locator"]
+__all__ = ["CHUNK_ID_PATTERN", "chunk_id", "parse_chunk_id", "record_locator"]
 
 
 def _inner(pattern: str) -> str:
@@ -21,10 +21,13 @@ def _inner(pattern: str) -> str:
 
 
 _TIPO, _GROUP, _LANG = _inner(TIPO_PATTERN), _inner(GROUP_ID_PATTERN), _inner(LANG_PATTERN)
-_CHUNK_ID_RE = re.compile(
+_CHUNK_ID = (
     rf"(?P<tipo>{_TIPO})-(?P<id>\d{{1,18}})/(?P<component>rag:{_GROUP}|{_TIPO})"
     rf"/(?P<lang>{_LANG})/(?P<index>\d{{1,9}})"
 )
+_CHUNK_ID_RE = re.compile(_CHUNK_ID)
+# The same grammar, whole-string and without group names, for JSON Schema (clients' regex dialects).
+CHUNK_ID_PATTERN = "^" + re.sub(r"\(\?P<\w+>", "(", _CHUNK_ID) + "\\Z"
 
 
 def record_locator(section_tipo: str, section_id: int) -> str:

@@ -1,8 +1,10 @@
 """``mnemo mcp``: the read actions as Model Context Protocol tools (official ``mcp`` SDK, low-level server).
 
 A transport shell with no logic of its own: each tool is a dd_rag_api action,
-called through the same handler with the same ACL, so an agent gets exactly
-what the HTTP API gives the same principal. The principal is fixed at start
+its input schema generated from the action's declaration
+(:mod:`gateway.action_specs`) and its call run through the same switches,
+option readers and handler with the same ACL, so an agent gets exactly what
+the HTTP API gives the same principal. The principal is fixed at start
 from a bearer token verified like the gateway's (``RAG_MCP_TOKEN``); a missing
 or invalid token refuses to start, never a privileged fallback. Tools return
 ``{"msg", "data"}`` as structured content (and as JSON text); a coded failure
@@ -17,122 +19,39 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
 from typing import Any
 
 import mcp_types as types
+import uvicorn
 from aiohttp import web
 from mcp.server import Server
+from mcp.server.stdio import stdio_server
 
-from .actions import ACTIONS, ActionContext
+from .action_specs import ACTIONS, run_action
+from .app import create_engine
 from .auth import ANONYMOUS_ADMIN, Principal, TokenVerifier
+from .context import action_context
 from .errors import ApiError
-from .resources import ASK_KEY, POOL_KEY, RETRIEVER_KEY, SETTINGS_KEY
+from .resources import SETTINGS_KEY
 from .settings import GatewaySettings
 
 log = logging.getLogger(__name__)
 
-__all__ = ["READ_TOOLS", "McpStartupError", "build_mcp_server", "principal_from_token", "tool_schemas"]
+__all__ = ["McpStartupError", "build_mcp_server", "principal_from_token", "tool_schemas"]
 
 
 class McpStartupError(Exception):
     """The MCP server cannot start (no usable token): fail closed, loudly."""
 
 
-_QUERY = {"type": "string", "minLength": 1, "maxLength": 4000, "description": "What to look for, in words."}
-_SCOPE = {
-    "description": "Sections to search (a tipo or a list of tipos); all readable sections when absent.",
-    "anyOf": [
-        {"type": "string"},
-        {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 64},
-    ],
-}
-_LIMIT = {"type": "integer", "minimum": 1, "maximum": 50, "default": 10}
-_GROUP = {"type": "string", "description": "An embed-group facet id (e.g. card, transcription)."}
-_RERANK = {"type": "boolean", "description": "Reorder with the cross-encoder (reports reranked)."}
-_EXPAND = {"enum": ["neighbours", "parent"], "description": "Widen each passage (small-to-big)."}
-_SEED = {
-    "section_tipo": {"type": "string", "description": "The seed record's section."},
-    "section_id": {"type": "integer", "minimum": 0, "description": "The seed record."},
-}
-_TEXT = {"query": _QUERY, "section_tipo": _SCOPE, "limit": _LIMIT, "group": _GROUP}
-
-
-def _schema(properties: Mapping[str, Any], required: list[str]) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": dict(properties),
-        "required": required,
-        "additionalProperties": False,
-    }
-
-
-# Tool name -> (description, input schema). The names are the dd_rag_api actions.
-READ_TOOLS: dict[str, tuple[str, dict[str, Any]]] = {
-    "semantic_search": (
-        "Records of the archive whose meaning best matches a query (best passage of each).",
-        _schema({**_TEXT, "rerank": _RERANK}, ["query"]),
-    ),
-    "retrieve": (
-        "Passages (chunks) best matching a query, with locators (chunk_id) for read_chunk.",
-        _schema({**_TEXT, "rerank": _RERANK, "expand": _EXPAND}, ["query"]),
-    ),
-    "get_agent_context": (
-        "Permission-filtered passages to ground an agent's reasoning (same retrieval as retrieve).",
-        _schema({**_TEXT, "rerank": _RERANK, "expand": _EXPAND}, ["query"]),
-    ),
-    "read_chunk": (
-        "One stored passage by its chunk_id, with up to 10 chunks before and after it in its document.",
-        _schema(
-            {
-                "chunk_id": {"type": "string", "description": "e.g. oh1-412/rag:transcription/lg-spa/3"},
-                "before": {"type": "integer", "minimum": 0, "maximum": 10, "default": 1},
-                "after": {"type": "integer", "minimum": 0, "maximum": 10, "default": 1},
-            },
-            ["chunk_id"],
-        ),
-    ),
-    "similar_to": (
-        "Records similar to a seed record (its stored vectors).",
-        _schema({**_SEED, "limit": _LIMIT, "group": _GROUP}, ["section_tipo", "section_id"]),
-    ),
-    "ask": (
-        "A grounded answer with [n] citations to the archive's passages, or a refusal when nothing grounds it.",
-        _schema({**_TEXT, "rerank": _RERANK, "expand": _EXPAND}, ["query"]),
-    ),
-}
-
-MEDIA_TOOLS: dict[str, tuple[str, dict[str, Any]]] = {
-    "similar_objects": (
-        "Objects visually similar to a seed record's images.",
-        _schema(
-            {
-                **_SEED,
-                "similarity_mode": {"enum": ["visual", "hybrid"]},
-                "view": {"type": "string"},
-                "near_duplicate": {"type": "boolean"},
-                "limit": _LIMIT,
-            },
-            ["section_tipo", "section_id"],
-        ),
-    ),
-    "search_by_text_image": (
-        "Object images matching a textual description.",
-        _schema({"query": _QUERY, "section_tipo": _SCOPE, "limit": _LIMIT}, ["query"]),
-    ),
-    "characterize_object": (
-        "Typology/period proposals for an object from its visual neighbours, with evidence.",
-        _schema(_SEED, ["section_tipo", "section_id"]),
-    ),
-}
-
-
 def tool_schemas(settings: GatewaySettings) -> dict[str, tuple[str, dict[str, Any]]]:
-    """The tools this server offers: the read actions, and the image actions when media is on."""
-    tools = dict(READ_TOOLS)
-    if settings.media_enabled:
-        tools.update(MEDIA_TOOLS)
-    return {name: spec for name, spec in tools.items() if name in ACTIONS}
+    """Tool name -> (description, input schema): the actions offered to MCP, the image ones when media
+    is on. The names are the dd_rag_api actions."""
+    return {
+        name: (spec.summary, spec.json_schema(mcp=True))
+        for name, spec in ACTIONS.items()
+        if spec.mcp and (settings.media_enabled or not spec.media)
+    }
 
 
 def principal_from_token(settings: GatewaySettings, token: str | None) -> Principal:
@@ -172,10 +91,8 @@ def build_mcp_server(app: web.Application, principal: Principal) -> Server:
         try:
             if params.name not in tools:
                 raise ApiError("request.unknown_action", f"Unknown tool {params.name!r}")
-            if not settings.enabled:
-                raise ApiError.rag_disabled()
-            action = ActionContext(principal, app[RETRIEVER_KEY], app[POOL_KEY], app.get(ASK_KEY))
-            msg, data = await ACTIONS[params.name].handler(action, params.arguments or {})
+            context = action_context(app, principal)
+            msg, data = await run_action(context, settings, params.name, params.arguments or {})
         except ApiError as exc:
             return _result({"error": exc.body("mcp")["error"]}, error=True)
         except Exception:  # never a stack trace to the model; the log keeps it
@@ -199,8 +116,6 @@ async def serve_mcp(
     settings: GatewaySettings, token: str | None, transport: str, host: str, port: int
 ) -> None:
     """Verify the token, start the engine, serve MCP over ``stdio`` or streamable ``http`` until closed."""
-    from .app import create_engine
-
     principal = principal_from_token(settings, token)  # before anything starts: fail fast, fail closed
     engine = create_engine(settings)
     runner = web.AppRunner(engine)
@@ -209,13 +124,9 @@ async def serve_mcp(
         server = build_mcp_server(engine, principal)
         log.info("MCP server (%s) acting as %s", transport, principal.sub)
         if transport == "stdio":
-            from mcp.server.stdio import stdio_server
-
             async with stdio_server() as (read, write):
                 await server.run(read, write, server.create_initialization_options())
         else:
-            import uvicorn
-
             asgi = server.streamable_http_app(host=host)
             config = uvicorn.Config(asgi, host=host, port=port, log_level="warning", lifespan="on")
             await uvicorn.Server(config).serve()

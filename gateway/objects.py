@@ -30,40 +30,24 @@ like a missing one.
 from __future__ import annotations
 
 import asyncio
-import logging
-import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from index.partitions import ModelPartition, get_partition
-from index.search import ChunkHit, Scope, lexical_search, seed_chunks
+from index.partitions import ModelPartition
+from index.search import ChunkHit, Scope
 from index.sections import SectionStore
+from inference.client import ModelInfo
 
-from . import options as opt
-from .acl import chunk_readable, gate, pushdown
+from .acl import gate, pushdown
 from .auth import Principal
 from .characterize import Vote, categorical_vote, date_summary
-from .errors import ApiError
 from .fusion import rrf
 from .retrieval import EmbeddingUnavailable, Retriever, SeedNotFound
 
-if TYPE_CHECKING:
-    from .actions import ActionContext
-
-__all__ = [
-    "ObjectHit",
-    "ObjectRetriever",
-    "characterize_object",
-    "object_dict",
-    "objects_for",
-    "search_by_text_image",
-    "similar_objects",
-]
-
-log = logging.getLogger(__name__)
+__all__ = ["ObjectHit", "ObjectRetriever", "object_dict"]
 
 MIN_CANDIDATES = 40  # per list: max(40, limit * 4), as the archive's layer fetches
 
@@ -106,52 +90,37 @@ def readable_roles(principal: Principal, row: ChunkHit) -> dict[str, Any]:
 
 
 class ObjectRetriever:
-    """Image retrieval over one gateway's pool and sidecar (the model is resolved once)."""
+    """Image retrieval beside a gateway's text retrieval, through its public surface (pool, sidecar
+    calls, timed legs); one per app, so the image-text model resolves once."""
 
     def __init__(self, retriever: Retriever) -> None:
         self.base = retriever
         self.pool = retriever.pool
         self.settings = retriever.settings
-        self._model: Any = None
-        self._partition: ModelPartition | None = None
+        self._model: ModelInfo | None = None
 
-    async def image_model(self) -> Any:
+    async def image_model(self) -> ModelInfo:
         """The image-text model (``RAG_IMAGE_MODEL`` or the sidecar's first); unavailable -> 503."""
         if self._model is None:
-            from index.models import ModelNotServed, resolve_model
-            from inference.client import SidecarError
-
-            try:
-                self._model = await resolve_model(
-                    self.base.client, "image_text", self.settings.sidecar.image_model
-                )
-            except (ModelNotServed, SidecarError) as exc:
-                log.warning("no usable image-text model: %s", exc)
-                raise EmbeddingUnavailable(str(exc)) from exc
+            self._model = await self.base.resolve_model("image_text", self.settings.sidecar.image_model)
         return self._model
 
     async def partition(self) -> ModelPartition | None:
-        if self._partition is None:
-            model = await self.image_model()
-            self._partition = await get_partition(self.pool, model.id)
-        return self._partition
+        return await self.base.partition((await self.image_model()).id)
 
     async def _dense(
         self, partition: ModelPartition, vector: np.ndarray, scope: Scope, fetch: int
     ) -> list[ChunkHit]:
-        return await self.base._timed(
+        return await self.base.timed(
             "image_dense", lambda conn: self.base.hnsw_search(conn, partition, vector, scope, fetch, "image")
         )
 
     async def _lexical(
         self, partition: ModelPartition, query: str, scope: Scope, fetch: int
     ) -> list[ChunkHit]:
-        async def run(conn: Any) -> list[ChunkHit]:
-            return await lexical_search(
-                conn, partition, query, scope, fetch, stats=self.base.stats, modality="image"
-            )
-
-        return await self.base._timed("image_lexical", run)
+        return await self.base.timed(
+            "image_lexical", lambda conn: self.base.lexical(conn, partition, query, scope, fetch, "image")
+        )
 
     async def compare_scope(self, section_tipo: str) -> tuple[str, ...]:
         descriptor = await SectionStore(self.pool).get(section_tipo)
@@ -174,13 +143,9 @@ class ObjectRetriever:
         partition = await self.partition()
         if partition is None:
             raise SeedNotFound()
-        async with self.pool.acquire() as conn:
-            seeds = await seed_chunks(conn, partition, section_tipo, section_id, modality="image")
-        seeds = [s for s in seeds if chunk_readable(principal, s)]
-        if view is not None:
-            seeds = [s for s in seeds if s.meta.get("view", "") == view]
-        if not seeds:
-            raise SeedNotFound()
+        seeds = await self.base.readable_seeds(
+            principal, partition, section_tipo, section_id, modality="image", view=view
+        )
         sections = scope or await self.compare_scope(section_tipo)
         fetch = candidates(limit)
         acl = pushdown(principal)
@@ -230,18 +195,7 @@ class ObjectRetriever:
         self, principal: Principal, query: str, sections: tuple[str, ...] | None, limit: int
     ) -> list[ObjectHit]:
         """Objects whose images best match a text, through the image-text model's text tower."""
-        from inference.client import SidecarError
-
-        model = await self.image_model()
-        try:
-            result = await self.base.client.embed_image_texts(model.id, [query])  # type: ignore[attr-defined]
-        except SidecarError as exc:
-            log.warning("text-to-image query embedding failed: %s", exc)
-            raise EmbeddingUnavailable(str(exc)) from exc
-        vectors = np.asarray(result.embeddings, dtype=np.float32)
-        vector = vectors[0] if vectors.ndim == 2 and vectors.shape[0] == 1 else np.empty(0)
-        if vector.size == 0 or not np.all(np.isfinite(vector)) or float(np.linalg.norm(vector)) < 1e-6:
-            raise EmbeddingUnavailable("no usable query vector")
+        vector = await self.base.embed_image_query(await self.image_model(), query)
         partition = await self.partition()
         if partition is None:
             return []
@@ -337,64 +291,3 @@ def _date(principal: Principal, proposal: Any) -> dict[str, Any]:
         "confidence": round(proposal.confidence, 6),
         "evidence": _evidence(principal, proposal.evidence),
     }
-
-
-_CACHE: weakref.WeakKeyDictionary[Retriever, ObjectRetriever] = weakref.WeakKeyDictionary()
-
-
-def objects_for(retriever: Retriever) -> ObjectRetriever:
-    """The image retrieval of a gateway (one per retrieval engine, so the model resolves once)."""
-    found = _CACHE.get(retriever)
-    if found is None:
-        found = _CACHE[retriever] = ObjectRetriever(retriever)
-    return found
-
-
-# -- the dd_rag_api handlers ----------------------------------------------------------------------
-
-
-async def similar_objects(ctx: ActionContext, options: Mapping[str, Any]) -> tuple[str, Any]:
-    section_tipo, section_id = opt.seed(options)
-    objects = objects_for(ctx.retriever)
-    try:
-        hits = await objects.similar(
-            ctx.principal,
-            section_tipo,
-            section_id,
-            limit=opt.limit(options),
-            mode=opt.similarity_mode(options),
-            view=opt.view(options),
-            near_duplicate=opt.flag(options, "near_duplicate"),
-            scope=opt.compare_scope(options),
-        )
-    except SeedNotFound as exc:  # the same answer for a missing seed and a forbidden one
-        raise ApiError.invalid_options("Unknown seed record") from exc
-    except EmbeddingUnavailable as exc:
-        raise ApiError.embedding_unavailable() from exc
-    return "ok", [object_dict(ctx.principal, h) for h in hits]
-
-
-async def search_by_text_image(ctx: ActionContext, options: Mapping[str, Any]) -> tuple[str, Any]:
-    query, sections, limit = opt.query(options), opt.scope(options), opt.limit(options)
-    try:
-        hits = await objects_for(ctx.retriever).by_text(ctx.principal, query, sections, limit)
-    except EmbeddingUnavailable as exc:
-        raise ApiError.embedding_unavailable() from exc
-    return "ok", [object_dict(ctx.principal, h) for h in hits]
-
-
-async def characterize_object(ctx: ActionContext, options: Mapping[str, Any]) -> tuple[str, Any]:
-    section_tipo, section_id = opt.seed(options)
-    try:
-        data = await objects_for(ctx.retriever).characterize(
-            ctx.principal,
-            section_tipo,
-            section_id,
-            top_k=ctx.retriever.settings.characterize_top_k,
-            mode=opt.similarity_mode(options),
-        )
-    except SeedNotFound as exc:
-        raise ApiError.invalid_options("Unknown seed record") from exc
-    except EmbeddingUnavailable as exc:
-        raise ApiError.embedding_unavailable() from exc
-    return "ok", data

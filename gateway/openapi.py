@@ -2,7 +2,8 @@
 
 Built from the router at request time, so a route added anywhere (intake
 included) is described: its summary is the handler's docstring. The dd_rag_api
-endpoint gets full schemas: the request per action, both envelopes, the codes.
+endpoint gets full schemas: the request per action (generated from its
+declaration in :mod:`gateway.action_specs`), both envelopes, the codes.
 """
 
 from __future__ import annotations
@@ -14,95 +15,8 @@ from aiohttp import web
 
 from index.intake import RECORD_SCHEMA
 
-from .actions import ACTIONS
+from .action_specs import ACTIONS
 from .errors import ERRORS, json_response
-
-_STRING_OR_LIST = {
-    "oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]
-}
-_LIMIT = {"type": "integer", "description": "clamped to [1, 50]", "default": 10}
-_GROUP = {"type": "string", "description": "embed-group id (slug)"}
-_QUERY_OPTIONS = {
-    "type": "object",
-    "required": ["query"],
-    "properties": {
-        "query": {"type": "string"},
-        "section_tipo": _STRING_OR_LIST,
-        "limit": _LIMIT,
-        "group": _GROUP,
-    },
-}
-_SEED_OPTIONS = {
-    "type": "object",
-    "required": ["section_tipo", "section_id"],
-    "properties": {
-        "section_tipo": {"type": "string"},
-        "section_id": {"type": "integer", "minimum": 0},
-        "limit": _LIMIT,
-        "group": _GROUP,
-    },
-}
-_MODE = {"enum": ["hybrid", "visual"], "default": "hybrid", "description": "visual skips the context leg"}
-_OBJECT_OPTIONS = {
-    "type": "object",
-    "required": ["section_tipo", "section_id"],
-    "properties": {
-        "section_tipo": {"type": "string", "description": "the seed's section"},
-        "section_id": {"type": "integer", "minimum": 0},
-        "similarity_mode": _MODE,
-        "view": {"type": "string", "description": "one face (obverse, reverse)"},
-        "near_duplicate": {"type": "boolean", "description": "floor at RAG_NEAR_DUPLICATE_SIMILARITY"},
-        "scope": {**_STRING_OR_LIST, "description": "sections compared; default the compare_scope"},
-        "limit": _LIMIT,
-    },
-}
-_CHARACTERIZE_OPTIONS = {
-    "type": "object",
-    "required": ["section_tipo", "section_id"],
-    "properties": {
-        "section_tipo": {"type": "string"},
-        "section_id": {"type": "integer", "minimum": 0},
-        "similarity_mode": _MODE,
-    },
-}
-_TEXT_IMAGE_OPTIONS = {
-    "type": "object",
-    "required": ["query"],
-    "properties": {"query": {"type": "string"}, "section_tipo": _STRING_OR_LIST, "limit": _LIMIT},
-}
-_RERANK = {"type": "boolean", "description": "cross-encoder reorder (default: off; on in ask)"}
-_EXPAND = {"enum": ["neighbours", "parent"], "description": "small-to-big expansion"}
-
-
-def _with(base: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    return {**base, "properties": {**base["properties"], **extra}}
-
-
-_PASSAGE_OPTIONS = _with(_QUERY_OPTIONS, rerank=_RERANK, expand=_EXPAND)
-_READ_CHUNK_OPTIONS = {
-    "type": "object",
-    "required": ["chunk_id"],
-    "properties": {
-        "chunk_id": {
-            "type": "string",
-            "description": "section-id/component/lang/index, as passages carry it",
-        },
-        "before": {"type": "integer", "minimum": 0, "maximum": 10, "default": 1},
-        "after": {"type": "integer", "minimum": 0, "maximum": 10, "default": 1},
-    },
-}
-OPTION_SCHEMAS: dict[str, dict[str, Any]] = {
-    "semantic_search": _with(_QUERY_OPTIONS, rerank=_RERANK),
-    "retrieve": _PASSAGE_OPTIONS,
-    "get_agent_context": _PASSAGE_OPTIONS,
-    "read_chunk": _READ_CHUNK_OPTIONS,
-    "ask": _with(_PASSAGE_OPTIONS, stream={"type": "boolean", "description": "server-sent events"}),
-    "search_by_text_image": _TEXT_IMAGE_OPTIONS,
-    "similar_to": _SEED_OPTIONS,
-    "similar_objects": _OBJECT_OPTIONS,
-    "characterize_object": _CHARACTERIZE_OPTIONS,
-    "embed_groups": {"type": "object", "properties": {"section_tipo": {"type": "string"}}},
-}
 
 _HIT = {
     "type": "object",
@@ -182,7 +96,7 @@ def _json_api_operation() -> dict[str, Any]:
             "properties": {
                 "dd_api": {"const": "dd_rag_api"},
                 "action": {"const": action},
-                "options": OPTION_SCHEMAS[action],
+                "options": spec.json_schema(),
             },
         }
         for action, spec in ACTIONS.items()

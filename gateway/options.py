@@ -1,4 +1,10 @@
-"""Validation of dd_rag_api ``options``: one function per option, each raising a coded 400.
+"""The dd_rag_api ``options``: one :class:`Option` each, its reader and its JSON Schema side by side.
+
+A reader validates one option as the handlers see it (a coded 400 on bad
+input, the default when absent); the schema says the same for clients (the
+OpenAPI document, the MCP tool schemas). :mod:`gateway.action_specs` lists
+which options each action takes, and ``tests/test_action_specs.py`` proves
+reader and schema accept the same values.
 
 Grammars (section tipo, group slug) are the ones ingestion validates
 descriptors with (:mod:`index.validation`), matched in full; a group is only
@@ -8,13 +14,15 @@ ever bound as a SQL parameter.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from index.sections import VIEW_PATTERN
 from index.validation import GROUP_ID_PATTERN, ID_MAX, TIPO_PATTERN, FieldError, parse_id
 
 from .errors import ApiError
+from .locator import CHUNK_ID_PATTERN, parse_chunk_id
 
 DEFAULT_LIMIT = 10
 MAX_LIMIT = 50
@@ -82,24 +90,34 @@ def group(options: Mapping[str, Any]) -> str | None:
     return value
 
 
-def seed(options: Mapping[str, Any]) -> tuple[str, int]:
-    """The seed record of ``similar_to``: ``section_tipo`` (one tipo) and ``section_id``."""
+def seed_tipo(options: Mapping[str, Any]) -> str:
+    """The seed record's ``section_tipo`` (one tipo, required)."""
     tipo = options.get("section_tipo")
     if tipo is None:
         raise ApiError.invalid_options("Missing section_tipo")
     if not is_tipo(tipo):
         raise ApiError.invalid_options("section_tipo is not a valid tipo")
+    return str(tipo)
+
+
+def seed_id(options: Mapping[str, Any]) -> int:
+    """The seed record's ``section_id`` (required): an integer, or ASCII digits as the archive sends."""
     sid = options.get("section_id")
     if sid is None:
         raise ApiError.invalid_options("Missing section_id")
     if isinstance(sid, str):  # the archive sends ids as strings too; ASCII digits only
         try:
-            return tipo, parse_id(sid, field="section_id")
+            return parse_id(sid, field="section_id")
         except FieldError as exc:
             raise ApiError.invalid_options(str(exc)) from exc
     if not _is_int(sid) or sid < 0 or sid > ID_MAX:
         raise ApiError.invalid_options("section_id must be a non-negative integer")
-    return tipo, sid
+    return int(sid)
+
+
+def seed(options: Mapping[str, Any]) -> tuple[str, int]:
+    """The seed record (``similar_to``, the image actions): ``section_tipo`` and ``section_id``."""
+    return seed_tipo(options), seed_id(options)
 
 
 def similarity_mode(options: Mapping[str, Any]) -> str:
@@ -129,6 +147,14 @@ def flag(options: Mapping[str, Any], name: str, default: bool = False) -> bool:
     if not isinstance(value, bool):
         raise ApiError.invalid_options(f"{name} must be a boolean")
     return value
+
+
+def rerank(options: Mapping[str, Any]) -> bool | None:
+    """``rerank``; None when absent (ask reranks by default, the other actions do not)."""
+    value = options.get("rerank")
+    if value is None:
+        return None
+    return flag(options, "rerank")
 
 
 def compare_scope(options: Mapping[str, Any]) -> tuple[str, ...] | None:
@@ -165,3 +191,147 @@ def bounded_int(options: Mapping[str, Any], name: str, default: int, low: int, h
     if not _is_int(value) or not low <= value <= high:
         raise ApiError.invalid_options(f"{name} must be an integer in [{low}, {high}]")
     return int(value)
+
+
+def chunk_key(options: Mapping[str, Any]) -> tuple[str, int, str, str, int]:
+    """``chunk_id`` of ``read_chunk`` (required), as the chunk key it names."""
+    raw = options.get("chunk_id")
+    if raw is None:
+        raise ApiError.invalid_options("Missing chunk_id")
+    key = parse_chunk_id(raw) if isinstance(raw, str) else None
+    if key is None:
+        raise ApiError.invalid_options("chunk_id is not a chunk id (section-id/component/lang/index)")
+    return key
+
+
+# -- the declarations ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option: how handlers read it (``read``) and how clients are told (``schema``, JSON Schema)."""
+
+    name: str
+    read: Callable[[Mapping[str, Any]], Any]
+    schema: Mapping[str, Any]
+    description: str
+    required: bool = False
+    mcp: bool = True  # offered to MCP tools (False: an HTTP transport option, such as streaming)
+    json_schema: dict[str, Any] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "json_schema", {**self.schema, "description": self.description})
+
+
+def _tipos() -> dict[str, Any]:
+    tipo = {"type": "string", "pattern": TIPO_PATTERN}
+    return {"anyOf": [tipo, {"type": "array", "items": tipo, "minItems": 1, "maxItems": MAX_SCOPE}]}
+
+
+QUERY = Option(
+    "query",
+    query,
+    {"type": "string", "minLength": 1, "maxLength": MAX_QUERY_CHARS, "pattern": r"\S"},
+    "What to look for, in words.",
+    required=True,
+)
+SCOPE = Option(
+    "section_tipo",
+    scope,
+    _tipos(),
+    "Sections to search (a tipo or a list of tipos); all readable sections when absent.",
+)
+LIMIT = Option(
+    "limit",
+    limit,
+    {"type": "integer", "default": DEFAULT_LIMIT},
+    f"How many results; clamped to [1, {MAX_LIMIT}].",
+)
+GROUP = Option(
+    "group",
+    group,
+    {"type": "string", "pattern": GROUP_ID_PATTERN},
+    "An embed-group facet id (e.g. card, transcription).",
+)
+RERANK = Option(
+    "rerank",
+    rerank,
+    {"type": "boolean"},
+    "Reorder with the cross-encoder (each result says whether it was reranked); off by default, "
+    "on in ask (RAG_ASK_RERANK).",
+)
+EXPAND = Option(
+    "expand",
+    expand,
+    {"enum": list(EXPAND_MODES)},
+    "Widen each passage with the readable chunks around it (small-to-big).",
+)
+STREAM = Option(
+    "stream",
+    lambda options: flag(options, "stream", False),
+    {"type": "boolean", "default": False},
+    "Answer as server-sent events (delta events, then one done event with the envelope).",
+    mcp=False,
+)
+SEED_TIPO = Option(
+    "section_tipo", seed_tipo, {"type": "string", "pattern": TIPO_PATTERN}, "The seed record's section.", True
+)
+SEED_ID = Option(
+    "section_id",
+    seed_id,
+    {
+        "anyOf": [
+            {"type": "integer", "minimum": 0, "maximum": ID_MAX},
+            {"type": "string", "pattern": r"^[0-9]{1,19}\Z"},
+        ]
+    },
+    f"The seed record's id: an integer, or its ASCII digits (at most {ID_MAX}).",
+    required=True,
+)
+SIMILARITY_MODE = Option(
+    "similarity_mode",
+    similarity_mode,
+    {"enum": list(SIMILARITY_MODES), "default": "hybrid"},
+    "hybrid: looks plus the context summary; visual skips the context leg.",
+)
+VIEW = Option(
+    "view",
+    view,
+    {"type": "string", "minLength": 1, "pattern": VIEW_PATTERN},
+    "Only this face of the seed (obverse, reverse).",
+)
+NEAR_DUPLICATE = Option(
+    "near_duplicate",
+    lambda options: flag(options, "near_duplicate"),
+    {"type": "boolean", "default": False},
+    "Keep only objects at least RAG_NEAR_DUPLICATE_SIMILARITY close to the seed.",
+)
+COMPARE_SCOPE = Option(
+    "scope", compare_scope, _tipos(), "Sections compared; default the seed section's compare_scope."
+)
+CHUNK_ID = Option(
+    "chunk_id",
+    chunk_key,
+    {"type": "string", "pattern": CHUNK_ID_PATTERN},
+    "section-id/component/lang/index, as passages carry it (e.g. oh1-412/rag:transcription/lg-spa/3).",
+    required=True,
+)
+MAX_AROUND = 10
+BEFORE = Option(
+    "before",
+    lambda options: bounded_int(options, "before", 1, 0, MAX_AROUND),
+    {"type": "integer", "minimum": 0, "maximum": MAX_AROUND, "default": 1},
+    "Readable chunks of the same document before it.",
+)
+AFTER = Option(
+    "after",
+    lambda options: bounded_int(options, "after", 1, 0, MAX_AROUND),
+    {"type": "integer", "minimum": 0, "maximum": MAX_AROUND, "default": 1},
+    "Readable chunks of the same document after it.",
+)
+PROBED_SECTION = Option(
+    "section_tipo",
+    lambda options: options.get("section_tipo"),  # the probe never errs: {groups: []} for anything else
+    {},
+    "The section asked about; anything that is not a readable, opted-in section answers {groups: []}.",
+)

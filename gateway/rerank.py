@@ -13,6 +13,9 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from index.models import resolve_model
+from inference.client import SidecarClient
+
 from .metrics import Metrics
 from .retrieval import Ranked
 
@@ -31,8 +34,10 @@ class RerankOutcome:
 class Reranker:
     """Reorders candidates with the configured (or first served) ``rerank`` model."""
 
-    def __init__(self, client: object, configured: str | None, timeout: float, metrics: Metrics) -> None:
-        self.client = client  # inference.client.SidecarClient
+    def __init__(
+        self, client: SidecarClient, configured: str | None, timeout: float, metrics: Metrics
+    ) -> None:
+        self.client = client
         self.configured = configured
         self.timeout = timeout
         self.metrics = metrics
@@ -40,9 +45,7 @@ class Reranker:
 
     async def _model_id(self) -> str:
         if self._model is None:
-            from index.models import resolve_model
-
-            self._model = (await resolve_model(self.client, "rerank", self.configured)).id  # type: ignore[arg-type]
+            self._model = (await resolve_model(self.client, "rerank", self.configured)).id
         return self._model
 
     async def rerank(self, query: str, ranked: Sequence[Ranked], depth: int) -> RerankOutcome:
@@ -53,7 +56,7 @@ class Reranker:
         try:
             async with asyncio.timeout(self.timeout):
                 model = await self._model_id()
-                scores = await self.client.rerank(model, query, [r.chunk.text for r in head])  # type: ignore[attr-defined]
+                scores = await self.client.rerank(model, query, [r.chunk.text for r in head])
         except TimeoutError:
             return self._fallback(ranked, "timeout")
         except Exception as exc:  # the sidecar's errors, a missing model: same outcome, logged

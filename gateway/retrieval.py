@@ -28,13 +28,14 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import asyncpg
 import numpy as np
 
+from index.models import ModelNotServed, resolve_model
 from index.partitions import ModelPartition, get_partition
 from index.search import (
     ChunkHit,
@@ -46,6 +47,8 @@ from index.search import (
     seed_chunks,
     sparse_search,
 )
+from index.sections import SectionStore
+from inference.client import EmbedResult, ModelInfo, SidecarClient, SidecarError, SidecarRejected
 
 from .acl import chunk_readable, gate, pushdown
 from .auth import Principal
@@ -58,6 +61,8 @@ if TYPE_CHECKING:  # FAISS loads only when the app builds a cache
     from index.vector_cache import VectorCache
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 __all__ = [
     "EmbeddingUnavailable",
@@ -136,20 +141,34 @@ def _usable(vector: np.ndarray, dimension: int | None) -> bool:
     return float(np.linalg.norm(vector)) > 1e-6
 
 
+def _only_vector(result: EmbedResult, dimension: int | None) -> np.ndarray:
+    """The one query vector of ``result``; none usable -> :class:`EmbeddingUnavailable`."""
+    embeddings = np.asarray(result.embeddings, dtype=np.float32)
+    vector = embeddings[0] if embeddings.ndim == 2 and embeddings.shape[0] == 1 else np.empty(0)
+    if not _usable(vector, dimension):
+        log.error("the sidecar returned no usable query vector (shape %s)", embeddings.shape)
+        raise EmbeddingUnavailable("no usable query vector")
+    return vector
+
+
 class Retriever:
     """The retrieval engine of one gateway (pool, query-side sidecar client, caches, metrics)."""
 
     def __init__(
-        self, pool: asyncpg.Pool, client: object, settings: GatewaySettings, metrics: Metrics | None = None
+        self,
+        pool: asyncpg.Pool,
+        client: SidecarClient,
+        settings: GatewaySettings,
+        metrics: Metrics | None = None,
     ) -> None:
         self.pool = pool
         self.vector_cache: VectorCache | None = None  # set by the app once the cache exists
-        self.client = client  # inference.client.SidecarClient
+        self.client = client
         self.settings = settings
         self.metrics = metrics or Metrics()
         self.cache = QueryVectorCache(settings.query_cache_size)
         self.stats = CorpusStats(ttl=settings.lexical_stats_ttl)
-        self._model: object | None = None  # inference.client.ModelInfo, resolved on first use
+        self._model: ModelInfo | None = None  # resolved on first use
         self._partitions: dict[str, ModelPartition] = {}
         self._sparse_head: bool | None = None  # learned of the model on the first query
         # section tipo -> (when read, (method, weights) tuned for it or None)
@@ -159,20 +178,21 @@ class Retriever:
 
     # -- model, partition, query vector -------------------------------------------------------
 
-    async def text_model(self) -> object:
+    async def resolve_model(self, kind: str, configured: str | None) -> ModelInfo:
+        """The sidecar's model of ``kind`` (``configured``, or its first); none -> :class:`EmbeddingUnavailable`."""
+        try:
+            return await resolve_model(self.client, kind, configured)
+        except ModelNotServed as exc:
+            log.error("no usable %s model: %s", kind, exc)
+            raise EmbeddingUnavailable(str(exc)) from exc
+        except SidecarError as exc:
+            log.warning("sidecar unavailable while resolving the %s model: %s", kind, exc)
+            raise EmbeddingUnavailable(str(exc)) from exc
+
+    async def text_model(self) -> ModelInfo:
         """The text model (configured id, or the sidecar's first text model), resolved once."""
         if self._model is None:
-            from index.models import ModelNotServed, resolve_model
-            from inference.client import SidecarError
-
-            try:
-                self._model = await resolve_model(self.client, "text", self.settings.sidecar.text_model)
-            except ModelNotServed as exc:
-                log.error("no usable text model: %s", exc)
-                raise EmbeddingUnavailable(str(exc)) from exc
-            except SidecarError as exc:
-                log.warning("sidecar unavailable while resolving the text model: %s", exc)
-                raise EmbeddingUnavailable(str(exc)) from exc
+            self._model = await self.resolve_model("text", self.settings.sidecar.text_model)
         return self._model
 
     async def partition(self, model_id: str) -> ModelPartition | None:
@@ -186,10 +206,8 @@ class Retriever:
 
     async def embed_query(self, principal: Principal, query: str) -> tuple[str, QueryVector]:
         """(model id, query vector); cached per caller, model and normalized query."""
-        from inference.client import SidecarError, SidecarRejected
-
         model = await self.text_model()
-        model_id: str = model.id  # type: ignore[attr-defined]
+        model_id = model.id
         cached = self.cache.get(model_id, query, owner=principal.sub)
         if cached is not None:
             self.metrics.query_cache_lookup("hit")
@@ -206,30 +224,24 @@ class Retriever:
             except SidecarError as exc:
                 log.warning("query embedding failed: %s", exc)
                 raise EmbeddingUnavailable(str(exc)) from exc
-        embeddings = np.asarray(result.embeddings, dtype=np.float32)
-        dense = embeddings[0] if embeddings.ndim == 2 and embeddings.shape[0] == 1 else np.empty(0)
-        if not _usable(dense, getattr(model, "dimension", None)):
-            log.error("the sidecar returned no usable query vector (shape %s)", embeddings.shape)
-            raise EmbeddingUnavailable("no usable query vector")
+        dense = _only_vector(result, model.dimension)
         sparse = result.sparse[0] if result.sparse else None
         vector = QueryVector(dense=dense / np.linalg.norm(dense), sparse=sparse or None)
         self.cache.put(model_id, query, vector, owner=principal.sub)
         return model_id, vector
 
-    async def _embed(self, model_id: str, texts: Sequence[str]):  # type: ignore[no-untyped-def]
+    async def _embed(self, model_id: str, texts: Sequence[str]) -> EmbedResult:
         """Ask for sparse weights too until the sidecar says the model has no sparse head."""
-        from inference.client import SidecarRejected
-
         if self._sparse_head is not False:
             try:
-                result = await self.client.embed(model_id, texts, truncate=True, return_sparse=True)  # type: ignore[attr-defined]
+                result = await self.client.embed(model_id, texts, truncate=True, return_sparse=True)
                 self._sparse_head = True
                 return result
             except SidecarRejected as exc:
                 if exc.code != "sparse_unsupported":
                     raise
                 self._sparse_head = False
-        return await self.client.embed(model_id, texts, truncate=True)  # type: ignore[attr-defined]
+        return await self.client.embed(model_id, texts, truncate=True)
 
     async def warm_queries(self, principal: Principal, queries: Sequence[str]) -> int:
         """Embed many queries in batched sidecar calls and cache them for ``principal`` (eval, benchmarks).
@@ -237,20 +249,18 @@ class Retriever:
         Returns how many were embedded.
         """
         model = await self.text_model()
-        model_id: str = model.id  # type: ignore[attr-defined]
+        model_id = model.id
         owner = principal.sub
         todo = list(dict.fromkeys(q for q in queries if self.cache.get(model_id, q, owner=owner) is None))
         if not todo:
             return 0
-        from inference.client import SidecarError
-
         try:
             result = await self._embed(model_id, todo)
         except SidecarError as exc:
             raise EmbeddingUnavailable(str(exc)) from exc
         embeddings = np.asarray(result.embeddings, dtype=np.float32)
         for i, query in enumerate(todo):
-            if _usable(embeddings[i], getattr(model, "dimension", None)):
+            if _usable(embeddings[i], model.dimension):
                 sparse = result.sparse[i] if result.sparse else None
                 vector = QueryVector(embeddings[i] / np.linalg.norm(embeddings[i]), sparse or None)
                 self.cache.put(model_id, query, vector, owner=owner)
@@ -258,10 +268,32 @@ class Retriever:
 
     # -- legs, fusion, gate --------------------------------------------------------------------
 
-    async def _timed(self, leg: str, coro_factory):  # type: ignore[no-untyped-def]
+    async def embed_image_query(self, model: ModelInfo, query: str) -> np.ndarray:
+        """A text through the image-text model's text tower (sidecar ``/text``), never ``/embed``."""
+        try:
+            result = await self.client.embed_image_texts(model.id, [query])
+        except SidecarError as exc:
+            log.warning("text-to-image query embedding failed: %s", exc)
+            raise EmbeddingUnavailable(str(exc)) from exc
+        return _only_vector(result, model.dimension)
+
+    async def timed(self, leg: str, run: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        """``run`` on a pooled read connection, its time recorded as retrieval leg ``leg``."""
         with self.metrics.time_leg(leg):
             async with self.pool.acquire() as conn:
-                return await coro_factory(conn)
+                return await run(conn)
+
+    async def lexical(
+        self,
+        conn: asyncpg.Connection,
+        partition: ModelPartition,
+        query: str,
+        scope: Scope,
+        fetch: int,
+        modality: str = "text",
+    ) -> list[ChunkHit]:
+        """The lexical leg over ``modality`` rows, with this engine's corpus statistics (IDF)."""
+        return await lexical_search(conn, partition, query, scope, fetch, stats=self.stats, modality=modality)
 
     async def _dense(
         self, partition: ModelPartition, vector: np.ndarray, scope: Scope, fetch: int
@@ -347,14 +379,11 @@ class Retriever:
                 dense = tg.create_task(self._dense(partition, vector.dense, scope, fetch))
             if "lexical" in legs:
                 tasks["lexical"] = tg.create_task(
-                    self._timed(
-                        "lexical",
-                        lambda c: lexical_search(c, partition, query, scope, fetch, stats=self.stats),
-                    )
+                    self.timed("lexical", lambda c: self.lexical(c, partition, query, scope, fetch))
                 )
             if "sparse" in legs and vector.sparse:
                 tasks["sparse"] = tg.create_task(
-                    self._timed("sparse", lambda c: sparse_search(c, partition, vector.sparse, scope, fetch))
+                    self.timed("sparse", lambda c: sparse_search(c, partition, vector.sparse, scope, fetch))
                 )
         lists = {name: task.result() for name, task in tasks.items()}
         if dense is not None:
@@ -473,16 +502,39 @@ class Retriever:
             if now - self._fusion_cache.get(t, (-math.inf, None))[0] >= self._ttl
         ]
         if missing:
-            from index.sections import SectionStore
-
             found = await SectionStore(self.pool).get_many(missing)
             for tipo in missing:
                 self._fusion_cache[tipo] = (now, _tuned_fusion((found.get(tipo) or {}).get("retrieval")))
         tuned = {self._fusion_cache[t][1] for t in scope.section_tipos}
-        if len(tuned) != 1 or None in tuned:
+        agreed = tuned.pop() if len(tuned) == 1 else None
+        if agreed is None:
             return None, None
-        method, weights = tuned.pop()  # type: ignore[misc]
+        method, weights = agreed
         return method, dict(weights)
+
+    async def readable_seeds(
+        self,
+        principal: Principal,
+        partition: ModelPartition,
+        section_tipo: str,
+        section_id: int,
+        *,
+        group: str | None = None,
+        modality: str = "text",
+        view: str | None = None,
+    ) -> list[ChunkHit]:
+        """A seed record's stored rows (with vectors) that the caller may read, of one ``view`` when
+        given; none (missing, unreadable, nothing stored) -> :class:`SeedNotFound`, alike."""
+        async with self.pool.acquire() as conn:
+            seeds = await seed_chunks(
+                conn, partition, section_tipo, section_id, group=group, modality=modality
+            )
+        seeds = [c for c in seeds if chunk_readable(principal, c)]
+        if view is not None:
+            seeds = [c for c in seeds if c.meta.get("view", "") == view]
+        if not seeds:
+            raise SeedNotFound()
+        return seeds
 
     async def similar(
         self,
@@ -501,14 +553,10 @@ class Retriever:
         that facet. A seed the caller may not read is reported as not found.
         """
         model = await self.text_model()
-        partition = await self.partition(model.id)  # type: ignore[attr-defined]
+        partition = await self.partition(model.id)
         if partition is None:
             raise SeedNotFound()
-        async with self.pool.acquire() as conn:
-            seeds = await seed_chunks(conn, partition, section_tipo, section_id, group=group)
-        seeds = [c for c in seeds if chunk_readable(principal, c)]
-        if not seeds:
-            raise SeedNotFound()
+        seeds = await self.readable_seeds(principal, partition, section_tipo, section_id, group=group)
         seeds = seeds[: self.settings.similar_seed_chunks]
         scope = Scope(group=group, exclude_record=(section_tipo, section_id), acl=pushdown(principal))
         fetch = over_fetch(limit)

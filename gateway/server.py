@@ -146,7 +146,7 @@ class _EnvelopeProtocol(JsonProtocolErrors):
 
 async def _refuse_while_stopping(request: BaseRequest) -> web.StreamResponse:
     error = ApiError("service.stopping")
-    response = error_response(request, error)  # type: ignore[arg-type]  # reads headers and the id only
+    response = error_response(request, error)
     response.force_close()
     return response
 

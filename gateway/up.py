@@ -22,7 +22,15 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import psutil
+from aiohttp import web
 
+from index import queue
+from index.demo import load_demo
+from inference.net import ProcessExited, await_ready, free_port, log_tail
+
+from .app import create_app, serve
+from .auth import issue_token
+from .resources import DATABASE_URL_KEY, POOL_KEY
 from .settings import GatewaySettings
 
 # The researcher reads the oral histories and the coin catalogue, whose cards also draw on the
@@ -83,8 +91,6 @@ class SidecarStartError(RuntimeError):
 @contextlib.asynccontextmanager
 async def sidecar_process(data_dir: Path, port: int) -> AsyncIterator[str]:
     """``mnemo sidecar`` on ``port`` (its log in ``<data dir>/sidecar.log``) until ready; stopped on exit."""
-    from inference.net import ProcessExited, await_ready, log_tail
-
     log_path = data_dir / "sidecar.log"
     await asyncio.to_thread(data_dir.mkdir, parents=True, exist_ok=True)
     with log_path.open("wb") as log:
@@ -146,12 +152,8 @@ def examples(url: str, admin: str, researcher: str) -> str:
     return "\n".join(lines)
 
 
-async def _wait_for_drain(app: object, timeout_s: float = 900.0) -> dict:
-    from index import queue
-
-    from .resources import POOL_KEY
-
-    pool = app[POOL_KEY]  # type: ignore[index]
+async def _wait_for_drain(app: web.Application, timeout_s: float = 900.0) -> dict:
+    pool = app[POOL_KEY]
     stats = None
     for _ in range(int(timeout_s / 0.5)):
         stats = await queue.stats(pool, max_attempts=5)
@@ -166,13 +168,6 @@ async def run_up(args: argparse.Namespace, settings: GatewaySettings, *, own_sid
 
     ``own_sidecar``: start a sidecar with the offline profile (no sidecar URL was configured).
     """
-    from index.demo import load_demo
-    from inference.net import free_port
-
-    from .app import create_app, serve
-    from .auth import issue_token
-    from .resources import DATABASE_URL_KEY, POOL_KEY
-
     secret = settings.jwt_secret
     assert secret is not None  # the command resolved it (configured or kept in the data dir)
     stack = contextlib.AsyncExitStack()

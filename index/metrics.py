@@ -6,16 +6,34 @@ One :class:`IngestMetrics` per registry: the gateway passes its app registry so
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from .queue import QueueStats
 
-if TYPE_CHECKING:
-    from .drain import DrainReport
+__all__ = ["IngestMetrics", "PassReport"]
 
-__all__ = ["IngestMetrics"]
+
+class PassReport(Protocol):
+    """What the metrics read of a drain pass (:class:`index.drain.DrainReport`). A protocol, because
+    the drain imports these metrics: importing the drain back would make the two a cycle."""
+
+    processed: int
+    indexed: int
+    deleted: int
+    failed: int
+    parked: int
+    superseded: int
+    chunks_embedded: int
+    rows_written: int
+    truncated: int
+    unavailable: bool
+
+    @property
+    def seconds(self) -> Mapping[str, float]: ...
+
 
 _PHASE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0)
 
@@ -86,7 +104,7 @@ class IngestMetrics:
             self.queue.labels(state).set(getattr(stats, state))
         self.oldest_age.set(stats.oldest_age_s or 0.0)
 
-    def observe_report(self, report: DrainReport) -> None:
+    def observe_report(self, report: PassReport) -> None:
         for outcome in ("indexed", "deleted", "failed", "parked", "superseded"):
             value = getattr(report, outcome)
             if value:

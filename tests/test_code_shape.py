@@ -3,13 +3,22 @@
 - Every error code the gateway or ingestion can raise has a status in the gateway's one table.
 - The environment is read only in settings modules (configuration is read once, at start).
 - The CLI root imports no package: each registers its commands through the entry-point group.
+- No import cycle among the modules of a package, counting every import (inside functions and
+  under ``TYPE_CHECKING`` too, so a cycle cannot hide behind either).
+- The layers hold: ``schema <- index <- gateway``, ``inference`` alone, ``benchmarks`` on top; the
+  gateway and ingestion reach ``inference`` only through its public modules (:data:`INFERENCE_PUBLIC`).
+- The gateway imports its own code and the other packages at module level (``gateway/commands.py``
+  stays light on purpose; FAISS loads lazily).
+
+``python -m tests.test_code_shape`` prints each package's import cycles and its imports of other
+packages: the graph these rules check.
 """
 
 from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from gateway.errors import ERRORS
@@ -107,3 +116,190 @@ def test_the_cli_root_imports_no_package() -> None:
     }
     assert not {name.split(".")[0] for name in imported} & set(PACKAGES), imported
     assert "COMMAND_MODULES" not in (REPO_ROOT / "gateway" / "cli.py").read_text()
+
+
+# -- the import graph ------------------------------------------------------------------------------
+
+# The modules of ``inference`` that the gateway and ingestion may import (DESIGN: "through
+# inference/client.py and the small helpers that inference names as public").
+INFERENCE_PUBLIC = frozenset(
+    {"inference.client", "inference.strict_json", "inference.http_protocol", "inference.net"}
+)
+# First-party packages each package may import (itself included); benchmarks may import any.
+LAYERS: Mapping[str, frozenset[str]] = {
+    "schema": frozenset({"schema"}),
+    "inference": frozenset({"inference"}),
+    "index": frozenset({"schema", "index", "inference"}),
+    "gateway": frozenset({"schema", "index", "gateway", "inference"}),
+    "benchmarks": frozenset(PACKAGES),
+}
+# Modules that may import more of ``inference`` than its public surface, and why.
+INFERENCE_INSIDERS = {
+    "index.image_jobs_ray": "DESIGN 1: a Ray Data job loads the encoder code directly in its actors",
+}
+# Function-level imports of first-party code the gateway keeps on purpose: module -> imported prefixes.
+GATEWAY_LAZY_IMPORTS = {
+    "gateway.commands": ("",),  # registration stays light: `mnemo --help` imports no app, no driver
+    "gateway.app": ("index.faiss_backend", "index.vector_cache"),  # FAISS only when a cache is configured
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO_ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported(path: Path, node: ast.Import | ast.ImportFrom) -> list[str]:
+    """The modules an import statement names (``from a import b`` names ``a`` and ``a.b``)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = node.module or ""
+    if node.level:
+        package = module_name(path).split(".")
+        if path.name != "__init__.py":
+            package = package[:-1]
+        anchor = ".".join(package[: len(package) - node.level + 1])
+        base = f"{anchor}.{base}" if base else anchor
+    return [base, *(f"{base}.{alias.name}" for alias in node.names)]
+
+
+def imports_of(path: Path, tree: ast.Module) -> list[tuple[str, int, bool]]:
+    """(module, line, inside a function) for every import in the file."""
+    nested = {
+        id(node)
+        for fn in ast.walk(tree)
+        if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef)
+        for node in ast.walk(fn)
+    }
+    return [
+        (name, node.lineno, id(node) in nested)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for name in _imported(path, node)
+    ]
+
+
+def import_graph(package: str) -> dict[str, set[str]]:
+    """Module -> the modules of the same package it imports (the package's ``__init__`` left out)."""
+    trees = {module_name(path): (path, tree) for path, tree in _modules(package)}
+    return {
+        module: {
+            name for name, _, _ in imports_of(path, tree) if name in trees and name not in (module, package)
+        }
+        for module, (path, tree) in trees.items()
+    }
+
+
+def cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = [stack.pop()]
+            while component[-1] != v:
+                component.append(stack.pop())
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def _is_module(name: str) -> bool:
+    path = REPO_ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def outward_imports(package: str) -> dict[str, set[str]]:
+    """Module -> the first-party modules of other packages it imports."""
+    out: dict[str, set[str]] = {}
+    for path, tree in _modules(package):
+        names = {
+            n
+            for n, _, _ in imports_of(path, tree)
+            if n.split(".")[0] in PACKAGES and n.split(".")[0] != package and _is_module(n)
+        }
+        if names:
+            out[module_name(path)] = names
+    return out
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    graph = {"p.a": {"p.b"}, "p.b": {"p.c"}, "p.c": {"p.a"}, "p.d": {"p.a"}}
+    assert cycles(graph) == [["p.a", "p.b", "p.c"]]
+    assert cycles({"p.a": {"p.b"}, "p.b": set()}) == []
+
+
+def test_no_package_has_an_import_cycle() -> None:
+    found = {package: cycles(import_graph(package)) for package in PACKAGES}
+    assert sum(len(import_graph(p)) for p in PACKAGES) > 100, "the scan reads the packages"
+    assert not any(found.values()), f"import cycles (every import counted): {found}"
+
+
+def test_imports_follow_the_layers() -> None:
+    offenders = []
+    for package in PACKAGES:
+        for module, names in outward_imports(package).items():
+            for name in sorted(names):
+                top = name.split(".")[0]
+                if top not in LAYERS[package]:
+                    offenders.append(f"{module} imports {name} (up or across the layers)")
+                elif (
+                    top == "inference"
+                    and package in ("index", "gateway")
+                    and not any(name == m or name.startswith(m + ".") for m in INFERENCE_PUBLIC)
+                    and module not in INFERENCE_INSIDERS
+                ):
+                    offenders.append(f"{module} imports {name}, not one of inference's public modules")
+    assert not offenders, offenders
+
+
+def test_the_gateway_imports_its_code_at_module_level() -> None:
+    """A function-level import of first-party code hides a cycle or an upward import; only the kept
+    lazy ones remain (the CLI registration, FAISS)."""
+    offenders = []
+    for path, tree in _modules("gateway"):
+        module = module_name(path)
+        for name, line, nested in imports_of(path, tree):
+            if not nested or name.split(".")[0] not in PACKAGES:
+                continue
+            if not any(name.startswith(prefix) for prefix in GATEWAY_LAZY_IMPORTS.get(module, ())):
+                offenders.append(f"{path.relative_to(REPO_ROOT)}:{line} imports {name} inside a function")
+    assert not offenders, offenders
+
+
+def describe_imports(edges_of: tuple[str, ...] = ()) -> str:
+    """Each package's import cycles and outward imports (and the internal edges of ``edges_of``), as
+    ``python -m tests.test_code_shape [PACKAGE ...]`` prints them."""
+    lines = []
+    for package in PACKAGES:
+        graph = import_graph(package)
+        edges = sum(len(v) for v in graph.values())
+        lines.append(
+            f"{package}: {len(graph)} modules, {edges} internal imports, cycles: {cycles(graph) or 'none'}"
+        )
+        targets = sorted({n for names in outward_imports(package).values() for n in names})
+        lines.append(f"  imports from other packages: {', '.join(targets) or 'none'}")
+        if package in edges_of:
+            lines += [f"  {m} -> {', '.join(sorted(graph[m])) or '-'}" for m in sorted(graph)]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(describe_imports(tuple(sys.argv[1:])))

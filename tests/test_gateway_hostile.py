@@ -15,8 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gateway.actions import query_error
-from gateway.resources import RETRIEVER_KEY
+from gateway.context import RETRIEVER_KEY, query_error
 from gateway.retrieval import EmbeddingUnavailable, QueryRejected
 from index.search import Scope
 from index.validation import FieldError, parse_id

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.auth import Principal
-from gateway.resources import RETRIEVER_KEY
+from gateway.context import RETRIEVER_KEY
 from index.search import Scope
 from tests.fixtures.gateway import Gateway, running_gateway
 

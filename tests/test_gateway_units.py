@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from gateway import options as opt
-from gateway.actions import snippet
 from gateway.errors import ApiError
+from gateway.passages import snippet
 from gateway.query_cache import QueryVector, QueryVectorCache
 from gateway.settings import parse_weights
 from schema.settings import SettingsError

@@ -11,7 +11,7 @@ import pytest
 
 from gateway.acl import pushdown
 from gateway.auth import Principal
-from gateway.resources import RETRIEVER_KEY
+from gateway.context import RETRIEVER_KEY
 from index.faiss_backend import gpu_available
 from index.search import Scope, dense_search
 from tests.fixtures.gateway import Gateway, running_gateway, token

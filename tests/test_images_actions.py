@@ -14,7 +14,10 @@ from typing import Any
 
 import aiohttp
 import pytest
+from mcp import Client
 
+from gateway.mcp import build_mcp_server, principal_from_token
+from gateway.resources import SETTINGS_KEY
 from index.image_jobs import JobOptions, run_image_job
 from index.partitions import get_partition
 from index.sections import SectionStore
@@ -252,6 +255,27 @@ async def test_characterize_object_proposes_with_evidence(coins: Gateway) -> Non
         "confidence": 0.0,
         "evidence": [],
     }
+
+
+async def test_the_image_tools_take_every_option_their_actions_read(coins: Gateway) -> None:
+    """Over MCP the image actions list the options their handlers read (``scope`` and
+    ``similarity_mode`` were missing from the hand-written tool schemas) and answer like HTTP."""
+    server = build_mcp_server(coins.app, principal_from_token(coins.app[SETTINGS_KEY], ADMIN))
+    calls = [
+        ("similar_objects", {"section_tipo": "coins1", "section_id": 1, "scope": "multi1", "limit": 3}),
+        ("characterize_object", {"section_tipo": "coins1", "section_id": 1001, "similarity_mode": "visual"}),
+        ("search_by_text_image", {"query": "a silver coin", "section_tipo": "coins1", "limit": 3}),
+    ]
+    async with Client(server) as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        for name, arguments in calls:
+            assert set(arguments) <= set(tools[name].input_schema["properties"]), name
+            status, body = await coins.call(name, arguments, bearer=ADMIN)
+            result = await client.call_tool(name, arguments)
+            assert status == 200 and not result.is_error, (name, result.content)
+            assert json.loads(result.content[0].text) == {"msg": body["msg"], "data": body["data"]}, name
+        scoped = json.loads((await client.call_tool(*calls[0])).content[0].text)["data"]
+        assert scoped and {h["section_tipo"] for h in scoped} == {"multi1"}
 
 
 # -- the ACL on every image path ---------------------------------------------------------------------
