@@ -15,6 +15,8 @@ from typing import Any
 
 from aiohttp import web
 
+from schema.read_pool import replica_lost
+
 from . import actions
 from . import options as opt
 from .ask import run_ask, stream_ask
@@ -22,7 +24,7 @@ from .context import ActionContext, Args, Handler
 from .errors import ApiError
 from .settings import GatewaySettings
 
-__all__ = ["ACTIONS", "ActionSpec", "admit", "run_action"]
+__all__ = ["ACTIONS", "ActionSpec", "admit", "handle", "run_action"]
 
 StreamHandler = Callable[[web.Request, ActionContext, Args], Awaitable[web.StreamResponse]]
 
@@ -148,4 +150,16 @@ async def run_action(
     if off is not None:
         return off
     spec = ACTIONS[name]
-    return await spec.handler(ctx, spec.read(options))
+    return await handle(spec, ctx, spec.read(options))
+
+
+async def handle(spec: ActionSpec, ctx: ActionContext, args: Mapping[str, Any]) -> tuple[str, Any]:
+    """``(msg, data)`` of the handler. A read replica lost mid-read (its legs run in a task group, so
+    the loss may come wrapped) is marked unusable by the read pool; every action only reads, so it
+    runs once more, on the primary, instead of failing the caller."""
+    try:
+        return await spec.handler(ctx, args)
+    except Exception as exc:
+        if not replica_lost(exc):
+            raise
+    return await spec.handler(ctx, args)

@@ -20,6 +20,7 @@ from aiohttp import web
 from index.cache_metrics import CacheMetrics
 from index.sections import SectionStore
 from schema.database import create_pool, open_database
+from schema.read_pool import ReadPool
 
 from .auth import setup_auth
 from .context import ASK_KEY, OBJECTS_KEY, PASSAGES_KEY, RETRIEVER_KEY, AskServices, PassageServices
@@ -36,6 +37,7 @@ from .resources import (
     DATABASE_URL_KEY,
     METRICS_KEY,
     POOL_KEY,
+    READ_POOL_KEY,
     SETTINGS_KEY,
     SIDECAR_KEY,
     VECTOR_CACHE_KEY,
@@ -77,9 +79,20 @@ async def _retriever_ctx(app: web.Application) -> AsyncIterator[None]:
     # seed read leaves no session state (SET LOCAL only), and the reset cost a round trip plus
     # RESET ALL / CLOSE ALL / UNLISTEN on the server per leg (issue 15). Writes, the drain's
     # advisory lock and the cache's listener stay on the main pool.
-    reads = await create_pool(
+    primary_reads = await create_pool(
         app[DATABASE_URL_KEY], max_size=settings.database.pool_size, reset_session=False
     )
+    # RAG_DATABASE_READ_URL: a streaming replica serves these reads while it is up and fresh.
+    reads = ReadPool(
+        primary_reads,
+        settings.database.read_url,
+        max_size=settings.database.pool_size,
+        max_lag_s=settings.database.read_max_lag,
+        check_interval_s=settings.database.read_check_interval,
+    )
+    await reads.start()
+    app[READ_POOL_KEY] = reads
+    app[METRICS_KEY].watch_read_pool(reads.status)
     client = settings.sidecar.client(max_retries=1)
     retriever = Retriever(reads, client, settings, app[METRICS_KEY])
     app[RETRIEVER_KEY] = retriever
@@ -176,9 +189,17 @@ async def readyz(request: web.Request) -> web.Response:
     faiss = (
         {"mode": request.app[SETTINGS_KEY].faiss_cache, "running": False} if cache is None else cache.status()
     )
+    replica = request.app[READ_POOL_KEY].status().as_dict()
     return envelope_ok(
         request,
-        {"status": status, "database": True, "sidecar": True, "drain": drain_status, "faiss": faiss},
+        {
+            "status": status,
+            "database": True,
+            "sidecar": True,
+            "drain": drain_status,
+            "faiss": faiss,
+            "read_replica": replica,
+        },
     )
 
 

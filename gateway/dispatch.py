@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from .action_specs import ACTIONS, admit
+from .action_specs import ACTIONS, admit, handle
 from .auth import authenticate
 from .body import read_json
 from .context import action_context
@@ -51,5 +51,5 @@ async def json_api(request: web.Request) -> web.StreamResponse:
     ctx = action_context(request.app, principal)
     if spec.stream is not None and args.get("stream"):  # server-sent events instead of one body
         return await spec.stream(request, ctx, args)
-    msg, data = await spec.handler(ctx, args)
+    msg, data = await handle(spec, ctx, args)
     return envelope_ok(request, data, msg)

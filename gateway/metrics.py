@@ -8,9 +8,14 @@ requests and each retrieval leg (embed, dense, lexical, sparse, fusion, acl).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from schema.read_pool import ReplicaStatus
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -113,6 +118,39 @@ class Metrics:
             child = self._leg_children[leg] = self.leg_seconds.labels(leg)
         return _LegTimer(child)
 
+    def watch_read_pool(self, status: Callable[[], ReplicaStatus]) -> None:
+        """Expose the read replica's state, read at each scrape (nothing to update on the hot path)."""
+        self.registry.register(_ReadReplicaCollector(status))
+
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class _ReadReplicaCollector(Collector):
+    """``RAG_DATABASE_READ_URL``'s replica: in use, lag, reads it served and reads sent to the primary."""
+
+    def __init__(self, status: Callable[[], ReplicaStatus]) -> None:
+        self._status = status
+
+    def collect(self) -> Iterator[Any]:
+        state = self._status()
+        if not state.configured:
+            return
+        yield GaugeMetricFamily(
+            "mnemo_read_replica_in_use", "1 while retrieval reads go to the replica.", value=int(state.in_use)
+        )
+        lag = float("nan") if state.lag_s is None else state.lag_s
+        yield GaugeMetricFamily(
+            "mnemo_read_replica_lag_seconds",
+            "The replica's lag at the last check (NaN: unreachable).",
+            value=lag,
+        )
+        yield CounterMetricFamily(
+            "mnemo_read_replica_reads", "Reads the replica served.", value=state.replica_reads
+        )
+        yield CounterMetricFamily(
+            "mnemo_read_replica_fallbacks",
+            "Reads sent to the primary while a replica is configured (down, lagging or lost mid-read).",
+            value=state.fallbacks,
+        )

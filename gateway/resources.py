@@ -17,6 +17,7 @@ import asyncpg
 from aiohttp import web
 
 from inference.client import SidecarClient
+from schema.read_pool import ReadPool
 
 from .metrics import Metrics
 from .settings import GatewaySettings
@@ -29,6 +30,8 @@ SIDECAR_KEY: web.AppKey[SidecarClient] = web.AppKey("sidecar", SidecarClient)
 SETTINGS_KEY: web.AppKey[GatewaySettings] = web.AppKey("settings", GatewaySettings)
 METRICS_KEY: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
 DATABASE_URL_KEY: web.AppKey[str] = web.AppKey("database_url", str)
+# Retrieval's reads: a streaming replica when RAG_DATABASE_READ_URL names one and it is fresh.
+READ_POOL_KEY: web.AppKey[ReadPool] = web.AppKey("read_pool", ReadPool)
 # The FAISS cache, present unless RAG_FAISS_CACHE=off.
 VECTOR_CACHE_KEY: web.AppKey[VectorCache] = web.AppKey("vector_cache")
 
@@ -46,6 +49,7 @@ __all__ = [
     "ERROR_CODE_KEY",
     "METRICS_KEY",
     "POOL_KEY",
+    "READ_POOL_KEY",
     "REQUEST_ID_KEY",
     "SETTINGS_KEY",
     "SIDECAR_KEY",

@@ -124,9 +124,30 @@ class DatabaseSettings:
         "this. More allows more concurrent queries but costs server memory.",
     )
 
+    read_url: str | None = setting(
+        "RAG_DATABASE_READ_URL",
+        None,
+        "A streaming replica of `RAG_DATABASE_URL` for the gateway's retrieval reads (search, passages, "
+        "ask, images). Writes, the queue, sections and admin routes stay on the primary. A replica that "
+        "is down or too far behind sends reads to the primary (counted on `/metrics`), never a failed search.",
+    )
+    read_max_lag: float = setting(
+        "RAG_READ_MAX_LAG",
+        10.0,
+        "Seconds a replica may be behind the primary and still serve reads. Lower: fresher results, more "
+        "fallbacks to the primary after a burst of writes.",
+    )
+    read_check_interval: float = setting(
+        "RAG_READ_CHECK_INTERVAL",
+        1.0,
+        "Seconds between checks of the replica's lag and reachability (a lost connection is noticed at once).",
+    )
+
     def validate(self) -> None:
         if self.pool_size < 1:
             raise SettingsError("RAG_DB_POOL_SIZE must be at least 1")
+        if not self.read_max_lag >= 0 or not 0 < self.read_check_interval <= 3600:
+            raise SettingsError("RAG_READ_MAX_LAG must be >= 0 and RAG_READ_CHECK_INTERVAL in (0, 3600]")
 
 
 def configured(var: str, environ: Mapping[str, str] | None = None) -> bool:

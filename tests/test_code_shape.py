@@ -122,8 +122,16 @@ def test_the_cli_root_imports_no_package() -> None:
 
 # The modules of ``inference`` that the gateway and ingestion may import (DESIGN: "through
 # inference/client.py and the small helpers that inference names as public").
+# As inference/__init__.py names them: the client, its error codes, and small helpers both sides share.
 INFERENCE_PUBLIC = frozenset(
-    {"inference.client", "inference.strict_json", "inference.http_protocol", "inference.net"}
+    {
+        "inference.client",
+        "inference.errors",
+        "inference.strict_json",
+        "inference.http_protocol",
+        "inference.net",
+        "inference.images",
+    }
 )
 # First-party packages each package may import (itself included); benchmarks may import any.
 LAYERS: Mapping[str, frozenset[str]] = {
