@@ -22,7 +22,7 @@ at or beyond it is a loud error, never a silent drop.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -160,31 +160,34 @@ def as_vector(value: Any) -> Vector:
     return value if isinstance(value, Vector) else Vector(np.asarray(value, dtype=np.float32))
 
 
+def _projects(projects: Sequence[int]) -> list[int]:
+    return [int(p) for p in projects]
+
+
+def _json(meta: Mapping[str, Any]) -> str:
+    return json.dumps(meta, ensure_ascii=False)
+
+
+# How a field's value becomes what asyncpg takes for its column (the others go as they are).
+_TO_DB: dict[str, Callable[[Any], Any]] = {
+    "embedding": as_vector,
+    "sparse": to_sparsevec,
+    "projects": _projects,
+    "chunk_meta": _json,
+}
+
+
 def _values(model: str, row: EmbeddingRow) -> tuple[Any, ...]:
     """A row's values in :data:`COLUMNS` order, as asyncpg takes them."""
     if row.embedding is None:
         raise ValueError(
             f"{row.modality} row {row.record} {row.slot} has no vector (hash {row.source_hash[:12]})"
         )
-    return (
-        model,
-        row.modality,
-        row.section_tipo,
-        row.section_id,
-        row.component_tipo,
-        row.lang,
-        row.chunk_index,
-        row.view,
-        row.parent_key,
-        row.source_hash,
-        row.source_text,
-        row.lexical_text,
-        as_vector(row.embedding),
-        to_sparsevec(row.sparse),
-        row.token_count,
-        [int(p) for p in row.projects],
-        json.dumps(row.chunk_meta, ensure_ascii=False),
-    )
+    out: list[Any] = [model]
+    for name, _ in _COLUMNS:
+        value = getattr(row, name)
+        out.append(_TO_DB[name](value) if name in _TO_DB else value)
+    return tuple(out)
 
 
 async def upsert_rows(

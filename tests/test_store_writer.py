@@ -9,6 +9,8 @@ before anything is written; and the writer's column list is every column a write
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import asyncpg
 import numpy as np
 import pytest
@@ -79,6 +81,8 @@ async def test_the_column_list_is_every_column_a_writer_can_set(db_pool: asyncpg
     settable = {c["column_name"] for c in columns if c["is_generated"] == "NEVER"}
     assert set(COLUMNS) == settable - {"created_at", "updated_at"}
     assert len(COLUMNS) == len(set(COLUMNS))
+    # ... and the row type has exactly a field for each (the model comes from the partition).
+    assert {f.name for f in fields(EmbeddingRow)} == set(COLUMNS) - {"model"}
 
 
 async def test_rows_of_any_records_and_modalities_read_back_as_written(db_pool: asyncpg.Pool) -> None:
