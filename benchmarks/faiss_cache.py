@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import sys
 import tempfile
@@ -61,10 +60,11 @@ def _projects(record: int) -> list[int]:
 
 async def _populate(pool: Any, n: int, centers: np.ndarray) -> Any:
     from index.partitions import ensure_partition
+    from index.store import EmbeddingRow, copy_rows
 
     partition = await ensure_partition(pool, MODEL, DIM)
     rng = np.random.default_rng(n)
-    meta = json.dumps({"contributors": ["c1"]})
+    meta = {"contributors": ["c1"]}
     async with pool.acquire() as conn:
         index_sql = await conn.fetchval(
             "SELECT indexdef FROM pg_indexes WHERE tablename = $1 AND indexname = $2",
@@ -75,17 +75,11 @@ async def _populate(pool: Any, n: int, centers: np.ndarray) -> Any:
         for start in range(0, n, 20_000):
             vecs = _vectors(min(20_000, n - start), rng, centers)
             rows = [
-                (MODEL, "text", SECTION, start + i + 1, "rag:card", "lg-nolan", 0, "", f"h{start + i}",
-                 "t", "t", vecs[i], _projects(start + i + 1), meta)
+                EmbeddingRow("text", SECTION, start + i + 1, "rag:card", "lg-nolan", 0, f"h{start + i}", "t",
+                             "t", vecs[i], projects=_projects(start + i + 1), chunk_meta=meta)
                 for i in range(len(vecs))
             ]  # fmt: skip
-            await conn.copy_records_to_table(
-                partition.partition,
-                records=rows,
-                columns=["model", "modality", "section_tipo", "section_id", "component_tipo", "lang",
-                         "chunk_index", "view", "source_hash", "source_text", "lexical_text", "embedding",
-                         "projects", "chunk_meta"],
-            )  # fmt: skip
+            await copy_rows(conn, partition, rows)
         await conn.execute("SET maintenance_work_mem = '512MB'")
         await conn.execute(index_sql)
         await conn.execute(f"ANALYZE {partition.table}")
@@ -106,7 +100,7 @@ async def _one_size(url: str, n: int, queries: int, seconds: float) -> dict[str,
     from gateway.acl import pushdown
     from gateway.auth import Principal
     from index.search import Scope, dense_search
-    from index.store import upsert_chunks
+    from index.store import EmbeddingRow, upsert_rows
     from index.vector_cache import CacheConfig, VectorCache
     from schema import create_pool
 
@@ -182,8 +176,6 @@ async def _one_size(url: str, n: int, queries: int, seconds: float) -> dict[str,
                 break
             await asyncio.sleep(0.05)
         cache.recent_lags.clear()
-        from index.store import ChunkRow
-
         rng = random.Random(5)
         wrng = np.random.default_rng(9)
         deadline = time.perf_counter() + seconds
@@ -195,9 +187,10 @@ async def _one_size(url: str, n: int, queries: int, seconds: float) -> dict[str,
                     for _ in range(32):
                         record = rng.randint(1, n)
                         vec = _vectors(1, wrng, centers)[0]
-                        row = ChunkRow("rag:card", "lg-nolan", 0, None, f"w{written}", "t", "t", vec,
-                                       chunk_meta={"contributors": ["c1"]})  # fmt: skip
-                        await upsert_chunks(conn, partition, (SECTION, record), _projects(record), [row])
+                        row = EmbeddingRow("text", SECTION, record, "rag:card", "lg-nolan", 0, f"w{written}", "t",
+                                           "t", vec, projects=_projects(record),
+                                           chunk_meta={"contributors": ["c1"]})  # fmt: skip
+                        await upsert_rows(conn, partition, [row])
                         written += 1
                     seq = await conn.fetchval(
                         "SELECT max(seq) FROM rag_embedding_changes WHERE model = $1 AND xid = pg_current_xact_id()",

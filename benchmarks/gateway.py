@@ -116,29 +116,23 @@ async def load_corpus(
     that measure filters of a known selectivity.
     """
     from index.partitions import ensure_partition
+    from index.store import EmbeddingRow, copy_rows
     from index.text import fold
 
     real = np.asarray((await client.embed(model.id, list(sentences[:embedded]), truncate=True)).embeddings)
     vectors = np.concatenate([real, mixed_vectors(real, len(sentences) - len(real))]).astype(np.float32)
     partition = await ensure_partition(pool, model.id, model.dimension)
-    meta = json.dumps({"contributors": ["c1"], "title": "", "heading_path": []})
+    meta = {"contributors": ["c1"], "title": "", "heading_path": []}
     rows = [
-        (
-            model.id, "text", SECTION, i // CHUNKS_PER_RECORD + 1, "rag:card", "lg-nolan",
-            i % CHUNKS_PER_RECORD, "", f"b{i}", text, fold(text), vectors[i],
-            projects_of(i // CHUNKS_PER_RECORD + 1) if projects_of else [1], meta,
+        EmbeddingRow(
+            "text", SECTION, i // CHUNKS_PER_RECORD + 1, "rag:card", "lg-nolan", i % CHUNKS_PER_RECORD,
+            f"b{i}", text, fold(text), vectors[i],
+            projects=projects_of(i // CHUNKS_PER_RECORD + 1) if projects_of else [1], chunk_meta=meta,
         )
         for i, text in enumerate(sentences)
     ]  # fmt: skip
     async with pool.acquire() as conn:
-        await conn.copy_records_to_table(
-            partition.partition,
-            records=rows,
-            columns=[
-                "model", "modality", "section_tipo", "section_id", "component_tipo", "lang", "chunk_index",
-                "view", "source_hash", "source_text", "lexical_text", "embedding", "projects", "chunk_meta",
-            ],
-        )  # fmt: skip
+        await copy_rows(conn, partition, rows)
         await conn.execute(f"ANALYZE {partition.table}")
     return partition
 

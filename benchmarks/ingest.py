@@ -145,22 +145,26 @@ async def _text_rows(pool: asyncpg.Pool, partition: ModelPartition) -> list[asyn
     )
 
 
-def _by_record(rows: list[asyncpg.Record]) -> dict[tuple[str, int], list[store.ChunkRow]]:
-    out: dict[tuple[str, int], list[store.ChunkRow]] = {}
+def _by_record(rows: list[asyncpg.Record]) -> dict[tuple[str, int], list[store.EmbeddingRow]]:
+    out: dict[tuple[str, int], list[store.EmbeddingRow]] = {}
     for r in rows:
         out.setdefault((r["section_tipo"], r["section_id"]), []).append(
-            store.ChunkRow(
+            store.EmbeddingRow(
+                "text",
+                r["section_tipo"],
+                r["section_id"],
                 r["component_tipo"],
                 r["lang"],
                 r["chunk_index"],
-                r["parent_key"],
                 r["source_hash"],
                 r["source_text"],
                 r["lexical_text"],
                 r["embedding"],
-                r["sparse"],
-                r["token_count"],
-                json.loads(r["chunk_meta"]),
+                parent_key=r["parent_key"],
+                sparse=r["sparse"],
+                token_count=r["token_count"],
+                projects=r["projects"],
+                chunk_meta=json.loads(r["chunk_meta"]),
             )
         )
     return out
@@ -176,17 +180,16 @@ async def _write_baselines(pool: asyncpg.Pool, source: ModelPartition, dimension
     """
     rows = await _text_rows(pool, source)
     records = _by_record(rows)
-    projects = {(r["section_tipo"], r["section_id"]): r["projects"] for r in rows}
 
     async def write(partition: ModelPartition, one_row_per_statement: bool) -> float:
         started = time.perf_counter()
-        for key, chunk_rows in records.items():
+        for chunk_rows in records.values():
             async with pool.acquire() as conn, conn.transaction():
                 if one_row_per_statement:
                     for row in chunk_rows:  # the anti-pattern: one round trip per chunk
-                        await store.upsert_chunks(conn, partition, key, projects[key], [row])
+                        await store.upsert_rows(conn, partition, [row])
                 else:
-                    await store.upsert_chunks(conn, partition, key, projects[key], chunk_rows)
+                    await store.upsert_rows(conn, partition, chunk_rows)
         return time.perf_counter() - started
 
     seconds: dict[str, float] = {}

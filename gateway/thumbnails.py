@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from index.image_store import IMAGE_LANG, get_thumbnail
+from index.image_rows import IMAGE_LANG
+from index.image_store import get_thumbnail, image_projects
 from index.search import ChunkHit
 from index.validation import FieldError, parse_id
 
@@ -38,23 +39,11 @@ async def thumbnail(request: web.Request) -> web.StreamResponse:
     except FieldError:
         raise ApiError.not_found(_MISSING) from None
     pool = request.app[POOL_KEY]
-    # The ACL reads the image row itself (any image model's partition holds the same projects).
-    row = await pool.fetchrow(
-        """SELECT projects, chunk_meta FROM rag_embeddings
-           WHERE modality = 'image' AND section_tipo = $1 AND section_id = $2
-             AND component_tipo = $3 AND lang = $4 AND chunk_index = $5
-           LIMIT 1""",
-        tipo,
-        section_id,
-        component,
-        IMAGE_LANG,
-        index,
-    )
-    if row is None:
+    # The ACL reads the image row itself.
+    projects = await image_projects(pool, tipo, section_id, component, index)
+    if projects is None:
         raise ApiError.not_found(_MISSING)
-    probe = ChunkHit(
-        tipo, section_id, component, IMAGE_LANG, index, "", {}, tuple(row["projects"]), None, 0.0
-    )
+    probe = ChunkHit(tipo, section_id, component, IMAGE_LANG, index, "", {}, projects, None, 0.0)
     if not chunk_readable(principal, probe):
         raise ApiError.not_found(_MISSING)
     found = await get_thumbnail(pool, tipo, section_id, component, index)

@@ -34,14 +34,15 @@ import numpy as np
 
 from inference.client import ModelInfo, SidecarClient, SidecarError, SidecarUnavailable
 
-from . import image_store
-from .image_rows import image_meta, lexical_for, roles_for, summary_text
-from .image_store import ImageKey, ImageRow, RecordKey, StoredImage, Thumbnail
+from . import image_store, store
+from .image_rows import ImageKey, image_row, image_slot, roles_for
+from .image_store import Thumbnail
 from .images import ImageRejected, MediaNotAllowed, PreparedImage, content_hash, load_source, prepare_image
 from .indexer import title_for
 from .partitions import ModelPartition
 from .queue import QueueItem
 from .settings import MediaSettings
+from .store import EmbeddingRow, RecordKey, StoredRow
 
 __all__ = ["ImageIndexer", "ImagePlan", "SlotPlan", "has_images", "image_slots"]
 
@@ -71,13 +72,9 @@ class ImagePlan:
     title: str
     roles: dict[str, dict[str, Any]]
     slots: list[SlotPlan] = field(default_factory=list)
-    stored: dict[ImageKey, StoredImage] = field(default_factory=dict)
+    stored: dict[ImageKey, StoredRow] = field(default_factory=dict)
     vectors: dict[str, np.ndarray] = field(default_factory=dict)
     error: str | None = None
-
-    @property
-    def summary(self) -> str:
-        return summary_text(self.title, self.roles)
 
 
 def image_slots(images: Sequence[Mapping[str, Any]], context: Mapping[str, Any]) -> list[SlotPlan]:
@@ -161,8 +158,8 @@ class ImageIndexer:
             old = plan.stored.get(slot.key)
             if (
                 old is not None
-                and old.content_hash == slot.content_hash
-                and (slot.thumb_url is not None or old.meta.get("own_thumbnail"))
+                and old.source_hash == slot.content_hash
+                and (slot.thumb_url is not None or old.chunk_meta.get("own_thumbnail"))
             ):
                 continue  # unchanged bytes: its vector and thumbnail stay
             thumb_px = self.media.thumbnail_px if slot.thumb_url is None else None
@@ -210,64 +207,38 @@ class ImageIndexer:
         self.embedded += len(hashes)
         return {h: np.asarray(v, dtype=np.float32) for h, v in zip(hashes, result.embeddings, strict=True)}
 
-    def rows(self, plan: ImagePlan) -> list[ImageRow]:
+    def rows(self, plan: ImagePlan) -> list[EmbeddingRow]:
         """The rows that differ from what the store holds (vectors filled from ``plan.vectors``)."""
         out = []
-        summary = plan.summary
         for slot in plan.slots:
-            component, view, index = slot.key
-            meta = image_meta(
-                section_tipo=plan.record[0],
-                section_id=plan.record[1],
-                component_tipo=component,
-                image_index=index,
-                view=view,
+            row = image_row(
+                plan.record,
+                slot.key,
+                content_hash=slot.content_hash,
                 title=plan.title,
                 roles=plan.roles,
+                projects=plan.projects,
                 thumb_url=slot.thumb_url,
+                embedding=plan.vectors.get(slot.content_hash),
             )
             old = plan.stored.get(slot.key)
-            if (
-                old is not None
-                and old.content_hash == slot.content_hash
-                and old.summary == summary
-                and old.projects == tuple(plan.projects)
-                and old.meta == meta
-            ):
-                continue
-            row = ImageRow(
-                section_tipo=plan.record[0],
-                section_id=plan.record[1],
-                component_tipo=component,
-                view=view,
-                image_index=index,
-                content_hash=slot.content_hash,
-                summary=summary,
-                lexical_text=lexical_for(summary),
-                embedding=plan.vectors.get(slot.content_hash),
-                projects=plan.projects,
-                meta=meta,
-            )
-            out.append(row)
+            if old is None or not old.matches(row):
+                out.append(row)
         return out
 
     async def load_vectors(self, plan: ImagePlan) -> None:
         """Stored vectors for rows rewritten without re-embedding (metadata, title, project changes)."""
-        missing = {r.content_hash for r in self.rows(plan)} - set(plan.vectors)
+        missing = {r.source_hash for r in self.rows(plan)} - set(plan.vectors)
         plan.vectors.update(
             await image_store.image_vectors(self.pool, self.partition, [plan.record], missing)
         )
 
     async def write(self, conn: asyncpg.Connection, plan: ImagePlan) -> tuple[int, int]:
         """Apply one record's images inside the caller's transaction: (rows written, rows deleted)."""
-        rows = self.rows(plan)
-        missing = [r.content_hash for r in rows if r.embedding is None]
-        if missing:
-            raise KeyError(f"no vector for image {missing[0][:12]}")
-        written = await image_store.upsert_images(conn, self.partition, rows)
-        deleted = await image_store.delete_stale_images(
-            conn, self.partition, plan.record, [s.key for s in plan.slots]
-        )
+        # A row still without a vector is a loud ValueError from the writer: the record fails, queued.
+        written = await store.upsert_rows(conn, self.partition, self.rows(plan))
+        slots = [image_slot(s.key) for s in plan.slots]
+        deleted = await store.prune_rows(conn, self.partition, plan.record, "image", slots)
         thumbs = [
             Thumbnail(
                 plan.record[0], plan.record[1], s.key[0], s.key[2], s.content_hash, s.prepared.thumbnail

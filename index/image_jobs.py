@@ -49,19 +49,21 @@ import numpy as np
 
 from inference.client import SidecarClient
 
-from . import image_store
-from .image_rows import image_meta, lexical_for, roles_for, summary_text
-from .image_store import ImageRow, StoredImage, Thumbnail
+from . import image_store, store
+from .image_rows import image_row, roles_for
+from .image_store import Thumbnail
 from .images import ImageRejected, MediaNotAllowed, PreparedImage, prepare_file, resolve_media_path
 from .media_urls import check_client_link
 from .models import resolve_model
-from .partitions import ModelPartition, ensure_partition
+from .partitions import ModelPartition, ensure_partition, get_partition
 from .sections import SectionStore
 from .settings import MediaSettings
+from .store import EmbeddingRow, StoredRow
 
 __all__ = [
     "IMAGE_SUFFIXES",
     "ImageJob",
+    "ItemKey",
     "JobError",
     "JobOptions",
     "JobReport",
@@ -74,6 +76,8 @@ __all__ = [
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".tif", ".tiff", ".gif", ".bmp")
 _LINE_KEYS = {"path", "file", "section_id", "tipo", "component", "view", "index", "title", "projects"}
 _LINE_KEYS |= {"thumb_url", "metadata"}
+
+ItemKey = tuple[int, str, str, int]  # (section_id, component_tipo, view, image index): one manifest image
 
 
 class JobError(ValueError):
@@ -108,7 +112,7 @@ class ManifestItem:
     thumb_url: str | None = None
 
     @property
-    def record(self) -> tuple[int, str, str, int]:
+    def record(self) -> ItemKey:
         return (self.section_id, self.component_tipo, self.view, self.image_index)
 
 
@@ -258,12 +262,18 @@ def _process_pool(workers: int) -> Executor:
 
 
 class ImageJob:
-    """One run of the bulk job against a database pool and a sidecar client."""
+    """One run of the bulk job against a database pool and a sidecar client.
+
+    :meth:`run` is the single-machine job. A driver that brings its own vectors
+    (the Ray job: its actors embed) passes ``client=None`` and calls the steps
+    itself, in order: :meth:`load_descriptor`, :meth:`read`, :meth:`use_model`,
+    :meth:`stored`, :meth:`write_batch` per batch with its vectors, :meth:`finish`.
+    """
 
     def __init__(
         self,
         pool: asyncpg.Pool,
-        client: SidecarClient,
+        client: SidecarClient | None,
         options: JobOptions,
         *,
         progress: Callable[[int], None] | None = None,
@@ -274,13 +284,20 @@ class ImageJob:
         self.progress = progress or (lambda n: None)
         self.report = JobReport()
         self.rejects: list[Reject] = []
+        self.descriptor: Mapping[str, Any] = {}
         self.context: Mapping[str, Any] = {}
         self.partition: ModelPartition | None = None
 
     def _time(self, phase: str, started: float) -> None:
         self.report.phases[phase] = self.report.phases.get(phase, 0.0) + time.perf_counter() - started
 
-    async def setup(self) -> ModelPartition:
+    def _sidecar(self) -> SidecarClient:
+        if self.client is None:
+            raise JobError("this job has no sidecar client: its vectors must come with each batch")
+        return self.client
+
+    async def load_descriptor(self) -> Mapping[str, Any]:
+        """The section's descriptor (its context names the image components and roles)."""
         descriptor = await SectionStore(self.pool).get(self.options.section_tipo)
         if descriptor is None:
             raise JobError(
@@ -289,20 +306,42 @@ class ImageJob:
             )
         self.descriptor = descriptor
         self.context = descriptor.get("context") or {}
-        model = await resolve_model(self.client, "image_text", self.options.image_model)
+        return descriptor
+
+    def read(self, source: Path) -> list[ManifestItem]:
+        """The manifest's usable items; its unusable lines become rejects (and count as done)."""
+        items, rejects = read_manifest(source, self.descriptor, self.options)
+        self.rejects.extend(rejects)
+        self.report.total = len(items) + len(rejects)
+        self.progress(len(rejects))
+        return items
+
+    async def use_model(self, model: str, dimension: int | None = None) -> ModelPartition | None:
+        """Write ``model``'s vectors. Without ``dimension`` the partition is the one already stored,
+        if any; otherwise the first batch's vectors create it with the dimension the model gives
+        (never a configured number)."""
+        self.report.model = model
+        if dimension is None:
+            self.partition = await get_partition(self.pool, model)
+        else:
+            self.partition = await ensure_partition(self.pool, model, dimension)
+        return self.partition
+
+    async def setup(self) -> ModelPartition:
+        """The descriptor and the image-text model (resolved through the sidecar) with its partition."""
+        await self.load_descriptor()
+        model = await resolve_model(self._sidecar(), "image_text", self.options.image_model)
         if model.dimension is None:
             raise JobError(f"image model {model.id!r} reports no dimension")
-        self.report.model = model.id
-        self.partition = await ensure_partition(self.pool, model.id, model.dimension)
-        return self.partition
+        partition = await self.use_model(model.id, model.dimension)
+        assert partition is not None
+        return partition
 
     async def run(self, source: Path, executor: Executor | None = None) -> JobReport:
         """Ingest ``source``; returns the report (rejects written to ``options.rejects``)."""
         started = time.perf_counter()
         await self.setup()
-        items, self.rejects = read_manifest(source, self.descriptor, self.options)
-        self.report.total = len(items) + len(self.rejects)
-        self.progress(len(self.rejects))
+        items = self.read(source)
         own = executor is None
         executor = executor or _process_pool(self.options.workers)
         try:
@@ -310,6 +349,10 @@ class ImageJob:
         finally:
             if own:
                 executor.shutdown(wait=True, cancel_futures=True)
+        return self.finish(started)
+
+    def finish(self, started: float) -> JobReport:
+        """The report of the run begun at ``started`` (``perf_counter``); rejects written out."""
         self.report.rejected = len(self.rejects)
         self.report.seconds = time.perf_counter() - started
         self._write_rejects()
@@ -325,7 +368,7 @@ class ImageJob:
             batch = next(upcoming, None)
             if batch is None:
                 return False
-            stored = await self._stored(batch)
+            stored = await self.stored(batch)
             loop = asyncio.get_running_loop()
             media = self.options.media
             work = functools.partial(
@@ -338,7 +381,7 @@ class ImageJob:
             for item in batch:
                 old = stored.get(item.record)
                 # A file whose bytes are stored is not decoded; its own thumbnail needs no remake.
-                known = old.content_hash if old is not None else None
+                known = old.source_hash if old is not None else None
                 thumb = media.thumbnail_px if item.thumb_url is None else 0
                 futures.append(
                     loop.run_in_executor(
@@ -370,88 +413,88 @@ class ImageJob:
             if writing is not None and not writing.done():
                 writing.cancel()
 
-    async def _stored(self, batch: Sequence[ManifestItem]) -> dict[tuple[int, str, str, int], StoredImage]:
-        assert self.partition is not None
+    async def stored(self, items: Sequence[ManifestItem]) -> dict[ItemKey, StoredRow]:
+        """What the store holds for these items' records, by :attr:`ManifestItem.record` (nothing
+        while the model has no partition); read 1000 records a query."""
+        out: dict[ItemKey, StoredRow] = {}
+        if self.partition is None:
+            return out
         tipo = self.options.section_tipo
-        records = sorted({(tipo, item.section_id) for item in batch})
-        stored = await image_store.stored_images(self.pool, self.partition, records)
-        return {(sid, *key): image for (_, sid), images in stored.items() for key, image in images.items()}
+        records = sorted({(tipo, item.section_id) for item in items})
+        for start in range(0, len(records), 1000):
+            found = await image_store.stored_images(self.pool, self.partition, records[start : start + 1000])
+            out.update({(sid, *key): row for (_, sid), rows in found.items() for key, row in rows.items()})
+        return out
 
-    async def _finish(
+    async def write_batch(
         self,
         batch: Sequence[ManifestItem],
-        stored: Mapping[tuple[int, str, str, int], StoredImage],
+        stored: Mapping[ItemKey, StoredRow],
         results: Sequence[PreparedImage | str | ImageRejected],
         vectors: Mapping[str, np.ndarray] | None = None,
     ) -> None:
-        """Embed (unless ``vectors`` by content hash came from elsewhere: the Ray job's actors) and
-        write one batch."""
+        """Write one batch: ``results`` are :func:`index.images.prepare_file`'s per item, ``vectors``
+        the new images' by content hash when they came from elsewhere (else the sidecar embeds).
+        With no partition yet, the first vectors create it; a batch with none only notes rejects."""
+        if self.partition is None:
+            if not vectors:
+                self.rejects += [
+                    Reject(i.line, i.path, r.reason, r.message)
+                    for i, r in zip(batch, results, strict=True)
+                    if isinstance(r, ImageRejected)
+                ]
+                return
+            dimension = len(next(iter(vectors.values())))
+            self.partition = await ensure_partition(self.pool, self.report.model, dimension)
         rows, thumbs = await self._rows(batch, stored, results, vectors)
         await self._write(rows, thumbs, len(batch))
 
     async def _rows(
         self,
         batch: Sequence[ManifestItem],
-        stored: Mapping[tuple[int, str, str, int], StoredImage],
+        stored: Mapping[ItemKey, StoredRow],
         results: Sequence[PreparedImage | str | ImageRejected],
         vectors: Mapping[str, np.ndarray] | None = None,
-    ) -> tuple[list[ImageRow], list[Thumbnail]]:
+    ) -> tuple[list[EmbeddingRow], list[Thumbnail]]:
         """One batch's rows with their vectors (new images embedded here) and thumbnails."""
         assert self.partition is not None
         tipo = self.options.section_tipo
         fresh: dict[str, bytes] = {}
-        rows: list[tuple[ManifestItem, ImageRow, PreparedImage | None]] = []
+        rows: list[tuple[ManifestItem, EmbeddingRow, PreparedImage | None]] = []
         for item, result in zip(batch, results, strict=True):
             if isinstance(result, ImageRejected):
                 self.rejects.append(Reject(item.line, item.path, result.reason, result.message))
                 continue
             prepared = result if isinstance(result, PreparedImage) else None
-            digest = prepared.content_hash if prepared is not None else str(result)
-            roles = roles_for(self.context, item.metadata)
-            summary = summary_text(item.title, roles)
-            meta = image_meta(
-                section_tipo=tipo,
-                section_id=item.section_id,
-                component_tipo=item.component_tipo,
-                image_index=item.image_index,
-                view=item.view,
+            row = image_row(
+                (tipo, item.section_id),
+                (item.component_tipo, item.view, item.image_index),
+                content_hash=prepared.content_hash if prepared is not None else str(result),
                 title=item.title,
-                roles=roles,
+                roles=roles_for(self.context, item.metadata),
+                projects=item.projects,
                 thumb_url=item.thumb_url,
             )
             old = stored.get(item.record)
             if prepared is None and old is not None:
-                if old.summary == summary and old.projects == item.projects and old.meta == meta:
+                if old.matches(row):
                     self.report.unchanged += 1
                     continue
                 self.report.rewritten += 1
             elif prepared is not None:
-                fresh[digest] = prepared.jpeg
-            row = ImageRow(
-                section_tipo=tipo,
-                section_id=item.section_id,
-                component_tipo=item.component_tipo,
-                view=item.view,
-                image_index=item.image_index,
-                content_hash=digest,
-                summary=summary,
-                lexical_text=lexical_for(summary),
-                embedding=None,
-                projects=list(item.projects),
-                meta=meta,
-            )
+                fresh[row.source_hash] = prepared.jpeg
             rows.append((item, row, prepared))
         if vectors is None:
             vectors = await self._embed(fresh)
         else:
             vectors = dict(vectors)
             self.report.embedded += len(fresh)
-        reuse = {r.content_hash for _, r, p in rows if p is None}
+        reuse = {r.source_hash for _, r, p in rows if p is None}
         if reuse:
             records = sorted({(tipo, item.section_id) for item, _, p in rows if p is None})
             vectors.update(await image_store.image_vectors(self.pool, self.partition, records, reuse))
         for _, row, _ in rows:
-            row.embedding = vectors[row.content_hash]
+            row.embedding = vectors[row.source_hash]
         thumbs = [
             Thumbnail(
                 tipo, item.section_id, item.component_tipo, item.image_index, p.content_hash, p.thumbnail
@@ -461,12 +504,12 @@ class ImageJob:
         ]
         return [r for _, r, _ in rows], thumbs
 
-    async def _write(self, rows: Sequence[ImageRow], thumbs: Sequence[Thumbnail], done: int) -> None:
+    async def _write(self, rows: Sequence[EmbeddingRow], thumbs: Sequence[Thumbnail], done: int) -> None:
         """One transaction of multi-row statements for a batch."""
         assert self.partition is not None
         started = time.perf_counter()
         async with self.pool.acquire() as conn, conn.transaction():
-            self.report.rows_written += await image_store.upsert_images(conn, self.partition, rows)
+            self.report.rows_written += await store.upsert_rows(conn, self.partition, rows)
             await image_store.upsert_thumbnails(conn, thumbs)
         self._time("write", started)
         self.progress(done)
@@ -476,7 +519,7 @@ class ImageJob:
             return {}
         started = time.perf_counter()
         hashes = list(images)
-        result = await self.client.embed_images(self.report.model, [images[h] for h in hashes])
+        result = await self._sidecar().embed_images(self.report.model, [images[h] for h in hashes])
         self.report.embedded += len(hashes)
         self._time("embed", started)
         return dict(zip(hashes, np.asarray(result.embeddings, dtype=np.float32), strict=True))

@@ -11,9 +11,9 @@ store's hashes (resumability), then:
    ``inference``'s own encoder code (:func:`inference.encoders.load_encoder`)
    and embeds the downsized JPEGs exactly as the sidecar's ``/image`` would
    (same decoder, same processor, same forward pass);
-3. the driver streams the results and writes each batch through the store's
-   bulk writer (:class:`index.image_jobs.ImageJob`), so the rows are the ones
-   the single-machine job writes.
+3. the driver streams the results and writes each batch through the
+   single-machine job's own steps (:meth:`index.image_jobs.ImageJob.write_batch`
+   with the actors' vectors), so the rows are the ones that job writes.
 
 The driver needs no sidecar; the actors need the model's weights where the
 models YAML says (``--config``; default the offline profile).
@@ -29,10 +29,8 @@ from typing import Any
 import asyncpg
 import numpy as np
 
-from .image_jobs import ImageJob, JobError, JobOptions, JobReport, ManifestItem, Reject, read_manifest
+from .image_jobs import ImageJob, JobError, JobOptions, JobReport, ManifestItem
 from .images import ImageRejected, PreparedImage, prepare_file
-from .partitions import ensure_partition, get_partition
-from .sections import SectionStore
 
 __all__ = ["Embedder", "decode_batch", "run_ray_image_job"]
 
@@ -137,31 +135,23 @@ async def run_ray_image_job(
 
     started = time.perf_counter()
     spec = _model_spec(options, config)
-    descriptor = await SectionStore(pool).get(options.section_tipo)
-    if descriptor is None:
-        raise JobError(f"section {options.section_tipo!r} has no descriptor")
-    items, rejects = read_manifest(source, descriptor, options)
+    job = ImageJob(pool, None, options)  # no sidecar: the vectors come from the actors
+    await job.load_descriptor()
+    items = job.read(source)
+    await job.use_model(spec["id"])  # its partition, if anything was stored with it yet
     if not ray.is_initialized():
         if address == "local":
             ray.init(address="local", include_dashboard=False)
         else:
             ray.init(address=address)
-    job = ImageJob(pool, None, options)  # type: ignore[arg-type]  # vectors come from the actors
-    job.descriptor, job.context = descriptor, descriptor.get("context") or {}
-    job.report.model = spec["id"]
-    # The partition exists once anything was stored; otherwise the first vectors create it with
-    # the dimension the model itself gives (never a configured number).
-    job.partition = await get_partition(pool, spec["id"])
-    job.rejects = rejects
-    job.report.total = len(items) + len(rejects)
     by_line = {item.line: item for item in items}
-    stored = await _stored(job, items)
+    stored = await job.stored(items)
     media = options.media
     rows = [
         {
             "line": item.line,
             "path": item.path,
-            "known": stored[item.record].content_hash if item.record in stored else "",
+            "known": stored[item.record].source_hash if item.record in stored else "",
             "own_thumb": item.thumb_url is None,
         }
         for item in items
@@ -188,52 +178,29 @@ async def run_ray_image_job(
             fn_constructor_kwargs={"spec": spec, "max_pixels": media.image_max_pixels},
         )
         for batch in ds.iter_batches(batch_size=options.batch_size, batch_format="numpy"):
-            await _write(job, batch, by_line, stored)
-    job.report.rejected = len(job.rejects)
-    job.report.seconds = time.perf_counter() - started
-    job._write_rejects()
-    return job.report
+            batch_items, results, vectors = _results(batch, by_line)
+            await job.write_batch(batch_items, stored, results, vectors)
+    return job.finish(started)
 
 
-async def _stored(job: ImageJob, items: list[ManifestItem]) -> dict[tuple[int, str, str, int], Any]:
-    out: dict[tuple[int, str, str, int], Any] = {}
-    if job.partition is None:
-        return out
-    for start in range(0, len(items), 1000):
-        out.update(await job._stored(items[start : start + 1000]))
-    return out
-
-
-async def _write(
-    job: ImageJob,
-    batch: Mapping[str, np.ndarray],
-    by_line: Mapping[int, ManifestItem],
-    stored: Mapping[Any, Any],
-) -> None:
-    items, results, vectors = [], [], {}
+def _results(
+    batch: Mapping[str, np.ndarray], by_line: Mapping[int, ManifestItem]
+) -> tuple[list[ManifestItem], list[PreparedImage | str | ImageRejected], dict[str, np.ndarray]]:
+    """A batch of the pipeline's output as the job's items, prepared results and new vectors."""
+    items: list[ManifestItem] = []
+    results: list[PreparedImage | str | ImageRejected] = []
+    vectors: dict[str, np.ndarray] = {}
     for i, line in enumerate(batch["line"]):
-        item = by_line[int(line)]
         status = batch["status"][i]
+        result: PreparedImage | str | ImageRejected
         if status == "rejected":
-            result: Any = ImageRejected(str(batch["reason"][i]), str(batch["message"][i]))
+            result = ImageRejected(str(batch["reason"][i]), str(batch["message"][i]))
         elif status == "unchanged":
             result = str(batch["hash"][i])
         else:
             thumb = bytes(batch["thumb"][i]) or None
             result = PreparedImage(str(batch["hash"][i]), b"", 0, 0, thumb)
             vectors[result.content_hash] = np.asarray(batch["vector"][i], dtype=np.float32)
-        items.append(item)
+        items.append(by_line[int(line)])
         results.append(result)
-    if job.partition is None:
-        if not vectors:  # nothing stored yet and nothing new here: only rejects to note
-            job.rejects += [
-                Reject(i.line, i.path, r.reason, r.message)
-                for i, r in zip(items, results, strict=True)
-                if isinstance(r, ImageRejected)
-            ]
-            return
-        dimension = len(next(iter(vectors.values())))
-        job.partition = await ensure_partition(job.pool, job.report.model, dimension)
-    await job._finish(
-        items, {k: stored[k] for k in (i.record for i in items) if k in stored}, results, vectors
-    )
+    return items, results, vectors

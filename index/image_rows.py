@@ -1,19 +1,33 @@
 """What an image row says besides its vector: role values, context summary, thumbnail URL.
 
-Shared by the drain (images on save) and the bulk job, so both write the same
-rows for the same input. A role value is stored with the component it came
+:func:`image_row` composes an image's :class:`~index.store.EmbeddingRow`; the
+drain (images on save), the bulk job and its Ray variant all build their rows
+with it, so they write the same rows for the same input. A role value is stored with the component it came
 from, so the gateway can withhold a value from a caller who may not read that
 component.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .store import EmbeddingRow, RecordKey, SlotKey
 from .text import fold
 
-__all__ = ["format_value", "image_meta", "lexical_for", "roles_for", "summary_text", "thumbnail_path"]
+__all__ = [
+    "IMAGE_LANG",
+    "ImageKey",
+    "format_value",
+    "image_row",
+    "image_slot",
+    "roles_for",
+    "summary_text",
+    "thumbnail_path",
+]
+
+ImageKey = tuple[str, str, int]  # (component_tipo, view, image index) within a record
+IMAGE_LANG = "lg-nolan"  # an image row's ``lang``: images have none
 
 
 def roles_for(context: Mapping[str, Any], metadata: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -54,26 +68,45 @@ def thumbnail_path(section_tipo: str, section_id: int, component_tipo: str, imag
     return f"/v1/thumbnails/{section_tipo}/{section_id}/{component_tipo}/{image_index}"
 
 
-def image_meta(
+def image_slot(key: ImageKey) -> SlotKey:
+    """The store's slot of an image: its component, no language, its view and index."""
+    component, view, index = key
+    return (component, IMAGE_LANG, view, index)
+
+
+def image_row(
+    record: RecordKey,
+    key: ImageKey,
     *,
-    section_tipo: str,
-    section_id: int,
-    component_tipo: str,
-    image_index: int,
-    view: str,
+    content_hash: str,
     title: str,
     roles: Mapping[str, Any],
+    projects: Sequence[int],
     thumb_url: str | None,
-) -> dict[str, Any]:
-    """``chunk_meta`` of an image row. ``thumb_url`` None: Mnemo's own thumbnail."""
-    return {
+    embedding: Any = None,
+) -> EmbeddingRow:
+    """The row of one image (``embedding`` None until its vector is known)."""
+    component, view, index = key
+    summary = summary_text(title, roles)
+    meta = {  # thumb_url None: Mnemo makes the thumbnail and serves it
         "view": view,
         "title": title,
         "roles": dict(roles),
-        "thumb_url": thumb_url or thumbnail_path(section_tipo, section_id, component_tipo, image_index),
+        "thumb_url": thumb_url or thumbnail_path(record[0], record[1], component, index),
         "own_thumbnail": thumb_url is None,
     }
-
-
-def lexical_for(summary: str) -> str:
-    return fold(summary)
+    return EmbeddingRow(
+        modality="image",
+        section_tipo=record[0],
+        section_id=record[1],
+        component_tipo=component,
+        lang=IMAGE_LANG,
+        chunk_index=index,
+        view=view,
+        source_hash=content_hash,
+        source_text=summary,
+        lexical_text=fold(summary),
+        embedding=embedding,
+        projects=tuple(projects),
+        chunk_meta=meta,
+    )

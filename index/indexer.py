@@ -43,7 +43,7 @@ from .chunker import Chunk, chunk, estimate_tokens
 from .partitions import ModelPartition
 from .queue import QueueItem
 from .sections import SectionStore
-from .store import ChunkKey, ChunkRow, RecordKey, StoredChunk
+from .store import EmbeddingRow, RecordKey, SlotKey, StoredRow
 from .text import fold
 
 __all__ = ["DocPlan", "Indexer", "RecordPlan", "component_tipo_for", "title_for"]
@@ -102,7 +102,7 @@ class RecordPlan:
     item: QueueItem
     docs: list[DocPlan] = field(default_factory=list)
     projects: list[int] = field(default_factory=list)
-    stored: dict[ChunkKey, StoredChunk] = field(default_factory=dict)
+    stored: dict[SlotKey, StoredRow] = field(default_factory=dict)
     vectors: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # hash -> (dense, sparse)
     error: str | None = None
 
@@ -174,7 +174,7 @@ class Indexer:
                 self._plan_docs(plan, descriptors.get(plan.item.section_tipo))
             except Exception as exc:  # a record that cannot be chunked fails alone
                 plan.error = _describe(exc)
-        stored = await store.stored_chunks(self.pool, self.partition, [p.key for p in index_plans])
+        stored = await store.stored_rows(self.pool, self.partition, [p.key for p in index_plans], "text")
         for plan in index_plans:
             plan.stored = stored[plan.key]
         self.counts.add_time("chunk", time.perf_counter() - started)
@@ -332,24 +332,27 @@ class Indexer:
         metadata or project changes). Read before the write transaction opens."""
         wanted = {row.source_hash for row in self.rows_to_write(plan, need_vectors=False)}
         missing = sorted(wanted - set(plan.vectors))
-        plan.vectors.update(await store.stored_vectors(self.pool, self.partition, plan.key, missing))
+        plan.vectors.update(
+            await store.stored_vectors(self.pool, self.partition, [plan.key], "text", missing)
+        )
 
-    def rows_to_write(self, plan: RecordPlan, *, need_vectors: bool = True) -> list[ChunkRow]:
+    def rows_to_write(self, plan: RecordPlan, *, need_vectors: bool = True) -> list[EmbeddingRow]:
         """Rows that differ from what is stored (text, position, metadata or projects)."""
         rows = []
         for doc in plan.docs:
             for c in doc.chunks:
                 row = self._row(plan, doc, c)
-                if _same(plan.stored.get((doc.component_tipo, doc.lang, c.index)), row, plan.projects):
+                stored = plan.stored.get(row.slot)
+                if stored is not None and stored.matches(row):
                     continue
                 if need_vectors:
                     row.embedding, row.sparse = plan.vectors[c.source_hash]
                 rows.append(row)
         return rows
 
-    def _row(self, plan: RecordPlan, doc: DocPlan, c: Chunk) -> ChunkRow:
+    def _row(self, plan: RecordPlan, doc: DocPlan, c: Chunk) -> EmbeddingRow:
         """The row for a chunk, without its vectors."""
-        stored = plan.stored.get((doc.component_tipo, doc.lang, c.index))
+        stored = plan.stored.get((doc.component_tipo, doc.lang, "", c.index))
         meta: dict[str, Any] = {
             "group": doc.group,
             "contributors": doc.contributors,
@@ -367,7 +370,10 @@ class Indexer:
             token_count = stored.token_count
         else:
             token_count = c.token_count
-        return ChunkRow(
+        return EmbeddingRow(
+            modality="text",
+            section_tipo=plan.key[0],
+            section_id=plan.key[1],
             component_tipo=doc.component_tipo,
             lang=doc.lang,
             chunk_index=c.index,
@@ -377,6 +383,7 @@ class Indexer:
             lexical_text=fold(" ".join(p for p in (doc.title, *c.heading_path, c.text) if p)),
             embedding=None,
             token_count=token_count,
+            projects=tuple(plan.projects),
             chunk_meta=json.loads(json.dumps(meta)),
         )
 
@@ -385,25 +392,13 @@ class Indexer:
         if plan.is_delete:
             return 0, await store.delete_record(conn, plan.key)
         rows = self.rows_to_write(plan)
-        written = await store.upsert_chunks(conn, self.partition, plan.key, plan.projects, rows)
-        keep = {(d.component_tipo, d.lang): len(d.chunks) for d in plan.docs}
-        deleted = await store.delete_stale(conn, self.partition, plan.key, keep)
+        written = await store.upsert_rows(conn, self.partition, rows)
+        keep = [(d.component_tipo, d.lang, "", c.index) for d in plan.docs for c in d.chunks]
+        deleted = await store.prune_rows(conn, self.partition, plan.key, "text", keep)
         return written, deleted
 
     def truncations(self, plan: RecordPlan) -> int:
         return sum(len(d.truncated) for d in plan.docs)
-
-
-def _same(stored: StoredChunk | None, row: ChunkRow, projects: Sequence[int]) -> bool:
-    return (
-        stored is not None
-        and stored.source_hash == row.source_hash
-        and stored.source_text == row.source_text
-        and stored.lexical_text == row.lexical_text
-        and stored.parent_key == row.parent_key
-        and stored.projects == tuple(projects)
-        and stored.chunk_meta == row.chunk_meta
-    )
 
 
 def _describe(exc: BaseException) -> str:

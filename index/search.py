@@ -35,6 +35,7 @@ import numpy as np
 
 from .partitions import ModelPartition
 from .stopwords import strip_stopwords
+from .store import to_sparsevec
 from .text import fold
 
 __all__ = [
@@ -572,8 +573,6 @@ async def sparse_search(
     limit: int,
 ) -> list[ChunkHit]:
     """Learned-sparse inner product over the chunks that have sparse weights; score = the dot product."""
-    from .store import to_sparsevec
-
     query = to_sparsevec(weights)
     if query is None or not query.indices():
         return []

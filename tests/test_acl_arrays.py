@@ -21,7 +21,7 @@ from gateway.acl import gate, pushdown
 from gateway.auth import Principal
 from index.partitions import ModelPartition, ensure_partition
 from index.search import ChunkHit, Scope, dense_search
-from index.store import ChunkRow, upsert_chunks
+from index.store import EmbeddingRow, upsert_rows
 
 SECTIONS = ["oh1", "rsc1", "fill1"]
 COMPONENTS = ["oh22", "oh23", "rag:card", "rag:bio"]
@@ -58,10 +58,10 @@ async def acl_rows(
             continue  # contributors only matter for group chunks
         record += 1
         meta = {} if contributors is None else {"contributors": contributors}
-        row = ChunkRow(component, "lg-spa", 0, None, f"h{record}", "t", "t", rng.standard_normal(DIM),
-                       chunk_meta=meta)  # fmt: skip
+        row = EmbeddingRow("text", section, record, component, "lg-spa", 0, f"h{record}", "t", "t",
+                           rng.standard_normal(DIM), projects=[record % 3 + 1], chunk_meta=meta)  # fmt: skip
         async with db_pool.acquire() as conn, conn.transaction():
-            await upsert_chunks(conn, partition, (section, record), [record % 3 + 1], [row])
+            await upsert_rows(conn, partition, [row])
     async with db_pool.acquire() as conn:
         everything = await dense_search(conn, partition, np.ones(DIM, np.float32), Scope(), 1000, exact=True)
     assert len(everything) == record

@@ -52,8 +52,10 @@ async def _store(pool: asyncpg.Pool, docs: list[str]):
     partition = await ensure_partition(pool, "bm25-test", 3)
     async with pool.acquire() as conn:
         for i, text in enumerate(docs, start=1):
-            row = store.ChunkRow("rag:doc", "lg-eng", 0, None, f"h{i}", text, text, np.ones(3, np.float32))
-            await store.upsert_chunks(conn, partition, ("bm25", i), [], [row])
+            row = store.EmbeddingRow(
+                "text", "bm25", i, "rag:doc", "lg-eng", 0, f"h{i}", text, text, np.ones(3)
+            )
+            await store.upsert_rows(conn, partition, [row])
     return partition
 
 

@@ -17,6 +17,7 @@ import pytest
 from index.neighbours import document_window
 from index.partitions import ensure_partition
 from index.search import ChunkHit, CorpusStats, JsonMeta, Scope, dense_search, lexical_search
+from index.store import EmbeddingRow, copy_rows
 
 DIM = 8
 MODEL = "hit-rows-8"
@@ -31,29 +32,22 @@ async def _load(pool: asyncpg.Pool):  # type: ignore[no-untyped-def]
     partition = await ensure_partition(pool, MODEL, DIM)
     rng = np.random.default_rng(5)
     rows = [
-        (MODEL, "text", "oh1", i // 3 + 1, "rag:card" if i % 2 else "oh25", "lg-spa", i % 3, "",
-         f"h{i}", f"amphora number {i} red figure", f"amphora number {i} red figure",
-         rng.standard_normal(DIM).astype(np.float32), [1, 2] if i % 2 else [], json.dumps(METAS[i % 3]),
-         None if i % 2 else f"p{i}")
+        EmbeddingRow("text", "oh1", i // 3 + 1, "rag:card" if i % 2 else "oh25", "lg-spa", i % 3, f"h{i}",
+                     f"amphora number {i} red figure", f"amphora number {i} red figure",
+                     rng.standard_normal(DIM).astype(np.float32), parent_key=None if i % 2 else f"p{i}",
+                     projects=[1, 2] if i % 2 else [], chunk_meta=METAS[i % 3])
         for i in range(12)
     ]  # fmt: skip
     async with pool.acquire() as conn:
-        await conn.copy_records_to_table(
-            partition.partition,
-            records=rows,
-            columns=[
-                "model", "modality", "section_tipo", "section_id", "component_tipo", "lang", "chunk_index",
-                "view", "source_hash", "source_text", "lexical_text", "embedding", "projects", "chunk_meta",
-                "parent_key",
-            ],
-        )  # fmt: skip
-    return partition, {(r[2], r[3], r[4], r[5], r[6]): r for r in rows}
+        await copy_rows(conn, partition, rows)
+    return partition, {(*r.record, r.component_tipo, r.lang, r.chunk_index): r for r in rows}
 
 
-def _expected(row: tuple, score: float) -> ChunkHit:  # type: ignore[type-arg]
+def _expected(row: EmbeddingRow, score: float) -> ChunkHit:
     return ChunkHit(
-        section_tipo=row[2], section_id=row[3], component_tipo=row[4], lang=row[5], chunk_index=row[6],
-        text=row[9], meta=json.loads(row[13]), projects=tuple(row[12]), parent_key=row[14], score=score,
+        section_tipo=row.section_tipo, section_id=row.section_id, component_tipo=row.component_tipo,
+        lang=row.lang, chunk_index=row.chunk_index, text=row.source_text, meta=row.chunk_meta,
+        projects=tuple(row.projects), parent_key=row.parent_key, score=score,
     )  # fmt: skip
 
 
@@ -79,11 +73,7 @@ async def test_meta_is_decoded_only_when_something_reads_it(db_pool: asyncpg.Poo
         hits = await dense_search(conn, partition, np.ones(DIM, np.float32), Scope(), 20)
     assert all(isinstance(h.meta, JsonMeta) and not h.meta.decoded for h in hits)
     group = next(h for h in hits if h.key == ("oh1", 2, "rag:card", "lg-spa", 0))  # row 3: METAS[0]
-    assert (
-        group.meta.get("contributors")
-        == ["c1", "oh1/c2"]
-        == json.loads(stored[group.key][13])["contributors"]
-    )
+    assert group.meta.get("contributors") == ["c1", "oh1/c2"] == stored[group.key].chunk_meta["contributors"]
     assert group.meta.decoded and sum(h.meta.decoded for h in hits) == 1
 
 

@@ -10,8 +10,6 @@ the session got; the dense statement must never have had a generic one.
 
 from __future__ import annotations
 
-import json
-
 import asyncpg
 import numpy as np
 
@@ -19,6 +17,7 @@ from gateway.acl import pushdown
 from gateway.auth import Principal
 from index.partitions import ensure_partition
 from index.search import Scope, dense_search
+from index.store import EmbeddingRow, copy_rows
 
 DIM = 8
 SECTION = "plan1"
@@ -28,20 +27,13 @@ async def test_dense_leg_never_runs_a_generic_plan(db_pool: asyncpg.Pool) -> Non
     partition = await ensure_partition(db_pool, "plan-test-8", DIM)
     rng = np.random.default_rng(3)
     vectors = rng.standard_normal((3000, DIM)).astype(np.float32)
-    meta = json.dumps({"contributors": ["c1"]})
     rows = [
-        ("plan-test-8", "text", SECTION, i // 5 + 1, "rag:card", "lg-nolan", i % 5, "", f"h{i}",
-         "t", "t", vectors[i], [1], meta)
+        EmbeddingRow("text", SECTION, i // 5 + 1, "rag:card", "lg-nolan", i % 5, f"h{i}", "t", "t", vectors[i],
+                     projects=[1], chunk_meta={"contributors": ["c1"]})
         for i in range(len(vectors))
     ]  # fmt: skip
     async with db_pool.acquire() as conn:
-        await conn.copy_records_to_table(
-            partition.partition,
-            records=rows,
-            columns=["model", "modality", "section_tipo", "section_id", "component_tipo", "lang",
-                     "chunk_index", "view", "source_hash", "source_text", "lexical_text", "embedding",
-                     "projects", "chunk_meta"],
-        )  # fmt: skip
+        await copy_rows(conn, partition, rows)
         await conn.execute(f"ANALYZE {partition.table}")
     researcher = Scope(acl=pushdown(Principal("r", frozenset({1}), {SECTION: 1})))
     async with db_pool.acquire() as conn:

@@ -21,7 +21,7 @@ from index.cache_metrics import CacheMetrics
 from index.change_feed import Watermark, changes_since, current_watermark
 from index.partitions import ModelPartition, ensure_partition
 from index.search import Scope, dense_search
-from index.store import ChunkRow, delete_record, upsert_chunks
+from index.store import EmbeddingRow, delete_record, upsert_rows
 from index.vector_cache import CacheConfig, VectorCache, parse_copy
 
 MODEL = "cache-test-16"
@@ -32,15 +32,15 @@ CONTRIBUTORS = [["oh22"], ["oh22", "oh23"], ["rsc1/rsc140"], [], ["fill1/f1", "o
 PERM_KEYS = [*SECTIONS, "oh1/oh22", "oh1/oh23", "rsc1/rsc140", "fill1/f1", "rsc1/oh22"]
 
 
-def _rows(rng: random.Random, record: int, n: int) -> list[ChunkRow]:
+def _rows(rng: random.Random, section: str, record: int, projects: list[int], n: int) -> list[EmbeddingRow]:
     rows = []
     for i in range(n):
         component = rng.choice(COMPONENTS)
         meta = {"contributors": rng.choice(CONTRIBUTORS)} if component.startswith("rag:") else {}
         vec = np.asarray([rng.gauss(0, 1) for _ in range(DIM)], dtype=np.float32)
         rows.append(
-            ChunkRow(component, "lg-spa", i, None, f"h{record}-{i}-{rng.random()}", f"t{record}", "t", vec,
-                     chunk_meta=meta)
+            EmbeddingRow("text", section, record, component, "lg-spa", i, f"h{record}-{i}-{rng.random()}",
+                         f"t{record}", "t", vec, projects=projects, chunk_meta=meta)
         )  # fmt: skip
     return rows
 
@@ -48,12 +48,12 @@ def _rows(rng: random.Random, record: int, n: int) -> list[ChunkRow]:
 async def _write(pool: asyncpg.Pool, partition: ModelPartition, rng: random.Random, record: int) -> None:
     section = SECTIONS[record % len(SECTIONS)]
     projects = rng.sample([1, 2, 3], rng.randint(0, 2))
-    rows = _rows(rng, record, rng.randint(1, 4))
+    rows = _rows(rng, section, record, projects, rng.randint(1, 4))
     async with pool.acquire() as conn, conn.transaction():
         await conn.execute(
             f"DELETE FROM {partition.table} WHERE section_tipo = $1 AND section_id = $2", section, record
         )
-        await upsert_chunks(conn, partition, (section, record), projects, rows)
+        await upsert_rows(conn, partition, rows)
 
 
 async def _populate(pool: asyncpg.Pool, records: int, seed: int = 7) -> ModelPartition:
@@ -177,9 +177,9 @@ async def test_deleted_row_is_never_returned_while_the_feed_lags(cache_pool, dat
         victim = top[0].record
         async with pool.acquire() as conn:
             await delete_record(conn, victim)
-        fresh = ChunkRow("oh22", "lg-spa", 0, None, "fresh", "t", "t", q)  # the new best match
-        async with pool.acquire() as conn:
-            await upsert_chunks(conn, partition, ("oh1", 500), [1], [fresh])
+        fresh = EmbeddingRow("text", "oh1", 500, "oh22", "lg-spa", 0, "fresh", "t", "t", q, projects=[1])
+        async with pool.acquire() as conn:  # ^ the new best match
+            await upsert_rows(conn, partition, [fresh])
         watermark = cache.partitions[partition.partition].watermark
         after = await _cached(cache, pool, partition, q, Scope(), 5)
         assert cache.partitions[partition.partition].watermark == watermark  # really lagging
@@ -335,8 +335,10 @@ async def test_cache_survives_a_postgres_restart_and_catches_up() -> None:
             await init_connection(conn)
             try:
                 q = np.random.default_rng(2).standard_normal(DIM).astype(np.float32)
-                fresh = ChunkRow("oh22", "lg-spa", 0, None, "fresh", "t", "t", q)
-                await upsert_chunks(conn, partition, ("oh1", 900), [1], [fresh])
+                fresh = EmbeddingRow(
+                    "text", "oh1", 900, "oh22", "lg-spa", 0, "fresh", "t", "t", q, projects=[1]
+                )
+                await upsert_rows(conn, partition, [fresh])
                 await delete_record(conn, ("rsc1", 1))
                 seq = await conn.fetchval("SELECT max(seq) FROM rag_embedding_changes")
                 for _ in range(1200):  # the feed reconnects (backoff) and catches up by itself
