@@ -170,7 +170,6 @@ class Retriever:
         self.stats = CorpusStats(ttl=settings.lexical_stats_ttl)
         self._model: ModelInfo | None = None  # resolved on first use
         self._partitions: dict[str, ModelPartition] = {}
-        self._sparse_head: bool | None = None  # learned of the model on the first query
         # section tipo -> (when read, (method, weights) tuned for it or None)
         self._fusion_cache: dict[str, tuple[float, tuple[str, tuple[tuple[str, float], ...]] | None]] = {}
         self._ttl = settings.lexical_stats_ttl
@@ -231,17 +230,9 @@ class Retriever:
         return model_id, vector
 
     async def _embed(self, model_id: str, texts: Sequence[str]) -> EmbedResult:
-        """Ask for sparse weights too until the sidecar says the model has no sparse head."""
-        if self._sparse_head is not False:
-            try:
-                result = await self.client.embed(model_id, texts, truncate=True, return_sparse=True)
-                self._sparse_head = True
-                return result
-            except SidecarRejected as exc:
-                if exc.code != "sparse_unsupported":
-                    raise
-                self._sparse_head = False
-        return await self.client.embed(model_id, texts, truncate=True)
+        """Query embeddings, with sparse weights when ``/models`` says the model has a sparse head."""
+        model = await self.text_model()
+        return await self.client.embed(model_id, texts, truncate=True, return_sparse=model.sparse)
 
     async def warm_queries(self, principal: Principal, queries: Sequence[str]) -> int:
         """Embed many queries in batched sidecar calls and cache them for ``principal`` (eval, benchmarks).
