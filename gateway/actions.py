@@ -111,6 +111,14 @@ def _rerank_flags(item: dict[str, Any], r: Ranked, reranked: bool | None) -> dic
     return item
 
 
+def _explained(item: dict[str, Any], r: Ranked, explain: bool) -> dict[str, Any]:
+    """With ``explain: true``, each item carries ``legs``: its 1-based rank in each leg that found it
+    (what fusion combined), so a person sees why it ranks where it does."""
+    if explain:
+        item["legs"] = dict(sorted(r.ranks.items()))
+    return item
+
+
 async def _reranked(
     ctx: ActionContext, query: str, ranked: list[Ranked], limit: int, rerank: bool
 ) -> tuple[list[Ranked], bool | None]:
@@ -135,7 +143,8 @@ async def semantic_search(ctx: ActionContext, options: Mapping[str, Any]) -> tup
     except (EmbeddingUnavailable, QueryRejected) as exc:
         raise query_error(exc) from exc
     ranked, reranked = await _reranked(ctx, query, ranked, limit, rerank)
-    return "ok", [_rerank_flags(hit(r), r, reranked) for r in ranked]
+    explain = opt.flag(options, "explain")
+    return "ok", [_explained(_rerank_flags(hit(r), r, reranked), r, explain) for r in ranked]
 
 
 async def _passages(ctx: ActionContext, options: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -143,6 +152,7 @@ async def _passages(ctx: ActionContext, options: Mapping[str, Any]) -> list[dict
 
     query, scope, limit = _text_scope(options)
     rerank = opt.flag(options, "rerank", False)
+    explain = opt.flag(options, "explain")
     expand = opt.expand(options)
     try:
         ranked = await ctx.retriever.passages(ctx.principal, query, scope, _depth(ctx, limit, rerank))
@@ -150,9 +160,9 @@ async def _passages(ctx: ActionContext, options: Mapping[str, Any]) -> list[dict
         raise query_error(exc) from exc
     ranked, reranked = await _reranked(ctx, query, ranked, limit, rerank)
     if expand is None:
-        return [_rerank_flags(passage(r), r, reranked) for r in ranked]
+        return [_explained(_rerank_flags(passage(r), r, reranked), r, explain) for r in ranked]
     expanded = await expand_as_configured(ctx, ranked, expand)
-    return [_rerank_flags(provenance(p), p.ranked, reranked) for p in expanded]
+    return [_explained(_rerank_flags(provenance(p), p.ranked, reranked), p.ranked, explain) for p in expanded]
 
 
 async def retrieve(ctx: ActionContext, options: Mapping[str, Any]) -> tuple[str, Any]:

@@ -72,6 +72,7 @@ _TEXT_IMAGE_OPTIONS = {
 }
 _RERANK = {"type": "boolean", "description": "cross-encoder reorder (default: off; on in ask)"}
 _EXPAND = {"enum": ["neighbours", "parent"], "description": "small-to-big expansion"}
+_EXPLAIN = {"type": "boolean", "description": "each item carries legs: its rank in each retrieval leg"}
 
 
 def _with(base: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -79,6 +80,7 @@ def _with(base: dict[str, Any], **extra: Any) -> dict[str, Any]:
 
 
 _PASSAGE_OPTIONS = _with(_QUERY_OPTIONS, rerank=_RERANK, expand=_EXPAND)
+_EXPLAINED_PASSAGE_OPTIONS = _with(_PASSAGE_OPTIONS, explain=_EXPLAIN)
 _READ_CHUNK_OPTIONS = {
     "type": "object",
     "required": ["chunk_id"],
@@ -92,8 +94,8 @@ _READ_CHUNK_OPTIONS = {
     },
 }
 OPTION_SCHEMAS: dict[str, dict[str, Any]] = {
-    "semantic_search": _with(_QUERY_OPTIONS, rerank=_RERANK),
-    "retrieve": _PASSAGE_OPTIONS,
+    "semantic_search": _with(_QUERY_OPTIONS, rerank=_RERANK, explain=_EXPLAIN),
+    "retrieve": _EXPLAINED_PASSAGE_OPTIONS,
     "get_agent_context": _PASSAGE_OPTIONS,
     "read_chunk": _READ_CHUNK_OPTIONS,
     "ask": _with(_PASSAGE_OPTIONS, stream={"type": "boolean", "description": "server-sent events"}),
@@ -281,6 +283,8 @@ def build_spec(app: web.Application) -> dict[str, Any]:
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}}
         },
+        # Every route accepts the bearer token (the open ones ignore it): /docs' "try it" sends it.
+        "security": [{"bearer": []}],
     }
 
 
