@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from .auth import setup_auth
+from .console import setup_console
 from .dispatch import json_api
 from .errors import ApiError, envelope_ok, error_middleware
 from .intake import DRAIN_KEY, setup_intake
@@ -238,6 +239,7 @@ def create_app(settings: GatewaySettings, *, database_url: str | None = None) ->
     setup_intake(app)
     setup_thumbnails(app)
     app.router.add_get("/openapi.json", openapi)
+    setup_console(app)
     return app
 
 
