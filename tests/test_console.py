@@ -260,7 +260,7 @@ async def test_objects_similar_and_characterized(
         proposals = visible(browser, "#characterization .proposals").text
         assert "denomination:" in proposals and "confidence" in proposals
         wait(browser, lambda d: d.execute_script(loaded, "#characterization img") > 0)
-        browser.set_window_size(1280, 1100)  # the grid, the similar objects and the characterization
+        browser.set_window_size(1280, 1200)  # the grid, the similar objects and the characterization
         try:
             browser.execute_script("window.scrollTo(0, 0)")
             shot(browser, screenshots, "objects", colors=128)
@@ -286,6 +286,17 @@ async def test_a_researcher_sees_nothing_of_a_forbidden_section(
     assert FORBIDDEN_WORD in await in_browser(flow, ADMIN)
     page = await in_browser(flow, RESEARCHER)
     assert FORBIDDEN_WORD not in page and "sec9" not in page and "Closed ledger" not in page
+
+    def refused_in_words() -> None:
+        # Asked within the forbidden section alone, nothing readable remains: a refusal, said so.
+        fill(browser, "#ask-section", "sec9")
+        ask(browser, question)
+        refusal = "No passage you may read answers this question, so no answer was generated."
+        assert browser.find_element(By.ID, "ask-outcome").text == refusal
+        assert browser.find_element(By.ID, "ask-provider").text == "No model was called"
+        assert FORBIDDEN_WORD not in browser.page_source
+
+    await in_browser(refused_in_words)
 
     def operations_hidden() -> None:
         assert "researcher" in browser.find_element(By.ID, "who").text
@@ -368,12 +379,12 @@ async def test_operations_for_admins(browser: WebDriver, gateway: Gateway, scree
         wait(browser, lambda d: "all-minilm-l6-v2" in d.find_element(By.ID, "ops-models").text)
         assert IMAGE_MODEL in browser.find_element(By.ID, "ops-models").text
         assert '"coins1"' in browser.find_element(By.ID, "ops-sections").text
-        wait(browser, lambda d: '"status": "ready"' in d.find_element(By.ID, "ops-ready").text)
+        wait(browser, lambda d: "status\nready" in d.find_element(By.ID, "ops-ready").text)
         wait(browser, lambda d: "oh1 77" in d.find_element(By.ID, "ops-failed").text)
         assert "sidecar: 422 input.too_long" in browser.find_element(By.ID, "ops-failed").text
         shot(browser, screenshots, "operations")
         browser.find_element(By.ID, "ops-retry").click()
-        wait(browser, lambda d: "1 records queued again" in d.find_element(By.ID, "ops-queue").text)
+        wait(browser, lambda d: d.find_element(By.ID, "ops-retried").text == "1 records queued again")
 
     await in_browser(flow)
 

@@ -5,6 +5,17 @@ import { $, clear, el, showError } from "./dom.js";
 
 const json = (value) => JSON.stringify(value, null, 2);
 
+// An object as a definition list, nested keys joined with dots (drain.state, faiss.mode).
+function facts(value, prefix = "") {
+  const out = [];
+  for (const [key, item] of Object.entries(value)) {
+    const name = prefix + key;
+    if (item !== null && typeof item === "object" && !Array.isArray(item)) out.push(...facts(item, `${name}.`));
+    else out.push(el("dt", {}, name), el("dd", {}, item === null ? "—" : String(item)));
+  }
+  return out;
+}
+
 function row(...cells) {
   return el("tr", {}, cells.map((c) => el("td", {}, c === null || c === undefined ? "—" : String(c))));
 }
@@ -21,8 +32,8 @@ async function settle(target, load, render) {
 export async function refreshOps() {
   showError("ops", null);
   await Promise.all([
-    settle($("#ops-ready"), () => get("/readyz"), (d) => clear($("#ops-ready"), json(d))),
-    settle($("#ops-queue"), () => get("/v1/queue/stats"), (d) => clear($("#ops-queue"), json(d))),
+    settle($("#ops-ready"), () => get("/readyz"), (d) => clear($("#ops-ready"), facts(d))),
+    settle($("#ops-queue"), () => get("/v1/queue/stats"), (d) => clear($("#ops-queue"), facts(d))),
     settle($("#ops-failed tbody"), () => get("/v1/queue/failed"), (d) =>
       clear(
         $("#ops-failed tbody"),
@@ -48,7 +59,7 @@ export function setupOps() {
     try {
       const { retried } = await post("/v1/queue/retry", {});
       await refreshOps();
-      clear($("#ops-queue"), `${retried} records queued again\n${$("#ops-queue").textContent}`);
+      clear($("#ops-retried"), `${retried} records queued again`);
     } catch (failure) {
       showError("ops", failure);
     }
