@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.mnemo-installed
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-k chunker -x"`.
 PYTEST_ARGS ?=
 
-.PHONY: install up test lint bench clean
+.PHONY: install up test browser screenshots lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,8 +25,26 @@ install: $(STAMP)
 up: install
 	$(BIN)/mnemo up
 
-test: install
+test: install browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The console's browser tests drive Debian's chromium through chromedriver. Installed here when
+# missing (apt-get, as root); when that cannot happen this says why and carries on, and the browser
+# tests then fail with the same reason (they never skip).
+browser:
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then :; \
+	elif [ "$$(id -u)" != 0 ]; then \
+	  echo "make browser: not root, cannot apt-get install chromium chromium-driver; the browser tests will fail" >&2; \
+	elif ! command -v apt-get >/dev/null; then \
+	  echo "make browser: no apt-get here; install chromium and its chromedriver at /usr/bin; the browser tests will fail" >&2; \
+	else \
+	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver) >/dev/null \
+	  || echo "make browser: apt-get install chromium chromium-driver failed; the browser tests will fail" >&2; \
+	fi
+
+# The console's screenshots in docs/screenshots (the README shows two), from its browser tests.
+screenshots: install browser
+	MNEMO_SCREENSHOTS=docs/screenshots $(BIN)/python -m pytest tests/test_console.py -q
 
 lint: install
 	$(BIN)/ruff check .

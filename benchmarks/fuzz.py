@@ -364,7 +364,11 @@ def send(base_url: str, case: Case, timeout: float) -> tuple[int, dict[str, str]
 
 def gateway_contract(status: int, headers: dict[str, str], body: bytes, path: str) -> str | None:
     """Envelope v2 on every answer of a JSON route; a coded error on every failure."""
-    if status == 200 and path.split("?")[0] in ("/metrics", "/openapi.json", "/healthz", "/readyz"):
+    route = path.split("?")[0]
+    if status == 200 and route in ("/metrics", "/openapi.json", "/healthz", "/readyz"):
+        return None
+    # The console's and the docs' pages and files (HTML, scripts, styles); their failures are envelopes.
+    if status == 200 and route.split("/")[1] in ("console", "docs"):
         return None
     try:
         payload = json.loads(body)

@@ -58,21 +58,24 @@ class ActionSpec:
 
 _TEXT = (opt.QUERY, opt.SCOPE, opt.GROUP, opt.LIMIT, opt.RERANK)
 _PASSAGES = (*_TEXT, opt.EXPAND)
+# explain (each result's rank per leg) where results are listed; ask answers in prose instead
+_LISTED = (*_TEXT, opt.EXPLAIN)
+_LISTED_PASSAGES = (*_PASSAGES, opt.EXPLAIN)
 
 ACTIONS: dict[str, ActionSpec] = {
     "semantic_search": ActionSpec(
         actions.semantic_search,
-        _TEXT,
+        _LISTED,
         "Records of the archive whose meaning best matches a query (best passage of each).",
     ),
     "retrieve": ActionSpec(
         actions.retrieve,
-        _PASSAGES,
+        _LISTED_PASSAGES,
         "Passages (chunks) best matching a query, with locators (chunk_id) for read_chunk.",
     ),
     "get_agent_context": ActionSpec(
         actions.get_agent_context,
-        _PASSAGES,
+        _LISTED_PASSAGES,
         "Permission-filtered passages to ground an agent's reasoning (same retrieval as retrieve).",
     ),
     "similar_to": ActionSpec(

@@ -70,17 +70,26 @@ def _retrieval_errors() -> Iterator[None]:
         raise ApiError.embedding_unavailable() from exc
 
 
+def _explained(item: dict[str, Any], r: Ranked, explain: bool) -> dict[str, Any]:
+    """With ``explain: true``, each item carries ``legs``: its 1-based rank in each leg that found it
+    (what fusion combined), so a person sees why it ranks where it does."""
+    if explain:
+        item["legs"] = dict(sorted(r.ranks.items()))
+    return item
+
+
 async def semantic_search(ctx: ActionContext, args: Args) -> tuple[str, Any]:
     ranked, reranked = await _ranked(ctx, args, records=True)
-    return "ok", [rerank_flags(hit(r), r, reranked) for r in ranked]
+    return "ok", [_explained(rerank_flags(hit(r), r, reranked), r, args["explain"]) for r in ranked]
 
 
 async def _passages(ctx: ActionContext, args: Args) -> list[dict[str, Any]]:
     ranked, reranked = await _ranked(ctx, args, records=False)
+    explain = args["explain"]
     if args["expand"] is None:
-        return [rerank_flags(passage(r), r, reranked) for r in ranked]
+        return [_explained(rerank_flags(passage(r), r, reranked), r, explain) for r in ranked]
     expanded = await ctx.passage_services().expand(ctx.retriever, ctx.principal, ranked, args["expand"])
-    return [rerank_flags(provenance(p), p.ranked, reranked) for p in expanded]
+    return [_explained(rerank_flags(provenance(p), p.ranked, reranked), p.ranked, explain) for p in expanded]
 
 
 async def retrieve(ctx: ActionContext, args: Args) -> tuple[str, Any]:

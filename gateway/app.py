@@ -23,6 +23,7 @@ from schema.database import create_pool, open_database
 from schema.read_pool import ReadPool
 
 from .auth import setup_auth
+from .console import setup_console
 from .context import ASK_KEY, OBJECTS_KEY, PASSAGES_KEY, RETRIEVER_KEY, AskServices, PassageServices
 from .dispatch import json_api
 from .errors import ApiError, envelope_ok, error_middleware
@@ -257,6 +258,7 @@ def create_app(settings: GatewaySettings, *, database_url: str | None = None) ->
     setup_intake(app)
     setup_thumbnails(app)
     app.router.add_get("/openapi.json", openapi)
+    setup_console(app)
     return app
 
 

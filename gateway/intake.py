@@ -8,7 +8,8 @@ Routes (all admin: the archive pushes with a service token):
   transaction and answer 202 Accepted; the drain indexes them.
 - ``GET /v1/queue/stats``: pending / ready / blocked / failed / oldest age, and
   whether the drain is paused by a sidecar outage. ``POST /v1/queue/retry``
-  unparks failed records.
+  unparks failed records; ``GET /v1/queue/failed`` lists them with their last error.
+- ``GET /v1/sections`` lists every stored descriptor.
 - ``POST /v1/sections/{section_tipo}/reconcile`` (``{"ids": [...], "records": [...]}``)
   queues the corrections for the drift between the archive and the index.
 
@@ -155,6 +156,29 @@ async def queue_retry(request: web.Request) -> web.Response:
     return envelope_ok(request, {"retried": changed})
 
 
+async def queue_failed(request: web.Request) -> web.Response:
+    """Parked records with their last error and attempts (the console's retry list); at most 200."""
+    require_admin(request)
+    rows = await queue.list_entries(
+        request.app[POOL_KEY],
+        max_attempts=request.app[INGEST_SETTINGS_KEY].max_attempts,
+        failed_only=True,
+        limit=200,
+    )
+    for row in rows:  # timestamps as ISO 8601 text, as JSON has no time type
+        row["next_attempt_at"] = row["next_attempt_at"].isoformat()
+        row["created_at"] = row["created_at"].isoformat()
+    return envelope_ok(request, {"failed": rows})
+
+
+async def list_sections(request: web.Request) -> web.Response:
+    """Every stored section descriptor, by section tipo."""
+    require_admin(request)
+    store = SectionStore(request.app[POOL_KEY])
+    tipos = await store.list()
+    return envelope_ok(request, {"sections": await store.get_many(tipos)})
+
+
 async def reconcile(request: web.Request) -> web.Response:
     require_admin(request)
     section_tipo = _section_tipo(request)
@@ -207,6 +231,7 @@ def setup_intake(app: web.Application) -> None:
         app[MEDIA_SETTINGS_KEY] = app[SETTINGS_KEY].media
     metrics = app.get(METRICS_KEY)
     app[_METRICS_KEY] = IngestMetrics(getattr(metrics, "registry", None))
+    app.router.add_get("/v1/sections", list_sections)
     app.router.add_put("/v1/sections/{section_tipo}", put_section)
     app.router.add_get("/v1/sections/{section_tipo}", get_section)
     app.router.add_post("/v1/sections/{section_tipo}/reconcile", reconcile)
@@ -214,4 +239,5 @@ def setup_intake(app: web.Application) -> None:
     app.router.add_delete("/v1/records/{section_tipo}/{section_id}", delete_record)
     app.router.add_get("/v1/queue/stats", queue_stats)
     app.router.add_post("/v1/queue/retry", queue_retry)
+    app.router.add_get("/v1/queue/failed", queue_failed)
     app.cleanup_ctx.append(_drain_ctx)

@@ -260,6 +260,12 @@ RERANK = Option(
     "Reorder with the cross-encoder (each result says whether it was reranked); off by default, "
     "on in ask (RAG_ASK_RERANK).",
 )
+EXPLAIN = Option(
+    "explain",
+    lambda options: flag(options, "explain"),
+    {"type": "boolean", "default": False},
+    "Each result carries legs: its 1-based rank in each retrieval leg that found it (what fusion combined).",
+)
 EXPAND = Option(
     "expand",
     expand,

@@ -217,6 +217,12 @@ class GatewaySettings:
         "Second switch for the image actions (`similar_objects`, `search_by_text_image`, "
         "`characterize_object`). Off: they decline `rag.media_disabled` (503).",
     )
+    console_enabled: bool = setting(
+        "RAG_CONSOLE_ENABLED",
+        True,
+        "Serves the console (`/console`) and the API docs (`/docs`). Off: both answer 404; the API "
+        "itself is unchanged (the console has no privilege of its own).",
+    )
     auth: str = setting(
         "RAG_AUTH",
         "jwt",

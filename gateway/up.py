@@ -148,7 +148,12 @@ def examples(url: str, admin: str, researcher: str) -> str:
     ]
     for example in DEMO_EXAMPLES:
         lines.append("  " + _curl(url, example.token_var, example.action, example.options) + example.comment)
-    lines += ["", f"Also: {url}/openapi.json  {url}/metrics  {url}/readyz"]
+    lines += [
+        "",
+        f"Console: {url}/console  (paste ADMIN or RESEARCHER above to sign in; API docs at {url}/docs)",
+        "",
+        f"Also: {url}/openapi.json  {url}/metrics  {url}/readyz",
+    ]
     return "\n".join(lines)
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from schema import EmbeddedPostgres, create_pool, migrate
 
-pytest_plugins = ["tests.fixtures.sidecar", "tests.fixtures.gateway"]
+pytest_plugins = ["tests.fixtures.sidecar", "tests.fixtures.gateway", "tests.fixtures.browser"]
 
 TEMPLATE_DB = "mnemo_template"
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.up import DEMO_EXAMPLES, RESEARCHER_PERMS, RESEARCHER_PROJECTS
+from gateway.up import DEMO_EXAMPLES, RESEARCHER_PERMS, RESEARCHER_PROJECTS, examples
 from index.demo import demo_records, demo_sections
 from tests.fixtures.gateway import ADMIN, running_gateway, token
 
@@ -34,3 +34,13 @@ async def test_every_printed_example_answers_as_the_demo_says(database_url: str,
         )
         assert neighbours and all(hit["section_tipo"] == "numisdata4" for hit in neighbours)
         assert 101 not in {hit["section_id"] for hit in neighbours}
+
+
+def test_the_printed_tokens_come_with_the_console_address() -> None:
+    printed = examples("http://127.0.0.1:8080", "admin-token", "researcher-token").splitlines()
+    tokens = printed.index("  export RESEARCHER=researcher-token")
+    console = next(i for i, line in enumerate(printed) if "http://127.0.0.1:8080/console" in line)
+    assert (
+        "paste ADMIN or RESEARCHER" in printed[console] and "http://127.0.0.1:8080/docs" in printed[console]
+    )
+    assert console > tokens

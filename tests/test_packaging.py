@@ -49,3 +49,19 @@ def test_every_package_registers_its_commands_through_the_entry_point_group() ->
     for name, entry_point in names.items():
         assert entry_point.module.split(".")[0] == name, "each package registers its own commands"
         assert callable(entry_point.load()), name
+
+
+def test_the_console_files_ship_as_package_data() -> None:
+    """Every file of gateway/console/ matches a package-data pattern (else a wheel lacks it and
+    /console answers 404 once installed)."""
+    import fnmatch
+    import tomllib
+
+    patterns = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"
+    ]["gateway"]
+    files = sorted(
+        p.relative_to(REPO_ROOT / "gateway").as_posix() for p in (REPO_ROOT / "gateway" / "console").iterdir()
+    )
+    assert {"console/index.html", "console/console.js", "console/docs.html"} <= set(files)
+    assert [f for f in files if not any(fnmatch.fnmatch(f, p) for p in patterns)] == []

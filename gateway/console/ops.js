@@ -1,0 +1,67 @@
+// Operations (admins): readiness, queue, failed records with a retry button, models, sections.
+
+import { get, post } from "./api.js";
+import { $, clear, el, showError } from "./dom.js";
+
+const json = (value) => JSON.stringify(value, null, 2);
+
+// An object as a definition list, nested keys joined with dots (drain.state, faiss.mode).
+function facts(value, prefix = "") {
+  const out = [];
+  for (const [key, item] of Object.entries(value)) {
+    const name = prefix + key;
+    if (item !== null && typeof item === "object" && !Array.isArray(item)) out.push(...facts(item, `${name}.`));
+    else out.push(el("dt", {}, name), el("dd", {}, item === null ? "—" : String(item)));
+  }
+  return out;
+}
+
+function row(...cells) {
+  return el("tr", {}, cells.map((c) => el("td", {}, c === null || c === undefined ? "—" : String(c))));
+}
+
+async function settle(target, load, render) {
+  try {
+    render(await load());
+  } catch (failure) {
+    clear(target, `${failure.labelKey}: ${failure.message}`);
+    showError("ops", failure);
+  }
+}
+
+export async function refreshOps() {
+  showError("ops", null);
+  await Promise.all([
+    settle($("#ops-ready"), () => get("/readyz"), (d) => clear($("#ops-ready"), facts(d))),
+    settle($("#ops-queue"), () => get("/v1/queue/stats"), (d) => clear($("#ops-queue"), facts(d))),
+    settle($("#ops-failed tbody"), () => get("/v1/queue/failed"), (d) =>
+      clear(
+        $("#ops-failed tbody"),
+        d.failed.length
+          ? d.failed.map((r) => row(`${r.section_tipo} ${r.section_id}`, r.operation, r.attempts, r.last_error))
+          : row("No failed record", "", "", ""),
+      ),
+    ),
+    settle($("#ops-models tbody"), () => get("/v1/models"), (d) =>
+      clear(
+        $("#ops-models tbody"),
+        d.models.map((m) => row(m.id, m.kind, m.dimension, m.max_input_tokens, m.device, m.dtype)),
+      ),
+    ),
+    settle($("#ops-sections"), () => get("/v1/sections"), (d) => clear($("#ops-sections"), json(d.sections))),
+  ]);
+}
+
+export function setupOps() {
+  $("#ops-refresh").addEventListener("click", refreshOps);
+  $("#ops-retry").addEventListener("click", async () => {
+    showError("ops", null);
+    try {
+      const { retried } = await post("/v1/queue/retry", {});
+      await refreshOps();
+      clear($("#ops-retried"), `${retried} records queued again`);
+    } catch (failure) {
+      showError("ops", failure);
+    }
+  });
+}
