@@ -107,13 +107,15 @@ async def whoami(request: web.Request) -> web.Response:
 
 
 async def models(request: web.Request) -> web.Response:
-    """The models the sidecar serves (id, kind, dimension, max input, device, dtype)."""
+    """The models the sidecar serves (id, kind, capabilities, dimension, max input, device, dtype)."""
     require_admin(request)
     try:
         served = await request.app[SIDECAR_KEY].models()
     except SidecarError as exc:
         raise ApiError.embedding_unavailable() from exc
-    return envelope_ok(request, {"models": [vars(m) for m in served]})
+    return envelope_ok(
+        request, {"models": [{**vars(m), "capabilities": sorted(m.capabilities)} for m in served]}
+    )
 
 
 def setup_console(app: web.Application) -> None:

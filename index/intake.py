@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
+from enum import StrEnum
 from typing import Any
 
 import asyncpg
@@ -39,6 +40,7 @@ from .validation import (
 
 __all__ = [
     "RECORD_SCHEMA",
+    "IntakeCode",
     "IntakeError",
     "as_record_list",
     "enqueue_delete",
@@ -54,16 +56,28 @@ _INT32_MAX = 2**31 - 1
 _INT64_MAX = 2**63 - 1
 
 
+class IntakeCode(StrEnum):
+    """Why a record is rejected: the archive's vocabulary for it, owned here because both intake
+    paths (``POST /v1/records`` and ``mnemo ingest records``) validate with this module and answer
+    the same codes. The gateway's error table maps each to its HTTP status; a test holds the two
+    in step (``tests/test_ingest_intake.py``)."""
+
+    INVALID_RECORD = "request.invalid_record"
+    TOO_MANY_RECORDS = "request.too_many_records"
+    UNKNOWN_SECTION = "request.unknown_section"
+    UNKNOWN_GROUP = "request.unknown_group"
+    UNKNOWN_IMAGE_COMPONENT = "request.unknown_image_component"
+    UNKNOWN_METADATA_COMPONENT = "request.unknown_metadata_component"
+    MEDIA_NOT_ALLOWED = "request.media_not_allowed"
+    INVALID_IMAGE = "request.invalid_image"
+
+
 class IntakeError(FieldError):
-    """A rejected record: a stable ``code`` and the field at fault.
+    """A rejected record: a stable ``code`` and the field at fault."""
 
-    A domain error: the gateway's one error table (``gateway/errors.py``) maps each code to its
-    HTTP status; the CLI prints the code.
-    """
-
-    def __init__(self, code: str, field: str, message: str) -> None:
+    def __init__(self, code: IntakeCode, field: str, message: str) -> None:
         super().__init__(field, message)
-        self.code = code
+        self.code = IntakeCode(code)
 
 
 _CONTRIBUTORS = {
@@ -157,7 +171,7 @@ def as_record_list(body: Any) -> list[Any]:
         return body
     if isinstance(body, dict):
         return [body]
-    raise IntakeError("request.invalid_record", "", "the body must be a record object or an array")
+    raise IntakeError(IntakeCode.INVALID_RECORD, "", "the body must be a record object or an array")
 
 
 def validate_record(
@@ -175,12 +189,12 @@ def validate_record(
     """
     error = first_error(_VALIDATOR, obj, prefix)
     if error is not None:
-        raise IntakeError("request.invalid_record", error.field, error.message)
+        raise IntakeError(IntakeCode.INVALID_RECORD, error.field, error.message)
     section = obj["section_tipo"]
     descriptor = descriptors.get(section)
     if descriptor is None:
         raise IntakeError(
-            "request.unknown_section",
+            IntakeCode.UNKNOWN_SECTION,
             f"{prefix}.section_tipo" if prefix else "section_tipo",
             f"section {section!r} has no descriptor (PUT /v1/sections/{section} first)",
         )
@@ -190,7 +204,7 @@ def validate_record(
             if group not in declared:
                 field = f"{prefix}.{key}.{group}" if prefix else f"{key}.{group}"
                 raise IntakeError(
-                    "request.unknown_group",
+                    IntakeCode.UNKNOWN_GROUP,
                     field,
                     f"section {section!r} declares no embed group {group!r} "
                     f"(declared: {', '.join(sorted(declared))})",
@@ -217,7 +231,7 @@ def _check_images(
     for i, image in enumerate(obj.get("images", [])):
         if image["tipo"] not in declared:
             raise IntakeError(
-                "request.unknown_image_component",
+                IntakeCode.UNKNOWN_IMAGE_COMPONENT,
                 name(f"images[{i}].tipo"),
                 f"section {section!r} declares no image component {image['tipo']!r} in its context "
                 f"(declared: {', '.join(sorted(declared)) or 'none'})",
@@ -227,23 +241,23 @@ def _check_images(
                 check_client_link(image["thumb_url"])
             except MediaNotAllowed as exc:
                 raise IntakeError(
-                    "request.media_not_allowed", name(f"images[{i}].thumb_url"), str(exc)
+                    IntakeCode.MEDIA_NOT_ALLOWED, name(f"images[{i}].thumb_url"), str(exc)
                 ) from exc
         try:
             check_source(image, media)
         except MediaNotAllowed as exc:
             given = [k for k in ("data", "path", "url") if k in image]
             field = name(f"images[{i}].{given[0]}" if len(given) == 1 else f"images[{i}]")
-            raise IntakeError("request.media_not_allowed", field, str(exc)) from exc
+            raise IntakeError(IntakeCode.MEDIA_NOT_ALLOWED, field, str(exc)) from exc
         except ImageRejected as exc:
             given = [k for k in ("data", "path", "url") if k in image]
-            raise IntakeError("request.invalid_image", name(f"images[{i}].{given[0]}"), exc.message) from exc
+            raise IntakeError(IntakeCode.INVALID_IMAGE, name(f"images[{i}].{given[0]}"), exc.message) from exc
     # Keys are a role's component tipo (the archive's resolved record) or the role's name.
     roles = {spec["tipo"] for spec in context.get("metadata", {}).values()} | set(context.get("metadata", {}))
     for tipo in obj.get("metadata", {}):
         if tipo not in roles:
             raise IntakeError(
-                "request.unknown_metadata_component",
+                IntakeCode.UNKNOWN_METADATA_COMPONENT,
                 name(f"metadata.{tipo}"),
                 f"section {section!r} declares no metadata role named or held by {tipo!r}",
             )
@@ -282,7 +296,7 @@ async def enqueue_records(
     """
     if max_records is not None and len(records) > max_records:
         raise IntakeError(
-            "request.too_many_records",
+            IntakeCode.TOO_MANY_RECORDS,
             "",
             f"{len(records)} records in one request; the limit is {max_records}",
         )
@@ -296,9 +310,9 @@ async def enqueue_delete(pool: asyncpg.Pool, section_tipo: str, section_id: int)
     try:
         validate_section_tipo(section_tipo)
     except FieldError as exc:
-        raise IntakeError("request.invalid_record", "section_tipo", exc.message) from exc
+        raise IntakeError(IntakeCode.INVALID_RECORD, "section_tipo", exc.message) from exc
     if not 0 <= section_id <= _INT64_MAX:
-        raise IntakeError("request.invalid_record", "section_id", "must be a non-negative integer")
+        raise IntakeError(IntakeCode.INVALID_RECORD, "section_id", "must be a non-negative integer")
     await queue.enqueue(pool, [queue.Job(section_tipo, section_id, "delete")])
 
 

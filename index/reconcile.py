@@ -19,7 +19,7 @@ from typing import Any
 import asyncpg
 
 from . import queue, store
-from .intake import IntakeError, enqueue_records
+from .intake import IntakeCode, IntakeError, enqueue_records
 from .sections import validate_section_tipo
 from .validation import FieldError
 
@@ -50,12 +50,12 @@ async def reconcile_section(
     try:
         validate_section_tipo(section_tipo)
     except FieldError as exc:
-        raise IntakeError("request.invalid_record", "section_tipo", exc.message) from exc
+        raise IntakeError(IntakeCode.INVALID_RECORD, "section_tipo", exc.message) from exc
     by_id: dict[int, dict[str, Any]] = {}
     for i, record in enumerate(records):
         if not isinstance(record, dict) or record.get("section_tipo") != section_tipo:
             raise IntakeError(
-                "request.invalid_record", f"records[{i}].section_tipo", f"must be {section_tipo!r}"
+                IntakeCode.INVALID_RECORD, f"records[{i}].section_tipo", f"must be {section_tipo!r}"
             )
         if isinstance(record.get("section_id"), int):
             by_id[record["section_id"]] = record

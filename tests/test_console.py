@@ -98,9 +98,11 @@ async def console_database(
         await index_docs(pool, sidecar_url, DOCS)
         await put_sections(pool, {**SECTIONS, "coins1": COIN_SECTION})
         async with SidecarClient(sidecar_url) as client:
-            media = MediaSettings(image_max_px=64, thumbnail_px=96)
+            # The manifest names the photographs where they lie: that folder is the job's media root.
+            media = MediaSettings(media_root=str(COINS), image_max_px=64, thumbnail_px=96)
             options = JobOptions("coins1", projects=(1,), workers=2, batch_size=8, media=media)
-            await run_image_job(pool, client, manifest, options)
+            report = await run_image_job(pool, client, manifest, options)
+        assert (report.embedded, report.rejected) == (24, 0), report
 
     async with seeded_database(pg_server, template_db, seed) as url:
         yield url

@@ -12,7 +12,14 @@ import pytest
 
 from gateway.errors import ERRORS
 from index import queue
-from index.intake import IntakeError, as_record_list, enqueue_delete, enqueue_records, enqueue_valid
+from index.intake import (
+    IntakeCode,
+    IntakeError,
+    as_record_list,
+    enqueue_delete,
+    enqueue_records,
+    enqueue_valid,
+)
 from index.sections import DescriptorError, SectionStore, validate_descriptor
 from tests.ingest_support import ORAL_HISTORY, record
 
@@ -209,3 +216,9 @@ def test_every_ingest_setting_is_documented_in_the_readme() -> None:
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     for env, _default, help_text in describe_settings(IngestSettings):
         assert help_text and f"`{env}`" in readme, f"{env} missing from the README settings table"
+
+
+def test_every_intake_code_is_in_the_gateways_error_table_as_a_client_error() -> None:
+    """index owns the rejection vocabulary (both intake paths answer it); the gateway maps each code."""
+    for code in IntakeCode:
+        assert code.value in ERRORS and 400 <= ERRORS[code.value].status < 500, code

@@ -45,7 +45,9 @@ export async function refreshOps() {
     settle($("#ops-models tbody"), () => get("/v1/models"), (d) =>
       clear(
         $("#ops-models tbody"),
-        d.models.map((m) => row(m.id, m.kind, m.dimension, m.max_input_tokens, m.device, m.dtype)),
+        d.models.map((m) =>
+          row(m.id, m.kind, m.capabilities.join(", "), m.dimension, m.max_input_tokens, m.device, m.dtype),
+        ),
       ),
     ),
     settle($("#ops-sections"), () => get("/v1/sections"), (d) => clear($("#ops-sections"), json(d.sections))),
