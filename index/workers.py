@@ -53,7 +53,8 @@ class WorkerRow:
     records_per_s: float
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """JSON-ready: timestamps as ISO 8601 strings."""
+        return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in asdict(self).items()}
 
 
 async def register(db: Executor, worker_id: str, *, role: str, host: str, pid: int) -> None:

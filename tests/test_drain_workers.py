@@ -1,0 +1,231 @@
+"""Parallel drain workers on real PostgreSQL against the session sidecar: three `mnemo drain`
+processes and a gateway's drain share one queue, one process is killed with SIGKILL mid-work,
+and every record is indexed exactly once (issue 23's done-when).
+
+Time never decides an outcome here: the lease is made short by its setting so that the killed
+worker's records expire soon, and the test waits on conditions under a generous overall limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+import aiohttp
+import asyncpg
+import pytest
+
+from index.intake import enqueue_records
+from index.partitions import get_partition
+from index.sections import SectionStore
+from tests.conftest import REPO_ROOT
+from tests.fixtures.gateway import ADMIN, running_gateway
+from tests.ingest_support import ORAL_HISTORY, TEXT_MODEL, record
+
+# The venv's own `mnemo` (beside the interpreter running the tests, in a checkout or a worktree).
+MNEMO = str(Path(sys.executable).parent / "mnemo")
+RECORDS = 160
+# Short enough that the killed worker's records come back within seconds; three heartbeats
+# per lease keep a live worker's claims.
+LEASE_SECONDS = "4"
+INGEST_ENV = {
+    "RAG_INGEST_LEASE_SECONDS": LEASE_SECONDS,
+    "RAG_INGEST_BATCH_RECORDS": "4",  # small batches: every worker gets some, the kill lands mid-work
+    "RAG_INGEST_DRAIN_INTERVAL": "0.2",
+}
+OVERALL_LIMIT_S = 600.0
+
+
+async def _until(what: str, check: Callable[[], Awaitable[Any]], *, limit: float = OVERALL_LIMIT_S) -> Any:
+    """Poll ``check`` until it returns something truthy (returned); fail naming ``what`` after ``limit``."""
+    deadline = asyncio.get_running_loop().time() + limit
+    while True:
+        result = await check()
+        if result:
+            return result
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"gave up waiting {limit:.0f}s for {what}")
+        await asyncio.sleep(0.05)
+
+
+@contextmanager
+def _drain_processes(
+    database_url: str, sidecar_url: str, logs: Path, n: int
+) -> Iterator[list[subprocess.Popen]]:
+    env = {
+        **os.environ,
+        **INGEST_ENV,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p),
+    }
+    args = ["drain", "--database-url", database_url, "--sidecar-url", sidecar_url, "--text-model", TEXT_MODEL]
+    files: list[IO[bytes]] = []
+    procs: list[subprocess.Popen] = []
+    try:
+        for i in range(n):
+            files.append((logs / f"drain-{i}.log").open("wb"))  # a file, not a pipe nobody reads
+            procs.append(
+                subprocess.Popen(
+                    [MNEMO, "--log-level", "INFO", *args],
+                    cwd=REPO_ROOT,
+                    env=env,
+                    stdout=files[-1],
+                    stderr=files[-1],
+                )
+            )
+        yield procs
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for f in files:
+            f.close()
+
+
+async def _lease_owners(pool: asyncpg.Pool) -> set[str]:
+    rows = await pool.fetch("SELECT DISTINCT lease_owner FROM rag_index_queue WHERE lease_owner IS NOT NULL")
+    return {r["lease_owner"] for r in rows}
+
+
+def _pid_of(worker_id: str) -> int:
+    """``role@host:pid#index-tag`` -> pid."""
+    return int(worker_id.rsplit(":", 1)[1].split("#", 1)[0])
+
+
+async def test_three_drain_processes_and_a_gateway_index_every_record_exactly_once_despite_a_kill(
+    tmp_path: Path,
+    database_url: str,
+    db_pool: asyncpg.Pool,
+    sidecar_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name, value in INGEST_ENV.items():  # the gateway reads its ingest settings from the environment
+        monkeypatch.setenv(name, value)
+    await SectionStore(db_pool).put("oh1", ORAL_HISTORY)
+    seen_owners: set[str] = set()
+
+    async def owners_now() -> set[str]:
+        owners = await _lease_owners(db_pool)
+        seen_owners.update(owners)
+        return owners
+
+    async with running_gateway(database_url, sidecar_url, **INGEST_ENV) as gateway:
+        await enqueue_records(db_pool, [record(i) for i in range(1, RECORDS + 1)])
+        # The gateway's drain starts on the queue alone; the processes join it.
+        await _until("the gateway's drain to lease records", lambda: _with_role(owners_now, "gateway@"))
+        with _drain_processes(database_url, sidecar_url, tmp_path, 3) as procs:
+            victim = procs[0]
+
+            async def victim_leases() -> set[str]:
+                return {o for o in await owners_now() if _pid_of(o) == victim.pid}
+
+            await _until("the first drain process to hold leases", victim_leases)
+            victim.send_signal(signal.SIGKILL)  # mid-work: it holds leased, unfinished records
+            victim.wait()
+            orphans = await db_pool.fetch(
+                "SELECT section_id FROM rag_index_queue WHERE lease_owner LIKE $1",
+                f"%:{victim.pid}#%",
+            )
+            assert orphans, "the killed process held no lease at its death"
+            orphan_ids = {r["section_id"] for r in orphans}
+
+            async def queue_empty() -> bool:
+                await owners_now()
+                return await db_pool.fetchval("SELECT count(*) FROM rag_index_queue") == 0
+
+            await _until("every record to leave the queue", queue_empty)
+            assert all(p.poll() is None for p in procs[1:]), "a surviving drain process died"
+
+            # Stats list the live workers (two processes and the gateway) and the killed one as
+            # stale once a whole lease passes without its heartbeat.
+            async def stats_settled() -> dict[str, Any] | None:
+                async with aiohttp.ClientSession() as http:
+                    async with http.get(
+                        gateway.url + "/v1/queue/stats", headers={"Authorization": f"Bearer {ADMIN}"}
+                    ) as resp:
+                        data = (await resp.json())["data"]
+                dead = [w for w in data["workers"] if _pid_of(w["worker_id"]) == victim.pid]
+                return data if dead and not any(w["alive"] for w in dead) else None
+
+            stats = await _until("the killed worker to show as stale", stats_settled)
+            alive = {(w["role"], _pid_of(w["worker_id"])) for w in stats["workers"] if w["alive"]}
+            assert alive == {("gateway", os.getpid()), ("drain", procs[1].pid), ("drain", procs[2].pid)}
+            assert (stats["pending"], stats["failed"], stats["leased"], stats["expired_leases"]) == (
+                0,
+                0,
+                0,
+                0,
+            )
+            async with aiohttp.ClientSession() as http, http.get(gateway.url + "/metrics") as resp:
+                exposition = await resp.text()
+            assert 'mnemo_ingest_drain_workers{role="drain"} 2.0' in exposition
+            assert 'mnemo_ingest_drain_workers{role="gateway"} 1.0' in exposition
+            assert "mnemo_ingest_drain_worker_records_per_second{worker=" in exposition
+            cli = await asyncio.create_subprocess_exec(
+                *(
+                    MNEMO,
+                    "--log-level",
+                    "WARNING",
+                    "queue",
+                    "stats",
+                    "--json",
+                    "--database-url",
+                    database_url,
+                ),
+                cwd=REPO_ROOT,
+                env={**os.environ, **INGEST_ENV},
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            out, err = await asyncio.wait_for(cli.communicate(), 120)
+            assert cli.returncode == 0, err.decode()
+            listed = json.loads(out)
+            assert listed["pending"] == 0
+            assert {w["worker_id"] for w in listed["workers"]} == {w["worker_id"] for w in stats["workers"]}
+
+    # The gateway's drain and the processes each held leases: they drained together.
+    assert {_pid_of(o) for o in seen_owners} >= {os.getpid(), victim.pid}
+    assert any(o.startswith("gateway@") for o in seen_owners)
+
+    # Every record indexed exactly once: all present, each with the same complete set of chunk
+    # keys (none missing, no stray tail), each written by one transaction, none written twice.
+    partition = await get_partition(db_pool, TEXT_MODEL)
+    assert partition is not None
+    rows = await db_pool.fetch(
+        f"""SELECT section_id, array_agg(component_tipo || '/' || lang || '/' || chunk_index
+                                         ORDER BY component_tipo, lang, chunk_index) AS keys
+            FROM {partition.table} WHERE section_tipo = 'oh1' GROUP BY section_id"""
+    )
+    keys = {r["section_id"]: tuple(r["keys"]) for r in rows}
+    assert set(keys) == set(range(1, RECORDS + 1))
+    assert orphan_ids <= set(keys)  # the killed worker's records, taken over after its lease expired
+    assert len(set(keys.values())) == 1 and len(keys[1]) >= 3
+    # No row was ever rewritten (an upsert over an existing row moves its updated_at), so no two
+    # workers indexed the same record one after the other either.
+    assert (
+        await db_pool.fetchval(f"SELECT count(*) FROM {partition.table} WHERE updated_at <> created_at") == 0
+    )
+    writes = await db_pool.fetch(
+        """SELECT section_id, count(*) AS changes, count(DISTINCT xid) AS transactions
+           FROM rag_embedding_changes WHERE section_tipo = 'oh1' GROUP BY section_id"""
+    )
+    assert {r["section_id"]: (r["changes"], r["transactions"]) for r in writes} == {
+        i: (len(keys[1]), 1) for i in range(1, RECORDS + 1)
+    }
+
+
+async def _with_role(owners: Callable[[], Awaitable[set[str]]], prefix: str) -> bool:
+    return any(o.startswith(prefix) for o in await owners())
