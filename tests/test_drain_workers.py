@@ -1,6 +1,7 @@
 """Parallel drain workers on real PostgreSQL against the session sidecar: three `mnemo drain`
 processes and a gateway's drain share one queue, one process is killed with SIGKILL mid-work,
-and every record is indexed exactly once (issue 23's done-when).
+and every record is indexed exactly once (issue 23's done-when); a worker's heartbeat keeps
+its leases; inside a worker the next batch embeds while the current one is written.
 
 Time never decides an outcome here: the lease is made short by its setting so that the killed
 worker's records expire soon, and the test waits on conditions under a generous overall limit.
@@ -9,6 +10,7 @@ worker's records expire soon, and the test waits on conditions under a generous 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -23,12 +25,16 @@ import aiohttp
 import asyncpg
 import pytest
 
+import index.store
+from index import queue
+from index.drain import DrainWorker, drain_once
 from index.intake import enqueue_records
 from index.partitions import get_partition
 from index.sections import SectionStore
+from inference.client import EmbedResult
 from tests.conftest import REPO_ROOT
 from tests.fixtures.gateway import ADMIN, running_gateway
-from tests.ingest_support import ORAL_HISTORY, TEXT_MODEL, record
+from tests.ingest_support import ORAL_HISTORY, SETTINGS, TEXT_MODEL, CountingClient, record
 
 # The venv's own `mnemo` (beside the interpreter running the tests, in a checkout or a worktree).
 MNEMO = str(Path(sys.executable).parent / "mnemo")
@@ -229,3 +235,63 @@ async def test_three_drain_processes_and_a_gateway_index_every_record_exactly_on
 
 async def _with_role(owners: Callable[[], Awaitable[set[str]]], prefix: str) -> bool:
     return any(o.startswith(prefix) for o in await owners())
+
+
+async def test_a_live_workers_heartbeat_renews_its_leases_and_a_stop_gives_them_back(
+    db_pool: asyncpg.Pool,
+) -> None:
+    await queue.enqueue(db_pool, [queue.Job("oh1", i, "index", {}) for i in (1, 2)])
+    settings = dataclasses.replace(SETTINGS, lease_seconds=1.5)
+    async with DrainWorker(db_pool, settings, role="drain") as worker:
+        assert len(await queue.claim_ready(db_pool, 10, 5, lease=worker.lease)) == 2
+        first = await db_pool.fetchval("SELECT max(lease_until) FROM rag_index_queue")
+
+        async def renewed() -> bool:
+            return await db_pool.fetchval("SELECT min(lease_until) FROM rag_index_queue") > first
+
+        await _until("the heartbeat to renew the leases", renewed)
+        row = await db_pool.fetchrow(
+            "SELECT role, pid FROM rag_drain_workers WHERE worker_id = $1", worker.id
+        )
+        assert (row["role"], row["pid"]) == ("drain", os.getpid())
+    assert await db_pool.fetchval("SELECT count(*) FROM rag_index_queue WHERE lease_owner IS NOT NULL") == 0
+    assert await db_pool.fetchval("SELECT count(*) FROM rag_drain_workers") == 0
+
+
+class _WatchingClient(CountingClient):
+    """The real client, with an event set by every ``/embed`` call."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.embed_called = asyncio.Event()
+
+    async def embed(self, model: str, texts: Any, **kwargs: Any) -> EmbedResult:
+        self.embed_called.set()
+        return await super().embed(model, texts, **kwargs)
+
+
+async def test_inside_a_worker_the_next_batch_embeds_while_the_current_one_is_written(
+    db_pool: asyncpg.Pool, sidecar_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await SectionStore(db_pool).put("oh1", ORAL_HISTORY)
+    await enqueue_records(db_pool, [record(i) for i in range(1, 5)])
+    settings = dataclasses.replace(SETTINGS, batch_records=2)  # two batches
+    real_upsert = index.store.upsert_chunks
+    overlapped: list[bool] = []
+
+    async with _WatchingClient(sidecar_url) as client:
+
+        async def gated(*args: Any, **kwargs: Any) -> int:
+            if not overlapped:  # the first record's write waits, its transaction open, for an embed
+                client.embed_called.clear()
+                try:
+                    await asyncio.wait_for(client.embed_called.wait(), 120)
+                    overlapped.append(True)
+                except TimeoutError:
+                    overlapped.append(False)  # sequential: no embed could start while writing
+            return await real_upsert(*args, **kwargs)
+
+        monkeypatch.setattr(index.store, "upsert_chunks", gated)
+        report = await drain_once(db_pool, client, settings, text_model=TEXT_MODEL)
+    assert overlapped == [True]
+    assert (report.indexed, report.failed) == (4, 0)
