@@ -175,9 +175,11 @@ class DrainWorker:
             await asyncio.sleep(interval)
             try:
                 await self.heartbeat()
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # never die: a worker without a heartbeat loses its leases
                 # The next beat tries again; a lease lost meanwhile is caught by queue.hold.
-                log.warning("drain worker %s heartbeat failed: %s", self.id, error)
+                log.exception("drain worker %s heartbeat failed", self.id)
 
 
 async def drain_once(

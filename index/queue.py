@@ -11,7 +11,8 @@
 
 - **Leases**: any number of drain workers (processes, hosts) share the queue.
   :func:`claim_ready` takes ready rows with ``FOR UPDATE SKIP LOCKED`` and
-  stamps them with a lease (its owner, and an expiry on the database's clock).
+  stamps them with a lease (its owner, and an expiry on the database's clock,
+  ``clock_timestamp()``, so a statement that waited on a lock does not date it back).
   A leased row is claimed by no one else until its owner releases it (done,
   failed, outage) or the lease expires (the owner was killed: it stopped
   renewing). A newer push keeps the lease, so one record is never processed by
@@ -179,7 +180,7 @@ async def claim_ready(
             FOR UPDATE SKIP LOCKED
         )
         UPDATE rag_index_queue AS q
-        SET lease_owner = $4, lease_until = now() + make_interval(secs => $5)
+        SET lease_owner = $4, lease_until = clock_timestamp() + make_interval(secs => $5)
         FROM claimable c
         WHERE q.section_tipo = c.section_tipo AND q.section_id = c.section_id
         RETURNING q.section_tipo, q.section_id, q.operation, q.payload, q.version, q.attempts,
@@ -210,9 +211,22 @@ async def claim_ready(
 
 
 async def renew_leases(db: Executor, lease: Lease) -> int:
-    """Extend every lease ``lease.owner`` holds (a worker's heartbeat). Returns rows renewed."""
+    """Extend every lease ``lease.owner`` holds (a worker's heartbeat). Returns rows renewed.
+
+    Rows locked right now are skipped rather than waited for: the owner's own write
+    transaction locks the row it writes (and nobody can claim it meanwhile), and a push
+    locks its row for an instant; the next beat renews them. Waiting instead would
+    stall the beat behind a long write, and the expiry is computed from the clock when
+    the row is updated, not when the statement began."""
     status = await db.execute(
-        "UPDATE rag_index_queue SET lease_until = now() + make_interval(secs => $2) WHERE lease_owner = $1",
+        """
+        WITH mine AS (
+            SELECT section_tipo, section_id FROM rag_index_queue WHERE lease_owner = $1
+            FOR UPDATE SKIP LOCKED
+        )
+        UPDATE rag_index_queue AS q SET lease_until = clock_timestamp() + make_interval(secs => $2)
+        FROM mine WHERE q.section_tipo = mine.section_tipo AND q.section_id = mine.section_id
+        """,
         lease.owner,
         lease.seconds,
     )

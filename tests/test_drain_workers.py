@@ -13,19 +13,17 @@ import asyncio
 import dataclasses
 import json
 import os
-import signal
-import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import aiohttp
 import asyncpg
 import pytest
 
 import index.store
+from benchmarks.faults import drain_processes, leased_by
 from index import queue
 from index.drain import DrainWorker, drain_once
 from index.intake import enqueue_records
@@ -36,8 +34,8 @@ from tests.conftest import REPO_ROOT
 from tests.fixtures.gateway import ADMIN, running_gateway
 from tests.ingest_support import ORAL_HISTORY, SETTINGS, TEXT_MODEL, CountingClient, record
 
-# The venv's own `mnemo` (beside the interpreter running the tests, in a checkout or a worktree).
-MNEMO = str(Path(sys.executable).parent / "mnemo")
+# `mnemo` as its entry point runs it (gateway.cli:main), with this interpreter.
+MNEMO = (sys.executable, "-m", "gateway.cli")
 RECORDS = 160
 # Short enough that the killed worker's records come back within seconds; three heartbeats
 # per lease keep a live worker's claims.
@@ -62,45 +60,6 @@ async def _until(what: str, check: Callable[[], Awaitable[Any]], *, limit: float
         await asyncio.sleep(0.05)
 
 
-@contextmanager
-def _drain_processes(
-    database_url: str, sidecar_url: str, logs: Path, n: int
-) -> Iterator[list[subprocess.Popen]]:
-    env = {
-        **os.environ,
-        **INGEST_ENV,
-        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p),
-    }
-    args = ["drain", "--database-url", database_url, "--sidecar-url", sidecar_url, "--text-model", TEXT_MODEL]
-    files: list[IO[bytes]] = []
-    procs: list[subprocess.Popen] = []
-    try:
-        for i in range(n):
-            files.append((logs / f"drain-{i}.log").open("wb"))  # a file, not a pipe nobody reads
-            procs.append(
-                subprocess.Popen(
-                    [MNEMO, "--log-level", "INFO", *args],
-                    cwd=REPO_ROOT,
-                    env=env,
-                    stdout=files[-1],
-                    stderr=files[-1],
-                )
-            )
-        yield procs
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        for f in files:
-            f.close()
-
-
 async def _lease_owners(pool: asyncpg.Pool) -> set[str]:
     rows = await pool.fetch("SELECT DISTINCT lease_owner FROM rag_index_queue WHERE lease_owner IS NOT NULL")
     return {r["lease_owner"] for r in rows}
@@ -121,6 +80,10 @@ async def test_three_drain_processes_and_a_gateway_index_every_record_exactly_on
     for name, value in INGEST_ENV.items():  # the gateway reads its ingest settings from the environment
         monkeypatch.setenv(name, value)
     await SectionStore(db_pool).put("oh1", ORAL_HISTORY)
+    env = {
+        **INGEST_ENV,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p),
+    }
     seen_owners: set[str] = set()
 
     async def owners_now() -> set[str]:
@@ -132,28 +95,26 @@ async def test_three_drain_processes_and_a_gateway_index_every_record_exactly_on
         await enqueue_records(db_pool, [record(i) for i in range(1, RECORDS + 1)])
         # The gateway's drain starts on the queue alone; the processes join it.
         await _until("the gateway's drain to lease records", lambda: _with_role(owners_now, "gateway@"))
-        with _drain_processes(database_url, sidecar_url, tmp_path, 3) as procs:
+        async with drain_processes(
+            database_url, sidecar_url, tmp_path, 3, text_model=TEXT_MODEL, **env
+        ) as procs:
             victim = procs[0]
 
             async def victim_leases() -> set[str]:
                 return {o for o in await owners_now() if _pid_of(o) == victim.pid}
 
             await _until("the first drain process to hold leases", victim_leases)
-            victim.send_signal(signal.SIGKILL)  # mid-work: it holds leased, unfinished records
-            victim.wait()
-            orphans = await db_pool.fetch(
-                "SELECT section_id FROM rag_index_queue WHERE lease_owner LIKE $1",
-                f"%:{victim.pid}#%",
-            )
-            assert orphans, "the killed process held no lease at its death"
-            orphan_ids = {r["section_id"] for r in orphans}
+            victim.kill()  # SIGKILL mid-work: it holds leased, unfinished records
+            await victim.wait()
+            orphan_ids = await leased_by(db_pool, victim.pid)
+            assert orphan_ids, "the killed process held no lease at its death"
 
             async def queue_empty() -> bool:
                 await owners_now()
                 return await db_pool.fetchval("SELECT count(*) FROM rag_index_queue") == 0
 
             await _until("every record to leave the queue", queue_empty)
-            assert all(p.poll() is None for p in procs[1:]), "a surviving drain process died"
+            assert all(p.returncode is None for p in procs[1:]), "a surviving drain process died"
 
             # Stats list the live workers (two processes and the gateway) and the killed one as
             # stale once a whole lease passes without its heartbeat.
@@ -181,18 +142,10 @@ async def test_three_drain_processes_and_a_gateway_index_every_record_exactly_on
             assert 'mnemo_ingest_drain_workers{role="gateway"} 1.0' in exposition
             assert "mnemo_ingest_drain_worker_records_per_second{worker=" in exposition
             cli = await asyncio.create_subprocess_exec(
-                *(
-                    MNEMO,
-                    "--log-level",
-                    "WARNING",
-                    "queue",
-                    "stats",
-                    "--json",
-                    "--database-url",
-                    database_url,
-                ),
+                *MNEMO,
+                *("--log-level", "WARNING", "queue", "stats", "--json", "--database-url", database_url),
                 cwd=REPO_ROOT,
-                env={**os.environ, **INGEST_ENV},
+                env={**os.environ, **env},
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
             )
@@ -259,14 +212,14 @@ async def test_a_live_workers_heartbeat_renews_its_leases_and_a_stop_gives_them_
 
 
 class _WatchingClient(CountingClient):
-    """The real client, with an event set by every ``/embed`` call."""
+    """The real client, noting the texts of every ``/embed`` call as it starts."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.embed_called = asyncio.Event()
+        self.asked: list[str] = []
 
     async def embed(self, model: str, texts: Any, **kwargs: Any) -> EmbedResult:
-        self.embed_called.set()
+        self.asked.extend(texts)
         return await super().embed(model, texts, **kwargs)
 
 
@@ -275,23 +228,27 @@ async def test_inside_a_worker_the_next_batch_embeds_while_the_current_one_is_wr
 ) -> None:
     await SectionStore(db_pool).put("oh1", ORAL_HISTORY)
     await enqueue_records(db_pool, [record(i) for i in range(1, 5)])
-    settings = dataclasses.replace(SETTINGS, batch_records=2)  # two batches
+    settings = dataclasses.replace(SETTINGS, batch_records=2)  # two batches: records 1-2, then 3-4
     real_upsert = index.store.upsert_chunks
     overlapped: list[bool] = []
 
     async with _WatchingClient(sidecar_url) as client:
 
+        async def second_batch_embedding() -> bool:
+            return any("(record 3)" in text for text in client.asked)
+
         async def gated(*args: Any, **kwargs: Any) -> int:
-            if not overlapped:  # the first record's write waits, its transaction open, for an embed
-                client.embed_called.clear()
+            # The first record's write holds, its transaction open, until the second batch's
+            # texts go to the sidecar: done one batch after the other, they never would.
+            if not overlapped:
                 try:
-                    await asyncio.wait_for(client.embed_called.wait(), 120)
+                    await _until("the second batch's embedding", second_batch_embedding, limit=120)
                     overlapped.append(True)
-                except TimeoutError:
-                    overlapped.append(False)  # sequential: no embed could start while writing
+                except AssertionError:
+                    overlapped.append(False)
             return await real_upsert(*args, **kwargs)
 
         monkeypatch.setattr(index.store, "upsert_chunks", gated)
         report = await drain_once(db_pool, client, settings, text_model=TEXT_MODEL)
     assert overlapped == [True]
-    assert (report.indexed, report.failed) == (4, 0)
+    assert (report.indexed, report.failed, report.lost_leases) == (4, 0, 0)

@@ -180,3 +180,19 @@ async def test_a_pass_that_meets_an_outage_leaves_the_record_queued_and_unleased
     assert row["attempts"] == 0 and row["last_error"].startswith(queue.OUTAGE_PREFIX)
     assert await db_pool.fetchval("SELECT lease_owner FROM rag_index_queue") is None
     assert await db_pool.fetchval("SELECT count(*) FROM rag_drain_workers") == 0  # unregistered
+
+
+async def test_renewal_skips_the_row_its_owner_is_writing_instead_of_waiting(db_pool: asyncpg.Pool) -> None:
+    """The heartbeat must not stall behind the worker's own long write (the row is locked, so
+    nobody can claim it meanwhile); it renews the other leases with the clock of the moment."""
+    await queue.enqueue(db_pool, [Job("s1", i, "index", {}) for i in (1, 2)])
+    writing, other = await queue.claim_ready(db_pool, 10, 5, lease=LEASE)
+    await db_pool.execute("UPDATE rag_index_queue SET lease_until = now() - interval '1 second'")
+    async with db_pool.acquire() as conn, conn.transaction():
+        assert await queue.hold(conn, writing)
+        # Bounded only so that a regression fails instead of hanging: a renewal waiting on the
+        # lock would never return while this transaction is open.
+        assert await asyncio.wait_for(queue.renew_leases(db_pool, LEASE), 60) == 1
+        assert await queue.claim_ready(db_pool, 10, 5, lease=OTHER) == []  # locked, or renewed
+    leases = await db_pool.fetch("SELECT section_id, lease_until > now() AS live FROM rag_index_queue")
+    assert {r["section_id"]: r["live"] for r in leases} == {writing.section_id: False, other.section_id: True}
