@@ -114,8 +114,9 @@ class DrainWorker:
     """One claimant of the queue: its lease identity, its heartbeat and its counters.
 
     ``async with`` registers it (``rag_drain_workers``) and starts the heartbeat, which
-    renews its leases every third of ``lease_seconds`` and publishes its throughput; on
-    exit it gives its leases back (the records are claimable at once) and unregisters.
+    renews the leases of the records it is processing (:attr:`holding`) every third of
+    ``lease_seconds`` and publishes its throughput; on exit it gives its leases back (the
+    records are claimable at once) and unregisters.
     The id names the role, host and process, plus a random tag (a pid is not unique
     across containers)."""
 
@@ -129,6 +130,8 @@ class DrainWorker:
         self.records_done = 0
         self.records_failed = 0
         self.chunks_embedded = 0
+        # The records this worker is processing: only their leases are renewed.
+        self.holding: set[tuple[str, int]] = set()
         self._samples: deque[tuple[float, int]] = deque()
         self._beating: asyncio.Task[None] | None = None
 
@@ -165,8 +168,8 @@ class DrainWorker:
         return workers.WorkerSample(self.records_done, self.records_failed, self.chunks_embedded, rate)
 
     async def heartbeat(self) -> None:
-        """Renew this worker's leases and publish its counters."""
-        await queue.renew_leases(self.pool, self.lease)
+        """Renew the leases of the records this worker is processing and publish its counters."""
+        await queue.renew_leases(self.pool, self.lease, sorted(self.holding))
         await workers.heartbeat(self.pool, self.id, self.sample())
 
     async def _beat(self) -> None:
@@ -224,6 +227,9 @@ async def drain_once(
         await _drain(pool, client, settings, models, stop, report, section_tipos, worker)
     finally:
         await models.close()
+        # A pass ends holding nothing. One that died between a claim and the writes (an error,
+        # a cancel) leaves leases that are no longer renewed: they expire and are taken over.
+        worker.holding.clear()
     return report
 
 
@@ -301,6 +307,7 @@ async def _drain(
             )
             if not items:
                 break
+            worker.holding.update((i.section_tipo, i.section_id) for i in items)
             try:
                 if indexer is None:
                     indexer = await _text_indexer(pool, client, settings, models)
@@ -309,6 +316,7 @@ async def _drain(
             except SidecarUnavailable as exc:
                 log.warning("sidecar unavailable; %d records stay queued: %s", len(items), exc)
                 await queue.note_outage(pool, items, str(exc))
+                worker.holding.difference_update((i.section_tipo, i.section_id) for i in items)
                 report.unavailable = True
                 report.error = f"sidecar unavailable: {exc}"
                 break
@@ -385,6 +393,7 @@ async def _write_batch(
     for plan in batch.plans:
         failed_before = report.failed
         await _finish(pool, indexer, plan, settings, report, models.images, batch.image_plans.get(plan.key))
+        worker.holding.discard(plan.key)
         if report.failed > failed_before:
             worker.records_failed += 1
         else:

@@ -210,25 +210,35 @@ async def claim_ready(
     ]
 
 
-async def renew_leases(db: Executor, lease: Lease) -> int:
-    """Extend every lease ``lease.owner`` holds (a worker's heartbeat). Returns rows renewed.
+async def renew_leases(db: Executor, lease: Lease, keys: Sequence[tuple[str, int]]) -> int:
+    """Extend the leases ``lease.owner`` holds on ``keys`` (the records it is processing: a
+    worker's heartbeat). Returns rows renewed. A lease its owner no longer works on (a pass
+    that died between claim and write) is not renewed, so it expires and is taken over.
 
     Rows locked right now are skipped rather than waited for: the owner's own write
     transaction locks the row it writes (and nobody can claim it meanwhile), and a push
     locks its row for an instant; the next beat renews them. Waiting instead would
     stall the beat behind a long write, and the expiry is computed from the clock when
     the row is updated, not when the statement began."""
+    if not keys:
+        return 0
     status = await db.execute(
         """
         WITH mine AS (
-            SELECT section_tipo, section_id FROM rag_index_queue WHERE lease_owner = $1
-            FOR UPDATE SKIP LOCKED
+            SELECT q.section_tipo, q.section_id
+            FROM rag_index_queue q
+            JOIN unnest($3::text[], $4::bigint[]) AS k(section_tipo, section_id)
+              ON q.section_tipo = k.section_tipo AND q.section_id = k.section_id
+            WHERE q.lease_owner = $1
+            FOR UPDATE OF q SKIP LOCKED
         )
         UPDATE rag_index_queue AS q SET lease_until = clock_timestamp() + make_interval(secs => $2)
         FROM mine WHERE q.section_tipo = mine.section_tipo AND q.section_id = mine.section_id
         """,
         lease.owner,
         lease.seconds,
+        [k[0] for k in keys],
+        [k[1] for k in keys],
     )
     return int(status.rsplit(" ", 1)[-1])
 

@@ -190,19 +190,25 @@ async def _with_role(owners: Callable[[], Awaitable[set[str]]], prefix: str) -> 
     return any(o.startswith(prefix) for o in await owners())
 
 
-async def test_a_live_workers_heartbeat_renews_its_leases_and_a_stop_gives_them_back(
+async def test_a_live_workers_heartbeat_renews_the_leases_it_works_on_and_a_stop_gives_them_back(
     db_pool: asyncpg.Pool,
 ) -> None:
     await queue.enqueue(db_pool, [queue.Job("oh1", i, "index", {}) for i in (1, 2)])
     settings = dataclasses.replace(SETTINGS, lease_seconds=1.5)
     async with DrainWorker(db_pool, settings, role="drain") as worker:
         assert len(await queue.claim_ready(db_pool, 10, 5, lease=worker.lease)) == 2
-        first = await db_pool.fetchval("SELECT max(lease_until) FROM rag_index_queue")
+        # It works on record 1 only; record 2's claim was left behind (a pass that died).
+        worker.holding.add(("oh1", 1))
+        first = await db_pool.fetchval("SELECT lease_until FROM rag_index_queue WHERE section_id = 1")
+        left = await db_pool.fetchval("SELECT lease_until FROM rag_index_queue WHERE section_id = 2")
 
         async def renewed() -> bool:
-            return await db_pool.fetchval("SELECT min(lease_until) FROM rag_index_queue") > first
+            return (
+                await db_pool.fetchval("SELECT lease_until FROM rag_index_queue WHERE section_id = 1") > first
+            )
 
-        await _until("the heartbeat to renew the leases", renewed)
+        await _until("the heartbeat to renew the lease", renewed)
+        assert await db_pool.fetchval("SELECT lease_until FROM rag_index_queue WHERE section_id = 2") == left
         row = await db_pool.fetchrow(
             "SELECT role, pid FROM rag_drain_workers WHERE worker_id = $1", worker.id
         )

@@ -129,7 +129,7 @@ async def test_a_lease_holds_until_it_expires_then_another_worker_takes_over(db_
     mine = await _claim_one(db_pool)
     assert mine.lease_owner == LEASE.owner
     assert await queue.claim_ready(db_pool, 10, 5, lease=OTHER) == []
-    assert await queue.renew_leases(db_pool, LEASE) == 1
+    assert await queue.renew_leases(db_pool, LEASE, [("oh1", 1)]) == 1
     # The holder is killed: it stops renewing, and the lease runs out (time moved by hand).
     await db_pool.execute("UPDATE rag_index_queue SET lease_until = now() - interval '1 second'")
     stats = await queue.stats(db_pool, 5)
@@ -140,7 +140,7 @@ async def test_a_lease_holds_until_it_expires_then_another_worker_takes_over(db_
     async with db_pool.acquire() as conn, conn.transaction():
         assert await queue.hold(conn, mine) is False
     await queue.fail(db_pool, mine, "late", max_attempts=5, backoff_cap=1800)
-    assert await queue.renew_leases(db_pool, LEASE) == 0
+    assert await queue.renew_leases(db_pool, LEASE, [("oh1", 1)]) == 0
     row = (await queue_rows(db_pool))[0]
     assert (row["attempts"], row["last_error"]) == (0, None)
     async with db_pool.acquire() as conn, conn.transaction():
@@ -192,7 +192,8 @@ async def test_renewal_skips_the_row_its_owner_is_writing_instead_of_waiting(db_
         assert await queue.hold(conn, writing)
         # Bounded only so that a regression fails instead of hanging: a renewal waiting on the
         # lock would never return while this transaction is open.
-        assert await asyncio.wait_for(queue.renew_leases(db_pool, LEASE), 60) == 1
+        keys = [(i.section_tipo, i.section_id) for i in (writing, other)]
+        assert await asyncio.wait_for(queue.renew_leases(db_pool, LEASE, keys), 60) == 1
         assert await queue.claim_ready(db_pool, 10, 5, lease=OTHER) == []  # locked, or renewed
     leases = await db_pool.fetch("SELECT section_id, lease_until > now() AS live FROM rag_index_queue")
     assert {r["section_id"]: r["live"] for r in leases} == {writing.section_id: False, other.section_id: True}
