@@ -40,7 +40,9 @@ async def test_a_drain_worker_killed_mid_batch_loses_and_duplicates_nothing(
     result = await drain_worker_killed(
         pg_server.url, sidecar_url, tmp_path, text_model=TEXT_MODEL, records=24
     )
-    assert result["orphaned_records"] > 0 and result["queued_at_kill"] > 0, result  # killed mid-work
+    assert result["orphaned_records"] > 0 and 0 < result["queued_at_kill"] < result["records"], (
+        result
+    )  # mid-work
     assert result["records_lost"] == 0 and result["duplicate_rows"] == 0, result
     assert result["chunks"] == result["chunks_clean"] > 0 and result["queue_left"] == 0, result
     assert result["orphans_indexed_s"] is not None and result["surviving_workers"] == 2, result
