@@ -1,7 +1,8 @@
 """Parallel drain workers on real PostgreSQL against the session sidecar: three `mnemo drain`
 processes and a gateway's drain share one queue, one process is killed with SIGKILL mid-work,
 and every record is indexed exactly once (issue 23's done-when); a worker's heartbeat keeps
-its leases; inside a worker the next batch embeds while the current one is written.
+its leases; inside a worker the next batch embeds while the current one is written; `mnemo drain
+--once --workers 3` drains a queue and unregisters its workers.
 
 Time never decides an outcome here: the lease is made short by its setting so that the killed
 worker's records expire soon, and the test waits on conditions under a generous overall limit.
@@ -258,3 +259,33 @@ async def test_inside_a_worker_the_next_batch_embeds_while_the_current_one_is_wr
         report = await drain_once(db_pool, client, settings, text_model=TEXT_MODEL)
     assert overlapped == [True]
     assert (report.indexed, report.failed, report.lost_leases) == (4, 0, 0)
+
+
+async def test_mnemo_drain_once_with_three_workers_drains_the_queue_and_unregisters(
+    database_url: str, db_pool: asyncpg.Pool, sidecar_url: str
+) -> None:
+    await SectionStore(db_pool).put("oh1", ORAL_HISTORY)
+    await enqueue_records(db_pool, [record(i) for i in range(1, 25)])
+    env = {
+        **os.environ,
+        "RAG_INGEST_BATCH_RECORDS": "2",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p),
+    }
+    args = ("drain", "--once", "--workers", "3", "--database-url", database_url, "--sidecar-url", sidecar_url)
+    proc = await asyncio.create_subprocess_exec(
+        *MNEMO,
+        *("--log-level", "WARNING", *args, "--text-model", TEXT_MODEL),
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), OVERALL_LIMIT_S)
+    assert proc.returncode == 0, err.decode()
+    assert "drained: 24 indexed, 0 deleted, 0 failed" in out.decode()
+    assert await db_pool.fetchval("SELECT count(*) FROM rag_index_queue") == 0
+    partition = await get_partition(db_pool, TEXT_MODEL)
+    assert partition is not None
+    stored = await db_pool.fetch(f"SELECT DISTINCT section_id FROM {partition.table}")
+    assert {r["section_id"] for r in stored} == set(range(1, 25))
+    assert await db_pool.fetchval("SELECT count(*) FROM rag_drain_workers") == 0  # all three unregistered
