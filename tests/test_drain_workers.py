@@ -142,19 +142,12 @@ async def test_three_drain_processes_and_a_gateway_index_every_record_exactly_on
             assert 'mnemo_ingest_drain_workers{role="drain"} 2.0' in exposition
             assert 'mnemo_ingest_drain_workers{role="gateway"} 1.0' in exposition
             assert "mnemo_ingest_drain_worker_records_per_second{worker=" in exposition
-            cli = await asyncio.create_subprocess_exec(
-                *MNEMO,
-                *("--log-level", "WARNING", "queue", "stats", "--json", "--database-url", database_url),
-                cwd=REPO_ROOT,
-                env={**os.environ, **env},
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-            )
-            out, err = await asyncio.wait_for(cli.communicate(), 120)
-            assert cli.returncode == 0, err.decode()
-            listed = json.loads(out)
+            listed = json.loads(await _mnemo(env, "queue", "stats", "--json", "--database-url", database_url))
             assert listed["pending"] == 0
             assert {w["worker_id"] for w in listed["workers"]} == {w["worker_id"] for w in stats["workers"]}
+            text = await _mnemo(env, "queue", "stats", "--database-url", database_url)
+            assert "leased 0 (expired 0)" in text and "workers: 3 alive, 1 stale" in text
+            assert f":{victim.pid}#0" in text and "records/s" in text
 
     # The gateway's drain and the processes each held leases: they drained together.
     assert {_pid_of(o) for o in seen_owners} >= {os.getpid(), victim.pid}
@@ -267,25 +260,30 @@ async def test_mnemo_drain_once_with_three_workers_drains_the_queue_and_unregist
     await SectionStore(db_pool).put("oh1", ORAL_HISTORY)
     await enqueue_records(db_pool, [record(i) for i in range(1, 25)])
     env = {
-        **os.environ,
         "RAG_INGEST_BATCH_RECORDS": "2",
         "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p),
     }
     args = ("drain", "--once", "--workers", "3", "--database-url", database_url, "--sidecar-url", sidecar_url)
-    proc = await asyncio.create_subprocess_exec(
-        *MNEMO,
-        *("--log-level", "WARNING", *args, "--text-model", TEXT_MODEL),
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), OVERALL_LIMIT_S)
-    assert proc.returncode == 0, err.decode()
-    assert "drained: 24 indexed, 0 deleted, 0 failed" in out.decode()
+    out = await _mnemo(env, *args, "--text-model", TEXT_MODEL)
+    assert "drained: 24 indexed, 0 deleted, 0 failed" in out
     assert await db_pool.fetchval("SELECT count(*) FROM rag_index_queue") == 0
     partition = await get_partition(db_pool, TEXT_MODEL)
     assert partition is not None
     stored = await db_pool.fetch(f"SELECT DISTINCT section_id FROM {partition.table}")
     assert {r["section_id"] for r in stored} == set(range(1, 25))
     assert await db_pool.fetchval("SELECT count(*) FROM rag_drain_workers") == 0  # all three unregistered
+
+
+async def _mnemo(env: dict[str, str], *args: str) -> str:
+    """``mnemo ARGS`` in a subprocess; its stdout (it must succeed)."""
+    proc = await asyncio.create_subprocess_exec(
+        *MNEMO,
+        *("--log-level", "WARNING", *args),
+        cwd=REPO_ROOT,
+        env={**os.environ, **env},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), OVERALL_LIMIT_S)
+    assert proc.returncode == 0, err.decode()
+    return out.decode()
