@@ -761,7 +761,9 @@ async def drain_worker_killed(
     from inference.client import SidecarClient
 
     settings = IngestSettings(**FAULT_INGEST)
-    env = {"RAG_INGEST_LEASE_SECONDS": str(lease_s), "RAG_INGEST_BATCH_RECORDS": str(settings.batch_records)}
+    # Batches of 2: a pipelined worker holds up to two of them, so it holds records through most
+    # of even a short drain, and the kill lands mid-batch.
+    env = {"RAG_INGEST_LEASE_SECONDS": str(lease_s), "RAG_INGEST_BATCH_RECORDS": "2"}
     batch = drain_records(records)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + deadline_s
