@@ -8,14 +8,13 @@
   ``retry`` (or a newer push) unparks it.
 - **Outages**: a sidecar outage is not the record's fault; :func:`note_outage`
   records the error without spending an attempt.
-
 - **Leases**: any number of drain workers (processes, hosts) share the queue.
   :func:`claim_ready` takes ready rows with ``FOR UPDATE SKIP LOCKED`` and
   stamps them with a lease (its owner, and an expiry on the database's clock,
-  ``clock_timestamp()``, so a statement that waited on a lock does not date it back).
-  A leased row is claimed by no one else until its owner releases it (done,
-  failed, outage) or the lease expires (the owner was killed: it stopped
-  renewing). A newer push keeps the lease, so one record is never processed by
+  ``clock_timestamp()``, so a statement that waited on a lock does not date it
+  back). The owner renews the leases of the records it works on. A leased row
+  is claimed by no one else until its owner releases it (done, failed, outage)
+  or the lease expires (the owner was killed: it stopped renewing). A newer push keeps the lease, so one record is never processed by
   two workers at once; the holder's :func:`complete` then finds a newer version,
   leaves the row and releases it for the next claim. Inside the write
   transaction, :func:`hold` row-locks the lease, so a worker whose lease expired
