@@ -14,11 +14,12 @@
   ``clock_timestamp()``, so a statement that waited on a lock does not date it
   back). The owner renews the leases of the records it works on. A leased row
   is claimed by no one else until its owner releases it (done, failed, outage)
-  or the lease expires (the owner was killed: it stopped renewing). A newer push keeps the lease, so one record is never processed by
-  two workers at once; the holder's :func:`complete` then finds a newer version,
-  leaves the row and releases it for the next claim. Inside the write
-  transaction, :func:`hold` row-locks the lease, so a worker whose lease expired
-  and was taken over writes nothing.
+  or the lease expires (the owner was killed: it stopped renewing). A newer
+  push keeps the lease, so one record is never processed by two workers at once;
+  the holder's :func:`complete` then finds a newer version, leaves the row and
+  releases it for the next claim. Inside the write transaction, :func:`hold`
+  row-locks the lease, so a worker whose lease expired and was taken over
+  writes nothing.
 """
 
 from __future__ import annotations
