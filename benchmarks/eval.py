@@ -154,10 +154,10 @@ async def index_section(
 ) -> dict[str, Any]:
     """Drain ``section_tipo``'s queued records and wait until none is left; other sections' stay queued.
 
-    Beside a running gateway, its drain may hold the lock or claim some of these
-    records: a scoped pass then does nothing or part of the work, and we wait for
-    the queue rows to go (whoever indexes them). A record that fails (it would be
-    retried only minutes later) or a sidecar outage ends the wait with an error.
+    Beside a running gateway, its drain may lease some of these records: a scoped
+    pass then does part of the work, and we wait for the queue rows to go (whoever
+    indexes them). A record that fails (it would be retried only minutes later) or
+    a sidecar outage ends the wait with an error.
     """
     from index.drain import drain_once
 
@@ -188,7 +188,7 @@ async def index_section(
             raise RuntimeError(
                 f"the corpus was not fully indexed after {max_wait:.0f} s ({stats['queued']} records queued)"
             )
-        if report.skipped or not report.processed:  # another drain holds the lock or our records
+        if not report.processed:  # other workers (the gateway's drain) hold leases on our records
             await asyncio.sleep(poll)
 
 

@@ -1,5 +1,9 @@
 """Faults injected into real services for the reliability suite.
 
+:func:`drain_worker_killed`: one of three ``mnemo drain`` processes sharing a queue is killed with
+SIGKILL while it holds leased records; the others take them over once the leases expire. Records
+lost and rows written twice are counted against a clean run's store.
+
 :func:`sigterm_under_load`: a ``mnemo gateway`` subprocess serving ``semantic_search`` to several
 closed-loop callers (half with a connection per request, half kept alive) is sent SIGTERM. Requests
 already read must finish with 200; others must be refused cleanly (connection refused, or a coded
@@ -9,18 +13,20 @@ retryable 503 with ``Retry-After``), never reset or dropped after being sent, ne
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import json
 import signal
+import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["sigterm_gateway", "sigterm_under_load"]
+__all__ = ["drain_processes", "drain_worker_killed", "sigterm_gateway", "sigterm_under_load"]
 
 
 def _search(conn: http.client.HTTPConnection, token: str, body: bytes) -> tuple[str, int]:
@@ -267,6 +273,11 @@ class _Postgres:
 async def _fresh_pool(server_url: str, name: str) -> Any:
     """A pool on a new, migrated database ``name`` (dropped first if it exists) of the server at
     ``server_url``, with :data:`DRAIN_DESCRIPTOR` put."""
+    return (await _fresh_database(server_url, name))[1]
+
+
+async def _fresh_database(server_url: str, name: str) -> tuple[str, Any]:
+    """:func:`_fresh_pool`, with the database's URL."""
     from index.sections import SectionStore
     from schema import create_pool
 
@@ -275,7 +286,7 @@ async def _fresh_pool(server_url: str, name: str) -> Any:
     url = await BenchStack(work_dir=Path(), server_url=server_url).fresh_database(name)
     pool = await create_pool(url, max_size=4)
     await SectionStore(pool).put(DRAIN_SECTION, DRAIN_DESCRIPTOR)
-    return pool
+    return url, pool
 
 
 async def _drop(server_url: str, *names: str) -> None:
@@ -657,3 +668,175 @@ async def sidecar_stopped_mid_drain(
     finally:
         await sidecar.stop()
         await _drop(server_url, *names)
+
+
+# -- a drain worker killed with SIGKILL mid-batch -----------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def drain_processes(
+    database_url: str, sidecar_url: str, log_dir: Path, n: int, *, text_model: str, **env: str
+) -> AsyncIterator[list[asyncio.subprocess.Process]]:
+    """``n`` ``mnemo drain`` loops in subprocesses (``env``: more ``RAG_*`` settings for them), each
+    logging to ``log_dir/drain-<i>.log``; the ones still running are stopped with SIGTERM after."""
+    from .settings import child_environment
+
+    environ = child_environment(**env)
+    procs: list[asyncio.subprocess.Process] = []
+    try:
+        for i in range(n):
+            args = (
+                "drain",
+                "--database-url",
+                database_url,
+                "--sidecar-url",
+                sidecar_url,
+                "--text-model",
+                text_model,
+            )
+            with (log_dir / f"drain-{i}.log").open("wb") as out:  # a file, not a pipe nobody reads
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-m",
+                    "gateway.cli",
+                    "--log-level",
+                    "INFO",
+                    *args,
+                    env=environ,
+                    stdout=out,
+                    stderr=out,
+                )
+            procs.append(proc)
+        yield procs
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.terminate()
+        for proc in procs:
+            try:
+                await asyncio.wait_for(proc.wait(), 60)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+
+
+async def leased_by(pool: Any, pid: int) -> set[int]:
+    """Section ids of the queued records that the drain workers of process ``pid`` hold leases on
+    (a worker id is ``role@host:pid#index-tag``)."""
+    rows = await pool.fetch("SELECT section_id FROM rag_index_queue WHERE lease_owner LIKE $1", f"%:{pid}#%")
+    return {r["section_id"] for r in rows}
+
+
+async def _wait_for(check: Callable[[], Awaitable[Any]], deadline: float) -> Any:
+    """Poll ``check`` until it returns something truthy (returned) or ``deadline`` passes (None)."""
+    loop = asyncio.get_running_loop()
+    while loop.time() < deadline:
+        result = await check()
+        if result:
+            return result
+        await asyncio.sleep(0.02)
+    return None
+
+
+async def drain_worker_killed(
+    server_url: str,
+    sidecar_url: str,
+    log_dir: Path,
+    *,
+    text_model: str,
+    records: int = 48,
+    workers: int = 3,
+    lease_s: float = 3.0,
+    deadline_s: float = 300.0,
+) -> dict[str, Any]:
+    """``workers`` ``mnemo drain`` processes share a queue of ``records``; the first is killed with
+    SIGKILL once about a third is indexed, while it holds leased records. Its leases expire after ``lease_s`` and the others take
+    its records over. Figures: records lost (their chunks differ from a clean run's: missing, other
+    text or vector), duplicate rows (rows written twice, so their ``updated_at`` moved, or not in
+    the clean run), the seconds from the kill until the last orphaned record is indexed. Databases
+    on ``server_url`` (created, then dropped). Bounded by ``deadline_s``."""
+    from index.intake import enqueue_records
+    from index.partitions import get_partition
+    from index.settings import IngestSettings
+    from inference.client import SidecarClient
+
+    settings = IngestSettings(**FAULT_INGEST)
+    # Batches of 2: a pipelined worker holds up to two of them, so it holds records through most
+    # of even a short drain, and the kill lands mid-batch.
+    env = {"RAG_INGEST_LEASE_SECONDS": str(lease_s), "RAG_INGEST_BATCH_RECORDS": "2"}
+    batch = drain_records(records)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + deadline_s
+    names = ("workers_clean_run", "workers_killed_run")
+    try:
+        clean_pool = await _fresh_pool(server_url, names[0])
+        try:
+            async with SidecarClient(sidecar_url) as client:
+                clean = await _clean_run(clean_pool, client, settings, batch, text_model, deadline)
+        finally:
+            await clean_pool.close()
+        url, pool = await _fresh_database(server_url, names[1])
+        try:
+            await enqueue_records(pool, batch)
+            async with drain_processes(
+                url, sidecar_url, log_dir, workers, text_model=text_model, **env
+            ) as procs:
+                victim = procs[0]
+
+                async def mid_work() -> bool:  # about a third indexed, and the victim holds records
+                    left = await _queue_size(pool)
+                    return (
+                        left is not None
+                        and left <= records - records // 3
+                        and bool(await leased_by(pool, victim.pid))
+                    )
+
+                if not await _wait_for(mid_work, deadline):
+                    raise RuntimeError(
+                        f"the first drain process held no lease mid-drain; see {log_dir}/drain-0.log"
+                    )
+                victim.kill()  # SIGKILL: no handler, no release, its leases stay until they expire
+                await victim.wait()
+                killed_at = loop.time()
+                orphans = await leased_by(pool, victim.pid)
+                queued_at_kill = await _queue_size(pool)
+
+                async def orphans_indexed() -> bool:
+                    rows = await pool.fetch(
+                        "SELECT section_id FROM rag_index_queue WHERE section_id = ANY($1::bigint[])",
+                        list(orphans),
+                    )
+                    return not rows
+
+                indexed = await _wait_for(orphans_indexed, deadline)
+                orphans_indexed_at = loop.time() if indexed else None
+                drained_at = await _wait_drained(pool, deadline)
+                survivors = sum(p.returncode is None for p in procs[1:])
+            after = await store_snapshot(pool, text_model)
+            partition = await get_partition(pool, text_model)
+            rewritten = (
+                await pool.fetchval(f"SELECT count(*) FROM {partition.table} WHERE updated_at <> created_at")
+                if partition is not None
+                else 0
+            )
+            queue_left = await _queue_size(pool)
+        finally:
+            await pool.close()
+    finally:
+        await _drop(server_url, *names)
+    comparison = compare_stores(clean, after)
+    return {
+        "records": records,
+        "workers": workers,
+        "lease_s": lease_s,
+        "queued_at_kill": queued_at_kill,
+        "orphaned_records": len(orphans),
+        "records_lost": len(comparison["records_differing"]),
+        "duplicate_rows": rewritten + len(after.keys() - clean.keys()),
+        **comparison,
+        "queue_left": queue_left,
+        "surviving_workers": survivors,
+        # from the kill until every record the killed process held is indexed (lease expiry included)
+        "orphans_indexed_s": None if orphans_indexed_at is None else round(orphans_indexed_at - killed_at, 2),
+        "drained_s": None if drained_at is None else round(drained_at - killed_at, 2),
+    }

@@ -224,7 +224,14 @@ def _codes(counts: dict[str, int]) -> str:
 def _fault_figures(result: dict[str, Any]) -> list[list[Any]]:
     """Rows of the figures table for the faults and the load held (an error row when one broke)."""
     rows: list[list[Any]] = []
-    for name in ("postgres_stopped", "sidecar_stopped", "replica_killed", "overload", "mixed_load"):
+    for name in (
+        "postgres_stopped",
+        "sidecar_stopped",
+        "drain_worker_killed",
+        "replica_killed",
+        "overload",
+        "mixed_load",
+    ):
         if name in result and "error" in result[name]:
             rows.append([f"{name}: the check itself failed", result[name]["error"], "no error"])
     drains = (
@@ -247,6 +254,17 @@ def _fault_figures(result: dict[str, Any]) -> list[list[Any]]:
                 [f"{label}: seconds down / seconds from restart to an empty queue",
                  f"{f['seconds_down']} / {f['recovery_s']}", "- / bounded"],
             ]  # fmt: skip
+    f = result.get("drain_worker_killed")
+    if f and "error" not in f:
+        rows += [
+            [f"1 of {f['workers']} `mnemo drain` processes killed (SIGKILL) holding {f['orphaned_records']} "
+             f"leased records: records lost / duplicate rows (of {f['records']})",
+             f"{f['records_lost']} / {f['duplicate_rows']}", "0 / 0"],
+            [f"drain worker killed: seconds until its orphaned records are indexed (lease {f['lease_s']} s) / "
+             "until the queue is empty", f"{f['orphans_indexed_s']} / {f['drained_s']}", "bounded"],
+            ["drain worker killed: queue left / surviving workers", f"{f['queue_left']} / {f['surviving_workers']}",
+             f"0 / {f['workers'] - 1}"],
+        ]  # fmt: skip
     f = result.get("replica_killed")
     if f and "error" not in f:
         rows += [
@@ -462,8 +480,14 @@ async def _attempt(figures: dict[str, Any], name: str, run: Any) -> None:
 
 
 async def _faults(stack: BenchStack, plan: ReliabilityPlan, result: dict[str, Any]) -> None:
-    """PostgreSQL stopped hard mid-drain, the sidecar stopped mid-drain, a replica killed, overload."""
-    from .faults import postgres_stopped_mid_drain, replica_killed_under_load, sidecar_stopped_mid_drain
+    """PostgreSQL stopped hard mid-drain, a drain worker killed, the sidecar stopped mid-drain, a
+    replica killed, overload."""
+    from .faults import (
+        drain_worker_killed,
+        postgres_stopped_mid_drain,
+        replica_killed_under_load,
+        sidecar_stopped_mid_drain,
+    )
     from .load_held import sidecar_overload
     from .stack import bench_sidecar_config
 
@@ -475,6 +499,13 @@ async def _faults(stack: BenchStack, plan: ReliabilityPlan, result: dict[str, An
             "postgres_stopped",
             postgres_stopped_mid_drain(
                 stack.sidecar_url, stack.work_dir, text_model=BENCH_MODEL, records=records
+            ),
+        )
+        await _attempt(
+            result,
+            "drain_worker_killed",
+            drain_worker_killed(
+                stack.server_url, stack.sidecar_url, stack.work_dir, text_model=BENCH_MODEL, records=records
             ),
         )
         config = bench_sidecar_config()

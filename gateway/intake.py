@@ -6,8 +6,9 @@ Routes (all admin: the archive pushes with a service token):
 - ``POST /v1/records`` (one record or an array) and
   ``DELETE /v1/records/{section_tipo}/{section_id}`` validate, enqueue in one
   transaction and answer 202 Accepted; the drain indexes them.
-- ``GET /v1/queue/stats``: pending / ready / blocked / failed / oldest age, and
-  whether the drain is paused by a sidecar outage. ``POST /v1/queue/retry``
+- ``GET /v1/queue/stats``: pending / ready / blocked / failed / oldest age / leases,
+  the drain workers of every process (leases held, records/s), and whether this
+  gateway's drain is paused by a sidecar outage. ``POST /v1/queue/retry``
   unparks failed records; ``GET /v1/queue/failed`` lists them with their last error.
 - ``GET /v1/sections`` lists every stored descriptor.
 - ``POST /v1/sections/{section_tipo}/reconcile`` (``{"ids": [...], "records": [...]}``)
@@ -25,8 +26,8 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from index import queue
-from index.drain import DrainLoop
+from index import queue, workers
+from index.drain import DrainLoop, stale_after_s
 from index.intake import IntakeError, as_record_list, enqueue_delete, enqueue_records
 from index.metrics import IngestMetrics
 from index.reconcile import reconcile_section
@@ -128,10 +129,19 @@ async def queue_stats(request: web.Request) -> web.Response:
     require_admin(request)
     settings = request.app[INGEST_SETTINGS_KEY]
     stats = await queue.stats(request.app[POOL_KEY], settings.max_attempts)
+    rows = await workers.list_workers(request.app[POOL_KEY], stale_after_s=stale_after_s(settings))
     drain = request.app.get(DRAIN_KEY)
     if drain is not None:
         drain.metrics.observe_stats(stats)
-    return envelope_ok(request, {**stats.as_dict(), "drain": drain.status() if drain is not None else None})
+        drain.metrics.observe_workers(rows)
+    return envelope_ok(
+        request,
+        {
+            **stats.as_dict(),
+            "workers": [w.as_dict() for w in rows],
+            "drain": drain.status() if drain is not None else None,
+        },
+    )
 
 
 async def queue_retry(request: web.Request) -> web.Response:
@@ -210,6 +220,7 @@ async def _drain_ctx(app: web.Application) -> AsyncIterator[None]:
         image_model=app[SETTINGS_KEY].sidecar.image_model,
         media=app[MEDIA_SETTINGS_KEY],
         metrics=app[_METRICS_KEY],
+        role="gateway",  # one worker (RAG_INGEST_DRAIN_WORKERS) among any `mnemo drain` ones
     )
     app[DRAIN_KEY] = drain
     task = asyncio.create_task(drain.supervise(), name="mnemo-drain") if settings.drain_enabled else None

@@ -33,7 +33,11 @@ def _ingest_settings(args: argparse.Namespace) -> Any:
 
     from .settings import IngestSettings
 
-    return load_settings(IngestSettings, drain_interval=getattr(args, "interval", None))
+    return load_settings(
+        IngestSettings,
+        drain_interval=getattr(args, "interval", None),
+        drain_workers=getattr(args, "workers", None),
+    )
 
 
 def _media_settings() -> Any:
@@ -71,27 +75,10 @@ def _print_json(obj: Any) -> None:
 
 
 async def _drain(args: argparse.Namespace) -> int:
-    from .drain import DrainLoop, drain_once
+    from .drain import DrainLoop
 
     settings = _ingest_settings(args)
     async with _database(args) as pool, _sidecar(args) as (client, sidecar):
-        if args.once:
-            report = await drain_once(
-                pool,
-                client,
-                settings,
-                text_model=sidecar.text_model,
-                image_model=sidecar.image_model,
-                media=_media_settings(),
-            )
-            if report.skipped:
-                print("another drain holds the lock; nothing to do here", flush=True)
-                return 0
-            _print_report(report)
-            if report.unavailable:
-                print(f"sidecar unavailable at {sidecar.sidecar_url}: records stay queued", file=sys.stderr)
-                return EXIT_SIDECAR_UNAVAILABLE
-            return 0
         loop = DrainLoop(
             pool,
             client,
@@ -100,9 +87,20 @@ async def _drain(args: argparse.Namespace) -> int:
             image_model=sidecar.image_model,
             media=_media_settings(),
         )
+        if args.once:
+            report = await loop.drain()
+            _print_report(report)
+            if report.unavailable:
+                print(f"sidecar unavailable at {sidecar.sidecar_url}: records stay queued", file=sys.stderr)
+                return EXIT_SIDECAR_UNAVAILABLE
+            return 0
         with stop_signal() as stop:
             runner = asyncio.create_task(loop.run(stop))
-            print(f"draining every {settings.drain_interval:g}s; Ctrl-C stops", flush=True)
+            print(
+                f"draining with {settings.drain_workers} worker(s), a pass every "
+                f"{settings.drain_interval:g}s; Ctrl-C stops",
+                flush=True,
+            )
             await runner
     return 0
 
@@ -114,6 +112,7 @@ def _print_report(report: Any) -> None:
         f"({report.parked} parked), {report.superseded} re-pushed meanwhile; "
         f"{report.chunks_embedded} chunks embedded, {report.rows_written} rows written, "
         f"{report.rows_deleted} rows deleted, {report.truncated} truncated"
+        + (f", {report.lost_leases} taken over by another worker" if report.lost_leases else "")
         + (f" [{seconds}]" if seconds else ""),
         flush=True,
     )
@@ -263,19 +262,30 @@ async def _ingest_demo(args: argparse.Namespace) -> int:
 
 
 async def _queue_stats(args: argparse.Namespace) -> int:
-    from . import queue
+    from . import queue, workers
+    from .drain import stale_after_s
 
     settings = _ingest_settings(args)
     async with _database(args) as pool:
         stats = await queue.stats(pool, settings.max_attempts)
+        rows = await workers.list_workers(pool, stale_after_s=stale_after_s(settings))
     if args.json:
-        _print_json(stats.as_dict())
+        _print_json({**stats.as_dict(), "workers": [w.as_dict() for w in rows]})
     else:
         age = "-" if stats.oldest_age_s is None else f"{stats.oldest_age_s:.0f}s"
         print(
             f"pending {stats.pending} (ready {stats.ready}, blocked {stats.blocked}), "
-            f"failed {stats.failed}, oldest {age}, waiting on the sidecar {stats.waiting_on_sidecar}"
+            f"failed {stats.failed}, oldest {age}, waiting on the sidecar {stats.waiting_on_sidecar}, "
+            f"leased {stats.leased} (expired {stats.expired_leases})"
         )
+        alive = [w for w in rows if w.alive]
+        print(f"workers: {len(alive)} alive, {len(rows) - len(alive)} stale")
+        for w in rows:
+            print(
+                f"  {w.worker_id} [{w.role}{'' if w.alive else ', stale'}] leases {w.leases}, "
+                f"{w.records_done} done, {w.records_failed} failed, {w.records_per_s:.2f} records/s, "
+                f"{w.chunks_embedded} chunks embedded"
+            )
     return 0
 
 
@@ -372,6 +382,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--interval", type=float, default=None, help="seconds between passes (env RAG_INGEST_DRAIN_INTERVAL)"
     )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="drain workers in this process (env RAG_INGEST_DRAIN_WORKERS, default 1); any number of "
+        "`mnemo drain` processes on any hosts share the queue through leases",
+    )
     add_database_flags(p)
     _add_sidecar_flags(p)
     p.set_defaults(run=_async(_drain))
@@ -419,7 +436,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     q = subparsers.add_parser("queue", help="inspect and unpark the ingestion queue")
     q_sub = q.add_subparsers(dest="queue_command", metavar="WHAT", required=True)
-    p = q_sub.add_parser("stats", help="pending / ready / blocked / failed / oldest age")
+    p = q_sub.add_parser("stats", help="pending / ready / blocked / failed / oldest age, leases and workers")
     p.add_argument("--json", action="store_true")
     add_database_flags(p)
     p.set_defaults(run=_async(_queue_stats))

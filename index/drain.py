@@ -1,13 +1,23 @@
-"""Draining the ingestion queue: :func:`drain_once` (one pass) and :class:`DrainLoop` (forever).
+"""Draining the ingestion queue with workers: :func:`drain_once` (one worker's pass),
+:func:`drain_parallel` (several at once) and :class:`DrainLoop` (forever).
 
-A pass takes the drain's advisory lock (``pg_try_advisory_lock``: a pass
-already running anywhere makes this one a no-op, so it is safe to start from
-cron on every host), then claims ready records in batches and indexes them
-until none is ready. Per record, the store write and the queue completion share
-one transaction: a killed pass leaves the record's rows as they were and the
-record queued. A record that fails spends an attempt (backoff, then parked); a
-sidecar outage spends none: the pass stops, the records keep the error, and
-the loop pauses before it tries again.
+A :class:`DrainWorker` is one claimant of the queue: it leases ready records
+(``FOR UPDATE SKIP LOCKED``, see :mod:`index.queue`), indexes them and renews
+its leases with a heartbeat. Any number of workers, in one process (``mnemo
+drain --workers N``), in several, on several hosts, and the gateway's own drain,
+share the queue: no lock serializes them, and a record is leased to one worker
+at a time. A worker killed with ``kill -9`` stops renewing; once its leases
+expire, the next claim of any worker takes its records.
+
+A pass claims batches until none is ready. Inside a worker, batches are
+pipelined: while batch *n*'s records are written, batch *n+1* is claimed,
+chunked and embedded, so the sidecar and the store work at the same time. Per
+record, the store write and the queue completion share one transaction that
+first checks the lease is still this worker's: a killed pass leaves the
+record's rows as they were and the record queued, and a worker whose lease was
+taken over writes nothing. A record that fails spends an attempt (backoff,
+then parked); a sidecar outage spends none: the pass stops, the records keep
+the error, and the loop pauses before it tries again.
 """
 
 from __future__ import annotations
@@ -15,17 +25,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import secrets
+import socket
 import time
+from collections import deque
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
+from types import TracebackType
 from typing import Any
 
 import asyncpg
 
 from inference.client import SidecarClient, SidecarUnavailable
 
-from . import image_store, queue
+from . import image_store, queue, workers
 from .image_indexer import ImageIndexer, ImagePlan, has_images
 from .indexer import BatchCounts, Indexer, RecordPlan
 from .metrics import IngestMetrics
@@ -34,17 +49,21 @@ from .partitions import ensure_partition
 from .sections import SectionStore
 from .settings import IngestSettings, MediaSettings
 
-__all__ = ["DrainLoop", "DrainReport", "drain_once"]
+__all__ = ["DrainLoop", "DrainReport", "DrainWorker", "drain_once", "drain_parallel"]
 
 log = logging.getLogger(__name__)
+
+# records/s of a worker is measured over this trailing window of heartbeats.
+RATE_WINDOW_S = 60.0
 
 
 @dataclass
 class DrainReport:
-    """What one pass did. ``failed`` counts spent attempts (``parked`` of them reached the
-    maximum); ``superseded`` records were written but re-pushed meanwhile, so they stay
-    queued for the next pass; ``unavailable`` means the pass stopped on a sidecar outage;
-    ``skipped`` that another pass held the lock."""
+    """What one pass did (of one worker, or merged over several). ``failed`` counts spent
+    attempts (``parked`` of them reached the maximum); ``superseded`` records were written
+    but re-pushed meanwhile, so they stay queued for the next pass; ``lost_leases`` records
+    were taken over by another worker after this one's lease expired (it wrote nothing);
+    ``unavailable`` means the pass stopped on a sidecar outage."""
 
     processed: int = 0
     indexed: int = 0
@@ -52,6 +71,7 @@ class DrainReport:
     failed: int = 0
     parked: int = 0
     superseded: int = 0
+    lost_leases: int = 0
     chunks_embedded: int = 0
     images_embedded: int = 0
     truncated: int = 0
@@ -59,7 +79,6 @@ class DrainReport:
     rows_deleted: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
     unavailable: bool = False
-    skipped: bool = False
     error: str | None = None
     model: str | None = None
     image_model: str | None = None
@@ -72,8 +91,98 @@ class DrainReport:
         for phase, seconds in counts.seconds.items():
             self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
 
+    def merge(self, other: DrainReport) -> None:
+        """Fold another worker's report of the same pass into this one (seconds add up:
+        they are worker-seconds per phase)."""
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(mine, bool):
+                setattr(self, f.name, mine or theirs)
+            elif isinstance(mine, int):
+                setattr(self, f.name, mine + theirs)
+            elif f.name == "seconds":
+                for phase, seconds in theirs.items():
+                    mine[phase] = mine.get(phase, 0.0) + seconds
+            elif mine is None:
+                setattr(self, f.name, theirs)
+
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+class DrainWorker:
+    """One claimant of the queue: its lease identity, its heartbeat and its counters.
+
+    ``async with`` registers it (``rag_drain_workers``) and starts the heartbeat, which
+    renews the leases of the records it is processing (:attr:`holding`) every third of
+    ``lease_seconds`` and publishes its throughput; on exit it gives its leases back (the
+    records are claimable at once) and unregisters.
+    The id names the role, host and process, plus a random tag (a pid is not unique
+    across containers)."""
+
+    def __init__(self, pool: asyncpg.Pool, settings: IngestSettings, *, role: str = "drain", index: int = 0):
+        self.pool = pool
+        self.role = role
+        self.host = socket.gethostname()
+        self.pid = os.getpid()
+        self.id = f"{role}@{self.host}:{self.pid}#{index}-{secrets.token_hex(3)}"
+        self.lease = queue.Lease(self.id, settings.lease_seconds)
+        self.records_done = 0
+        self.records_failed = 0
+        self.chunks_embedded = 0
+        # The records this worker is processing: only their leases are renewed.
+        self.holding: set[tuple[str, int]] = set()
+        self._samples: deque[tuple[float, int]] = deque()
+        self._beating: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> DrainWorker:
+        await workers.register(self.pool, self.id, role=self.role, host=self.host, pid=self.pid)
+        self._beating = asyncio.create_task(self._beat(), name=f"mnemo-drain-heartbeat-{self.id}")
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._beating is not None:
+            self._beating.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._beating
+        try:
+            released = await queue.release_all(self.pool, self.id)
+            await workers.unregister(self.pool, self.id)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+            # Not fatal: the leases expire by themselves after lease_seconds.
+            log.warning("drain worker %s could not give its leases back: %s", self.id, error)
+        else:
+            if released:
+                log.info("drain worker %s gave back %d leases", self.id, released)
+
+    def sample(self) -> workers.WorkerSample:
+        """The counters now, with records/s over the last :data:`RATE_WINDOW_S` seconds."""
+        now = time.monotonic()
+        self._samples.append((now, self.records_done))
+        while len(self._samples) > 2 and now - self._samples[1][0] >= RATE_WINDOW_S:
+            self._samples.popleft()
+        first_t, first_n = self._samples[0]
+        rate = (self.records_done - first_n) / (now - first_t) if now > first_t else 0.0
+        return workers.WorkerSample(self.records_done, self.records_failed, self.chunks_embedded, rate)
+
+    async def heartbeat(self) -> None:
+        """Renew the leases of the records this worker is processing and publish its counters."""
+        await queue.renew_leases(self.pool, self.lease, sorted(self.holding))
+        await workers.heartbeat(self.pool, self.id, self.sample())
+
+    async def _beat(self) -> None:
+        interval = self.lease.seconds / 3
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.heartbeat()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # never die: a worker without a heartbeat loses its leases
+                # The next beat tries again; a lease lost meanwhile is caught by queue.hold.
+                log.exception("drain worker %s heartbeat failed", self.id)
 
 
 async def drain_once(
@@ -86,31 +195,63 @@ async def drain_once(
     media: MediaSettings | None = None,
     stop: asyncio.Event | None = None,
     section_tipos: Sequence[str] | None = None,
+    worker: DrainWorker | None = None,
 ) -> DrainReport:
-    """Index queued records until none is ready (or ``stop`` is set, between batches).
+    """One worker indexes queued records until none is ready (or ``stop`` is set, between
+    batches). Without ``worker``, a worker is registered for this pass alone.
 
     ``section_tipos`` limits the pass to those sections' records (others stay queued for the
-    gateway's drain); the pass still takes the one drain lock, so writes stay single-flighted.
+    gateway's drain).
 
     ``text_model`` is ``RAG_TEXT_MODEL`` (None: the first text model the sidecar
     lists), ``image_model`` ``RAG_IMAGE_MODEL`` (resolved only when a batch holds
     images). Raises ``ModelNotServed`` for a configured model the sidecar lacks:
     that is a configuration error, not a record's fault.
     """
+    if worker is None:
+        async with DrainWorker(pool, settings) as own:
+            return await drain_once(
+                pool,
+                client,
+                settings,
+                text_model=text_model,
+                image_model=image_model,
+                media=media,
+                stop=stop,
+                section_tipos=section_tipos,
+                worker=own,
+            )
     report = DrainReport()
-    async with pool.acquire() as lock_conn:
-        if not await lock_conn.fetchval("SELECT pg_try_advisory_lock($1)", queue.DRAIN_LOCK_KEY):
-            report.skipped = True
-            return report
-        try:
-            models = _Models(text_model, image_model, media or MediaSettings())
-            try:
-                await _drain(pool, client, settings, models, stop, report, section_tipos)
-            finally:
-                await models.close()
-        finally:
-            await lock_conn.execute("SELECT pg_advisory_unlock($1)", queue.DRAIN_LOCK_KEY)
+    models = _Models(text_model, image_model, media or MediaSettings())
+    try:
+        await _drain(pool, client, settings, models, stop, report, section_tipos, worker)
+    finally:
+        await models.close()
+        # A pass ends holding nothing. One that died between a claim and the writes (an error,
+        # a cancel) leaves leases that are no longer renewed: they expire and are taken over.
+        worker.holding.clear()
     return report
+
+
+async def drain_parallel(
+    pool: asyncpg.Pool,
+    client: SidecarClient,
+    settings: IngestSettings,
+    drain_workers: Sequence[DrainWorker],
+    **options: Any,
+) -> DrainReport:
+    """A pass of every worker at once (``options`` as for :func:`drain_once`); their reports
+    merged. A worker's error is the merged report's error once the others have finished."""
+    results = await asyncio.gather(
+        *(drain_once(pool, client, settings, worker=w, **options) for w in drain_workers),
+        return_exceptions=True,
+    )
+    merged = DrainReport()
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result  # the first worker's error; the others have finished (or failed alike)
+        merged.merge(result)
+    return merged
 
 
 class _Models:
@@ -148,45 +289,115 @@ async def _drain(
     models: _Models,
     stop: asyncio.Event | None,
     report: DrainReport,
-    section_tipos: Sequence[str] | None = None,
+    section_tipos: Sequence[str] | None,
+    worker: DrainWorker,
 ) -> None:
+    """Claim, embed and write batches until none is ready; batch n+1 is claimed and embedded
+    while batch n is written (one write task at a time, so a worker's writes stay ordered)."""
     indexer: Indexer | None = None
-    while stop is None or not stop.is_set():
-        items = await queue.claim_ready(
-            pool, settings.batch_records, settings.max_attempts, section_tipos=section_tipos
-        )
-        if not items:
-            return
-        image_plans: dict[tuple[str, int], ImagePlan] = {}
-        try:
-            if indexer is None:
-                model = await resolve_model(client, "text", models.text_model)
-                if model.dimension is None:
-                    raise ValueError(f"text model {model.id!r} reports no dimension")
-                partition = await ensure_partition(pool, model.id, model.dimension)
-                indexer = Indexer(pool, client, model, partition, embed_batch=settings.embed_batch)
-                report.model = model.id
-            indexer.counts = BatchCounts()
-            plans = await indexer.prepare(items)
-            await indexer.fit(plans)
-            await indexer.embed(plans)
-            if any(has_images(item) for item in items):
-                images = await models.image_indexer(pool, client)
-                report.image_model = images.model.id
-                descriptors = await SectionStore(pool).get_many(sorted({i.section_tipo for i in items}))
-                image_plans = await images.prepare(items, descriptors)
-                before = images.embedded
-                await images.embed(image_plans)
-                report.images_embedded += images.embedded - before
-        except SidecarUnavailable as exc:
-            log.warning("sidecar unavailable; %d records stay queued: %s", len(items), exc)
-            await queue.note_outage(pool, items, str(exc))
-            report.unavailable = True
-            report.error = f"sidecar unavailable: {exc}"
-            return
-        for plan in plans:
-            await _finish(pool, indexer, plan, settings, report, models.images, image_plans.get(plan.key))
-        report.add(indexer.counts)
+    writing: asyncio.Task[None] | None = None
+    try:
+        while stop is None or not stop.is_set():
+            items = await queue.claim_ready(
+                pool,
+                settings.batch_records,
+                settings.max_attempts,
+                lease=worker.lease,
+                section_tipos=section_tipos,
+            )
+            if not items:
+                break
+            worker.holding.update((i.section_tipo, i.section_id) for i in items)
+            try:
+                if indexer is None:
+                    indexer = await _text_indexer(pool, client, settings, models)
+                    report.model = indexer.model.id
+                batch = await _embed_batch(pool, client, indexer, models, items, report, worker)
+            except SidecarUnavailable as exc:
+                log.warning("sidecar unavailable; %d records stay queued: %s", len(items), exc)
+                await queue.note_outage(pool, items, str(exc))
+                worker.holding.difference_update((i.section_tipo, i.section_id) for i in items)
+                report.unavailable = True
+                report.error = f"sidecar unavailable: {exc}"
+                break
+            if writing is not None:
+                await writing
+            writing = asyncio.create_task(
+                _write_batch(pool, indexer, batch, settings, report, models, worker)
+            )
+        if writing is not None:
+            await writing
+    finally:
+        if writing is not None and not writing.done():
+            writing.cancel()  # the record in its open transaction rolls back and stays queued
+            with contextlib.suppress(asyncio.CancelledError):
+                await writing
+        if indexer is not None:
+            report.add(indexer.counts)
+
+
+async def _text_indexer(
+    pool: asyncpg.Pool, client: SidecarClient, settings: IngestSettings, models: _Models
+) -> Indexer:
+    model = await resolve_model(client, "text", models.text_model)
+    if model.dimension is None:
+        raise ValueError(f"text model {model.id!r} reports no dimension")
+    partition = await ensure_partition(pool, model.id, model.dimension)
+    return Indexer(pool, client, model, partition, embed_batch=settings.embed_batch)
+
+
+@dataclass
+class _Batch:
+    """A claimed batch, chunked and embedded, ready to write."""
+
+    plans: list[RecordPlan]
+    image_plans: dict[tuple[str, int], ImagePlan]
+
+
+async def _embed_batch(
+    pool: asyncpg.Pool,
+    client: SidecarClient,
+    indexer: Indexer,
+    models: _Models,
+    items: Sequence[queue.QueueItem],
+    report: DrainReport,
+    worker: DrainWorker,
+) -> _Batch:
+    """Chunk, fit and embed a batch's texts and images (raises ``SidecarUnavailable``)."""
+    embedded_before = indexer.counts.chunks_embedded
+    plans = await indexer.prepare(items)
+    await indexer.fit(plans)
+    await indexer.embed(plans)
+    image_plans: dict[tuple[str, int], ImagePlan] = {}
+    if any(has_images(item) for item in items):
+        images = await models.image_indexer(pool, client)
+        report.image_model = images.model.id
+        descriptors = await SectionStore(pool).get_many(sorted({i.section_tipo for i in items}))
+        image_plans = await images.prepare(items, descriptors)
+        before = images.embedded
+        await images.embed(image_plans)
+        report.images_embedded += images.embedded - before
+    worker.chunks_embedded += indexer.counts.chunks_embedded - embedded_before
+    return _Batch(plans, image_plans)
+
+
+async def _write_batch(
+    pool: asyncpg.Pool,
+    indexer: Indexer,
+    batch: _Batch,
+    settings: IngestSettings,
+    report: DrainReport,
+    models: _Models,
+    worker: DrainWorker,
+) -> None:
+    for plan in batch.plans:
+        failed_before = report.failed
+        await _finish(pool, indexer, plan, settings, report, models.images, batch.image_plans.get(plan.key))
+        worker.holding.discard(plan.key)
+        if report.failed > failed_before:
+            worker.records_failed += 1
+        else:
+            worker.records_done += 1
 
 
 async def _finish(
@@ -199,7 +410,7 @@ async def _finish(
     image_plan: ImagePlan | None = None,
 ) -> None:
     """Write one record (text and images) and complete its queue row in one transaction,
-    or spend an attempt."""
+    or spend an attempt. Nothing is written when the lease was taken over."""
     report.processed += 1
     if plan.error is None and image_plan is not None and image_plan.error is not None:
         plan.error = image_plan.error
@@ -210,18 +421,30 @@ async def _finish(
             if images is not None and image_plan is not None:
                 await images.load_vectors(image_plan)
             started = time.perf_counter()
+            written = deleted = 0
             async with pool.acquire() as conn, conn.transaction():
-                written, deleted = await indexer.write(conn, plan)
-                if plan.is_delete:  # the rows went with delete_record; Mnemo's thumbnails go too
-                    await image_store.delete_thumbnails(conn, plan.key)
-                elif images is not None and image_plan is not None:
-                    image_written, image_deleted = await images.write(conn, image_plan)
-                    written, deleted = written + image_written, deleted + image_deleted
-                current = await queue.complete(conn, plan.item)
+                held = await queue.hold(conn, plan.item)
+                if held:
+                    written, deleted = await indexer.write(conn, plan)
+                    if plan.is_delete:  # the rows went with delete_record; Mnemo's thumbnails go too
+                        await image_store.delete_thumbnails(conn, plan.key)
+                    elif images is not None and image_plan is not None:
+                        image_written, image_deleted = await images.write(conn, image_plan)
+                        written, deleted = written + image_written, deleted + image_deleted
+                    current = await queue.complete(conn, plan.item)
             indexer.counts.add_time("write", time.perf_counter() - started)
         except (asyncpg.PostgresError, ValueError, KeyError) as exc:
             plan.error = f"{type(exc).__name__}: {exc}"
         else:
+            if not held:
+                log.warning(
+                    "record %s/%s: the lease of %s expired and another worker took it over; not written",
+                    plan.item.section_tipo,
+                    plan.item.section_id,
+                    plan.item.lease_owner,
+                )
+                report.lost_leases += 1
+                return
             indexer.counts.rows_written += written
             indexer.counts.rows_deleted += deleted
             indexer.counts.truncated += indexer.truncations(plan)
@@ -242,9 +465,11 @@ async def _finish(
 
 
 class DrainLoop:
-    """The background drain: a pass every ``drain_interval`` seconds (or at once when woken),
-    paused for ``outage_pause`` seconds after a sidecar outage. It never dies on an error:
-    the error is logged, kept in :meth:`status` and the next pass tries again."""
+    """The background drain: a pass of its ``workers`` (default ``RAG_INGEST_DRAIN_WORKERS``)
+    every ``drain_interval`` seconds (or at once when woken), paused for ``outage_pause``
+    seconds after a sidecar outage. Its workers stay registered, heartbeating, for as long as
+    :meth:`run` runs. It never dies on an error: the error is logged, kept in :meth:`status`
+    and the next pass tries again."""
 
     def __init__(
         self,
@@ -256,8 +481,15 @@ class DrainLoop:
         image_model: str | None = None,
         media: MediaSettings | None = None,
         metrics: IngestMetrics | None = None,
+        workers: int | None = None,
+        role: str = "drain",
     ) -> None:
         self.pool = pool
+        self.workers = settings.drain_workers if workers is None else workers
+        if self.workers < 1:
+            raise ValueError(f"a drain loop needs at least one worker, not {self.workers}")
+        self.role = role
+        self._workers: list[DrainWorker] | None = None  # while run() holds them
         self.client = client
         self.settings = settings
         self.text_model = text_model
@@ -292,19 +524,14 @@ class DrainLoop:
             "last_error": self.last_error,
             "last_pass_at": self.last_pass_at.isoformat() if self.last_pass_at else None,
             "passes": self.passes,
+            "workers": [w.id for w in self._workers or ()],
         }
 
     async def pass_once(self) -> DrainReport:
-        """One drain pass, then refresh the queue gauges."""
+        """One drain pass of every worker (:meth:`drain`), its error kept instead of raised,
+        then refresh the queue and worker gauges."""
         try:
-            report = await drain_once(
-                self.pool,
-                self.client,
-                self.settings,
-                text_model=self.text_model,
-                image_model=self.image_model,
-                media=self.media,
-            )
+            report = await self.drain()
         except (asyncio.CancelledError, KeyboardInterrupt):
             raise
         except Exception as exc:
@@ -317,11 +544,43 @@ class DrainLoop:
         self.metrics.observe_report(report)
         with contextlib.suppress(Exception):
             self.metrics.observe_stats(await queue.stats(self.pool, self.settings.max_attempts))
+            self.metrics.observe_workers(
+                await workers.list_workers(self.pool, stale_after_s=stale_after_s(self.settings))
+            )
         return report
+
+    async def drain(self) -> DrainReport:
+        """One pass of every worker until no record is ready (errors raise, as for
+        :func:`drain_parallel`). Outside :meth:`run`, the workers are registered for this
+        pass alone (``mnemo drain --once``)."""
+        async with contextlib.AsyncExitStack() as stack:
+            return await drain_parallel(
+                self.pool,
+                self.client,
+                self.settings,
+                self._workers or await self._start_workers(stack),
+                text_model=self.text_model,
+                image_model=self.image_model,
+                media=self.media,
+            )
+
+    async def _start_workers(self, stack: contextlib.AsyncExitStack) -> list[DrainWorker]:
+        return [
+            await stack.enter_async_context(DrainWorker(self.pool, self.settings, role=self.role, index=i))
+            for i in range(self.workers)
+        ]
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Drain until cancelled (or ``stop`` is set)."""
         stop = stop or asyncio.Event()
+        async with contextlib.AsyncExitStack() as stack:
+            self._workers = await self._start_workers(stack)
+            try:
+                await self._run(stop)
+            finally:
+                self._workers = None
+
+    async def _run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             self._wake.clear()
             report = await self.pass_once()
@@ -363,6 +622,14 @@ class DrainLoop:
 
 
 DRAIN_RESTART_BASE_S = 1.0
+
+
+def stale_after_s(settings: IngestSettings) -> float:
+    """A worker whose heartbeat is older than this is shown as not alive: it missed the
+    renewals of a whole lease (it beats every third of one)."""
+    return settings.lease_seconds
+
+
 DRAIN_RESTART_CAP_S = 60.0
 
 

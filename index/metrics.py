@@ -12,6 +12,7 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from .queue import QueueStats
+from .workers import WorkerRow
 
 __all__ = ["IngestMetrics", "PassReport"]
 
@@ -45,7 +46,8 @@ class IngestMetrics:
         self.queue = Gauge(
             "mnemo_ingest_queue_records",
             "Queued records by state: pending (= ready + blocked), ready, blocked (backing off), "
-            "failed (parked after max attempts), waiting_on_sidecar.",
+            "failed (parked after max attempts), waiting_on_sidecar, leased (being processed by a "
+            "worker), expired_leases (held by a worker that stopped renewing: taken over next).",
             ("state",),
             registry=r,
         )
@@ -98,9 +100,55 @@ class IngestMetrics:
             registry=r,
         )
         self.sidecar_available.set(1)
+        self.workers = Gauge(
+            "mnemo_ingest_drain_workers",
+            "Drain workers with a recent heartbeat, in every process and host sharing the queue, "
+            "by role (drain: `mnemo drain`; gateway: a gateway's own drain).",
+            ("role",),
+            registry=r,
+        )
+        self.worker_leases = Gauge(
+            "mnemo_ingest_drain_worker_leases",
+            "Queued records a live drain worker holds under a lease (it is processing them).",
+            ("worker",),
+            registry=r,
+        )
+        self.worker_rate = Gauge(
+            "mnemo_ingest_drain_worker_records_per_second",
+            "A live drain worker's records processed per second over its last minute.",
+            ("worker",),
+            registry=r,
+        )
+        self.worker_records = Gauge(
+            "mnemo_ingest_drain_worker_records",
+            "Records a live drain worker has processed since it started, by outcome (done, failed).",
+            ("worker", "outcome"),
+            registry=r,
+        )
+
+    def observe_workers(self, rows: list[WorkerRow]) -> None:
+        """Publish the registry's live workers; workers gone since the last call disappear."""
+        for gauge in (self.workers, self.worker_leases, self.worker_rate, self.worker_records):
+            gauge.clear()
+        live = [w for w in rows if w.alive]
+        for role in sorted({w.role for w in live} | {"drain", "gateway"}):
+            self.workers.labels(role).set(sum(w.role == role for w in live))
+        for w in live:
+            self.worker_leases.labels(w.worker_id).set(w.leases)
+            self.worker_rate.labels(w.worker_id).set(w.records_per_s)
+            self.worker_records.labels(w.worker_id, "done").set(w.records_done)
+            self.worker_records.labels(w.worker_id, "failed").set(w.records_failed)
 
     def observe_stats(self, stats: QueueStats) -> None:
-        for state in ("pending", "ready", "blocked", "failed", "waiting_on_sidecar"):
+        for state in (
+            "pending",
+            "ready",
+            "blocked",
+            "failed",
+            "waiting_on_sidecar",
+            "leased",
+            "expired_leases",
+        ):
             self.queue.labels(state).set(getattr(stats, state))
         self.oldest_age.set(stats.oldest_age_s or 0.0)
 

@@ -102,6 +102,20 @@ class IngestSettings:
         "Chunks per embedding call of the drain (the client splits them into parallel requests "
         "of its own batch size). Larger calls keep the sidecar busier.",
     )
+    drain_workers: int = setting(
+        "RAG_INGEST_DRAIN_WORKERS",
+        1,
+        "Drain workers in one process (`mnemo drain`, or the gateway's drain loop; `mnemo drain "
+        "--workers N` overrides). Workers in any number of processes and hosts share the queue "
+        "through leases; more of them keep a multi-replica sidecar busy.",
+    )
+    lease_seconds: float = setting(
+        "RAG_INGEST_LEASE_SECONDS",
+        60.0,
+        "How long a worker's claim on a queued record holds without renewal. A live worker renews "
+        "every third of it; a killed worker's records are taken over by another once it passes. "
+        "Shorter recovers sooner; it must exceed the longest stall of a live worker's event loop.",
+    )
     max_records_per_request: int = setting(
         "RAG_INGEST_MAX_RECORDS",
         1000,
@@ -117,9 +131,12 @@ class IngestSettings:
             raise SettingsError("RAG_INGEST_BACKOFF_CAP must be at least 60 seconds")
         if self.outage_pause <= 0:
             raise SettingsError("RAG_INGEST_OUTAGE_PAUSE must be positive")
+        if self.lease_seconds < 1:
+            raise SettingsError("RAG_INGEST_LEASE_SECONDS must be at least 1 second")
         for name, value in (
             ("RAG_INGEST_BATCH_RECORDS", self.batch_records),
             ("RAG_INGEST_EMBED_BATCH", self.embed_batch),
+            ("RAG_INGEST_DRAIN_WORKERS", self.drain_workers),
             ("RAG_INGEST_MAX_RECORDS", self.max_records_per_request),
         ):
             if value < 1:

@@ -164,6 +164,8 @@ def test_a_bad_override_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureF
 
 @pytest.mark.ray
 @pytest.mark.slow
+# The whole suite in small: fuzzing, SIGTERM and four faults, each with its own stack.
+@pytest.mark.timeout(600)
 def test_reliability_suite_writes_its_figures(sidecar_url: str, pg_server, tmp_path: Path) -> None:
     out = tmp_path / "report"
     args = ["bench", "--suite", "reliability", "--out", str(out), "--sidecar-url", sidecar_url]
@@ -185,8 +187,9 @@ def test_reliability_suite_writes_its_figures(sidecar_url: str, pg_server, tmp_p
     sigterm = figures["sigterm"]
     assert sigterm["requests_before_sigterm"] > 0 and sigterm["before_sigterm"]["broken"] == 0, sigterm
     assert sigterm["after_sigterm"]["broken"] == 0 and sigterm["exit_code"] == 0, sigterm
-    for fault in ("postgres_stopped", "sidecar_stopped"):
+    for fault in ("postgres_stopped", "sidecar_stopped", "drain_worker_killed"):
         assert figures[fault]["records_lost"] == 0 and figures[fault]["queue_left"] == 0, figures[fault]
+    assert figures["drain_worker_killed"]["duplicate_rows"] == 0, figures["drain_worker_killed"]
     killed = figures["replica_killed"]
     assert killed["failed_after_retries"] == 0 and killed["server_errors"] == 0, killed
     assert figures["overload"]["server_errors"] == 0 and figures["overload"]["served_after"], figures[

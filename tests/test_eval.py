@@ -50,8 +50,9 @@ def test_load_beir_keeps_judged_queries_only() -> None:
 async def test_eval_beside_a_running_drain_waits_for_its_own_section_only(
     database_url: str, sidecar_url: str
 ) -> None:
-    """A gateway's drain holds the lock while the eval queues its corpus: the eval waits (it used to
-    fail with "not fully indexed"), then indexes its own section and leaves other sections queued."""
+    """Another drain worker (a gateway's) holds leases on the eval's records when the eval queues its
+    corpus: the eval waits (it used to fail with "not fully indexed"), then, once that worker lets
+    go, indexes its own section (the newer versions it pushed) and leaves other sections queued."""
     settings = load_gateway_settings(
         {"RAG_SIDECAR_URL": sidecar_url, "RAG_TEXT_MODEL": "all-minilm-l6-v2"}, auth="off"
     )
@@ -60,18 +61,23 @@ async def test_eval_beside_a_running_drain_waits_for_its_own_section_only(
     pool = await create_pool(database_url)
     try:
         await queue.enqueue(pool, [queue.Job("gateway_work", 7, "delete")])  # not the eval's to drain
-        gateway_drain = await pool.acquire()
-        await gateway_drain.fetchval("SELECT pg_advisory_lock($1)", queue.DRAIN_LOCK_KEY)
+        # Earlier pushes of the eval's records, leased by the other worker, which is busy with them.
+        await queue.enqueue(pool, [queue.Job("eval_adi_mini", i, "delete") for i in range(1, 7)])
+        gateway_drain = queue.Lease("gateway@elsewhere:1#0-x", 300)
+        held = await queue.claim_ready(pool, 10, 5, lease=gateway_drain, section_tipos=["eval_adi_mini"])
+        assert len(held) == len(mini.corpus)
         async with SidecarClient(sidecar_url) as client:
             session = EvalSession(mini, pool, client, Retriever(pool, client, settings), "eval_adi_mini")
             ingest = asyncio.create_task(session.ingest())
-            count = "SELECT count(*) FROM rag_index_queue WHERE section_tipo = 'eval_adi_mini'"
-            while not ingest.done() and await pool.fetchval(count) < len(mini.corpus):  # noqa: ASYNC110 (polls the database)
+            pushed = (
+                "SELECT count(*) FROM rag_index_queue WHERE section_tipo = 'eval_adi_mini' AND version = 2"
+            )
+            while not ingest.done() and await pool.fetchval(pushed) < len(mini.corpus):  # noqa: ASYNC110 (polls the database)
                 await asyncio.sleep(0.05)
-            await asyncio.sleep(1.0)  # several polls while the other drain holds the lock
+            await asyncio.sleep(1.0)  # several polls while the other worker holds the leases
             assert not ingest.done(), ingest.exception()
-            await gateway_drain.fetchval("SELECT pg_advisory_unlock($1)", queue.DRAIN_LOCK_KEY)
-            await pool.release(gateway_drain)
+            await queue.release_all(pool, gateway_drain.owner)  # it stops; its versions were superseded
+            count = "SELECT count(*) FROM rag_index_queue WHERE section_tipo = 'eval_adi_mini'"
             report = await asyncio.wait_for(ingest, 300)
         assert report["indexed"] == len(mini.corpus)
         stored = await pool.fetchval(

@@ -11,7 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.faults import postgres_stopped_mid_drain, replica_killed_under_load, sidecar_stopped_mid_drain
+from benchmarks.faults import (
+    drain_worker_killed,
+    postgres_stopped_mid_drain,
+    replica_killed_under_load,
+    sidecar_stopped_mid_drain,
+)
 from benchmarks.load_held import gateway_mixed_load, sidecar_overload
 from benchmarks.suite_reliability import DESCRIPTORS, corpus_records
 from inference.config import SidecarConfig
@@ -25,6 +30,22 @@ async def test_postgres_stopped_hard_mid_drain_loses_no_record(sidecar_url: str,
     assert 0 < result["queued_when_stopped"] < result["records"], result  # stopped mid-drain
     assert result["records_lost"] == 0 and result["chunks"] == result["chunks_clean"] > 0, result
     assert result["queue_left"] == 0 and result["parked"] == 0 and result["recovery_s"] is not None, result
+
+
+async def test_a_drain_worker_killed_mid_batch_loses_and_duplicates_nothing(
+    pg_server: EmbeddedPostgres, sidecar_url: str, tmp_path: Path
+) -> None:
+    """One of three `mnemo drain` processes is killed with SIGKILL holding leases: the others take
+    its records over after the lease expires, and the store equals a clean run's."""
+    result = await drain_worker_killed(
+        pg_server.url, sidecar_url, tmp_path, text_model=TEXT_MODEL, records=24
+    )
+    assert result["orphaned_records"] > 0 and 0 < result["queued_at_kill"] < result["records"], (
+        result
+    )  # mid-work
+    assert result["records_lost"] == 0 and result["duplicate_rows"] == 0, result
+    assert result["chunks"] == result["chunks_clean"] > 0 and result["queue_left"] == 0, result
+    assert result["orphans_indexed_s"] is not None and result["surviving_workers"] == 2, result
 
 
 @pytest.mark.ray
@@ -100,6 +121,11 @@ def test_the_report_has_a_row_for_every_fault_figure() -> None:
     result = {
         "postgres_stopped": drain,
         "sidecar_stopped": {**drain, "queued_when_restarted": 2, "drain_states_while_down": ["paused"]},
+        "drain_worker_killed": {
+            "records": 4, "workers": 3, "lease_s": 3.0, "queued_at_kill": 3, "orphaned_records": 2, "records_lost": 0,
+            "duplicate_rows": 0, "chunks": 4, "chunks_clean": 4, "records_differing": [], "max_vector_difference": 0.0,
+            "queue_left": 0, "surviving_workers": 2, "orphans_indexed_s": 3.5, "drained_s": 4.0,
+        },
         "replica_killed": {
             "model": "m", "callers": 2, "replicas": 1, "requests": 9, "requests_after_kill": 3,
             "failed_after_retries": 0, "statuses": {"200": 9}, "server_errors": 0, "dropped": 0, "hung_callers": 0,
@@ -114,5 +140,5 @@ def test_the_report_has_a_row_for_every_fault_figure() -> None:
                        "failed_by_status": {}, "p50_ms": 1.0, "p99_ms": 2.0}}, "failed": 0, "records_pushed": 0},
     }  # fmt: skip
     rows = _fault_figures(result)
-    assert len(rows) == 4 + 4 + 4 + 4 + 1 and all(len(row) == 3 for row in rows)
+    assert len(rows) == 4 + 4 + 3 + 4 + 4 + 1 and all(len(row) == 3 for row in rows)
     assert _fault_figures({"overload": {"error": "RuntimeError: x"}})[0][1] == "RuntimeError: x"

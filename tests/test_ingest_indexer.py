@@ -251,7 +251,7 @@ async def test_what_cannot_fit_is_embedded_truncated_and_counted(
         return chunk(text, **{**kwargs, "max_tokens": 100_000, "min_tokens": 0})
 
     await enqueue_records(pool, [record(1, groups={"summary": {"lg-eng": "word " * 600}})])
-    items = await queue.claim_ready(pool, 10, 5)
+    items = await queue.claim_ready(pool, 10, 5, lease=queue.Lease("test", 60))
     async with CountingClient(sidecar_url) as client:
         model = await resolve_model(client, "text", TEXT_MODEL)
         partition = await ensure_partition(pool, model.id, model.dimension or 0)
