@@ -192,6 +192,7 @@ def read_manifest(
     # A line's file resolves (symlinks followed) under RAG_MEDIA_ROOT, or the manifest's own
     # folder when that is unset: an exported manifest cannot make the job read /etc/shadow.
     root = options.media.media_root or base
+    root_name = "RAG_MEDIA_ROOT" if options.media.media_root else f"the manifest's folder ({base})"
     items: list[ManifestItem] = []
     rejects: list[Reject] = []
     next_index: dict[tuple[int, str], int] = {}
@@ -235,7 +236,7 @@ def read_manifest(
             items.append(
                 ManifestItem(
                     line=number,
-                    path=str(resolve_media_path(root, str(base / path))),
+                    path=str(resolve_media_path(root, str(base / path), root_name=root_name)),
                     section_id=section_id,
                     component_tipo=component,
                     view=line.get("view") or views[component],

@@ -92,8 +92,9 @@ def _rejected(exc: ImageDecodeError) -> ImageRejected:
     return ImageRejected(exc.reason, f"the image {exc.message}")
 
 
-def resolve_media_path(root: str | Path | None, relative: str) -> Path:
-    """``relative`` under ``root``, resolved (symlinks followed); refused when it leaves the root."""
+def resolve_media_path(root: str | Path | None, relative: str, *, root_name: str = "RAG_MEDIA_ROOT") -> Path:
+    """``relative`` under ``root``, resolved (symlinks followed); refused when it leaves the root
+    (``root_name`` names that root in the refusal)."""
     if not root:
         raise MediaNotAllowed("RAG_MEDIA_ROOT is not set: path images are refused")
     base = Path(root).resolve()
@@ -101,7 +102,7 @@ def resolve_media_path(root: str | Path | None, relative: str) -> Path:
         raise MediaNotAllowed("the path holds a NUL byte")
     target = (base / relative).resolve()
     if target != base and base not in target.parents:
-        raise MediaNotAllowed(f"{relative!r} resolves outside RAG_MEDIA_ROOT")
+        raise MediaNotAllowed(f"{relative!r} resolves outside {root_name}")
     return target
 
 

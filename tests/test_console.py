@@ -100,7 +100,10 @@ async def console_database(
         async with SidecarClient(sidecar_url) as client:
             # The manifest names the photographs where they lie: that folder is the job's media root.
             media = MediaSettings(media_root=str(COINS), image_max_px=64, thumbnail_px=96)
-            options = JobOptions("coins1", projects=(1,), workers=2, batch_size=8, media=media)
+            rejects = manifest.with_suffix(".rejects.jsonl")  # beside the manifest, not in the cwd
+            options = JobOptions(
+                "coins1", projects=(1,), workers=2, batch_size=8, media=media, rejects=rejects
+            )
             report = await run_image_job(pool, client, manifest, options)
         assert (report.embedded, report.rejected) == (24, 0), report
 

@@ -229,7 +229,7 @@ async def test_inside_a_worker_the_next_batch_embeds_while_the_current_one_is_wr
     await SectionStore(db_pool).put("oh1", ORAL_HISTORY)
     await enqueue_records(db_pool, [record(i) for i in range(1, 5)])
     settings = dataclasses.replace(SETTINGS, batch_records=2)  # two batches: records 1-2, then 3-4
-    real_upsert = index.store.upsert_chunks
+    real_upsert = index.store.upsert_rows
     overlapped: list[bool] = []
 
     async with _WatchingClient(sidecar_url) as client:
@@ -248,7 +248,7 @@ async def test_inside_a_worker_the_next_batch_embeds_while_the_current_one_is_wr
                     overlapped.append(False)
             return await real_upsert(*args, **kwargs)
 
-        monkeypatch.setattr(index.store, "upsert_chunks", gated)
+        monkeypatch.setattr(index.store, "upsert_rows", gated)
         report = await drain_once(db_pool, client, settings, text_model=TEXT_MODEL)
     assert overlapped == [True]
     assert (report.indexed, report.failed, report.lost_leases) == (4, 0, 0)
