@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from inference.coalesce import CallCoalescer
 from inference.config import ModelSpec
 from inference.encoders import Encoder
-from inference.errors import BadRequest, InputTooLong, NotReady, SidecarApiError
+from inference.errors import BadRequest, ErrorCode, InputTooLong, NotReady, SidecarApiError
 from inference.service import ModelService
 
 MINILM = "all-minilm-l6-v2"
@@ -57,7 +57,8 @@ class _HeldSend:
         if self.fail_call is not None:
             raise self.fail_call
         return [
-            BadRequest(f"bad {a}", code="bad") if a.startswith("bad") else f"{key}:{a}" for a in arguments
+            BadRequest(f"bad {a}", code=ErrorCode.EMPTY_INPUT) if a.startswith("bad") else f"{key}:{a}"
+            for a in arguments
         ]
 
 
