@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["sigterm_gateway", "sigterm_under_load"]
+from .measure import percentile
+
+__all__ = ["live_replicas", "sigterm_gateway", "sigterm_under_load"]
 
 
 def _search(conn: http.client.HTTPConnection, token: str, body: bytes) -> tuple[str, int]:
@@ -434,7 +436,7 @@ async def postgres_stopped_mid_drain(
 # -- a Ray Serve model replica killed under load ------------------------------------------------
 
 
-def _replicas(deployment: str) -> list[tuple[str, str]]:
+def live_replicas(deployment: str) -> list[tuple[str, str]]:
     """(name, namespace) of the live replica actors of a Serve deployment (this process's Ray)."""
     from ray.util import list_named_actors
 
@@ -487,7 +489,7 @@ def replica_killed_under_load(
     from inference.serve_app import deployment_name
 
     deployment = deployment_name(model)
-    before = _replicas(deployment)
+    before = live_replicas(deployment)
     if not before:
         raise RuntimeError(f"no live replica of {deployment} in this process's Ray")
     parts = urlsplit(sidecar_url)
@@ -500,6 +502,8 @@ def replica_killed_under_load(
     first_ok_after_kill: list[float] = []
     last_refusal: list[float] = []  # when a request last met something other than 200
     slowest = [0.0]  # the longest a request took, its retries included
+    after_kill_s: list[float] = []  # how long each request that finished after the kill took
+    coded_attempts_s: list[float] = []  # how long each attempt after the kill took to its coded 429/503
 
     def caller() -> None:
         conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout_s)
@@ -508,7 +512,11 @@ def replica_killed_under_load(
                 started = time.monotonic()
                 outcome = "dropped"
                 for _ in range(retries + 1):
+                    attempt_started = time.monotonic()
                     outcome, status, wait = _embed_once(conn, body)
+                    if outcome == "coded" and killed.is_set():
+                        with lock:
+                            coded_attempts_s.append(time.monotonic() - attempt_started)
                     with lock:
                         key = str(status) if status else "no answer"
                         statuses[key] = statuses.get(key, 0) + 1
@@ -523,6 +531,8 @@ def replica_killed_under_load(
                     requests["sent"] += 1
                     requests["after_kill"] += after
                     slowest[0] = max(slowest[0], time.monotonic() - started)
+                    if after:
+                        after_kill_s.append(time.monotonic() - started)
                     if outcome == "ok":
                         requests["ok"] += 1
                         if after and not first_ok_after_kill:
@@ -543,7 +553,7 @@ def replica_killed_under_load(
     ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
     replaced_at = None
     while time.monotonic() < killed_at + deadline_s:
-        live = _replicas(deployment)
+        live = live_replicas(deployment)
         if replaced_at is None and any(r not in before for r in live) and len(live) >= len(before):
             replaced_at = time.monotonic()
         if replaced_at is not None and time.monotonic() > replaced_at + after_recovery_s:
@@ -566,6 +576,10 @@ def replica_killed_under_load(
         "dropped": statuses.get("no answer", 0),
         "hung_callers": hung,
         "slowest_request_s": round(slowest[0], 2),
+        # requests that finished after the kill, their retries included
+        "p99_after_kill_s": round(percentile(after_kill_s, 99), 2) if after_kill_s else None,
+        # the longest one attempt waited for its coded 429/503 after the kill (the replica wait)
+        "slowest_coded_answer_s": round(max(coded_attempts_s), 2) if coded_attempts_s else None,
         # from the kill until Serve runs a new replica; None: not within the deadline
         "replaced_s": None if replaced_at is None else round(replaced_at - killed_at, 2),
         "first_ok_after_kill_s": round(first_ok_after_kill[0] - killed_at, 2)
