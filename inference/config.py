@@ -294,6 +294,9 @@ class SidecarSettings:
     # rest of a request, body upload included (408 request_timeout).
     request_timeout_s: float = 120.0  # RAG_SIDECAR_REQUEST_TIMEOUT
     keep_alive_timeout_s: int = 30  # RAG_SIDECAR_KEEP_ALIVE_TIMEOUT
+    # An existing Ray cluster to deploy onto (``ray://host:10001`` or ``host:6379``) instead of
+    # starting a local instance; num_cpus and object_store_mb are then the cluster's own.
+    ray_address: str | None = None  # RAG_RAY_ADDRESS
 
     ENV: ClassVar[dict[str, str]] = {
         "config": "RAG_SIDECAR_CONFIG",
@@ -304,6 +307,7 @@ class SidecarSettings:
         "object_store_mb": "RAG_SIDECAR_OBJECT_STORE_MB",
         "request_timeout_s": "RAG_SIDECAR_REQUEST_TIMEOUT",
         "keep_alive_timeout_s": "RAG_SIDECAR_KEEP_ALIVE_TIMEOUT",
+        "ray_address": "RAG_RAY_ADDRESS",
     }
 
     @classmethod

@@ -19,7 +19,7 @@ import pytest
 import ray
 
 from benchmarks.faults import live_replicas, replica_killed_under_load
-from inference.config import SidecarConfig, config_from_dict
+from inference.config import ConfigError, SidecarConfig, SidecarSettings, config_from_dict
 from inference.errors import ErrorCode
 from inference.launcher import running_sidecar
 from inference.serve_app import deployment_name
@@ -92,3 +92,21 @@ def test_one_of_two_replicas_killed_under_load_fails_no_request(sidecar_url: str
     assert result["failed_after_retries"] == 0, result
     assert set(result["statuses"]) == {"200"}, result  # not one 503 either: the ingress moved the call
     assert result["server_errors"] == 0 and result["dropped"] == 0 and result["hung_callers"] == 0, result
+
+
+@pytest.mark.parametrize("wait", [0, -1, "2s", True, float("inf")])
+def test_the_replica_wait_is_a_positive_number_of_seconds(wait: object) -> None:
+    model = {"id": "a", "kind": "text", "weights": "/x"}
+    with pytest.raises(ConfigError, match="replica_wait_s"):
+        config_from_dict({"limits": {"replica_wait_s": wait}, "models": [model]})
+    assert config_from_dict({"models": [model]}).limits.replica_wait_s == 2.0  # the default: <= 2 s
+
+
+def test_the_cluster_address_comes_from_the_flag_or_rag_ray_address() -> None:
+    assert SidecarSettings.load(environ={}).ray_address is None  # default: a local Ray instance
+    assert (
+        SidecarSettings.load(environ={"RAG_RAY_ADDRESS": "ray://head:10001"}).ray_address
+        == "ray://head:10001"
+    )
+    flag = SidecarSettings.load(environ={"RAG_RAY_ADDRESS": "ray://head:10001"}, ray_address="10.0.0.2:6379")
+    assert flag.ray_address == "10.0.0.2:6379"
