@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from inference.launcher import APP_NAME
+
 from .measure import percentile
 
 __all__ = ["live_replicas", "sigterm_gateway", "sigterm_under_load"]
@@ -436,14 +438,16 @@ async def postgres_stopped_mid_drain(
 # -- a Ray Serve model replica killed under load ------------------------------------------------
 
 
-def live_replicas(deployment: str) -> list[tuple[str, str]]:
-    """(name, namespace) of the live replica actors of a Serve deployment (this process's Ray)."""
+def live_replicas(deployment: str, app: str = APP_NAME) -> list[tuple[str, str]]:
+    """(name, namespace) of the live replica actors of application ``app``'s Serve deployment (this
+    process's Ray). An actor's name is ``SERVE_REPLICA::<app>#<deployment>#<id>``."""
     from ray.util import list_named_actors
 
+    prefix = f"SERVE_REPLICA::{app}#{deployment}#"
     return [
         (a["name"], a["namespace"])
         for a in list_named_actors(all_namespaces=True)
-        if a["name"].startswith("SERVE_REPLICA::") and f"#{deployment}#" in a["name"]
+        if a["name"].startswith(prefix)
     ]
 
 
@@ -478,6 +482,7 @@ def replica_killed_under_load(
     deadline_s: float = 180.0,
     retries: int = 30,
     timeout_s: float = 60.0,
+    app: str = APP_NAME,
 ) -> dict[str, Any]:
     """``callers`` closed-loop ``/embed`` callers; after ``warm_s`` one replica of ``model`` is killed
     (``ray.kill``, in the process that runs the sidecar's Ray). Each request is retried on a coded
@@ -489,7 +494,7 @@ def replica_killed_under_load(
     from inference.serve_app import deployment_name
 
     deployment = deployment_name(model)
-    before = live_replicas(deployment)
+    before = live_replicas(deployment, app)
     if not before:
         raise RuntimeError(f"no live replica of {deployment} in this process's Ray")
     parts = urlsplit(sidecar_url)
@@ -553,7 +558,7 @@ def replica_killed_under_load(
     ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
     replaced_at = None
     while time.monotonic() < killed_at + deadline_s:
-        live = live_replicas(deployment)
+        live = live_replicas(deployment, app)
         if replaced_at is None and any(r not in before for r in live) and len(live) >= len(before):
             replaced_at = time.monotonic()
         if replaced_at is not None and time.monotonic() > replaced_at + after_recovery_s:

@@ -71,7 +71,7 @@ def test_a_model_whose_only_replica_is_gone_answers_503_not_ready(sidecar_url: s
     with running_sidecar(_config(unloadable, replicas=1), app_name="mnemo-failfast-one", api_key="") as url:
         status, body, _ = _embed(url)
         assert status == 200 and len(body["embeddings"]) == 1, body
-        ((name, namespace),) = live_replicas(deployment_name(MODEL))
+        ((name, namespace),) = live_replicas(deployment_name(MODEL), "mnemo-failfast-one")
         shutil.rmtree(unloadable)
 
         ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
@@ -87,7 +87,9 @@ def test_one_of_two_replicas_killed_under_load_fails_no_request(sidecar_url: str
     """With a second replica, a call whose replica died runs again on the other one: no caller sees
     even a retryable answer, none fails or hangs."""
     with running_sidecar(_config(weights, replicas=2), app_name="mnemo-failfast-two", api_key="") as url:
-        result = replica_killed_under_load(url, MODEL, callers=3, warm_s=0.5, retries=0, after_recovery_s=0.5)
+        result = replica_killed_under_load(
+            url, MODEL, callers=3, warm_s=0.5, retries=0, after_recovery_s=0.5, app="mnemo-failfast-two"
+        )
     assert result["replicas"] == 2 and result["requests_after_kill"] > 0, json.dumps(result)
     assert result["failed_after_retries"] == 0, result
     assert set(result["statuses"]) == {"200"}, result  # not one 503 either: the ingress moved the call
