@@ -124,7 +124,11 @@ class HandleBackend:
         self.model_id = model_id
         self.replica_wait_s = replica_wait_s
         self._embeds: CallCoalescer[list[str]] | None = (
-            CallCoalescer(self._embed_bundle, max_in_flight=bundles_in_flight) if bundles_in_flight else None
+            # A bundle no replica took fails the calls queued behind it at once, so none of them waits
+            # longer than replica_wait_s for its 503.
+            CallCoalescer(self._embed_bundle, max_in_flight=bundles_in_flight, shared_failures=(NotReady,))
+            if bundles_in_flight
+            else None
         )
 
     def _not_ready(self, why: str) -> NotReady:
