@@ -529,9 +529,10 @@ def _one_of_two_replicas_killed() -> dict[str, Any]:
     from .stack import bench_sidecar_config
 
     config = bench_sidecar_config()
-    two = SidecarConfig(
-        models=(dataclasses.replace(config.model(BENCH_MODEL), replicas=2),), limits=config.limits
-    )
+    # Ray schedules by CPU shares and the stack's app holds most of them: a quarter CPU each lets
+    # both replicas start beside it (they still run the bench model's torch threads).
+    spec = dataclasses.replace(config.model(BENCH_MODEL), replicas=2, num_cpus=0.25)
+    two = SidecarConfig(models=(spec,), limits=config.limits)
     with running_sidecar(two, app_name=_TWO_REPLICAS_APP, api_key="") as url:
         return replica_killed_under_load(url, BENCH_MODEL, callers=4, app=_TWO_REPLICAS_APP)
 
