@@ -24,7 +24,7 @@ from typing import Any
 from ray import exceptions as ray_errors
 from ray import serve
 from ray.serve import exceptions as serve_errors
-from ray.serve.handle import DeploymentHandle
+from ray.serve.handle import DeploymentHandle, DeploymentResponse
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -37,6 +37,11 @@ from .local_server import start_front
 __all__ = ["HandleBackend", "Ingress", "ModelDeployment", "app_builder", "build_app", "deployment_name"]
 
 INGRESS_NAME = "ingress"
+
+# The bounded replica wait (HandleBackend._on_a_replica) awaits a response's assignment to a replica
+# through this private step of Ray's: a Ray without it fails here, by name, not at the first call.
+if not hasattr(DeploymentResponse, "_fetch_future_result_async"):
+    raise ImportError("this Ray's DeploymentResponse has no _fetch_future_result_async: tested with ray 2.60")
 
 
 def deployment_name(model_id: str) -> str:
@@ -155,7 +160,7 @@ class HandleBackend:
     async def _on_a_replica(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         response = getattr(self.handle, method).remote(*args, **kwargs)
         # Resolving the response's replica is the router's assignment step, where a call waits for a
-        # live replica with room. Ray names it privately (ray 2.4x-2.6x); the wait is bounded here.
+        # live replica with room. Ray names it privately (checked at import, tested with 2.60); the wait is bounded here.
         assigned = asyncio.ensure_future(response._fetch_future_result_async())
         try:
             await asyncio.wait_for(asyncio.shield(assigned), self.replica_wait_s)
