@@ -3,7 +3,7 @@
 A config file lists the models to serve and the request limits::
 
     limits: {max_body_bytes: 67108864, max_image_bytes: 20971520, max_image_pixels: 40000000,
-             replica_wait_s: 2}
+             replica_wait_s: 1.5}
     models:
       - id: bge-m3
         kind: text                 # text | image_text | rerank
@@ -66,7 +66,7 @@ class Limits:
     # a call until a replica is free, and with the only replica gone that is until its replacement
     # has loaded and warmed up (12-39 s measured): past this wait the call answers 503 not_ready
     # with Retry-After, so a client retries or fails over within its own timeout.
-    replica_wait_s: float = 2.0
+    replica_wait_s: float = 1.5
 
     def validate(self) -> None:
         wait = self.replica_wait_s

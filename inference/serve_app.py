@@ -123,7 +123,7 @@ class HandleBackend:
         model_id: str,
         *,
         bundles_in_flight: int = 2,
-        replica_wait_s: float = 2.0,
+        replica_wait_s: float,
     ) -> None:
         self.handle = handle
         self.model_id = model_id

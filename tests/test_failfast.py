@@ -101,7 +101,7 @@ def test_the_replica_wait_is_a_positive_number_of_seconds(wait: object) -> None:
     model = {"id": "a", "kind": "text", "weights": "/x"}
     with pytest.raises(ConfigError, match="replica_wait_s"):
         config_from_dict({"limits": {"replica_wait_s": wait}, "models": [model]})
-    assert config_from_dict({"models": [model]}).limits.replica_wait_s == 2.0  # the default: <= 2 s
+    assert config_from_dict({"models": [model]}).limits.replica_wait_s == 1.5  # the default: a 503 within 2 s
 
 
 def test_the_cluster_address_comes_from_the_flag_or_rag_ray_address() -> None:
