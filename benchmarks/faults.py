@@ -26,7 +26,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["drain_processes", "drain_worker_killed", "sigterm_gateway", "sigterm_under_load"]
+from inference.launcher import APP_NAME
+
+from .measure import percentile
+
+__all__ = ["drain_processes", "drain_worker_killed", "live_replicas", "sigterm_gateway", "sigterm_under_load"]
 
 
 def _search(conn: http.client.HTTPConnection, token: str, body: bytes) -> tuple[str, int]:
@@ -445,14 +449,16 @@ async def postgres_stopped_mid_drain(
 # -- a Ray Serve model replica killed under load ------------------------------------------------
 
 
-def _replicas(deployment: str) -> list[tuple[str, str]]:
-    """(name, namespace) of the live replica actors of a Serve deployment (this process's Ray)."""
+def live_replicas(deployment: str, app: str = APP_NAME) -> list[tuple[str, str]]:
+    """(name, namespace) of the live replica actors of application ``app``'s Serve deployment (this
+    process's Ray). An actor's name is ``SERVE_REPLICA::<app>#<deployment>#<id>``."""
     from ray.util import list_named_actors
 
+    prefix = f"SERVE_REPLICA::{app}#{deployment}#"
     return [
         (a["name"], a["namespace"])
         for a in list_named_actors(all_namespaces=True)
-        if a["name"].startswith("SERVE_REPLICA::") and f"#{deployment}#" in a["name"]
+        if a["name"].startswith(prefix)
     ]
 
 
@@ -487,6 +493,7 @@ def replica_killed_under_load(
     deadline_s: float = 180.0,
     retries: int = 30,
     timeout_s: float = 60.0,
+    app: str = APP_NAME,
 ) -> dict[str, Any]:
     """``callers`` closed-loop ``/embed`` callers; after ``warm_s`` one replica of ``model`` is killed
     (``ray.kill``, in the process that runs the sidecar's Ray). Each request is retried on a coded
@@ -498,7 +505,7 @@ def replica_killed_under_load(
     from inference.serve_app import deployment_name
 
     deployment = deployment_name(model)
-    before = _replicas(deployment)
+    before = live_replicas(deployment, app)
     if not before:
         raise RuntimeError(f"no live replica of {deployment} in this process's Ray")
     parts = urlsplit(sidecar_url)
@@ -511,6 +518,8 @@ def replica_killed_under_load(
     first_ok_after_kill: list[float] = []
     last_refusal: list[float] = []  # when a request last met something other than 200
     slowest = [0.0]  # the longest a request took, its retries included
+    after_kill_s: list[float] = []  # how long each request that finished after the kill took
+    coded_attempts_s: list[float] = []  # how long each attempt after the kill took to its coded 429/503
 
     def caller() -> None:
         conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout_s)
@@ -519,7 +528,11 @@ def replica_killed_under_load(
                 started = time.monotonic()
                 outcome = "dropped"
                 for _ in range(retries + 1):
+                    attempt_started = time.monotonic()
                     outcome, status, wait = _embed_once(conn, body)
+                    if outcome == "coded" and killed.is_set():
+                        with lock:
+                            coded_attempts_s.append(time.monotonic() - attempt_started)
                     with lock:
                         key = str(status) if status else "no answer"
                         statuses[key] = statuses.get(key, 0) + 1
@@ -534,6 +547,8 @@ def replica_killed_under_load(
                     requests["sent"] += 1
                     requests["after_kill"] += after
                     slowest[0] = max(slowest[0], time.monotonic() - started)
+                    if after:
+                        after_kill_s.append(time.monotonic() - started)
                     if outcome == "ok":
                         requests["ok"] += 1
                         if after and not first_ok_after_kill:
@@ -554,7 +569,7 @@ def replica_killed_under_load(
     ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
     replaced_at = None
     while time.monotonic() < killed_at + deadline_s:
-        live = _replicas(deployment)
+        live = live_replicas(deployment, app)
         if replaced_at is None and any(r not in before for r in live) and len(live) >= len(before):
             replaced_at = time.monotonic()
         if replaced_at is not None and time.monotonic() > replaced_at + after_recovery_s:
@@ -577,6 +592,10 @@ def replica_killed_under_load(
         "dropped": statuses.get("no answer", 0),
         "hung_callers": hung,
         "slowest_request_s": round(slowest[0], 2),
+        # requests that finished after the kill, their retries included
+        "p99_after_kill_s": round(percentile(after_kill_s, 99), 2) if after_kill_s else None,
+        # the longest one attempt waited for its coded 429/503 after the kill (the replica wait)
+        "slowest_coded_answer_s": round(max(coded_attempts_s), 2) if coded_attempts_s else None,
         # from the kill until Serve runs a new replica; None: not within the deadline
         "replaced_s": None if replaced_at is None else round(replaced_at - killed_at, 2),
         "first_ok_after_kill_s": round(first_ok_after_kill[0] - killed_at, 2)

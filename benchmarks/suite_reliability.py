@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import secrets
 import urllib.request
@@ -229,6 +230,7 @@ def _fault_figures(result: dict[str, Any]) -> list[list[Any]]:
         "sidecar_stopped",
         "drain_worker_killed",
         "replica_killed",
+        "replica_killed_of_two",
         "overload",
         "mixed_load",
     ):
@@ -279,6 +281,17 @@ def _fault_figures(result: dict[str, Any]) -> list[list[Any]]:
             ["replica killed: answers by status", f["statuses"], ""],
             ["replica killed: seconds to a new replica actor / to the next 200 / slowest request",
              f"{f['replaced_s']} / {f['first_ok_after_kill_s']} / {f['slowest_request_s']}", ""],
+            ["one replica of one killed: seconds to a coded 503 (longest attempt after the kill)",
+             f.get("slowest_coded_answer_s"), "<= 2 (issue 14: 12-39 s of holding)"],
+        ]  # fmt: skip
+    f = result.get("replica_killed_of_two")
+    if f and "error" not in f:
+        rows += [
+            [f"one replica of two of {f['model']} killed ({f['callers']} callers): failed requests (of "
+             f"{f['requests']}) / p99 s of those after the kill", f"{f['failed_after_retries']} / "
+             f"{f['p99_after_kill_s']}", "0 / <= 2"],
+            ["one of two killed: answers by status / 500s, dropped, hung",
+             f"{f['statuses']} / {f['server_errors']}, {f['dropped']}, {f['hung_callers']}", "all 200 / 0, 0, 0"],
         ]  # fmt: skip
     f = result.get("overload")
     if f and "error" not in f:
@@ -522,12 +535,34 @@ async def _faults(stack: BenchStack, plan: ReliabilityPlan, result: dict[str, An
                 "replica_killed",
                 asyncio.to_thread(replica_killed_under_load, stack.sidecar_url, BENCH_MODEL, callers=4),
             )
+            await _attempt(result, "replica_killed_of_two", asyncio.to_thread(_one_of_two_replicas_killed))
     if plan.overload_seconds > 0:
         await _attempt(
             result,
             "overload",
             sidecar_overload(stack.sidecar_url, BENCH_MODEL, seconds=plan.overload_seconds, factor=2.0),
         )
+
+
+def _one_of_two_replicas_killed() -> dict[str, Any]:
+    """The bench model served by two replicas (an application of its own beside the stack's), one
+    killed under load: the ingress moves the calls of the dead one to the other."""
+    from inference.config import SidecarConfig
+    from inference.launcher import running_sidecar
+
+    from .faults import replica_killed_under_load
+    from .stack import bench_sidecar_config
+
+    config = bench_sidecar_config()
+    # Ray schedules by CPU shares and the stack's app holds most of them: a quarter CPU each lets
+    # both replicas start beside it (they still run the bench model's torch threads).
+    spec = dataclasses.replace(config.model(BENCH_MODEL), replicas=2, num_cpus=0.25)
+    two = SidecarConfig(models=(spec,), limits=config.limits)
+    with running_sidecar(two, app_name=_TWO_REPLICAS_APP, api_key="") as url:
+        return replica_killed_under_load(url, BENCH_MODEL, callers=4, app=_TWO_REPLICAS_APP)
+
+
+_TWO_REPLICAS_APP = "mnemo-two-replicas"
 
 
 def _ray_here() -> bool:

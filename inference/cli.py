@@ -1,4 +1,5 @@
-"""``mnemo sidecar``: serve the model config on a local Ray instance (no dashboard) until Ctrl-C."""
+"""``mnemo sidecar``: serve the model config until Ctrl-C, on a local Ray instance (no dashboard) or,
+with ``--address``, on an existing Ray cluster whose nodes host the replicas."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ def _run(args: argparse.Namespace) -> int:
     from .serve_app import default_config_path
 
     settings = SidecarSettings.load(
-        config=args.config, host=args.host, port=args.port, num_cpus=args.num_cpus
+        config=args.config, host=args.host, port=args.port, num_cpus=args.num_cpus, ray_address=args.address
     )
     config = load_config(settings.config or default_config_path())
     stop = threading.Event()
@@ -32,6 +33,7 @@ def _run(args: argparse.Namespace) -> int:
         log_to_driver=True,
         request_timeout_s=settings.request_timeout_s,
         keep_alive_timeout_s=settings.keep_alive_timeout_s,
+        address=settings.ray_address,
     ) as url:
         models = ", ".join(f"{m.id} ({m.kind})" for m in config.models)
         print(f"sidecar ready at {url} serving {models} from {config.source}. Ctrl-C stops it.", flush=True)
@@ -43,7 +45,8 @@ def _run(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "sidecar", help="serve the inference sidecar (Ray Serve, local, no dashboard) in the foreground"
+        "sidecar",
+        help="serve the inference sidecar (Ray Serve: local, or on a cluster with --address) in the foreground",
     )
     p.add_argument(
         "--config",
@@ -55,5 +58,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=None, help="listen port (env RAG_SIDECAR_PORT, default 8001)")
     p.add_argument(
         "--num-cpus", type=float, default=None, help="CPUs Ray may hand out (env RAG_SIDECAR_NUM_CPUS)"
+    )
+    p.add_argument(
+        "--address",
+        default=None,
+        help="join this Ray cluster (ray://HOST:10001 or HOST:6379) instead of starting a local one "
+        "(env RAG_RAY_ADDRESS); replicas go to its nodes, the HTTP front stays on this one",
     )
     p.set_defaults(run=_run)

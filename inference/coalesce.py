@@ -43,10 +43,20 @@ class CallCoalescer(Generic[A]):
     one bundle (and so its message size); the rest wait for the next one.
     """
 
-    def __init__(self, send: Send[A], *, max_in_flight: int = 2, max_bundle: int = 64) -> None:
+    def __init__(
+        self,
+        send: Send[A],
+        *,
+        max_in_flight: int = 2,
+        max_bundle: int = 64,
+        shared_failures: tuple[type[Exception], ...] = (),
+    ) -> None:
         if max_in_flight < 1 or max_bundle < 1:
             raise ValueError("max_in_flight and max_bundle must be at least 1")
         self._send = send
+        # A bundle failing with one of these fails the calls waiting behind it too: the failure is
+        # the destination's (no replica to take them), so they would only wait to meet it again.
+        self._shared_failures = shared_failures
         self.max_in_flight = max_in_flight
         self.max_bundle = max_bundle
         self._lanes: dict[Hashable, _Lane[A]] = {}
@@ -83,7 +93,11 @@ class CallCoalescer(Generic[A]):
                 future.cancel()
             raise
         except Exception as exc:  # the call itself failed: every caller of the bundle gets it
-            for _, future in bundle:
+            failed = bundle
+            if isinstance(exc, self._shared_failures):
+                failed = bundle + lane.waiting
+                lane.waiting = []
+            for _, future in failed:
                 if not future.done():
                     future.set_exception(exc)
             return

@@ -2,7 +2,8 @@
 
 A config file lists the models to serve and the request limits::
 
-    limits: {max_body_bytes: 67108864, max_image_bytes: 20971520, max_image_pixels: 40000000}
+    limits: {max_body_bytes: 67108864, max_image_bytes: 20971520, max_image_pixels: 40000000,
+             replica_wait_s: 1.5}
     models:
       - id: bge-m3
         kind: text                 # text | image_text | rerank
@@ -61,6 +62,16 @@ class Limits:
     max_body_bytes: int = 64 * 1024 * 1024
     max_image_bytes: int = 20 * 1024 * 1024
     max_image_pixels: int = 40_000_000
+    # How long the ingress waits for a model replica to take a call. Serve's router otherwise holds
+    # a call until a replica is free, and with the only replica gone that is until its replacement
+    # has loaded and warmed up (12-39 s measured): past this wait the call answers 503 not_ready
+    # with Retry-After, so a client retries or fails over within its own timeout.
+    replica_wait_s: float = 1.5
+
+    def validate(self) -> None:
+        wait = self.replica_wait_s
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 < wait < math.inf:
+            raise ConfigError(f"limits: replica_wait_s must be a number of seconds > 0, not {wait!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,6 +220,7 @@ def config_from_dict(
     if len(set(ids)) != len(ids):
         raise ConfigError(f"{source}: duplicate model ids in {ids}")
     limits = _build_dataclass(Limits, data.get("limits") or {}, f"{source}: limits")
+    limits.validate()
     unknown = set(data) - {"models", "limits"}
     if unknown:
         raise ConfigError(f"{source}: unknown top-level keys {sorted(unknown)}")
@@ -282,6 +294,9 @@ class SidecarSettings:
     # rest of a request, body upload included (408 request_timeout).
     request_timeout_s: float = 120.0  # RAG_SIDECAR_REQUEST_TIMEOUT
     keep_alive_timeout_s: int = 30  # RAG_SIDECAR_KEEP_ALIVE_TIMEOUT
+    # An existing Ray cluster to deploy onto (``ray://host:10001`` or ``host:6379``) instead of
+    # starting a local instance; num_cpus and object_store_mb are then the cluster's own.
+    ray_address: str | None = None  # RAG_RAY_ADDRESS
 
     ENV: ClassVar[dict[str, str]] = {
         "config": "RAG_SIDECAR_CONFIG",
@@ -292,6 +307,7 @@ class SidecarSettings:
         "object_store_mb": "RAG_SIDECAR_OBJECT_STORE_MB",
         "request_timeout_s": "RAG_SIDECAR_REQUEST_TIMEOUT",
         "keep_alive_timeout_s": "RAG_SIDECAR_KEEP_ALIVE_TIMEOUT",
+        "ray_address": "RAG_RAY_ADDRESS",
     }
 
     @classmethod

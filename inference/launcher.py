@@ -1,7 +1,7 @@
-"""Start the sidecar on a local Ray instance (no dashboard) and stop it again.
+"""Start the sidecar on a local Ray instance (no dashboard), or on an existing cluster, and stop it again.
 
 Used by ``mnemo sidecar``, ``mnemo up`` and the tests' session fixture. Ray starts inside the calling
-process (it becomes the driver). The ingress replica listens on ``host:port`` itself and Serve's HTTP
+process (it becomes the driver), or the process joins a cluster as its driver (``address``). The ingress replica listens on ``host:port`` itself and Serve's HTTP
 proxy stays off: a request crosses one process, not two, before its bundle reaches a model replica
 (see :mod:`inference.local_server`).
 """
@@ -37,12 +37,21 @@ def running_sidecar(
     log_to_driver: bool = False,
     request_timeout_s: float = 120.0,
     keep_alive_timeout_s: int = 30,
+    address: str | None = None,
+    app_name: str = APP_NAME,
 ) -> Iterator[str]:
-    """Run the sidecar for ``config`` and yield its base URL; Serve and Ray stop on exit.
+    """Run the sidecar for ``config`` and yield its base URL; what this call started stops on exit.
 
     ``port=0`` picks a free port. ``request_timeout_s`` and ``keep_alive_timeout_s`` go to the
     ingress's HTTP front (see :class:`~inference.config.SidecarSettings`). Missing weights fail before Ray starts (:class:`ModelWeightsMissing`
     naming the path); a model that fails to load or warm up fails here too.
+
+    Where Ray runs: ``address`` (``mnemo sidecar --address``, ``RAG_RAY_ADDRESS``) joins an existing
+    cluster, whose nodes host the model replicas; without it a fresh local instance starts, unless
+    this process is already a Ray driver (then ``app_name`` is one more application beside the ones
+    already deployed). Either way the ingress runs on this process's node and serves HTTP there:
+    one front that routes to replicas on every node. On exit the application is deleted; Serve and
+    Ray stop only when this call started them (a joined cluster keeps running).
     """
     from .config import resolve_weights
 
@@ -55,8 +64,17 @@ def running_sidecar(
     from .serve_app import build_app
 
     port = port or free_port(host)
-    started_ray = False
-    if not ray.is_initialized():
+    started_ray = joined = False
+    if address is not None:
+        if ray.is_initialized():
+            raise RuntimeError(
+                f"this process is already a Ray driver: it cannot join the cluster at {address}"
+            )
+        opt_out_of_ray_usage_stats()
+        # The cluster is the operator's: no resources or object store are sized from here.
+        ray.init(address=address, log_to_driver=log_to_driver, configure_logging=False, **_DRIVER)
+        joined = True
+    elif not ray.is_initialized():
         opt_out_of_ray_usage_stats()
         ray.init(
             # "local": always a fresh instance, never another process's cluster found through
@@ -67,11 +85,11 @@ def running_sidecar(
             object_store_memory=object_store_mb * 1024 * 1024,
             log_to_driver=log_to_driver,  # replica logs on this process's stderr (the CLI wants them)
             configure_logging=False,
-            namespace="mnemo",
-            runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}},
+            **_DRIVER,
         )
         started_ray = True
     try:
+        # A cluster whose Serve already runs (its proxies included) keeps its options.
         serve.start(proxy_location="Disabled")
         listen = {
             "host": host,
@@ -79,15 +97,28 @@ def running_sidecar(
             "request_timeout_s": request_timeout_s,
             "keep_alive_timeout_s": keep_alive_timeout_s,
         }
-        serve.run(build_app(config, api_key=api_key, listen=listen), name=APP_NAME, route_prefix=None)
+        node = ray.util.get_node_ip_address()
+        app = build_app(config, api_key=api_key, listen=listen, ingress_node=node)
+        serve.run(app, name=app_name, route_prefix=None)
         url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
         wait_ready(url, ready_timeout_s)
         yield url
     finally:
-        with contextlib.suppress(Exception):
-            serve.shutdown()
         if started_ray:
+            with contextlib.suppress(Exception):
+                serve.shutdown()
             ray.shutdown()
+        else:
+            with contextlib.suppress(Exception):
+                serve.delete(app_name)
+            if joined:
+                ray.shutdown()  # disconnects this driver; the cluster and its Serve keep running
+
+
+_DRIVER = {
+    "namespace": "mnemo",
+    "runtime_env": {"env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}},
+}
 
 
 def _tiny_png_base64() -> str:

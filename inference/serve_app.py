@@ -17,11 +17,14 @@ the model config or a Serve config file (``inference/serve_config.yaml``)::
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
+from ray import exceptions as ray_errors
 from ray import serve
-from ray.serve.handle import DeploymentHandle
+from ray.serve import exceptions as serve_errors
+from ray.serve.handle import DeploymentHandle, DeploymentResponse
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -34,6 +37,11 @@ from .local_server import start_front
 __all__ = ["HandleBackend", "Ingress", "ModelDeployment", "app_builder", "build_app", "deployment_name"]
 
 INGRESS_NAME = "ingress"
+
+# The bounded replica wait (HandleBackend._on_a_replica) awaits a response's assignment to a replica
+# through this private step of Ray's: a Ray without it fails here, by name, not at the first call.
+if not hasattr(DeploymentResponse, "_fetch_future_result_async"):
+    raise ImportError("this Ray's DeploymentResponse has no _fetch_future_result_async: tested with ray 2.60")
 
 
 def deployment_name(model_id: str) -> str:
@@ -87,40 +95,83 @@ class ModelDeployment:
             raise RuntimeError(f"model {self.service.spec.id}: batching loop stopped")
 
 
+# A replica that died (killed, out of memory, its node lost) under a call. Every model method is a
+# pure function of its arguments, so the call runs again: Serve's router has dropped the dead
+# replica and sends it to another live one, or holds it until the replica wait runs out.
+_REPLICA_GONE = (
+    serve_errors.ReplicaUnavailableError,
+    ray_errors.ActorDiedError,
+    ray_errors.ActorUnavailableError,
+)
+_GONE_RETRIES = 2
+
+
 class HandleBackend:
     """Adapts a Serve ``DeploymentHandle`` to :class:`~inference.api.Backend`, unwrapping Ray's errors.
 
     ``/embed`` calls that arrive while others are in flight travel to the replica together
     (:class:`~inference.coalesce.CallCoalescer`): one Ray round trip per bundle, not per request.
+
+    Fail fast: a call no replica takes within ``replica_wait_s`` answers 503 ``not_ready`` with
+    ``Retry-After`` instead of waiting for a replacement replica to warm up; a call whose replica
+    died under it runs again on another replica (at most :data:`_GONE_RETRIES` times).
     """
 
-    def __init__(self, handle: DeploymentHandle, model_id: str, *, bundles_in_flight: int = 2) -> None:
+    def __init__(
+        self,
+        handle: DeploymentHandle,
+        model_id: str,
+        *,
+        bundles_in_flight: int = 2,
+        replica_wait_s: float,
+    ) -> None:
         self.handle = handle
         self.model_id = model_id
+        self.replica_wait_s = replica_wait_s
         self._embeds: CallCoalescer[list[str]] | None = (
-            CallCoalescer(self._embed_bundle, max_in_flight=bundles_in_flight) if bundles_in_flight else None
+            # A bundle no replica took fails the calls queued behind it at once, so none of them waits
+            # longer than replica_wait_s for its 503.
+            CallCoalescer(self._embed_bundle, max_in_flight=bundles_in_flight, shared_failures=(NotReady,))
+            if bundles_in_flight
+            else None
         )
 
-    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        from ray import exceptions as ray_errors
-        from ray.serve import exceptions as serve_errors
+    def _not_ready(self, why: str) -> NotReady:
+        return NotReady(f"model {self.model_id!r}: {why}", retry_after=max(1.0, self.replica_wait_s))
 
+    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        for attempt in range(_GONE_RETRIES + 1):
+            try:
+                return await self._on_a_replica(method, args, kwargs)
+            except ray_errors.RayTaskError as exc:
+                cause = getattr(exc, "cause", None)
+                if isinstance(cause, BaseException):
+                    raise cause from None
+                raise
+            except serve_errors.BackPressureError as exc:
+                raise Overloaded(f"model {self.model_id!r}: too many requests queued", retry_after=1) from exc
+            except serve_errors.DeploymentUnavailableError as exc:
+                raise self._not_ready("the deployment is not available") from exc
+            except _REPLICA_GONE as exc:
+                if attempt == _GONE_RETRIES:
+                    raise self._not_ready(f"its replicas died under {attempt + 1} tries") from exc
+        raise AssertionError("unreachable: the loop returns or raises")
+
+    async def _on_a_replica(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        response = getattr(self.handle, method).remote(*args, **kwargs)
+        # Resolving the response's replica is the router's assignment step, where a call waits for a
+        # live replica with room. Ray names it privately (checked at import, tested with 2.60); the wait is bounded here.
+        assigned = asyncio.ensure_future(response._fetch_future_result_async())
         try:
-            return await getattr(self.handle, method).remote(*args, **kwargs)
-        except ray_errors.RayTaskError as exc:
-            cause = getattr(exc, "cause", None)
-            if isinstance(cause, BaseException):
-                raise cause from None
-            raise
-        except serve_errors.BackPressureError as exc:
-            raise Overloaded(f"model {self.model_id!r}: too many requests queued", retry_after=1) from exc
-        except (
-            serve_errors.DeploymentUnavailableError,
-            serve_errors.ReplicaUnavailableError,
-            ray_errors.ActorDiedError,
-            ray_errors.ActorUnavailableError,
-        ) as exc:
-            raise NotReady(f"model {self.model_id!r} has no live replica", retry_after=5) from exc
+            await asyncio.wait_for(asyncio.shield(assigned), self.replica_wait_s)
+        except TimeoutError:
+            response.cancel()  # unassigned: the router forgets it, no replica ever runs it
+            assigned.cancel()
+            raise self._not_ready(
+                f"no replica took the call within {self.replica_wait_s:g} s "
+                "(none live while a replacement starts, or all busy)"
+            ) from None
+        return await response
 
     async def embed(self, texts, *, truncate, return_sparse):
         if self._embeds is None:
@@ -158,7 +209,10 @@ class HandleBackend:
         return {"calls": self._embeds.calls, "bundles": self._embeds.bundles}
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=1024)
+_INGRESS_CPUS = 0.1
+
+
+@serve.deployment(ray_actor_options={"num_cpus": _INGRESS_CPUS}, max_ongoing_requests=1024)
 class Ingress:
     """The one HTTP entry point: reads the body within the byte limit and hands it to the API."""
 
@@ -173,7 +227,12 @@ class Ingress:
     ) -> None:
         cfg = config_from_dict(config, environ={})
         backends = {
-            model: HandleBackend(handle, model, bundles_in_flight=cfg.model(model).bundles_in_flight)
+            model: HandleBackend(
+                handle,
+                model,
+                bundles_in_flight=cfg.model(model).bundles_in_flight,
+                replica_wait_s=cfg.limits.replica_wait_s,
+            )
             for model, handle in handles.items()
         }
         self.api = SidecarAPI(cfg, backends, api_key=api_key)
@@ -208,13 +267,18 @@ class Ingress:
 
 
 def build_app(
-    config: SidecarConfig, *, api_key: str | None = None, listen: dict[str, Any] | None = None
+    config: SidecarConfig,
+    *,
+    api_key: str | None = None,
+    listen: dict[str, Any] | None = None,
+    ingress_node: str | None = None,
 ) -> serve.Application:
     """The Serve application for ``config``. ``api_key`` defaults to ``RAG_SIDECAR_API_KEY``.
 
     ``listen`` (``host``, ``port``, ``request_timeout_s``, ``keep_alive_timeout_s``) makes the ingress
     serve HTTP itself on that address, for a Serve started without its proxy (one ingress replica:
-    the address is bound once).
+    the address is bound once). ``ingress_node`` (a node's IP) places that replica on the node, so
+    on a cluster the address is bound where the caller expects it.
     """
     if api_key is None:
         api_key = SidecarSettings.load().api_key
@@ -240,6 +304,11 @@ def build_app(
     ingress = Ingress.options(name=INGRESS_NAME)
     if listen is not None:
         ingress = ingress.options(num_replicas=1)
+    if ingress_node is not None:
+        # Ray gives every node a resource named after its IP: a sliver of it pins the replica there.
+        ingress = ingress.options(
+            ray_actor_options={"num_cpus": _INGRESS_CPUS, "resources": {f"node:{ingress_node}": 0.001}}
+        )
     return ingress.bind(config.to_dict(), handles, api_key, listen)
 
 

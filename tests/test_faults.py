@@ -118,6 +118,12 @@ def test_the_report_has_a_row_for_every_fault_figure() -> None:
         "chunks_clean": 4, "records_differing": [], "max_vector_difference": 0.0, "queue_left": 0, "parked": 0,
         "drain_crashes": 0, "recovery_s": 1.0,
     }  # fmt: skip
+    killed = {
+        "model": "m", "callers": 2, "replicas": 1, "requests": 9, "requests_after_kill": 3,
+        "failed_after_retries": 0, "statuses": {"200": 9}, "server_errors": 0, "dropped": 0, "hung_callers": 0,
+        "slowest_request_s": 1.0, "replaced_s": 2.0, "first_ok_after_kill_s": 1.0, "recovered_s": 0.5,
+        "p99_after_kill_s": 1.0, "slowest_coded_answer_s": 1.0,
+    }  # fmt: skip
     result = {
         "postgres_stopped": drain,
         "sidecar_stopped": {**drain, "queued_when_restarted": 2, "drain_states_while_down": ["paused"]},
@@ -126,11 +132,8 @@ def test_the_report_has_a_row_for_every_fault_figure() -> None:
             "duplicate_rows": 0, "chunks": 4, "chunks_clean": 4, "records_differing": [], "max_vector_difference": 0.0,
             "queue_left": 0, "surviving_workers": 2, "orphans_indexed_s": 3.5, "drained_s": 4.0,
         },
-        "replica_killed": {
-            "model": "m", "callers": 2, "replicas": 1, "requests": 9, "requests_after_kill": 3,
-            "failed_after_retries": 0, "statuses": {"200": 9}, "server_errors": 0, "dropped": 0, "hung_callers": 0,
-            "slowest_request_s": 1.0, "replaced_s": 2.0, "first_ok_after_kill_s": 1.0, "recovered_s": 0.5,
-        },
+        "replica_killed": killed,
+        "replica_killed_of_two": {**killed, "replicas": 2},
         "overload": {
             "model": "m", "texts_per_request": 16, "capacity_rps": 1.0, "offered_rps": 2.0, "held_s": 3.0, "sent": 6,
             "not_sent_client_bound": 0, "statuses": {"200": 6}, "served": 6, "shed": 0, "server_errors": 0,
@@ -140,5 +143,5 @@ def test_the_report_has_a_row_for_every_fault_figure() -> None:
                        "failed_by_status": {}, "p50_ms": 1.0, "p99_ms": 2.0}}, "failed": 0, "records_pushed": 0},
     }  # fmt: skip
     rows = _fault_figures(result)
-    assert len(rows) == 4 + 4 + 3 + 4 + 4 + 1 and all(len(row) == 3 for row in rows)
+    assert len(rows) == 4 + 4 + 3 + 5 + 2 + 4 + 1 and all(len(row) == 3 for row in rows)
     assert _fault_figures({"overload": {"error": "RuntimeError: x"}})[0][1] == "RuntimeError: x"

@@ -116,6 +116,26 @@ async def test_a_failed_call_reaches_every_caller_of_its_bundle_and_the_next_bun
     assert await coalescer.call("k", "after") == "k:after"
 
 
+async def test_a_shared_failure_fails_the_calls_waiting_behind_its_bundle_without_sending_them() -> None:
+    """No replica took the bundle (503 not_ready): the calls queued behind it meet the same answer at
+    once instead of waiting their own turn for it; another failure leaves them to their own bundle."""
+    for failure, shared in (
+        (NotReady("no replica", retry_after=2), True),
+        (RuntimeError("model broke"), False),
+    ):
+        send = _HeldSend()
+        send.release.clear()
+        send.fail_call = failure
+        coalescer = CallCoalescer(send, max_in_flight=1, shared_failures=(NotReady,))
+        calls = [asyncio.create_task(coalescer.call("k", f"a{i}")) for i in range(4)]
+        await _settle()
+        assert send.bundles == [("k", ["a0"])]  # a1..a3 wait behind the lead bundle
+        send.release.set()
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        assert all(r is failure for r in results), results
+        assert len(send.bundles) == (1 if shared else 2), send.bundles
+
+
 async def test_a_cancelled_caller_is_dropped_and_its_neighbours_are_served() -> None:
     send, coalescer, lead = await _busy_lane()
     gone = asyncio.create_task(coalescer.call("k", "gone"))

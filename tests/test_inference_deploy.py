@@ -26,6 +26,11 @@ def test_serve_config_validates_and_matches_the_models() -> None:
     for deployment in app.deployments:
         if deployment.name != INGRESS_NAME:
             assert 0 < deployment.ray_actor_options.num_gpus < 1  # fractional: models share a GPU
+            # autoscaled on ongoing requests, one replica per node so replicas spread over nodes
+            assert deployment.num_replicas == "auto" and deployment.max_replicas_per_node == 1
+            scaling = deployment.autoscaling_config
+            assert scaling["min_replicas"] == 1 < scaling["max_replicas"], scaling
+            assert scaling["target_ongoing_requests"] > 0, scaling
 
 
 def test_gpu_image_ships_every_package_and_runs_the_sidecar() -> None:
