@@ -40,6 +40,7 @@ def test_loads_through_open_clip_with_its_bpe(encoder: OpenClipEncoder) -> None:
     assert encoder.info() == {
         "id": "tiny-open-clip-random",
         "kind": "image_text",
+        "capabilities": ["dense", "image", "text"],
         "dimension": 32,
         "max_input_tokens": 16,
         "device": "cpu",
