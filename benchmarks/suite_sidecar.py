@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .plan import SidecarPlan
-from .report import Curve, Headline, SuiteResult, Table
+from .report import Curve, Headline, SuiteResult, Table, format_span
 from .sidecar import headline_concurrency
 from .stack import BENCH_MODEL, LONG_MODEL, MINILM_WEIGHTS, BenchStack
 
@@ -27,10 +27,6 @@ __all__ = ["configurations_table", "length_sweep", "run_suite", "texts_of_length
 
 BASELINE = "in-process batch 32 (same model)"
 STRONGEST = "in-process strongest configuration"
-
-
-def _span(spread: Sequence[float]) -> str:
-    return f"{spread[0]:.2f}–{spread[1]:.2f}"
 
 
 def texts_of_length(encoder: Any, n: int, tokens: int, *, seed: int = 0) -> list[str]:
@@ -238,9 +234,9 @@ def _as_suite(grid: dict[str, Any], lengths: dict[str, Any], peers: dict[str, An
                     c["latency_ms"]["p99"],
                     _windows(c),
                     c["ratio_to_inprocess"],
-                    _span(c["spread"]["ratio_to_inprocess"]),
+                    format_span(c["spread"]["ratio_to_inprocess"]),
                     *(
-                        [c["ratio_to_strongest"], _span(c["spread"]["ratio_to_strongest"])]
+                        [c["ratio_to_strongest"], format_span(c["spread"]["ratio_to_strongest"])]
                         if strongest
                         else []
                     ),

@@ -1,10 +1,11 @@
 import asyncio
+import os
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from benchmarks.measure import closed_loop, knee, percentile, summarize
+from benchmarks.measure import closed_loop, knee, percentile, process_cpu_s, summarize
 
 
 @given(st.lists(st.floats(min_value=0, max_value=1e6, allow_nan=False), min_size=1, max_size=200))
@@ -37,3 +38,10 @@ async def test_closed_loop_runs_every_request_once() -> None:
     assert sorted(seen) == list(range(50))
     assert result.requests == 50
     assert result.items_per_s == pytest.approx(100 / result.wall_s)
+
+
+def test_process_cpu_time_grows_with_the_work_a_process_does() -> None:
+    before = process_cpu_s(os.getpid())
+    assert sum(i * i for i in range(2_000_000)) > 0  # about a tenth of a second of pure CPU
+    after = process_cpu_s(os.getpid())
+    assert after > before
