@@ -35,7 +35,7 @@ from .plan import GatewayPlan
 from .report import Curve, Headline, SuiteResult, Table, format_span
 from .stack import BENCH_MODEL, BenchStack
 
-__all__ = ["run_suite"]
+__all__ = ["GatewayCaller", "gateway_window", "run_suite"]
 
 LIMIT = 10
 SQL = "the legs' SQL (dense + lexical, concurrent)"
@@ -94,7 +94,7 @@ async def _index_figures(pool: Any, partition: Any) -> dict[str, float]:
     return {"reindex_s": reindex_s, "index_mb": index_bytes / 2**20, "table_mb": table_bytes / 2**20}
 
 
-class _Caller:
+class GatewayCaller:
     """One principal's paths: ``semantic_search`` over HTTP, the legs' SQL as the gateway runs them
     (:class:`benchmarks.gateway.RawLegs`, with the caller's ACL push-down), and the dense leg alone."""
 
@@ -135,7 +135,9 @@ def _spread(values: Sequence[float]) -> tuple[float, float]:
     return (min(values), max(values))
 
 
-async def _gateway_window(caller: _Caller, run: Callable[..., Awaitable[LoadResult]]) -> dict[str, float]:
+async def gateway_window(
+    caller: GatewayCaller, run: Callable[..., Awaitable[LoadResult]]
+) -> dict[str, float]:
     """One gateway window, with the gateway process's CPU per request over it (ms)."""
     before = process_cpu_s(caller.pid)
     load = await run(caller.search)
@@ -144,7 +146,7 @@ async def _gateway_window(caller: _Caller, run: Callable[..., Awaitable[LoadResu
 
 
 async def _pair(
-    caller: _Caller, plan: GatewayPlan, concurrency: int, admin: _Caller | None = None
+    caller: GatewayCaller, plan: GatewayPlan, concurrency: int, admin: GatewayCaller | None = None
 ) -> dict[str, Any]:
     """The caller's gateway point beside its baselines; with ``admin``, also the admin's dense leg
     measured right after the caller's (the non-admin headline's same-time baseline).
@@ -160,11 +162,11 @@ async def _pair(
     pairs: list[tuple[dict[str, float], dict[str, float]]] = []
     for k in range(max(1, plan.pairs)):
         if k % 2 == 0:
-            gateway = await _gateway_window(caller, run)
+            gateway = await gateway_window(caller, run)
             legs = _ms(await run(caller.raw.legs))
         else:
             legs = _ms(await run(caller.raw.legs))
-            gateway = await _gateway_window(caller, run)
+            gateway = await gateway_window(caller, run)
         pairs.append((gateway, legs))
     dense = _ms(await run(caller.raw.dense))
     extra = {} if admin is None else {"admin_dense_sql": _ms(await run(admin.raw.dense))}
@@ -232,7 +234,7 @@ async def _measure_size(
             ):
                 faiss = await cache_ready(http, gateway.url)
                 admin = issue_token(secret=secret, sub="bench-admin", projects=None, admin=True)
-                caller = _Caller(http, gateway, admin, pool, partition, Scope(), queries)
+                caller = GatewayCaller(http, gateway, admin, pool, partition, Scope(), queries)
                 await caller.warm()
                 measured: dict[str, Any] = {"faiss": faiss, **await _pair(caller, plan, plan.concurrency)}
                 if largest:
@@ -242,7 +244,7 @@ async def _measure_size(
                     for k, share in enumerate(plan.selectivity):
                         who = Principal(f"bench-{k}", projects=frozenset({k + 1}), perms=perms)
                         token = issue_token(secret=secret, sub=who.sub, projects=[k + 1], perms=perms)
-                        scoped = _Caller(
+                        scoped = GatewayCaller(
                             http, gateway, token, pool, partition, Scope(acl=pushdown(who)), queries
                         )
                         await scoped.warm()
