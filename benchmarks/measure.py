@@ -162,3 +162,17 @@ def process_cpu_s(pid: int) -> float:
     machine moves far less than a latency."""
     times = psutil.Process(pid).cpu_times()
     return times.user + times.system
+
+
+def descendants_cpu_s() -> float:
+    """CPU time (user + system, seconds) of this process's live descendants: the server under test
+    when a benchmark started it (a Ray sidecar's raylet, workers and replicas; a peer's process).
+    A process that exits inside a window takes its CPU with it, so a window's figure is a floor."""
+    total = 0.0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            times = child.cpu_times()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        total += times.user + times.system
+    return total
