@@ -42,7 +42,7 @@ import numpy as np
 
 from inference.net import ProcessExited, await_ready, free_port
 
-from .measure import closed_loop, ratio
+from .measure import closed_loop, process_cpu_s, ratio
 from .settings import child_environment, configured_database_url, configured_sidecar, configured_text_model
 
 
@@ -327,15 +327,16 @@ async def run_gateway_benchmark(
                         await search(i)
                     rows = []
                     for c in concurrency:  # each gateway point beside the baselines measured just before it
-                        legs, dense, gw = (
-                            await load(raw.legs, c),
-                            await load(raw.dense, c),
-                            await load(search, c),
+                        legs, dense = await load(raw.legs, c), await load(raw.dense, c)
+                        cpu_before = process_cpu_s(gateway.process.pid)
+                        gw = await load(search, c)
+                        cpu_ms = (
+                            (process_cpu_s(gateway.process.pid) - cpu_before) * 1000 / max(1, gw.requests)
                         )
                         rows.append(
                             {
                                 "concurrency": c,
-                                "gateway": _load_dict(gw),
+                                "gateway": _load_dict(gw) | {"cpu_ms_per_request": round(cpu_ms, 3)},
                                 "raw_legs_sql": _load_dict(legs),
                                 "raw_dense_sql": _load_dict(dense),
                                 "overhead_p50": round(ratio(gw.latency.median, legs.latency.median), 2),
@@ -389,7 +390,7 @@ def render(result: dict[str, Any]) -> str:
         lines.append(f"FAISS cache {cache} ({part['faiss'].get('mode')})")
         lines.append(
             f"{'conc':>4}  {'gw p50':>8} {'gw p95':>8} {'gw rps':>8}   {'legs p50':>8} {'legs rps':>8}   "
-            f"{'dense p50':>9} {'dense rps':>9}   {'p50 x':>6} {'rps x':>6}   {'p50 x dense':>11}"
+            f"{'dense p50':>9} {'dense rps':>9}   {'p50 x':>6} {'rps x':>6}   {'p50 x dense':>11} {'gw CPU/req':>10}"
         )
         for row in part["by_concurrency"]:
             g, legs, d = row["gateway"], row["raw_legs_sql"], row["raw_dense_sql"]
@@ -397,12 +398,13 @@ def render(result: dict[str, Any]) -> str:
                 f"{row['concurrency']:>4}  {g['latency_ms']['median']:>8.2f} {g['latency_ms']['p95']:>8.2f} "
                 f"{g['requests_per_s']:>8.1f}   {legs['latency_ms']['median']:>8.2f} {legs['requests_per_s']:>8.1f}   "
                 f"{d['latency_ms']['median']:>9.2f} {d['requests_per_s']:>9.1f}   {row['overhead_p50']:>6.2f} "
-                f"{row['throughput_ratio']:>6.3f}   {row['overhead_p50_vs_dense']:>11.2f}"
+                f"{row['throughput_ratio']:>6.3f}   {row['overhead_p50_vs_dense']:>11.2f} {g['cpu_ms_per_request']:>10.3f}"
             )
         lines.append(f"  mean per leg inside the gateway (ms): {part['leg_mean_ms']}")
     lines.append(
         "  (ms; gateway = HTTP + JWT + dense and lexical legs + fusion + ACL gate + JSON; legs = the dense "
-        "and lexical SQL run concurrently as the gateway runs them; dense = the dense SQL alone)"
+        "and lexical SQL run concurrently as the gateway runs them; dense = the dense SQL alone; gw CPU/req = the "
+        "gateway process's CPU time over its window per request served)"
     )
     if result["cold_first_pass"]:
         cold = result["cold_first_pass"]["latency_ms"]

@@ -14,6 +14,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import psutil
+
 
 @dataclass(frozen=True)
 class Summary:
@@ -152,3 +154,25 @@ def knee(xs: Sequence[float], ys: Sequence[float], *, gain: float = 0.10) -> flo
         if ys[i - 1] > 0 and (ys[i] - ys[i - 1]) / ys[i - 1] < gain:
             return xs[i - 1]
     return None
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU time (user + system, seconds) a process has used so far; the difference over a window
+    divided by the requests it served is its CPU per request, a figure a busy neighbour on a shared
+    machine moves far less than a latency."""
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+def descendants_cpu_s() -> float:
+    """CPU time (user + system, seconds) of this process's live descendants: the server under test
+    when a benchmark started it (a Ray sidecar's raylet, workers and replicas; a peer's process).
+    A process that exits inside a window takes its CPU with it, so a window's figure is a floor."""
+    total = 0.0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            times = child.cpu_times()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        total += times.user + times.system
+    return total

@@ -68,6 +68,9 @@ class GatewayPlan:
     load_concurrency: tuple[int, ...] = (1, 8, 32)  # the gateway benchmark's own table, at the largest size
     # RAG_FAISS_CACHE per gateway: the first mode at every size, each at the largest ("off": the SQL path)
     caches: tuple[str, ...] = ("off", "auto")
+    # Interleaved (gateway, legs' SQL) window pairs per point, the order swapped each pair: the
+    # spread of the pairs' ratios is printed beside each ratio.
+    pairs: int = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +135,7 @@ FULL = BenchPlan(
     ingest=IngestPlan(records=300, batch_records=(1, 4, 16, 32, 64, 128)),
     quality=QualityPlan(tune=True),
     gateway=GatewayPlan(
-        sizes=(1_000, 10_000, 100_000), embedded=1_000, queries=200, seconds=10.0, requests=3_000
+        sizes=(1_000, 10_000, 100_000), embedded=1_000, queries=200, seconds=10.0, requests=3_000, pairs=4
     ),
     reliability=ReliabilityPlan(
         cases_per_route=320, seconds=1200.0, fault_records=200, overload_seconds=30.0, mixed_seconds=30.0

@@ -179,6 +179,11 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+def format_span(spread: Any) -> str:
+    """A (min, max) spread of ratios as printed beside a ratio: ``0.91–1.12``."""
+    return f"{spread[0]:.2f}–{spread[1]:.2f}"
+
+
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         if math.isnan(value):

@@ -47,7 +47,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .measure import closed_loop, ratio
+from .measure import closed_loop, descendants_cpu_s, ratio
 
 __all__ = [
     "BARS",
@@ -96,8 +96,13 @@ def _slices(texts: Sequence[str], size: int) -> Callable[[int], list[str]]:
     return pick
 
 
-def _cell(mode: str, load, tokens: int) -> dict[str, Any]:
-    return {
+def _cell(mode: str, load, tokens: int, server_cpu_s: float | None = None) -> dict[str, Any]:
+    cpu = (
+        {}
+        if server_cpu_s is None
+        else {"server_cpu_ms_per_request": server_cpu_s * 1000 / max(1, load.requests)}
+    )
+    return cpu | {
         "mode": mode,
         "concurrency": load.concurrency,
         "request_size": load.items_per_request,
@@ -403,6 +408,8 @@ def combine_windows(windows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     out["latency_ms"] = {
         q: statistics.median(w["latency_ms"][q] for w in windows) for q in windows[0]["latency_ms"]
     }
+    if "server_cpu_ms_per_request" in out:
+        out["server_cpu_ms_per_request"] = statistics.median(w["server_cpu_ms_per_request"] for w in windows)
     spread = {}
     for key in windows[0]["spread"]:
         name = key.removeprefix("ratio_to_")
@@ -426,8 +433,13 @@ async def load_cell(
     concurrency: int,
     size: int,
     seconds: float,
+    server_cpu: bool = True,
 ) -> dict[str, Any]:
-    """One closed-loop window: ``concurrency`` callers sending ``size`` texts per request."""
+    """One closed-loop window: ``concurrency`` callers sending ``size`` texts per request.
+
+    ``server_cpu``: the server runs in this process's child processes (a sidecar this run started,
+    or a peer), so their CPU time over the window per request is the server's cost
+    (``server_cpu_ms_per_request``); False for the in-process service, which has none apart."""
     pick = _slices(texts, size)
     tokens = 0
 
@@ -436,10 +448,11 @@ async def load_cell(
         counted = await call(pick(i))  # not `tokens += await ...`: that loses concurrent updates
         tokens += counted
 
+    cpu_before = descendants_cpu_s() if server_cpu else 0.0
     load = await closed_loop(
         one, concurrency=concurrency, requests=10**9, items_per_request=size, max_seconds=seconds
     )
-    return _cell(mode, load, tokens)
+    return _cell(mode, load, tokens, descendants_cpu_s() - cpu_before if server_cpu else None)
 
 
 def headline_concurrency(concurrencies: Sequence[int]) -> int:
@@ -457,6 +470,7 @@ async def load_grid(
     sizes: Sequence[int],
     seconds: float,
     repeats: int = 1,
+    server_cpu: bool = True,
 ) -> list[dict[str, Any]]:
     """Each request size's cells are bracketed by in-process baseline windows; ratios use their mean.
 
@@ -474,7 +488,15 @@ async def load_grid(
         group = []
         for concurrency in concurrencies:
             group.append(
-                await load_cell(mode, call, texts, concurrency=concurrency, size=size, seconds=seconds)
+                await load_cell(
+                    mode,
+                    call,
+                    texts,
+                    concurrency=concurrency,
+                    size=size,
+                    seconds=seconds,
+                    server_cpu=server_cpu,
+                )
             )
         after = _as_figures(baseline())
         for cell in group:
@@ -485,7 +507,9 @@ async def load_grid(
                 continue
             windows = [cell]
             for _ in range(repeats - 1):
-                again = await load_cell(mode, call, texts, concurrency=top, size=size, seconds=seconds)
+                again = await load_cell(
+                    mode, call, texts, concurrency=top, size=size, seconds=seconds, server_cpu=server_cpu
+                )
                 after = _as_figures(baseline())
                 windows.append(normalize(again, [before, after]))
                 before = after
@@ -504,7 +528,7 @@ async def _service_grid(spec: Any, encoder: Any, texts: Sequence[str], **grid: A
         return int((await service.embed(batch, truncate=True))["tokens"])
 
     try:
-        return await load_grid("service", call, texts, **grid)
+        return await load_grid("service", call, texts, server_cpu=False, **grid)
     finally:
         await service.close()
 

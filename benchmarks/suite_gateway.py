@@ -23,18 +23,19 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import statistics
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from .measure import LoadResult, closed_loop, ratio
+from .measure import LoadResult, closed_loop, process_cpu_s, ratio
 from .plan import GatewayPlan
-from .report import Curve, Headline, SuiteResult, Table
+from .report import Curve, Headline, SuiteResult, Table, format_span
 from .stack import BENCH_MODEL, BenchStack
 
-__all__ = ["run_suite"]
+__all__ = ["GatewayCaller", "gateway_window", "run_suite"]
 
 LIMIT = 10
 SQL = "the legs' SQL (dense + lexical, concurrent)"
@@ -93,14 +94,16 @@ async def _index_figures(pool: Any, partition: Any) -> dict[str, float]:
     return {"reindex_s": reindex_s, "index_mb": index_bytes / 2**20, "table_mb": table_bytes / 2**20}
 
 
-class _Caller:
+class GatewayCaller:
     """One principal's paths: ``semantic_search`` over HTTP, the legs' SQL as the gateway runs them
     (:class:`benchmarks.gateway.RawLegs`, with the caller's ACL push-down), and the dense leg alone."""
 
-    def __init__(self, http: Any, url: str, token: str, pool: Any, partition: Any, scope: Any, queries: Any):
+    def __init__(
+        self, http: Any, gateway: Any, token: str, pool: Any, partition: Any, scope: Any, queries: Any
+    ):
         from .gateway import RawLegs
 
-        self.http, self.url, self.token = http, url, token
+        self.http, self.url, self.pid, self.token = http, gateway.url, gateway.process.pid, token
         self.pool, self.partition, self.scope = pool, partition, scope
         self.texts, self.vectors = queries
         self.hits: list[int] = []
@@ -128,30 +131,68 @@ class _Caller:
         self.hits.clear()
 
 
+def _spread(values: Sequence[float]) -> tuple[float, float]:
+    return (min(values), max(values))
+
+
+async def gateway_window(
+    caller: GatewayCaller, run: Callable[..., Awaitable[LoadResult]]
+) -> dict[str, float]:
+    """One gateway window, with the gateway process's CPU per request over it (ms)."""
+    before = process_cpu_s(caller.pid)
+    load = await run(caller.search)
+    cpu_ms = (process_cpu_s(caller.pid) - before) * 1000 / max(1, load.requests)
+    return {**_ms(load), "cpu_ms": cpu_ms}
+
+
 async def _pair(
-    caller: _Caller, plan: GatewayPlan, concurrency: int, admin: _Caller | None = None
+    caller: GatewayCaller, plan: GatewayPlan, concurrency: int, admin: GatewayCaller | None = None
 ) -> dict[str, Any]:
     """The caller's gateway point beside its baselines; with ``admin``, also the admin's dense leg
-    measured right after the caller's (the non-admin headline's same-time baseline)."""
+    measured right after the caller's (the non-admin headline's same-time baseline).
+
+    The gateway and the legs' SQL run as ``plan.pairs`` interleaved pairs of windows (gateway then
+    SQL, then SQL then gateway, ...), so a drift of the machine falls on both alike; each pair's
+    ratio is direct, and their min and max are the spread printed beside the ratio (two
+    configurations that run the same code once gave 1.51x and 2.09x from single windows)."""
     run: Callable[[Callable[[int], Awaitable[None]]], Awaitable[LoadResult]] = lambda call: closed_loop(  # noqa: E731
         call, concurrency=concurrency, requests=plan.requests, max_seconds=plan.seconds
     )
-    legs = await run(caller.raw.legs)
-    dense = await run(caller.raw.dense)
-    extra = {} if admin is None else {"admin_dense_sql": _ms(await run(admin.raw.dense))}
     caller.hits.clear()
-    gateway = await run(caller.search)
+    pairs: list[tuple[dict[str, float], dict[str, float]]] = []
+    for k in range(max(1, plan.pairs)):
+        if k % 2 == 0:
+            gateway = await gateway_window(caller, run)
+            legs = _ms(await run(caller.raw.legs))
+        else:
+            legs = _ms(await run(caller.raw.legs))
+            gateway = await gateway_window(caller, run)
+        pairs.append((gateway, legs))
+    dense = _ms(await run(caller.raw.dense))
+    extra = {} if admin is None else {"admin_dense_sql": _ms(await run(admin.raw.dense))}
+    gw = _combine([g for g, _ in pairs])
+    sql = _combine([s for _, s in pairs])
     return {
         **extra,
         "concurrency": concurrency,
-        "gateway": _ms(gateway),
-        "sql": _ms(legs),
-        "dense_sql": _ms(dense),
-        "p50_ratio": ratio(gateway.latency.median, legs.latency.median),
-        "p50_ratio_dense": ratio(gateway.latency.median, dense.latency.median),
-        "rps_ratio": ratio(gateway.requests_per_s, legs.requests_per_s),
+        "gateway": gw,
+        "sql": sql,
+        "dense_sql": dense,
+        "windows": [{"gateway": g, "sql": s} for g, s in pairs],
+        "p50_ratio": ratio(gw["p50"], sql["p50"]),
+        "p50_ratio_spread": _spread([ratio(g["p50"], s["p50"]) for g, s in pairs]),
+        "p50_ratio_dense": ratio(gw["p50"], dense["p50"]),
+        "rps_ratio": ratio(gw["rps"], sql["rps"]),
+        "rps_ratio_spread": _spread([ratio(g["rps"], s["rps"]) for g, s in pairs]),
         "mean_hits": float(np.mean(caller.hits)) if caller.hits else 0.0,
     }
+
+
+def _combine(windows: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Windows of one path: the median of their percentiles and CPU per request, the mean of their
+    requests/s (as the sidecar suite's peer pairs)."""
+    out = {key: statistics.median(w[key] for w in windows) for key in windows[0] if key != "rps"}
+    return out | {"rps": statistics.fmean(w["rps"] for w in windows)}
 
 
 async def _measure_size(
@@ -188,12 +229,12 @@ async def _measure_size(
         for cache in plan.caches if largest else plan.caches[:1]:
             log = stack.work_dir / f"gateway-{size}-{cache}.log"
             async with (
-                _gateway(url, stack.sidecar_url, secret, log, model.id, cache) as gateway_url,
+                _gateway(url, stack.sidecar_url, secret, log, model.id, cache) as gateway,
                 aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as http,
             ):
-                faiss = await cache_ready(http, gateway_url)
+                faiss = await cache_ready(http, gateway.url)
                 admin = issue_token(secret=secret, sub="bench-admin", projects=None, admin=True)
-                caller = _Caller(http, gateway_url, admin, pool, partition, Scope(), queries)
+                caller = GatewayCaller(http, gateway, admin, pool, partition, Scope(), queries)
                 await caller.warm()
                 measured: dict[str, Any] = {"faiss": faiss, **await _pair(caller, plan, plan.concurrency)}
                 if largest:
@@ -203,8 +244,8 @@ async def _measure_size(
                     for k, share in enumerate(plan.selectivity):
                         who = Principal(f"bench-{k}", projects=frozenset({k + 1}), perms=perms)
                         token = issue_token(secret=secret, sub=who.sub, projects=[k + 1], perms=perms)
-                        scoped = _Caller(
-                            http, gateway_url, token, pool, partition, Scope(acl=pushdown(who)), queries
+                        scoped = GatewayCaller(
+                            http, gateway, token, pool, partition, Scope(acl=pushdown(who)), queries
                         )
                         await scoped.warm()
                         measured["by_selectivity"].append(
@@ -220,15 +261,15 @@ async def _measure_size(
 @contextlib.asynccontextmanager
 async def _gateway(
     database_url: str, sidecar_url: str, secret: str, log: Any, model: str, cache: str
-) -> AsyncIterator[str]:
-    """The gateway benchmark's ``mnemo gateway`` subprocess, told which text model the corpus is in
-    and which ``RAG_FAISS_CACHE`` to run."""
+) -> AsyncIterator[Any]:
+    """The gateway benchmark's ``mnemo gateway`` subprocess (a :class:`benchmarks.gateway.GatewayProcess`),
+    told which text model the corpus is in and which ``RAG_FAISS_CACHE`` to run."""
     from .gateway import gateway_process
 
     async with gateway_process(
         database_url, sidecar_url, secret, log, text_model=model, RAG_FAISS_CACHE=cache
     ) as gateway:
-        yield gateway.url
+        yield gateway
 
 
 def _series(points: list[dict[str, Any]], x: str) -> dict[str, list[tuple[float, float]]]:
@@ -255,6 +296,7 @@ def _as_suite(plan: GatewayPlan, points: list[dict[str, Any]], setup: dict[str, 
                 c1["sql"]["p50"],
                 higher_is_better=False,
                 bar=1.3,
+                spread=tuple(c1["p50_ratio_spread"]),
             ),
             Headline(
                 f"semantic_search throughput, {largest['chunks']:,} chunks, {busiest['concurrency']} callers ({tag})",
@@ -263,6 +305,7 @@ def _as_suite(plan: GatewayPlan, points: list[dict[str, Any]], setup: dict[str, 
                 SQL,
                 busiest["sql"]["rps"],
                 bar=0.7,
+                spread=tuple(busiest["rps_ratio_spread"]),
             ),
         ]
     full = next((p for p in largest["by_selectivity"] if p["visible"] == 1.0), None)
@@ -330,19 +373,23 @@ def _as_suite(plan: GatewayPlan, points: list[dict[str, Any]], setup: dict[str, 
 
     def row(p: dict[str, Any]) -> list[Any]:
         g, s, d = p["gateway"], p["sql"], p["dense_sql"]
-        return [g["p50"], g["p95"], g["rps"], s["p50"], s["rps"], d["p50"], d["rps"], p["p50_ratio"],
-                p["rps_ratio"], p["p50_ratio_dense"]]  # fmt: skip
+        return [g["p50"], g["p95"], g["rps"], g["cpu_ms"], s["p50"], s["rps"], d["p50"], d["rps"],
+                p["p50_ratio"], format_span(p["p50_ratio_spread"]), p["rps_ratio"], format_span(p["rps_ratio_spread"]),
+                p["p50_ratio_dense"]]  # fmt: skip
 
     latency_columns = [
         "gw p50 ms",
         "gw p95 ms",
         "gw req/s",
+        "gw CPU ms/req",
         "legs SQL p50 ms",
         "legs SQL req/s",
         "dense SQL p50 ms",
         "dense SQL req/s",
         "p50 ratio",
+        "spread",
         "req/s ratio",
+        "spread ",
         "p50 ratio (dense alone)",
     ]
     tables = [
@@ -384,6 +431,12 @@ def _as_suite(plan: GatewayPlan, points: list[dict[str, Any]], setup: dict[str, 
         "FAISS cache: each gateway runs with that RAG_FAISS_CACHE (measured once the cache has loaded); 'off' is "
         "the SQL path, which a partition over RAG_FAISS_MAX_BYTES also takes. The SQL baselines never use the "
         "cache, so with it on the dense leg's share of the ratio is the cache's gain.",
+        f"Interleaved windows: each point runs {plan.pairs} pairs of windows, gateway then legs' SQL, then "
+        "the other way round; a ratio is the median p50 (or mean req/s) over the other's, and its spread the "
+        "pairs' own ratios, min to max. The dense leg alone runs once, after them.",
+        "gw CPU ms/req: the gateway process's CPU time (user + system, psutil) over its windows divided by the "
+        "requests they served (median over the windows): the gateway's own cost, which a busy neighbour moves "
+        "far less than a latency.",
         "Selectivity: the caller's projects cover that share of the records (every chunk of a record shares "
         "its projects); hits/query is what the gateway returned for limit 10.",
     ]

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .plan import SidecarPlan
-from .report import Curve, Headline, SuiteResult, Table
+from .report import Curve, Headline, SuiteResult, Table, format_span
 from .sidecar import headline_concurrency
 from .stack import BENCH_MODEL, LONG_MODEL, MINILM_WEIGHTS, BenchStack
 
@@ -27,10 +27,6 @@ __all__ = ["configurations_table", "length_sweep", "run_suite", "texts_of_length
 
 BASELINE = "in-process batch 32 (same model)"
 STRONGEST = "in-process strongest configuration"
-
-
-def _span(spread: Sequence[float]) -> str:
-    return f"{spread[0]:.2f}–{spread[1]:.2f}"
 
 
 def texts_of_length(encoder: Any, n: int, tokens: int, *, seed: int = 0) -> list[str]:
@@ -222,6 +218,7 @@ def _as_suite(grid: dict[str, Any], lengths: dict[str, Any], peers: dict[str, An
                 "p50 ms",
                 "p95 ms",
                 "p99 ms",
+                "server CPU ms/req",
                 "windows",
                 "vs in-process batch 32",
                 "spread",
@@ -236,11 +233,12 @@ def _as_suite(grid: dict[str, Any], lengths: dict[str, Any], peers: dict[str, An
                     c["latency_ms"]["p50"],
                     c["latency_ms"]["p95"],
                     c["latency_ms"]["p99"],
+                    c.get("server_cpu_ms_per_request", ""),
                     _windows(c),
                     c["ratio_to_inprocess"],
-                    _span(c["spread"]["ratio_to_inprocess"]),
+                    format_span(c["spread"]["ratio_to_inprocess"]),
                     *(
-                        [c["ratio_to_strongest"], _span(c["spread"]["ratio_to_strongest"])]
+                        [c["ratio_to_strongest"], format_span(c["spread"]["ratio_to_strongest"])]
                         if strongest
                         else []
                     ),
@@ -320,6 +318,9 @@ def _as_suite(grid: dict[str, Any], lengths: dict[str, Any], peers: dict[str, An
         "windows measured just before and after it).",
         "Bars (Mnemo's, on a 2-core CPU): 1-item requests at concurrency 16 reach >= 50% of in-process "
         "batch-32 throughput, 32-item requests >= 80%.",
+        "server CPU ms/req: the CPU time of the sidecar's processes (this run's child processes: Ray's "
+        "raylet, workers and replicas, psutil) over the window, per request served; a busy neighbour moves "
+        "it far less than a latency. With --sidecar-url the sidecar is not a child and the column is 0.",
     ]
     if configs is not None:
         sweeps = configs["sweeps"]

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from index.cache_metrics import CacheMetrics
 from index.sections import SectionStore
+from inference.eventloop import loop_name
 from schema.database import create_pool, open_database
 from schema.read_pool import ReadPool
 
@@ -287,7 +288,14 @@ async def serve(
     try:
         site = web.TCPSite(runner, host, port)
         await site.start()
-        log.info("gateway listening on http://%s:%s", host, port, extra={"host": host, "port": port})
+        event_loop = loop_name(loop)
+        log.info(
+            "gateway listening on http://%s:%s (event loop: %s)",
+            host,
+            port,
+            event_loop,
+            extra={"host": host, "port": port, "event_loop": event_loop},
+        )
         if started is not None:
             started.set()
         await stop.wait()

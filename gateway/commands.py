@@ -7,12 +7,12 @@ client are imported inside the handlers.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
 
+from inference.eventloop import command
 from schema.cli import add_database_flags, database_settings
 from schema.settings import SettingsError, configured
 
@@ -164,11 +164,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "up", help="start the database, sidecar and gateway, load the demo collection, print tokens"
     )
     _add_gateway_flags(p)
-    p.set_defaults(run=lambda a: asyncio.run(_up(a)))
+    p.set_defaults(run=command(_up, "mnemo up"))
 
     p = subparsers.add_parser("gateway", help="serve the dd_rag_api gateway (POST /api/v1/json)")
     _add_gateway_flags(p)
-    p.set_defaults(run=lambda a: asyncio.run(_serve_gateway(a)))
+    p.set_defaults(run=command(_serve_gateway, "mnemo gateway"))
 
     p = subparsers.add_parser(
         "mcp",
@@ -179,7 +179,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default=None, help="HTTP listen address (env RAG_MCP_HOST, default 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="HTTP listen port (env RAG_MCP_PORT, default 8090)")
     p.add_argument("--sidecar-url", default=None, help="inference sidecar URL (env RAG_SIDECAR_URL)")
-    p.set_defaults(run=lambda a: asyncio.run(_mcp(a)))
+    p.set_defaults(run=command(_mcp, "mnemo mcp"))
 
     p = subparsers.add_parser(
         "token",

@@ -113,9 +113,9 @@ async def models(request: web.Request) -> web.Response:
         served = await request.app[SIDECAR_KEY].models()
     except SidecarError as exc:
         raise ApiError.embedding_unavailable() from exc
-    return envelope_ok(
-        request, {"models": [{**vars(m), "capabilities": sorted(m.capabilities)} for m in served]}
-    )
+    # capabilities is a frozenset: no JSON encoder writes one, so it goes out as a sorted list
+    models = [{**vars(m), "capabilities": sorted(m.capabilities)} for m in served]
+    return envelope_ok(request, {"models": models})
 
 
 def setup_console(app: web.Application) -> None:

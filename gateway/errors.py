@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from .resources import ALLOWED_METHODS_KEY, ERROR_CODE_KEY, REQUEST_ID_KEY
@@ -188,13 +189,24 @@ def request_id(request: web.BaseRequest) -> str:
     return str(rid)
 
 
-def _dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+def dumps(obj: Any) -> bytes:
+    """``obj`` as compact UTF-8 JSON: what ``json.dumps(obj, ensure_ascii=False, separators=(",", ":"))``
+    wrote, through orjson (a tenth of the CPU on a search's hits, issue 27).
+
+    Where orjson refuses what json.dumps writes (dict keys that are not strings, integers past 64
+    bits) the answer goes through json.dumps, so it stays the same; where both refuse (an object no
+    JSON encoder knows), json.dumps's ``TypeError`` is raised as before. One difference is kept on
+    purpose: a NaN or an infinity, which json.dumps wrote as a bare ``NaN`` (not JSON: no strict
+    client parses it), is ``null``."""
+    try:
+        return orjson.dumps(obj)
+    except orjson.JSONEncodeError:
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def json_response(request: web.BaseRequest, body: dict[str, Any], *, status: int = 200) -> web.Response:
     """A compact JSON response carrying the request id header."""
-    response = web.json_response(body, status=status, dumps=_dumps)
+    response = web.Response(body=dumps(body), status=status, content_type="application/json", charset="utf-8")
     response.headers[REQUEST_ID_HEADER] = request_id(request)
     return response
 

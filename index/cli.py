@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from inference.eventloop import command, run
 from schema.cli import add_database_flags, database_settings, stop_signal
 
 # `mnemo drain --once` exit status when the sidecar is unreachable (EX_TEMPFAIL: try again later).
@@ -128,7 +129,7 @@ def _ingest_records_command(args: argparse.Namespace) -> int:
         return 2
     with path.open("rb") as fh:
         total = sum(1 for line in fh if line.strip())
-    return asyncio.run(_ingest_records(args, path, total))
+    return run(_ingest_records(args, path, total))
 
 
 async def _ingest_records(args: argparse.Namespace, path: Path, total: int) -> int:
@@ -199,7 +200,7 @@ def _ingest_images_command(args: argparse.Namespace) -> int:
     if not source.exists():
         print(f"no such file or directory: {source}", file=sys.stderr)
         return 2
-    return asyncio.run(_ingest_images(args, source))
+    return run(_ingest_images(args, source))
 
 
 async def _ingest_images(args: argparse.Namespace, source: Path) -> int:
@@ -372,10 +373,6 @@ async def _reconcile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _async(fn: Any) -> Any:
-    return lambda args: asyncio.run(fn(args))
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("drain", help="index queued records (a loop, or --once for cron)")
     p.add_argument("--once", action="store_true", help="work until no queued record is ready, then exit")
@@ -391,7 +388,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_database_flags(p)
     _add_sidecar_flags(p)
-    p.set_defaults(run=_async(_drain))
+    p.set_defaults(run=command(_drain, "mnemo drain"))
 
     ingest = subparsers.add_parser("ingest", help="queue records for indexing (backfills, the demo)")
     ingest_sub = ingest.add_subparsers(dest="ingest_command", metavar="WHAT", required=True)
@@ -432,26 +429,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_ingest_images_command)
     p = ingest_sub.add_parser("demo", help="store the demo sections and queue the demo collection")
     add_database_flags(p)
-    p.set_defaults(run=_async(_ingest_demo))
+    p.set_defaults(run=command(_ingest_demo, "mnemo"))
 
     q = subparsers.add_parser("queue", help="inspect and unpark the ingestion queue")
     q_sub = q.add_subparsers(dest="queue_command", metavar="WHAT", required=True)
     p = q_sub.add_parser("stats", help="pending / ready / blocked / failed / oldest age, leases and workers")
     p.add_argument("--json", action="store_true")
     add_database_flags(p)
-    p.set_defaults(run=_async(_queue_stats))
+    p.set_defaults(run=command(_queue_stats, "mnemo"))
     p = q_sub.add_parser("retry", help="make parked (failed) records ready again")
     p.add_argument("--section", default=None, help="only this section tipo")
     p.add_argument("--id", type=int, default=None, help="only this section id")
     p.add_argument("--include-blocked", action="store_true", help="also records still backing off")
     add_database_flags(p)
-    p.set_defaults(run=_async(_queue_retry))
+    p.set_defaults(run=command(_queue_retry, "mnemo"))
     p = q_sub.add_parser("list", help="queued records with their state and last error")
     p.add_argument("--failed", action="store_true", help="only parked records")
     p.add_argument("--limit", type=int, default=50)
     p.add_argument("--json", action="store_true")
     add_database_flags(p)
-    p.set_defaults(run=_async(_queue_list))
+    p.set_defaults(run=command(_queue_list, "mnemo"))
 
     s = subparsers.add_parser("sections", help="section descriptors (embed groups, chunking)")
     s_sub = s.add_subparsers(dest="sections_command", metavar="WHAT", required=True)
@@ -459,11 +456,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("section", help="section tipo")
     p.add_argument("file", type=Path)
     add_database_flags(p)
-    p.set_defaults(run=_async(_sections_put))
+    p.set_defaults(run=command(_sections_put, "mnemo"))
     p = s_sub.add_parser("get", help="print a section's descriptor")
     p.add_argument("section", help="section tipo")
     add_database_flags(p)
-    p.set_defaults(run=_async(_sections_get))
+    p.set_defaults(run=command(_sections_get, "mnemo"))
 
     p = subparsers.add_parser(
         "reconcile", help="queue index/delete corrections for a section from the archive's id list"
@@ -471,4 +468,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("section", help="section tipo")
     p.add_argument("file", type=Path, help="ids (one per line or a JSON array) and/or JSONL records")
     add_database_flags(p)
-    p.set_defaults(run=_async(_reconcile))
+    p.set_defaults(run=command(_reconcile, "mnemo"))

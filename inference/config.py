@@ -31,6 +31,8 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 
+from .eventloop import ray_environment
+
 __all__ = [
     "ConfigError",
     "Limits",
@@ -338,6 +340,13 @@ class SidecarSettings:
         if not (settings.request_timeout_s > 0 and settings.keep_alive_timeout_s > 0):
             raise ConfigError("RAG_SIDECAR_REQUEST_TIMEOUT and RAG_SIDECAR_KEEP_ALIVE_TIMEOUT must be > 0")
         return settings
+
+
+def carry_loop_setting_to_ray() -> None:
+    """Ray installs uvloop in its workers (the sidecar's HTTP front among them) unless
+    ``RAY_USE_UVLOOP`` is false, read from the environment they inherit at ``ray.init``:
+    ``RAG_UVLOOP`` decides it, so one setting turns uvloop off in every Mnemo process."""
+    os.environ.update(ray_environment())
 
 
 def opt_out_of_ray_usage_stats() -> None:

@@ -15,7 +15,7 @@ import json
 import logging
 from collections.abc import Iterator
 
-from .config import SidecarConfig, opt_out_of_ray_usage_stats
+from .config import SidecarConfig, carry_loop_setting_to_ray, opt_out_of_ray_usage_stats
 from .net import free_port, wait_ready
 
 __all__ = ["example_requests", "free_port", "running_sidecar", "wait_ready"]
@@ -76,6 +76,7 @@ def running_sidecar(
         joined = True
     elif not ray.is_initialized():
         opt_out_of_ray_usage_stats()
+        carry_loop_setting_to_ray()
         ray.init(
             # "local": always a fresh instance, never another process's cluster found through
             # RAY_ADDRESS or /tmp/ray (several test sessions may run side by side on one machine).

@@ -20,14 +20,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
 from aiohttp import web
 
 from .api import SidecarAPI, read_body
 from .errors import BadRequest, ErrorCode, PayloadTooLarge, RequestTimeout, SidecarApiError
+from .eventloop import loop_name
 from .http_protocol import JsonProtocolErrors, ProtocolRunner
 
 __all__ = ["create_app", "start_front"]
+
+log = logging.getLogger(__name__)
 
 
 def create_app(api: SidecarAPI, *, request_timeout_s: float | None = None) -> web.Application:
@@ -94,6 +98,8 @@ async def start_front(
     except OSError:
         await runner.cleanup()
         raise
+    # Ray picks a worker's loop at its start (RAY_USE_UVLOOP, which the launcher sets from RAG_UVLOOP).
+    log.info("sidecar front listening on http://%s:%s (event loop: %s)", host, port, loop_name())
     return runner
 
 

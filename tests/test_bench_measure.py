@@ -1,10 +1,13 @@
 import asyncio
+import os
+import time
 
+import psutil
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from benchmarks.measure import closed_loop, knee, percentile, summarize
+from benchmarks.measure import closed_loop, descendants_cpu_s, knee, percentile, process_cpu_s, summarize
 
 
 @given(st.lists(st.floats(min_value=0, max_value=1e6, allow_nan=False), min_size=1, max_size=200))
@@ -37,3 +40,27 @@ async def test_closed_loop_runs_every_request_once() -> None:
     assert sorted(seen) == list(range(50))
     assert result.requests == 50
     assert result.items_per_s == pytest.approx(100 / result.wall_s)
+
+
+def test_process_cpu_time_grows_with_the_work_a_process_does() -> None:
+    before = process_cpu_s(os.getpid())
+    assert sum(i * i for i in range(2_000_000)) > 0  # about a tenth of a second of pure CPU
+    after = process_cpu_s(os.getpid())
+    assert after > before
+
+
+def test_descendants_cpu_time_counts_a_busy_child() -> None:
+    import subprocess
+    import sys
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sum(i * i for i in range(3_000_000)); sys.stdin.read()"],
+        stdin=subprocess.PIPE,
+    )
+    try:
+        # the child's CPU is counted while it lives: wait until its busy loop is done, then read
+        while psutil.Process(child.pid).cpu_times().user < 0.05:
+            time.sleep(0.01)
+        assert descendants_cpu_s() >= psutil.Process(child.pid).cpu_times().user > 0
+    finally:
+        child.communicate(b"")

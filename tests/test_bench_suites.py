@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks.plan import FULL, QUICK, apply_overrides
 from benchmarks.report import Curve, SuiteResult, write_report
-from benchmarks.suite_gateway import _projects_of
+from benchmarks.suite_gateway import _combine, _projects_of
 from benchmarks.suites import find_datasets
 
 
@@ -146,3 +146,13 @@ def test_a_peer_that_dies_at_start_is_reported_with_its_log(tmp_path: Path) -> N
     with pytest.raises(PeerUnavailable, match=r"exited with 3[\s\S]*no module named torch"):
         with running_infinity(fake, tmp_path, tmp_path / "serve.log"):
             pass
+
+
+def test_gateway_windows_combine_to_median_percentiles_and_mean_throughput() -> None:
+    windows = [
+        {"p50": 1.0, "p95": 2.0, "cpu_ms": 0.9, "rps": 100.0},
+        {"p50": 3.0, "p95": 9.0, "cpu_ms": 1.1, "rps": 50.0},
+        {"p50": 2.0, "p95": 4.0, "cpu_ms": 1.0, "rps": 60.0},
+    ]
+    assert _combine(windows) == {"p50": 2.0, "p95": 4.0, "cpu_ms": 1.0, "rps": 70.0}
+    assert FULL.gateway.pairs > QUICK.gateway.pairs >= 2  # a spread needs two pairs at least

@@ -92,6 +92,7 @@ ENVIRONMENT_READERS = {
     "index/settings.py",
     "gateway/settings.py",
     "inference/config.py",  # the sidecar's settings (SidecarSettings) and ${VAR} expansion
+    "inference/eventloop.py",  # RAG_UVLOOP, read before the loop the other settings load on exists
     "benchmarks/settings.py",
 }
 
@@ -131,6 +132,7 @@ INFERENCE_PUBLIC = frozenset(
         "inference.http_protocol",
         "inference.net",
         "inference.images",
+        "inference.eventloop",
     }
 )
 # First-party packages each package may import (itself included); benchmarks may import any.

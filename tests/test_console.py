@@ -498,3 +498,12 @@ async def test_the_operations_routes_are_for_admins_only(gateway: Gateway) -> No
         async with s.get(gateway.url + "/v1/whoami", headers={"Authorization": f"Bearer {RESEARCHER}"}) as r:
             me = (await r.json())["data"]
     assert me == {"sub": "researcher", "admin": False, "projects": [1], "auth": "jwt"}
+
+
+async def test_an_admin_lists_the_served_models_with_their_capabilities(gateway: Gateway) -> None:
+    async with aiohttp.ClientSession() as s:
+        async with s.get(gateway.url + "/v1/models", headers={"Authorization": f"Bearer {ADMIN}"}) as r:
+            assert r.status == 200, await r.text()
+            models = (await r.json())["data"]["models"]
+    assert models and all(isinstance(m["capabilities"], list) for m in models)
+    assert all(m["capabilities"] == sorted(m["capabilities"]) for m in models)

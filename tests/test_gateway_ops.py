@@ -119,9 +119,13 @@ async def test_stopping_finishes_in_flight_requests(corpus_database_url: str, si
             pass
 
 
-async def test_mnemo_gateway_stops_cleanly_on_sigterm(corpus_database_url: str, sidecar_url: str) -> None:
+@pytest.mark.parametrize(("uvloop", "event_loop"), [("on", "uvloop"), ("off", "asyncio")])
+async def test_mnemo_gateway_stops_cleanly_on_sigterm(
+    corpus_database_url: str, sidecar_url: str, uvloop: str, event_loop: str
+) -> None:
+    """On either event loop (``RAG_UVLOOP``), the process serves, says which loop, and stops on SIGTERM."""
     port = free_port()
-    env = {**os.environ, "RAG_JWT_SECRET": SECRET, "RAG_LOG_FORMAT": "json"}
+    env = {**os.environ, "RAG_JWT_SECRET": SECRET, "RAG_LOG_FORMAT": "json", "RAG_UVLOOP": uvloop}
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -151,6 +155,7 @@ async def test_mnemo_gateway_stops_cleanly_on_sigterm(corpus_database_url: str, 
     access = [line for line in lines if line["logger"] == "gateway.access"]
     assert access and access[0]["path"] == "/healthz" and access[0]["request_id"]
     assert any(line["msg"] == "gateway stopped" for line in lines)
+    assert [line["event_loop"] for line in lines if "event_loop" in line] == [event_loop]
 
 
 _SEARCH = json.dumps(
