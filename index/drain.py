@@ -321,17 +321,23 @@ async def _drain(
                 report.error = f"sidecar unavailable: {exc}"
                 break
             if writing is not None:
-                await writing
+                done, writing = writing, None
+                await done
             writing = asyncio.create_task(
                 _write_batch(pool, indexer, batch, settings, report, models, worker)
             )
         if writing is not None:
-            await writing
+            done, writing = writing, None
+            await done
     finally:
-        if writing is not None and not writing.done():
-            writing.cancel()  # the record in its open transaction rolls back and stays queued
-            with contextlib.suppress(asyncio.CancelledError):
-                await writing
+        if writing is not None:
+            # Reached with the write unfinished or unawaited only when something else ended the pass
+            # (a stop, the database gone): an unfinished write is cancelled (its open transaction rolls
+            # back and its records stay queued), and a failed one is logged rather than dropped.
+            writing.cancel()
+            (outcome,) = await asyncio.gather(writing, return_exceptions=True)
+            if isinstance(outcome, Exception):
+                log.warning("a batch write failed as the pass ended: %r", outcome)
         if indexer is not None:
             report.add(indexer.counts)
 
