@@ -228,6 +228,13 @@ def _tipos() -> dict[str, Any]:
     return {"anyOf": [tipo, {"type": "array", "items": tipo, "minItems": 1, "maxItems": MAX_SCOPE}]}
 
 
+def _flag_option(name: str, description: str, *, mcp: bool = True) -> Option:
+    """A boolean option that is off unless given (``flag`` refuses anything but a boolean)."""
+    return Option(
+        name, lambda options: flag(options, name), {"type": "boolean", "default": False}, description, mcp=mcp
+    )
+
+
 QUERY = Option(
     "query",
     query,
@@ -260,10 +267,8 @@ RERANK = Option(
     "Reorder with the cross-encoder (each result says whether it was reranked); off by default, "
     "on in ask (RAG_ASK_RERANK).",
 )
-EXPLAIN = Option(
+EXPLAIN = _flag_option(
     "explain",
-    lambda options: flag(options, "explain"),
-    {"type": "boolean", "default": False},
     "Each result carries legs: its 1-based rank in each retrieval leg that found it (what fusion combined).",
 )
 EXPAND = Option(
@@ -272,12 +277,8 @@ EXPAND = Option(
     {"enum": list(EXPAND_MODES)},
     "Widen each passage with the readable chunks around it (small-to-big).",
 )
-STREAM = Option(
-    "stream",
-    lambda options: flag(options, "stream", False),
-    {"type": "boolean", "default": False},
-    "Answer as server-sent events (delta events, then one done event with the envelope).",
-    mcp=False,
+STREAM = _flag_option(
+    "stream", "Answer as server-sent events (delta events, then one done event with the envelope).", mcp=False
 )
 SEED_TIPO = Option(
     "section_tipo", seed_tipo, {"type": "string", "pattern": TIPO_PATTERN}, "The seed record's section.", True
@@ -306,11 +307,8 @@ VIEW = Option(
     {"type": "string", "minLength": 1, "pattern": VIEW_PATTERN},
     "Only this face of the seed (obverse, reverse).",
 )
-NEAR_DUPLICATE = Option(
-    "near_duplicate",
-    lambda options: flag(options, "near_duplicate"),
-    {"type": "boolean", "default": False},
-    "Keep only objects at least RAG_NEAR_DUPLICATE_SIMILARITY close to the seed.",
+NEAR_DUPLICATE = _flag_option(
+    "near_duplicate", "Keep only objects at least RAG_NEAR_DUPLICATE_SIMILARITY close to the seed."
 )
 COMPARE_SCOPE = Option(
     "scope", compare_scope, _tipos(), "Sections compared; default the seed section's compare_scope."

@@ -214,7 +214,7 @@ class Retriever:
         self.metrics.query_cache_lookup("miss")
         with self.metrics.time_leg("embed"):
             try:
-                result = await self._embed(model_id, [query])
+                result = await self._embed(model, [query])
             except SidecarRejected as exc:
                 # A 4xx other than 429 is about this input (a text the model cannot take): retrying
                 # or reporting an outage would both be wrong.
@@ -229,10 +229,9 @@ class Retriever:
         self.cache.put(model_id, query, vector, owner=principal.sub)
         return model_id, vector
 
-    async def _embed(self, model_id: str, texts: Sequence[str]) -> EmbedResult:
+    async def _embed(self, model: ModelInfo, texts: Sequence[str]) -> EmbedResult:
         """Query embeddings, with sparse weights when ``/models`` says the model has a sparse head."""
-        model = await self.text_model()
-        return await self.client.embed(model_id, texts, truncate=True, return_sparse=model.sparse)
+        return await self.client.embed(model.id, texts, truncate=True, return_sparse=model.sparse)
 
     async def warm_queries(self, principal: Principal, queries: Sequence[str]) -> int:
         """Embed many queries in batched sidecar calls and cache them for ``principal`` (eval, benchmarks).
@@ -246,7 +245,7 @@ class Retriever:
         if not todo:
             return 0
         try:
-            result = await self._embed(model_id, todo)
+            result = await self._embed(model, todo)
         except SidecarError as exc:
             raise EmbeddingUnavailable(str(exc)) from exc
         embeddings = np.asarray(result.embeddings, dtype=np.float32)
