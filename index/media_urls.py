@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from urllib.parse import quote, unquote_to_bytes, urlsplit
+from urllib.parse import SplitResult, quote, unquote_to_bytes, urlsplit
 
 __all__ = ["AllowedBase", "MediaNotAllowed", "check_client_link", "check_url", "parse_allowed_base"]
 
@@ -74,17 +74,26 @@ class _Parsed:
         return f"{url}?{self.query}" if self.query else url
 
 
-def _parse(url: str) -> _Parsed:
+def _check_raw(url: str, noun: str) -> None:
+    """The raw text's rules, for a fetched URL and a client link alike (``noun`` names it)."""
     if not isinstance(url, str) or not url:
-        raise MediaNotAllowed("the URL is empty")
+        raise MediaNotAllowed(f"the {noun} is empty")
     if _FORBIDDEN_RAW.search(url):
-        raise MediaNotAllowed("the URL holds a control character, a space or a backslash")
+        raise MediaNotAllowed(f"the {noun} holds a control character, a space or a backslash")
+
+
+def _split(url: str, noun: str) -> SplitResult:
+    try:
+        return urlsplit(url)
+    except ValueError as exc:  # "Invalid IPv6 URL" and the like
+        raise MediaNotAllowed(f"the {noun} does not parse: {exc}") from None
+
+
+def _parse(url: str) -> _Parsed:
+    _check_raw(url, "URL")
     if "#" in url:
         raise MediaNotAllowed("the URL holds a fragment (#)")
-    try:
-        parts = urlsplit(url)
-    except ValueError as exc:  # "Invalid IPv6 URL" and the like
-        raise MediaNotAllowed(f"the URL does not parse: {exc}") from None
+    parts = _split(url, "URL")
     scheme = parts.scheme.lower()
     if scheme not in _DEFAULT_PORTS:
         raise MediaNotAllowed("only http and https URLs are fetched")
@@ -143,16 +152,10 @@ def check_client_link(url: str) -> None:
     """A URL Mnemo never fetches but hands to clients (an image's ``thumb_url``, shown by the archive's
     UI and the console): an http(s) URL with a host and no userinfo, or a path on the gateway's own
     origin (``/...``, not ``//host``). ``javascript:``, ``data:`` and control characters are refused."""
-    if not isinstance(url, str) or not url:
-        raise MediaNotAllowed("the link is empty")
-    if _FORBIDDEN_RAW.search(url):
-        raise MediaNotAllowed("the link holds a control character, a space or a backslash")
+    _check_raw(url, "link")
     if url.startswith("/") and not url.startswith("//"):
         return
-    try:
-        parts = urlsplit(url)
-    except ValueError as exc:
-        raise MediaNotAllowed(f"the link does not parse: {exc}") from None
+    parts = _split(url, "link")
     if parts.scheme.lower() not in _DEFAULT_PORTS or not parts.hostname:
         raise MediaNotAllowed("a link must be an http(s) URL with a host, or a path starting with /")
     if "@" in parts.netloc:
