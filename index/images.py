@@ -106,12 +106,17 @@ def resolve_media_path(root: str | Path | None, relative: str, *, root_name: str
     return target
 
 
-def check_source(image: Mapping[str, Any], media: MediaSettings) -> str:
-    """Validate where an image's bytes come from (at intake, before it is queued); returns the kind."""
+def _source_kind(image: Mapping[str, Any]) -> str:
+    """Which of ``data``, ``path``, ``url`` the image gives; exactly one is required."""
     given = [k for k in SOURCE_KEYS if image.get(k) is not None]
     if len(given) != 1:
         raise MediaNotAllowed("give exactly one of data, path, url")
-    kind = given[0]
+    return given[0]
+
+
+def check_source(image: Mapping[str, Any], media: MediaSettings) -> str:
+    """Validate where an image's bytes come from (at intake, before it is queued); returns the kind."""
+    kind = _source_kind(image)
     if kind == "data":
         decode_data(image["data"], media.image_max_bytes)
     elif kind == "path":
@@ -125,10 +130,7 @@ def check_source(image: Mapping[str, Any], media: MediaSettings) -> str:
 
 async def load_source(image: Mapping[str, Any], media: MediaSettings, session: Any = None) -> bytes:
     """The original bytes of a record image (``session``: an aiohttp session for URLs)."""
-    given = [k for k in SOURCE_KEYS if image.get(k) is not None]
-    if len(given) != 1:
-        raise MediaNotAllowed("give exactly one of data, path, url")
-    kind = given[0]
+    kind = _source_kind(image)
     if kind == "data":
         return decode_data(image["data"], media.image_max_bytes)
     if kind == "path":
