@@ -60,29 +60,23 @@ def bench_sidecar_config(models_dir: Path | None = None):
     )
     models = [spec, long]
     if models_dir is not None:
-        models.append(
-            ModelSpec(
-                id=IMAGE_MODEL,
-                kind="image_text",
-                weights=str(models_dir / IMAGE_MODEL),
-                build="tiny-siglip",
-                max_batch_size=16,
-                max_client_batch=64,
-                num_cpus=min(0.25, spec.num_cpus),
-            )
+        # (id, kind, tiny recipe, max_batch_size, CPU share): seeded models built into models_dir
+        tiny = (
+            (IMAGE_MODEL, "image_text", "tiny-siglip", 16, 0.25),
+            (TINY_TEXT_MODEL, "text", "tiny-xlmr-sparse", 32, 0.1),
         )
-        models.append(
-            ModelSpec(
-                id=TINY_TEXT_MODEL,
-                kind="text",
-                weights=str(models_dir / TINY_TEXT_MODEL),
-                build="tiny-xlmr-sparse",
-                pooling="cls",
-                max_batch_size=32,
-                max_client_batch=64,
-                num_cpus=min(0.1, spec.num_cpus),
+        for model_id, kind, recipe, batch, cpus in tiny:
+            models.append(
+                ModelSpec(
+                    id=model_id,
+                    kind=kind,
+                    weights=str(models_dir / model_id),
+                    build=recipe,
+                    max_batch_size=batch,
+                    max_client_batch=64,
+                    num_cpus=min(cpus, spec.num_cpus),
+                )
             )
-        )
     limits = Limits(max_body_bytes=BENCH_MAX_BODY_BYTES)
     return SidecarConfig(models=tuple(models), limits=limits, source="benchmarks.stack")
 
