@@ -65,7 +65,6 @@ __all__ = [
     "QueueSource",
     "abandon",
     "run_backfill",
-    "serving_model",
 ]
 
 log = logging.getLogger(__name__)
@@ -518,11 +517,6 @@ async def _set_source_watermark(conn: asyncpg.Connection, backfill_id: str, wate
     )
 
 
-async def serving_model(db: asyncpg.Pool | asyncpg.Connection, kind: str = "text") -> str | None:
-    """The model a model-change backfill made serve ``kind`` queries, or None (none ever did)."""
-    return await db.fetchval("SELECT model FROM rag_serving_models WHERE kind = $1", kind)
-
-
 # -- the run --------------------------------------------------------------------------------
 
 Progress = Callable[[int, int], None]  # (records done, records in scope)
@@ -662,6 +656,37 @@ async def run_backfill(
     assert model.dimension is not None
     partition = await ensure_partition(pool, model.id, model.dimension)
     report = BackfillReport(backfill_id="", model=model.id, source=source.kind)
+    async with _run_lock(pool, partition):
+        return await _run(pool, client, source, options, progress, model, partition, report)
+
+
+@contextlib.asynccontextmanager
+async def _run_lock(pool: asyncpg.Pool, partition: ModelPartition) -> AsyncIterator[None]:
+    """One run per target partition at a time (a session advisory lock, released when the run's
+    process dies); taking it also ends the sessions a killed run left building."""
+    async with pool.acquire() as conn:
+        key = f"mnemo.backfill:{partition.model}"
+        if not await conn.fetchval("SELECT pg_try_advisory_lock(hashtext($1))", key):
+            raise BackfillConflict(f"a backfill of model {partition.model} is running now")
+        try:
+            ended = await shadow.end_orphans(conn, partition)
+            if ended:
+                log.warning("ended %d database sessions a killed backfill left behind", ended)
+            yield
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock(hashtext($1))", key)
+
+
+async def _run(
+    pool: asyncpg.Pool,
+    client: SidecarClient,
+    source: Source,
+    options: BackfillOptions,
+    progress: Progress,
+    model: ModelInfo,
+    partition: ModelPartition,
+    report: BackfillReport,
+) -> BackfillReport:
     started = time.perf_counter()
     async with pool.acquire() as conn:
         run = await _open_run(conn, source, model, partition, report)
@@ -741,7 +766,7 @@ async def run_backfill(
     )
     report.records = report.copied + report.rejected
     report.rejects_path = await _write_rejects(pool, backfill_id, options.rejects)
-    await _set_state(pool, backfill_id, "swapped", report)
+    await _set_state(pool, backfill_id, "swapped", report)  # its report (the swap set the state)
     return report
 
 

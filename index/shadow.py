@@ -37,6 +37,7 @@ __all__ = [
     "copy_out_of_scope",
     "create_shadow",
     "drop_shadow",
+    "end_orphans",
     "hnsw_build_bytes",
     "index_specs",
     "parse_memory",
@@ -100,6 +101,33 @@ async def create_shadow(conn: asyncpg.Connection, partition: ModelPartition) -> 
 
 async def drop_shadow(conn: asyncpg.Connection, partition: ModelPartition) -> None:
     await conn.execute(f"DROP TABLE IF EXISTS {shadow_of(partition).table}")
+
+
+def session_name(partition: ModelPartition) -> str:
+    """The ``application_name`` of a backfill's build and swap sessions for this partition: a
+    rerun finds the sessions a killed run left behind by it (:func:`end_orphans`)."""
+    return f"mnemo-backfill {partition.partition}"[:63]
+
+
+async def end_orphans(conn: asyncpg.Connection, partition: ModelPartition) -> int:
+    """Terminate the build or swap sessions of a killed run of this partition's backfill, and wait
+    until they are gone. A client killed mid-``CREATE INDEX`` leaves its server session building
+    (it notices the client only when the statement ends, and then commits it), which would race
+    the rerun's own build. Call only while holding the backfill's run lock. Returns how many."""
+    name = session_name(partition)
+    ended = await conn.fetchval(
+        """SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+           WHERE application_name = $1 AND pid <> pg_backend_pid()""",
+        name,
+    )
+    left = f"SELECT count(*) FROM pg_stat_activity WHERE application_name = {_literal(name)} AND pid <> pg_backend_pid()"
+    for _ in range(1200):  # a terminated session exits at its next interrupt check: soon
+        if not await conn.fetchval(left):
+            break
+        await conn.execute("SELECT pg_sleep(0.05)")
+    else:
+        raise RuntimeError(f"sessions of a killed backfill ({name}) did not end; see pg_stat_activity")
+    return int(ended)
 
 
 async def _written_columns(conn: asyncpg.Connection, table: str) -> list[str]:
@@ -261,6 +289,7 @@ async def build_indexes(
     ``max_parallel_maintenance_workers``, ``memory`` ``maintenance_work_mem`` (this session's).
     Raises :class:`MemoryTooSmall` unless ``allow_spill``. Returns rows and the estimate."""
     shadow = shadow_of(partition)
+    await conn.execute(f"SET application_name = {_literal(session_name(partition))}")
     if memory is not None:
         await conn.execute(f"SET maintenance_work_mem = {_literal(memory)}")
     if workers is not None:
@@ -312,11 +341,12 @@ async def swap(
     ``source``: a model change's source partition and the watermark its scope was read at; a
     change there since means records to embed again first: :class:`SwapBlocked`, nothing done.
     ``serve_kind``: also make the partition's model the one that serves that kind of query
-    (``rag_serving_models``), at the same commit.
+    (``rag_serving_models``), at the same commit, which also marks the backfill ``swapped``.
     """
     shadow = shadow_of(partition)
     specs = await index_specs(conn, partition)
     model = _literal(partition.model)
+    await conn.execute(f"SET application_name = {_literal(session_name(partition))}")
     async with conn.transaction():
         # Every partition's writers wait from here to the commit; readers go on until the detach.
         await conn.execute("LOCK TABLE rag_embeddings IN SHARE ROW EXCLUSIVE MODE")
@@ -350,6 +380,10 @@ async def swap(
                 )
         await conn.execute(
             f"ALTER TABLE rag_embeddings ATTACH PARTITION {partition.table} FOR VALUES IN ({model})"
+        )
+        await conn.execute(
+            "UPDATE rag_backfills SET state = 'swapped', updated_at = now() WHERE backfill_id = $1",
+            backfill_id,
         )
         if serve_kind is not None:
             await conn.execute(

@@ -3,8 +3,9 @@
 - a section backfilled from the queue holds the same rows and vectors as the same records drained;
 - a model change swaps atomically while a search loop runs: every answer is the old model's or the
   new model's complete answer, never empty, never a mix;
-- a backfill killed with SIGKILL (a real `mnemo backfill` subprocess) resumes and ends with every
-  record exactly once;
+- a backfill killed with SIGKILL (a real `mnemo backfill` subprocess) mid-embedding resumes and
+  ends with every record exactly once; so does one killed mid-build (the reliability suite's fault,
+  compared with a clean drain);
 - a maintenance_work_mem too small for the HNSW graph is refused before the build, and the same
   run then finishes with enough memory;
 - a JSONL export's bad lines and records go to the rejects report; the good ones are indexed.
@@ -27,11 +28,12 @@ import asyncpg
 import numpy as np
 import pytest
 
+from benchmarks.backfill_fault import backfill_killed_mid_build
 from index import shadow
-from index.backfill import BackfillOptions, JsonlSource, ModelSource, QueueSource, run_backfill, serving_model
+from index.backfill import BackfillOptions, JsonlSource, ModelSource, QueueSource, run_backfill
 from index.drain import drain_once
 from index.intake import enqueue_records
-from index.partitions import ensure_partition, get_partition
+from index.partitions import ensure_partition, get_partition, serving_model
 from index.search import Scope, dense_search
 from index.sections import SectionStore
 from index.store import EmbeddingRow, copy_rows
@@ -214,6 +216,17 @@ async def test_a_killed_backfill_resumes_with_every_record_exactly_once(
         assert sum(1 for k in rows if k[0] == r["section_id"]) == r["rows_written"] > 0
     assert len(rows) == result["rows_written"]
     assert await db_pool.fetchval("SELECT count(*) FROM rag_index_queue") == 0
+
+
+async def test_the_reliability_fault_a_backfill_killed_mid_build_loses_and_duplicates_nothing(
+    tmp_path: Path, pg_server: Any, sidecar_url: str
+) -> None:
+    result = await backfill_killed_mid_build(
+        pg_server.url, sidecar_url, tmp_path, text_model=TEXT_MODEL, records=12
+    )
+    assert result["records_copied_at_kill"] == 12 and result["indexes_built_at_kill"] >= 1  # mid-build
+    assert (result["records_lost"], result["duplicate_rows"], result["queue_left"]) == (0, 0, 0)
+    assert result["resumed"] is True and result["chunks"] == result["chunks_clean"] > 0
 
 
 async def _seed_rows(pool: asyncpg.Pool, n: int) -> None:
