@@ -692,6 +692,15 @@ async def _run(
         run = await _open_run(conn, source, model, partition, report)
     report.backfill_id = backfill_id = run["backfill_id"]
     _timed(report, "scope", started)
+    if not report.resumed and not sum(
+        v for k, v in (await _counts(pool, backfill_id)).items() if k != "rows"
+    ):
+        # Nothing to replace: no index build, no swap, the partition stays as it is.
+        async with pool.acquire() as conn:
+            await shadow.drop_shadow(conn, partition)
+        report.rejects_path = await _write_rejects(pool, backfill_id, options.rejects)
+        await _set_state(pool, backfill_id, "abandoned", report)
+        return report
     if isinstance(source, QueueSource):
         source.use(backfill_id)
     holding = source.holding(pool) if isinstance(source, QueueSource) else contextlib.nullcontext()

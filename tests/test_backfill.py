@@ -298,8 +298,13 @@ async def test_a_jsonl_backfill_reports_rejects_and_indexes_the_rest(
     export.write_text("\n".join(lines) + "\n")
     rejects = tmp_path / "rejects.jsonl"
     options = BackfillOptions(batch_records=4, rejects=rejects)
+    only_bad = tmp_path / "bad.jsonl"
+    only_bad.write_text("{not json\n")
     async with SidecarClient(sidecar_url) as client:
         report = await run_backfill(db_pool, client, JsonlSource(export, TEXT_MODEL), options)
+        nothing = BackfillOptions(rejects=tmp_path / "bad.rejects.jsonl")
+        again = await run_backfill(db_pool, client, JsonlSource(only_bad, TEXT_MODEL), nothing)
+    assert again.records == 0 and again.rejects_path and not again.build  # no build, no swap
     assert (report.copied, report.rejected) == (2, 1)
     reported = [json.loads(line) for line in rejects.read_text().splitlines()]
     assert reported[0]["section_id"] == 2 and "request.unknown_group" in reported[0]["reason"]
