@@ -652,6 +652,8 @@ async def run_backfill(
     """Run (or resume) a backfill of ``source`` into its target model's partition, up to the swap."""
     options = options or BackfillOptions()
     progress = progress or (lambda done, total: None)
+    if options.maintenance_work_mem is not None:
+        shadow.parse_memory(options.maintenance_work_mem)  # a bad size fails now, not after the embedding
     model = await source.target(pool, client)
     assert model.dimension is not None
     partition = await ensure_partition(pool, model.id, model.dimension)

@@ -29,6 +29,7 @@ import numpy as np
 import pytest
 
 from benchmarks.backfill_fault import backfill_killed_mid_build
+from gateway.context import RETRIEVER_KEY
 from index import shadow
 from index.backfill import BackfillOptions, JsonlSource, ModelSource, QueueSource, run_backfill
 from index.drain import drain_once
@@ -39,7 +40,8 @@ from index.sections import SectionStore
 from index.store import EmbeddingRow, copy_rows
 from inference.client import SidecarClient
 from tests.conftest import REPO_ROOT
-from tests.ingest_support import ORAL_HISTORY, SETTINGS, SPARSE_MODEL, TEXT_MODEL, record
+from tests.fixtures.gateway import running_gateway
+from tests.ingest_support import ORAL_HISTORY, SETTINGS, TEXT_MODEL, record
 
 OPTIONS = BackfillOptions(batch_records=4, embed_batch=16)
 OVERALL_LIMIT_S = 300.0
@@ -103,10 +105,13 @@ async def test_a_section_backfill_gives_the_drains_rows_and_vectors(
     assert await db_pool.fetchval("SELECT to_regclass($1)", shadow.shadow_of(partition).partition) is None
 
 
-async def _answer(pool: asyncpg.Pool, client: SidecarClient, query: str) -> tuple[str, list[tuple[Any, ...]]]:
-    """One search as retrieval does it across a model change: the serving model embeds the query
-    and its partition is searched. (model, hit keys in rank order)."""
-    model = await serving_model(pool) or TEXT_MODEL
+async def _answer(
+    pool: asyncpg.Pool, client: SidecarClient, query: str, default: str
+) -> tuple[str, list[tuple[Any, ...]]]:
+    """One search as retrieval does it across a model change: the serving model (``default``
+    while none was set) embeds the query and its partition is searched. (model, hit keys in rank
+    order)."""
+    model = await serving_model(pool) or default
     partition = await get_partition(pool, model)
     assert partition is not None
     vector = np.asarray((await client.embed(model, [query])).embeddings[0], dtype=np.float32)
@@ -116,31 +121,45 @@ async def _answer(pool: asyncpg.Pool, client: SidecarClient, query: str) -> tupl
 
 
 async def test_a_model_change_swaps_atomically_under_a_search_loop(
-    db_pool: asyncpg.Pool, sidecar_url: str
+    database_url: str, db_pool: asyncpg.Pool, sidecar_url: str
 ) -> None:
     await _queue_section(db_pool, "oh1", range(1, 13))
     query = "the reservoir water arriving at the village"
     async with SidecarClient(sidecar_url) as client:
-        await drain_once(db_pool, client, SETTINGS, text_model=TEXT_MODEL, section_tipos=["oh1"])
-        old = await _answer(db_pool, client, query)
-        answers: list[tuple[str, list[tuple[Any, ...]]]] = []
-        done = asyncio.Event()
+        # From the model an unconfigured gateway serves (the sidecar's first) to the other one.
+        text_models = [m for m in await client.models() if m.kind == "text"]
+        old_model, new_model = text_models[0], text_models[1]
+        await drain_once(db_pool, client, SETTINGS, text_model=old_model.id, section_tipos=["oh1"])
+        old = await _answer(db_pool, client, query, old_model.id)
+        async with running_gateway(database_url, sidecar_url, RAG_TEXT_MODEL="") as gateway:
+            retriever = gateway.app[RETRIEVER_KEY]  # no configured text model: it follows the swap
+            assert (await retriever.text_model()).id == old_model.id
+            assert await gateway.ok("semantic_search", {"query": query, "limit": 5})
+            answers: list[tuple[str, list[tuple[Any, ...]]]] = []
+            done = asyncio.Event()
 
-        async def search_loop() -> None:
-            while not done.is_set():
-                answers.append(await _answer(db_pool, client, query))
-            for _ in range(3):  # and a few after the swap
-                answers.append(await _answer(db_pool, client, query))
+            async def search_loop() -> None:
+                while not done.is_set():
+                    answers.append(await _answer(db_pool, client, query, old_model.id))
+                for _ in range(3):  # and a few after the swap
+                    answers.append(await _answer(db_pool, client, query, old_model.id))
 
-        loop = asyncio.create_task(search_loop())
-        await _until("the loop's first answer", lambda: asyncio.sleep(0, bool(answers)))
-        try:
-            report = await run_backfill(db_pool, client, ModelSource(TEXT_MODEL, SPARSE_MODEL), OPTIONS)
-        finally:
-            done.set()
-            await loop
-        new = await _answer(db_pool, client, query)
-    assert old[0] == TEXT_MODEL and new[0] == SPARSE_MODEL and old[1] and new[1]
+            loop = asyncio.create_task(search_loop())
+            await _until("the loop's first answer", lambda: asyncio.sleep(0, bool(answers)))
+            try:
+                report = await run_backfill(db_pool, client, ModelSource(old_model.id, new_model.id), OPTIONS)
+            finally:
+                done.set()
+                await loop
+            new = await _answer(db_pool, client, query, old_model.id)
+
+            async def gateway_moved() -> bool:
+                return (await retriever.text_model()).id == new_model.id
+
+            await _until("the gateway to serve the new model", gateway_moved)
+            hits = await gateway.ok("semantic_search", {"query": query, "limit": 5})
+    assert hits and {h["section_tipo"] for h in hits} == {"oh1"}
+    assert old[0] == old_model.id and new[0] == new_model.id and old[1] and new[1]
     assert report.copied == 12 and report.rejected == 0
     assert answers[0] == old and answers[-1] == new
     for answer in answers:  # each one whole: the old model's answer or the new one's
@@ -148,11 +167,10 @@ async def test_a_model_change_swaps_atomically_under_a_search_loop(
     flips = [i for i in range(1, len(answers)) if answers[i] != answers[i - 1]]
     assert len(flips) == 1  # one switch, never back
     # The new partition has every chunk of the old, re-embedded (same text, the new model's vectors).
-    before, after = await _rows(db_pool, TEXT_MODEL, "oh1"), await _rows(db_pool, SPARSE_MODEL, "oh1")
+    before, after = await _rows(db_pool, old_model.id, "oh1"), await _rows(db_pool, new_model.id, "oh1")
     assert before.keys() == after.keys()
     assert all(before[k]["source_hash"] == after[k]["source_hash"] for k in before)
-    new_partition = await get_partition(db_pool, SPARSE_MODEL)
-    assert new_partition is not None and all(r["sparse"] is not None for r in after.values())
+    assert all((r["sparse"] is not None) == new_model.sparse for r in after.values())
 
 
 async def _mnemo_backfill(
