@@ -32,12 +32,14 @@ from benchmarks.backfill_fault import backfill_killed_mid_build
 from gateway.context import RETRIEVER_KEY
 from index import shadow
 from index.backfill import BackfillOptions, JsonlSource, ModelSource, QueueSource, run_backfill
+from index.change_feed import KEY_COLUMNS
 from index.drain import drain_once
 from index.intake import enqueue_records
 from index.partitions import ensure_partition, get_partition, serving_model
 from index.search import Scope, dense_search
 from index.sections import SectionStore
 from index.store import EmbeddingRow, copy_rows
+from index.vector_cache import CacheConfig, VectorCache
 from inference.client import SidecarClient
 from tests.conftest import REPO_ROOT
 from tests.fixtures.gateway import running_gateway
@@ -73,7 +75,7 @@ async def _queue_section(pool: asyncpg.Pool, section: str, ids: range) -> None:
 
 
 async def test_a_section_backfill_gives_the_drains_rows_and_vectors(
-    db_pool: asyncpg.Pool, sidecar_url: str
+    database_url: str, db_pool: asyncpg.Pool, sidecar_url: str
 ) -> None:
     await _queue_section(db_pool, "oh1", range(1, 9))
     await _queue_section(db_pool, "oh2", range(1, 9))
@@ -82,6 +84,9 @@ async def test_a_section_backfill_gives_the_drains_rows_and_vectors(
         assert drained.indexed == 8
         partition = await get_partition(db_pool, TEXT_MODEL)
         assert partition is not None
+        cache = VectorCache(db_pool, database_url, CacheConfig(mode="cpu"))
+        cached = await cache.load(partition)  # a gateway's FAISS cache, loaded before the backfill
+        assert cached.live == drained.rows_written
         async with db_pool.acquire() as conn:
             indexes_before = await shadow.index_specs(conn, partition)
         report = await run_backfill(db_pool, client, QueueSource(["oh2"], TEXT_MODEL, OPTIONS), OPTIONS)
@@ -103,6 +108,11 @@ async def test_a_section_backfill_gives_the_drains_rows_and_vectors(
     assert [(s.live_name, s.ddl) for s in after] == [(s.live_name, s.ddl) for s in indexes_before]
     assert any(s.hnsw for s in after) and attached == 1
     assert await db_pool.fetchval("SELECT to_regclass($1)", shadow.shadow_of(partition).partition) is None
+    # The cache learns of the swap through the change feed: it holds exactly the new table's rows.
+    await cache.sync()
+    table_keys = await db_pool.fetch(f"SELECT {', '.join(KEY_COLUMNS)} FROM {partition.table}")
+    assert set(cached.slot_of) == {tuple(r) for r in table_keys}
+    assert cached.live == len(table_keys) == drained.rows_written + report.rows_written
 
 
 async def _answer(
