@@ -578,6 +578,33 @@ async def _counts(db: asyncpg.Pool, backfill_id: str) -> dict[str, int]:
     return out
 
 
+async def _write_batch(
+    pool: asyncpg.Pool,
+    shadow_partition: ModelPartition,
+    backfill_id: str,
+    keys: list[RecordKey],
+    embedded: Embedded,
+) -> None:
+    """COPY a batch's rows into the shadow and mark its records, in one transaction."""
+    written = [row for key in keys for row in embedded.rows.get(key, [])]
+    async with pool.acquire() as conn, conn.transaction():
+        await store.copy_rows(conn, shadow_partition, written)
+        await conn.execute(
+            """UPDATE rag_backfill_records r
+               SET state = k.state, rows_written = k.n, version = k.version, reason = k.reason
+               FROM unnest($2::text[], $3::bigint[], $4::text[], $5::int[], $6::bigint[], $7::text[])
+                    AS k(section_tipo, section_id, state, n, version, reason)
+               WHERE r.backfill_id = $1 AND r.section_tipo = k.section_tipo AND r.section_id = k.section_id""",
+            backfill_id,
+            [k[0] for k in keys],
+            [k[1] for k in keys],
+            ["rejected" if k in embedded.rejects else "copied" for k in keys],
+            [len(embedded.rows.get(k, ())) for k in keys],
+            [embedded.versions.get(k) for k in keys],
+            [embedded.rejects.get(k) for k in keys],
+        )
+
+
 async def _embed_pending(
     pool: asyncpg.Pool,
     source: Source,
@@ -586,41 +613,44 @@ async def _embed_pending(
     options: BackfillOptions,
     progress: Progress,
 ) -> None:
-    """Embed and COPY the pending records, a batch per transaction, until none is left."""
+    """Embed and COPY the pending records, a batch per transaction, until none is left. Batch n+1
+    is embedded while batch n is written (one write at a time); batches follow the records' key
+    order, so the next one is read past the last key rather than waiting for the write."""
     counts = await _counts(pool, backfill_id)
     total = sum(v for k, v in counts.items() if k != "rows")
     done = total - counts.get("pending", 0)
     progress(done, total)
-    while True:
-        rows = await pool.fetch(
-            """SELECT section_tipo, section_id FROM rag_backfill_records
-               WHERE backfill_id = $1 AND state = 'pending' ORDER BY section_tipo, section_id LIMIT $2""",
-            backfill_id,
-            options.batch_records,
-        )
-        if not rows:
-            return
-        keys = [(r["section_tipo"], r["section_id"]) for r in rows]
-        embedded = await source.embed(pool, indexer, keys)
-        written = [row for key in keys for row in embedded.rows.get(key, [])]
-        async with pool.acquire() as conn, conn.transaction():
-            await store.copy_rows(conn, indexer.partition, written)
-            await conn.execute(
-                """UPDATE rag_backfill_records r
-                   SET state = k.state, rows_written = k.n, version = k.version, reason = k.reason
-                   FROM unnest($2::text[], $3::bigint[], $4::text[], $5::int[], $6::bigint[], $7::text[])
-                        AS k(section_tipo, section_id, state, n, version, reason)
-                   WHERE r.backfill_id = $1 AND r.section_tipo = k.section_tipo AND r.section_id = k.section_id""",
+    after: RecordKey = ("", -1)
+    writing: asyncio.Task[None] | None = None
+    in_flight = 0
+    try:
+        while True:
+            rows = await pool.fetch(
+                """SELECT section_tipo, section_id FROM rag_backfill_records
+                   WHERE backfill_id = $1 AND state = 'pending' AND (section_tipo, section_id) > ($2, $3)
+                   ORDER BY section_tipo, section_id LIMIT $4""",
                 backfill_id,
-                [k[0] for k in keys],
-                [k[1] for k in keys],
-                ["rejected" if k in embedded.rejects else "copied" for k in keys],
-                [len(embedded.rows.get(k, ())) for k in keys],
-                [embedded.versions.get(k) for k in keys],
-                [embedded.rejects.get(k) for k in keys],
+                after[0],
+                after[1],
+                options.batch_records,
             )
-        done += len(keys)
-        progress(done, total)
+            if not rows:
+                break
+            keys = [(r["section_tipo"], r["section_id"]) for r in rows]
+            after = keys[-1]
+            embedded = await source.embed(pool, indexer, keys)
+            if writing is not None:
+                await writing
+                done += in_flight
+                progress(done, total)
+            writing = asyncio.create_task(_write_batch(pool, indexer.partition, backfill_id, keys, embedded))
+            in_flight = len(keys)
+    finally:
+        if writing is not None:  # a write under way finishes (its transaction commits or rolls back)
+            await asyncio.gather(writing, return_exceptions=True)
+    if writing is not None:
+        await writing  # its error, if it failed
+        progress(done + in_flight, total)
 
 
 async def _set_state(
