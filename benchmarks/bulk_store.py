@@ -27,6 +27,7 @@ import asyncpg
 import numpy as np
 
 from index import shadow, store
+from index.change_feed import Watermark
 from index.partitions import ModelPartition, ensure_partition
 from index.store import EmbeddingRow
 
@@ -86,9 +87,8 @@ async def bulk_path(
         await shadow.create_shadow(conn, partition)
         # A backfill row and its scope, so the swap stamps every new key as a real run does.
         await conn.execute(
-            """INSERT INTO rag_backfills (backfill_id, target_model, source, source_detail, shadow_table, state,
-                                          target_seq, target_xmin)
-               VALUES ($1, $2, 'jsonl', '{}', $3, 'embedding', 0, 0)""",
+            """INSERT INTO rag_backfills (backfill_id, target_model, source, source_detail, shadow_table, state)
+               VALUES ($1, $2, 'jsonl', '{}', $3, 'embedding')""",
             backfill_id,
             partition.model,
             shadow.shadow_of(partition).partition,
@@ -99,7 +99,11 @@ async def bulk_path(
             backfill_id,
             len(rows) // ROWS_PER_RECORD,
         )
-        watermark, _ = await shadow.copy_out_of_scope(conn, partition, backfill_id)
+        await shadow.copy_out_of_scope(conn, partition, backfill_id)
+        row = await conn.fetchrow(
+            "SELECT target_seq, target_xmin FROM rag_backfills WHERE backfill_id = $1", backfill_id
+        )
+        watermark = Watermark(row["target_seq"], row["target_xmin"])
     seconds: dict[str, float] = {}
     started = time.perf_counter()
     for first in range(0, len(rows), COPY_BATCH):

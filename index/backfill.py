@@ -381,14 +381,14 @@ class ModelSource:
 
     async def scope(self, conn: asyncpg.Connection, backfill_id: str) -> list[dict[str, Any]]:
         assert self.partition is not None
-        async with conn.transaction(isolation="repeatable_read"):
-            watermark = await current_watermark(conn, self.partition)
-            await conn.execute(
-                f"""INSERT INTO rag_backfill_records (backfill_id, section_tipo, section_id)
-                    SELECT DISTINCT $1, section_tipo, section_id FROM {self.partition.table}
-                    WHERE modality = 'text'""",
-                backfill_id,
-            )
+        # The watermark first, then the read: a change landing in between is embedded twice, never missed.
+        watermark = await current_watermark(conn, self.partition)
+        await conn.execute(
+            f"""INSERT INTO rag_backfill_records (backfill_id, section_tipo, section_id)
+                SELECT DISTINCT $1, section_tipo, section_id FROM {self.partition.table}
+                WHERE modality = 'text'""",
+            backfill_id,
+        )
         await _set_source_watermark(conn, backfill_id, watermark)
         return []
 
@@ -400,8 +400,8 @@ class ModelSource:
             "SELECT source_seq, source_xmin FROM rag_backfills WHERE backfill_id = $1", backfill_id
         )
         since = Watermark(int(row["source_seq"]), int(row["source_xmin"]))
-        async with conn.transaction(isolation="repeatable_read"):
-            watermark = await current_watermark(conn, self.partition)
+        async with conn.transaction():
+            watermark = await current_watermark(conn, self.partition)  # before the read, as in scope()
             pending = pending_sql("$2", "$3", "$4")
             status = await conn.execute(
                 f"""INSERT INTO rag_backfill_records (backfill_id, section_tipo, section_id)
@@ -419,7 +419,7 @@ class ModelSource:
                       AND e.section_tipo = r.section_tipo AND e.section_id = r.section_id""",
                 backfill_id,
             )
-        await _set_source_watermark(conn, backfill_id, watermark)
+            await _set_source_watermark(conn, backfill_id, watermark)
         return int(status.rsplit(" ", 1)[-1])
 
     async def embed(self, pool: asyncpg.Pool, indexer: Indexer, keys: Sequence[RecordKey]) -> Embedded:
@@ -529,7 +529,8 @@ async def _open_run(
     partition: ModelPartition,
     report: BackfillReport,
 ) -> asyncpg.Record:
-    """Resume the target's unfinished run when it is this source's, or start one."""
+    """Resume the target's unfinished run when it is this source's, or start one: the run, its
+    shadow and its scope in one transaction."""
     row = await conn.fetchrow(
         "SELECT * FROM rag_backfills WHERE target_model = $1 AND state IN ('embedding', 'building')", model.id
     )
@@ -541,31 +542,29 @@ async def _open_run(
                 f"`mnemo backfill --abandon {model.id}` to drop it"
             )
         report.resumed = True
-        return row
-    backfill_id = f"bf-{secrets.token_hex(4)}"
-    await shadow.drop_shadow(conn, partition)  # left by an abandoned run killed mid-drop
-    await shadow.create_shadow(conn, partition)
-    await conn.execute(
-        """INSERT INTO rag_backfills (backfill_id, target_model, source, source_detail, shadow_table, state,
-                                      target_seq, target_xmin)
-           VALUES ($1, $2, $3, $4, $5, 'embedding', 0, 0)""",
-        backfill_id,
-        model.id,
-        source.kind,
-        json.dumps(source.detail()),
-        shadow.shadow_of(partition).partition,
-    )
-    line_rejects = await source.scope(conn, backfill_id)
-    watermark, kept = await shadow.copy_out_of_scope(conn, partition, backfill_id)
-    report.rows_kept = kept
-    return await conn.fetchrow(
-        """UPDATE rag_backfills SET target_seq = $2, target_xmin = $3, report = $4, updated_at = now()
-           WHERE backfill_id = $1 RETURNING *""",
-        backfill_id,
-        watermark.seq,
-        watermark.xmin,
-        json.dumps({"line_rejects": line_rejects}),
-    )
+    else:
+        backfill_id = f"bf-{secrets.token_hex(4)}"
+        async with conn.transaction():
+            await shadow.drop_shadow(conn, partition)  # left by an abandoned run killed mid-drop
+            await shadow.create_shadow(conn, partition)
+            await conn.execute(
+                """INSERT INTO rag_backfills (backfill_id, target_model, source, source_detail, shadow_table,
+                                              state)
+                   VALUES ($1, $2, $3, $4, $5, 'embedding')""",
+                backfill_id,
+                model.id,
+                source.kind,
+                json.dumps(source.detail()),
+                shadow.shadow_of(partition).partition,
+            )
+            line_rejects = await source.scope(conn, backfill_id)
+            row = await conn.fetchrow(
+                "UPDATE rag_backfills SET report = $2 WHERE backfill_id = $1 RETURNING *",
+                backfill_id,
+                json.dumps({"line_rejects": line_rejects}),
+            )
+    assert row is not None
+    return row
 
 
 async def _counts(db: asyncpg.Pool, backfill_id: str) -> dict[str, int]:
@@ -739,6 +738,12 @@ async def _run(
     indexer = Indexer(pool, client, model, shadow.shadow_of(partition), embed_batch=options.embed_batch)
     source_feed = isinstance(source, ModelSource)
     async with holding:
+        if run["target_seq"] is None:  # the live rows it keeps: redone by a rerun until committed
+            started = time.perf_counter()
+            async with pool.acquire() as conn:
+                report.rows_kept = await shadow.copy_out_of_scope(conn, partition, backfill_id)
+            run = await pool.fetchrow("SELECT * FROM rag_backfills WHERE backfill_id = $1", backfill_id)
+            _timed(report, "copy_kept", started)
         state = run["state"]
         for round_ in range(MAX_SWAP_ROUNDS + 1):
             if state == "embedding":

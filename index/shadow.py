@@ -147,17 +147,24 @@ _IN_SCOPE = """e.modality = 'text' AND EXISTS (
     WHERE r.backfill_id = $1 AND r.section_tipo = e.section_tipo AND r.section_id = e.section_id)"""
 
 
-async def copy_out_of_scope(
-    conn: asyncpg.Connection, partition: ModelPartition, backfill_id: str
-) -> tuple[Watermark, int]:
+async def copy_out_of_scope(conn: asyncpg.Connection, partition: ModelPartition, backfill_id: str) -> int:
     """Copy the live rows the backfill keeps (every row but its scope's text rows) into the shadow,
-    with the change feed's watermark read in the same snapshot: everything committed after it is
-    caught up at the swap. Returns (watermark, rows copied)."""
+    and record in the run the change feed's watermark read just before: everything committed after
+    it is copied again at the swap (a change that lands in between is copied twice, harmlessly).
+    One transaction, so a run killed during it copies again on its rerun. Returns rows copied."""
     shadow = shadow_of(partition)
-    async with conn.transaction(isolation="repeatable_read"):
+    async with conn.transaction():
         watermark = await current_watermark(conn, partition)
+        await conn.execute(f"TRUNCATE {shadow.table}")  # nothing of the run is in it yet
         copied = await _copy_records(conn, partition.table, shadow.table, f"NOT ({_IN_SCOPE})", backfill_id)
-    return watermark, copied
+        await conn.execute(
+            """UPDATE rag_backfills SET target_seq = $2, target_xmin = $3, updated_at = now()
+               WHERE backfill_id = $1""",
+            backfill_id,
+            watermark.seq,
+            watermark.xmin,
+        )
+    return copied
 
 
 async def _copy_records(conn: asyncpg.Connection, source: str, target: str, where: str, *args: object) -> int:

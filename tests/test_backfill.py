@@ -31,7 +31,15 @@ import pytest
 from benchmarks.backfill_fault import backfill_killed_mid_build
 from gateway.context import RETRIEVER_KEY
 from index import shadow
-from index.backfill import BackfillOptions, JsonlSource, ModelSource, QueueSource, run_backfill
+from index.backfill import (
+    BackfillOptions,
+    BackfillReport,
+    JsonlSource,
+    ModelSource,
+    QueueSource,
+    _open_run,
+    run_backfill,
+)
 from index.change_feed import KEY_COLUMNS
 from index.drain import drain_once
 from index.intake import enqueue_records
@@ -303,6 +311,26 @@ async def test_a_maintenance_work_mem_too_small_is_refused_and_the_run_then_fini
     assert (
         await db_pool.fetchval(f"SELECT count(*) FROM {partition.table} WHERE section_tipo = 'seed'") == 600
     )
+
+
+async def test_a_run_killed_before_its_kept_rows_were_copied_copies_them_on_the_rerun(
+    db_pool: asyncpg.Pool, sidecar_url: str
+) -> None:
+    """The state a kill leaves between the setup's commit and the copy's (the copy is one
+    transaction, so a kill inside it leaves the same): the rerun copies the kept rows."""
+    await _seed_rows(db_pool, 30)
+    await _queue_section(db_pool, "oh1", range(1, 3))
+    source = QueueSource(["oh1"], TEXT_MODEL, OPTIONS)
+    async with SidecarClient(sidecar_url) as client:
+        model = next(m for m in await client.models() if m.id == TEXT_MODEL)
+        partition = await get_partition(db_pool, TEXT_MODEL)
+        assert partition is not None
+        async with db_pool.acquire() as conn:
+            run = await _open_run(conn, source, model, partition, BackfillReport("", TEXT_MODEL, "queue"))
+        assert run["target_seq"] is None  # set up, nothing copied yet
+        report = await run_backfill(db_pool, client, QueueSource(["oh1"], TEXT_MODEL, OPTIONS), OPTIONS)
+    assert report.resumed and report.rows_kept == 30 and report.copied == 2
+    assert await db_pool.fetchval(f"SELECT count(*) FROM {partition.table} WHERE section_tipo = 'seed'") == 30
 
 
 def test_the_hnsw_estimate_is_the_vector_plus_the_graph() -> None:

@@ -14,10 +14,11 @@ CREATE TABLE IF NOT EXISTS rag_backfills (
     source_detail jsonb NOT NULL,
     shadow_table  text NOT NULL,
     state         text NOT NULL CHECK (state IN ('embedding', 'building', 'swapped', 'abandoned')),
-    -- The target partition's change feed when its out-of-scope rows were copied: rows written
-    -- to the live partition after it are copied again at the swap.
-    target_seq    bigint NOT NULL,
-    target_xmin   bigint NOT NULL,
+    -- The target partition's change feed when its out-of-scope rows were copied (read before the
+    -- copy, in the copy's transaction): rows written to the live partition after it are copied
+    -- again at the swap. NULL until that copy has committed: a rerun then copies them.
+    target_seq    bigint,
+    target_xmin   bigint,
     -- A model change: the source partition's change feed when the scope was last read.
     source_seq    bigint,
     source_xmin   bigint,
