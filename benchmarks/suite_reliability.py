@@ -229,6 +229,7 @@ def _fault_figures(result: dict[str, Any]) -> list[list[Any]]:
         "postgres_stopped",
         "sidecar_stopped",
         "drain_worker_killed",
+        "backfill_killed",
         "replica_killed",
         "replica_killed_of_two",
         "overload",
@@ -266,6 +267,15 @@ def _fault_figures(result: dict[str, Any]) -> list[list[Any]]:
              "until the queue is empty", f"{f['orphans_indexed_s']} / {f['drained_s']}", "bounded"],
             ["drain worker killed: queue left / surviving workers", f"{f['queue_left']} / {f['surviving_workers']}",
              f"0 / {f['workers'] - 1}"],
+        ]  # fmt: skip
+    f = result.get("backfill_killed")
+    if f and "error" not in f:
+        rows += [
+            [f"`mnemo backfill` killed (SIGKILL) mid-build ({f['indexes_built_at_kill']} indexes built), then "
+             f"resumed: records lost / duplicate rows (of {f['records']})",
+             f"{f['records_lost']} / {f['duplicate_rows']}", "0 / 0"],
+            ["backfill killed: seconds from the rerun's start to the swap / queue left",
+             f"{f['resume_to_done_s']} / {f['queue_left']}", "bounded / 0"],
         ]  # fmt: skip
     f = result.get("replica_killed")
     if f and "error" not in f:
@@ -493,8 +503,9 @@ async def _attempt(figures: dict[str, Any], name: str, run: Any) -> None:
 
 
 async def _faults(stack: BenchStack, plan: ReliabilityPlan, result: dict[str, Any]) -> None:
-    """PostgreSQL stopped hard mid-drain, a drain worker killed, the sidecar stopped mid-drain, a
-    replica killed, overload."""
+    """PostgreSQL stopped hard mid-drain, a drain worker killed, a backfill killed mid-build, the
+    sidecar stopped mid-drain, a replica killed, overload."""
+    from .backfill_fault import backfill_killed_mid_build
     from .faults import (
         drain_worker_killed,
         postgres_stopped_mid_drain,
@@ -518,6 +529,13 @@ async def _faults(stack: BenchStack, plan: ReliabilityPlan, result: dict[str, An
             result,
             "drain_worker_killed",
             drain_worker_killed(
+                stack.server_url, stack.sidecar_url, stack.work_dir, text_model=BENCH_MODEL, records=records
+            ),
+        )
+        await _attempt(
+            result,
+            "backfill_killed",
+            backfill_killed_mid_build(
                 stack.server_url, stack.sidecar_url, stack.work_dir, text_model=BENCH_MODEL, records=records
             ),
         )

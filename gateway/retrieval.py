@@ -36,7 +36,7 @@ import asyncpg
 import numpy as np
 
 from index.models import ModelNotServed, resolve_model
-from index.partitions import ModelPartition, get_partition
+from index.partitions import ModelPartition, get_partition, serving_model
 from index.search import (
     ChunkHit,
     ChunkKey,
@@ -61,6 +61,10 @@ if TYPE_CHECKING:  # FAISS loads only when the app builds a cache
     from index.vector_cache import VectorCache
 
 log = logging.getLogger(__name__)
+
+# How stale a gateway's idea of the serving text model may be after a model-change backfill's
+# swap: until it re-reads, it serves the old model from the old partition (kept), whole answers.
+SERVING_TTL_S = 1.0
 
 T = TypeVar("T")
 
@@ -169,6 +173,7 @@ class Retriever:
         self.cache = QueryVectorCache(settings.query_cache_size)
         self.stats = CorpusStats(ttl=settings.lexical_stats_ttl)
         self._model: ModelInfo | None = None  # resolved on first use
+        self._serving_read_at = 0.0  # monotonic time rag_serving_models was last read
         self._partitions: dict[str, ModelPartition] = {}
         # section tipo -> (when read, (method, weights) tuned for it or None)
         self._fusion_cache: dict[str, tuple[float, tuple[str, tuple[tuple[str, float], ...]] | None]] = {}
@@ -189,9 +194,21 @@ class Retriever:
             raise EmbeddingUnavailable(str(exc)) from exc
 
     async def text_model(self) -> ModelInfo:
-        """The text model (configured id, or the sidecar's first text model), resolved once."""
-        if self._model is None:
-            self._model = await self.resolve_model("text", self.settings.sidecar.text_model)
+        """The text model: the configured id (resolved once); unset, the model a model-change
+        backfill made serve text (re-read at most every :data:`SERVING_TTL_S`, so a blue/green
+        swap reaches a running gateway), else the sidecar's first text model. A request resolves
+        it once and searches that model's partition, so an answer is one model's, never a mix."""
+        configured = self.settings.sidecar.text_model
+        if configured:
+            if self._model is None:
+                self._model = await self.resolve_model("text", configured)
+            return self._model
+        now = time.monotonic()
+        if self._model is None or now - self._serving_read_at >= SERVING_TTL_S:
+            serving = await serving_model(self.pool)
+            self._serving_read_at = now
+            if self._model is None or (serving is not None and serving != self._model.id):
+                self._model = await self.resolve_model("text", serving)
         return self._model
 
     async def partition(self, model_id: str) -> ModelPartition | None:

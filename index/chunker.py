@@ -64,6 +64,7 @@ __all__ = [
     "TokenCounter",
     "chunk",
     "detect_mode",
+    "embed_text_for",
     "estimate_tokens",
     "source_hash",
 ]
@@ -121,6 +122,14 @@ def source_hash(embed_text: str, version: str | None = None) -> str:
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
+def embed_text_for(raw: str, title: str, heading_path: Sequence[str]) -> str:
+    """The text a chunk embeds: ``"{title} › {heading path}\n{raw}"`` (no header line when both
+    are empty). A stored row keeps ``raw``, the title and the heading path, so a backfill onto
+    another model rebuilds this exactly (and checks it against the row's ``source_hash``)."""
+    header = _HEADER_SEPARATOR.join(part for part in (clean_title(title), *heading_path) if part)
+    return f"{header}\n{raw}" if header else raw
+
+
 def chunk(
     text: str,
     *,
@@ -150,14 +159,12 @@ def chunk(
         breaks = break_after(sentences, sentence_embedder, breakpoint_percentile)
 
     packer = Packer(text, count, max_tokens, min_tokens)
-    header_title = clean_title(title)
     chunks: list[Chunk] = []
     for unit, paragraphs, unit_breaks in zip(units, structure, breaks, strict=True):
         parent_key = _parent_key(unit, mode)
-        header = _HEADER_SEPARATOR.join(part for part in (header_title, *unit.heading_path) if part)
         for start, end in packer.pack(_segments(paragraphs, unit_breaks)):
             raw = text[start:end]
-            embed_text = f"{header}\n{raw}" if header else raw
+            embed_text = embed_text_for(raw, title, unit.heading_path)
             chunks.append(
                 Chunk(
                     index=len(chunks),

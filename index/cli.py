@@ -1,5 +1,5 @@
-"""Ingestion commands: ``mnemo drain``, ``mnemo ingest``, ``mnemo queue``, ``mnemo sections``,
-``mnemo reconcile``.
+"""Ingestion commands: ``mnemo drain``, ``mnemo ingest``, ``mnemo backfill``, ``mnemo queue``,
+``mnemo sections``, ``mnemo reconcile``.
 
 Registration stays light: the database driver, the sidecar client and the
 indexer load only inside the command that runs.
@@ -259,6 +259,108 @@ async def _ingest_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- mnemo backfill ------------------------------------------------------------------
+
+
+class _ProgressLines:
+    """Progress on a terminal: a bar with rate and ETA (tqdm). Elsewhere (a log, CI): a plain line
+    at most every ``every`` seconds, and the last one."""
+
+    def __init__(self, every: float, enabled: bool) -> None:
+        import time
+
+        self._clock = time.monotonic
+        self.every = every
+        self.enabled = enabled
+        self.tty = enabled and sys.stderr.isatty()
+        self.bar: Any = None
+        self.started = self._clock()
+        self.first: int | None = None
+        self.last_line = 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if self.tty:
+            from tqdm import tqdm
+
+            if self.bar is None:
+                self.bar = tqdm(total=total, initial=done, unit="rec", desc="backfill", smoothing=0.1)
+            self.bar.total = total
+            self.bar.update(done - self.bar.n)
+            return
+        now = self._clock()
+        if self.first is None:
+            self.first, self.started = done, now
+        if now - self.last_line < self.every and done < total:
+            return
+        self.last_line = now
+        rate = (done - self.first) / (now - self.started) if now > self.started else 0.0
+        eta = f"{(total - done) / rate:.0f}s" if rate > 0 else "?"
+        print(f"backfill: {done}/{total} records, {rate:.1f} rec/s, ETA {eta}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _backfill_source(args: argparse.Namespace, text_model: str | None, options: Any) -> Any:
+    from .backfill import JsonlSource, ModelSource, QueueSource
+
+    if args.from_model:
+        if not text_model:
+            raise ValueError("a model change needs the new model: --text-model NEW")
+        return ModelSource(args.from_model, text_model)
+    if args.jsonl is not None:
+        if not args.jsonl.is_file():
+            raise ValueError(f"no such file: {args.jsonl}")
+        return JsonlSource(args.jsonl, text_model)
+    return QueueSource(args.section, text_model, options)
+
+
+async def _backfill(args: argparse.Namespace) -> int:
+    from inference.client import SidecarUnavailable
+
+    from .backfill import BackfillConflict, BackfillOptions, abandon, run_backfill
+    from .shadow import MemoryTooSmall
+
+    settings = _ingest_settings(args)
+    async with _database(args) as pool:
+        if args.abandon:
+            dropped = await abandon(pool, args.abandon)
+            print(f"abandoned backfill {dropped}" if dropped else f"no unfinished backfill of {args.abandon}")
+            return 0
+        if not (args.section or args.jsonl or args.from_model):
+            print("say what to backfill: --section TIPO, --jsonl FILE or --from-model OLD", file=sys.stderr)
+            return 2
+        options = BackfillOptions(
+            batch_records=args.batch,
+            embed_batch=settings.embed_batch,
+            lease_seconds=settings.lease_seconds,
+            max_attempts=settings.max_attempts,
+            backoff_cap=settings.backoff_cap,
+            build_workers=args.build_workers,
+            maintenance_work_mem=args.maintenance_work_mem,
+            allow_spill=args.allow_spill,
+            rejects=args.rejects,
+        )
+        progress = _ProgressLines(args.progress_every, not args.no_progress)
+        async with _sidecar(args) as (client, sidecar):
+            try:
+                source = _backfill_source(args, sidecar.text_model, options)
+                report = await run_backfill(pool, client, source, options, progress=progress)
+            except (BackfillConflict, MemoryTooSmall, ValueError, LookupError) as exc:
+                print(f"cannot backfill: {exc}", file=sys.stderr)
+                return 2
+            except SidecarUnavailable as exc:
+                print(f"sidecar unavailable: {exc}; run the same command again to resume", file=sys.stderr)
+                return EXIT_SIDECAR_UNAVAILABLE
+            finally:
+                progress.close()
+    _print_json(report.as_dict())
+    return 1 if report.rejected or report.rejects_path else 0
+
+
 # -- mnemo queue -------------------------------------------------------------------
 
 
@@ -430,6 +532,44 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = ingest_sub.add_parser("demo", help="store the demo sections and queue the demo collection")
     add_database_flags(p)
     p.set_defaults(run=command(_ingest_demo, "mnemo"))
+
+    p = subparsers.add_parser(
+        "backfill",
+        help="rebuild a model's partition in bulk (COPY into a shadow, one index build, an atomic swap)",
+    )
+    what = p.add_mutually_exclusive_group()
+    what.add_argument(
+        "--section", action="append", default=[], help="the section's queued records (repeatable)"
+    )
+    what.add_argument(
+        "--jsonl", type=Path, default=None, help="records of a JSONL export (mnemo ingest shape)"
+    )
+    what.add_argument(
+        "--from-model", default=None, help="model change: re-embed this model's partition with --text-model"
+    )
+    what.add_argument("--abandon", default=None, metavar="MODEL", help="drop MODEL's unfinished backfill")
+    p.add_argument("--batch", type=int, default=64, help="records per embed + COPY transaction (default 64)")
+    p.add_argument(
+        "--build-workers", type=int, default=None, help="max_parallel_maintenance_workers for the index build"
+    )
+    p.add_argument(
+        "--maintenance-work-mem", default=None, metavar="SIZE", help="for the index build, e.g. 2GB"
+    )
+    p.add_argument(
+        "--allow-spill",
+        action="store_true",
+        help="build even when the HNSW graph exceeds maintenance_work_mem",
+    )
+    p.add_argument(
+        "--rejects", type=Path, default=None, help="rejects report (default backfill-ID.rejects.jsonl)"
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress output")
+    p.add_argument(
+        "--progress-every", type=float, default=10.0, help="seconds between progress lines off a terminal"
+    )
+    add_database_flags(p)
+    _add_sidecar_flags(p)
+    p.set_defaults(run=command(_backfill, "mnemo backfill"))
 
     q = subparsers.add_parser("queue", help="inspect and unpark the ingestion queue")
     q_sub = q.add_subparsers(dest="queue_command", metavar="WHAT", required=True)

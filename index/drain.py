@@ -45,7 +45,7 @@ from .image_indexer import ImageIndexer, ImagePlan, has_images
 from .indexer import BatchCounts, Indexer, RecordPlan
 from .metrics import IngestMetrics
 from .models import resolve_model
-from .partitions import ensure_partition
+from .partitions import ensure_partition, serving_model
 from .sections import SectionStore
 from .settings import IngestSettings, MediaSettings
 
@@ -345,7 +345,9 @@ async def _drain(
 async def _text_indexer(
     pool: asyncpg.Pool, client: SidecarClient, settings: IngestSettings, models: _Models
 ) -> Indexer:
-    model = await resolve_model(client, "text", models.text_model)
+    # Unconfigured, a pass follows the model a model-change backfill made serve (its swap).
+    configured = models.text_model or await serving_model(pool)
+    model = await resolve_model(client, "text", configured)
     if model.dimension is None:
         raise ValueError(f"text model {model.id!r} reports no dimension")
     partition = await ensure_partition(pool, model.id, model.dimension)

@@ -291,7 +291,7 @@ class Indexer:
         active = [p for p in plans if p.error is None and not p.is_delete]
         texts = list(dict.fromkeys(c.embed_text for p in active for _, c in p.new_chunks()))
         try:
-            vectors = await self._embed_texts(texts)
+            vectors = await self.embed_texts(texts)
         except SidecarUnavailable:
             raise
         except SidecarError:
@@ -299,7 +299,7 @@ class Indexer:
             for plan in active:  # find the record at fault
                 own = list(dict.fromkeys(c.embed_text for _, c in plan.new_chunks()))
                 try:
-                    vectors.update(await self._embed_texts(own))
+                    vectors.update(await self.embed_texts(own))
                 except SidecarUnavailable:
                     raise
                 except SidecarError as exc:
@@ -311,7 +311,9 @@ class Indexer:
         self.counts.chunks_embedded += len(texts)
         self.counts.add_time("embed", time.perf_counter() - started)
 
-    async def _embed_texts(self, texts: Sequence[str]) -> dict[str, tuple[Any, Any]]:
+    async def embed_texts(self, texts: Sequence[str]) -> dict[str, tuple[Any, Any]]:
+        """(dense, sparse) vectors per distinct text, in calls of ``embed_batch`` (a backfill onto
+        another model embeds stored chunk texts through this too)."""
         out: dict[str, tuple[Any, Any]] = {}
         for start in range(0, len(texts), self.embed_batch):
             part = list(texts[start : start + self.embed_batch])

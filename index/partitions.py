@@ -56,3 +56,10 @@ async def ensure_partition(db: Executor, model: str, dimension: int) -> ModelPar
 
 async def list_partitions(db: Executor) -> list[ModelPartition]:
     return [_from_row(r) for r in await db.fetch(_SELECT + " ORDER BY model")]
+
+
+async def serving_model(db: Executor, kind: str = "text") -> str | None:
+    """The model a model-change backfill made serve ``kind`` queries (``rag_serving_models``, set
+    at the swap's commit), or None when none did: then the configured model or the sidecar's first
+    serves, as before."""
+    return await db.fetchval("SELECT model FROM rag_serving_models WHERE kind = $1", kind)

@@ -47,6 +47,7 @@ __all__ = [
     "note_outage",
     "release_all",
     "renew_leases",
+    "renew_owner",
     "retry",
     "stats",
 ]
@@ -239,6 +240,24 @@ async def renew_leases(db: Executor, lease: Lease, keys: Sequence[tuple[str, int
         lease.seconds,
         [k[0] for k in keys],
         [k[1] for k in keys],
+    )
+    return int(status.rsplit(" ", 1)[-1])
+
+
+async def renew_owner(db: Executor, lease: Lease) -> int:
+    """Extend every lease ``lease.owner`` holds (a backfill holds its whole scope at once).
+    Rows locked right now are skipped, as in :func:`renew_leases`."""
+    status = await db.execute(
+        """
+        WITH mine AS (
+            SELECT section_tipo, section_id FROM rag_index_queue WHERE lease_owner = $1
+            FOR UPDATE SKIP LOCKED
+        )
+        UPDATE rag_index_queue AS q SET lease_until = clock_timestamp() + make_interval(secs => $2)
+        FROM mine WHERE q.section_tipo = mine.section_tipo AND q.section_id = mine.section_id
+        """,
+        lease.owner,
+        lease.seconds,
     )
     return int(status.rsplit(" ", 1)[-1])
 

@@ -1,0 +1,165 @@
+"""Reliability fault: a `mnemo backfill` killed with SIGKILL mid-build, then resumed (issue 23).
+
+The backfill of a queued section runs in a subprocess. The harness holds an ``ACCESS SHARE`` lock
+on the shadow table from the moment it exists: COPY and ``CREATE INDEX`` go on beside it, but the
+primary key (``ALTER TABLE ... ADD CONSTRAINT``, which needs ``ACCESS EXCLUSIVE``) waits, so the
+kill lands with the build half done (the indexes named before ``*_pkey`` built, the rest not) at
+the same point in every run, whatever the machine's speed. Then the lock goes and the same
+command runs again. Figures: records lost against a clean drain of the same records (missing, or
+other text or vector), duplicate rows, indexes built at the kill, seconds from the rerun's start
+to its completion, and the queue left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+from .faults import (
+    DRAIN_SECTION,
+    FAULT_INGEST,
+    _clean_run,
+    _drop,
+    _fresh_database,
+    _fresh_pool,
+    _queue_size,
+    _wait_for,
+    compare_stores,
+    drain_records,
+    store_snapshot,
+)
+
+__all__ = ["backfill_killed_mid_build"]
+
+
+async def _backfill_process(
+    url: str, sidecar_url: str, text_model: str, log: Path
+) -> asyncio.subprocess.Process:
+    from .settings import child_environment
+
+    args = ("backfill", "--section", DRAIN_SECTION, "--batch", "4", "--no-progress")
+    with log.open("ab") as out:  # a file, not a pipe nobody reads
+        return await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "--log-level",
+            "INFO",
+            *args,
+            "--database-url",
+            url,
+            "--sidecar-url",
+            sidecar_url,
+            "--text-model",
+            text_model,
+            env=child_environment(),
+            stdout=out,
+            stderr=out,
+        )
+
+
+async def backfill_killed_mid_build(
+    server_url: str,
+    sidecar_url: str,
+    log_dir: Path,
+    *,
+    text_model: str,
+    records: int = 48,
+    deadline_s: float = 300.0,
+) -> dict[str, Any]:
+    """The fault above on ``records`` records; databases on ``server_url`` (created, then dropped).
+    Bounded by ``deadline_s``."""
+    import asyncpg
+
+    from index import shadow
+    from index.intake import enqueue_records
+    from index.partitions import get_partition
+    from index.settings import IngestSettings
+    from inference.client import SidecarClient
+
+    batch = drain_records(records)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + deadline_s
+    names = ("backfill_clean_run", "backfill_killed_run")
+    log = log_dir / "backfill-killed.log"
+    try:
+        clean_pool = await _fresh_pool(server_url, names[0])
+        try:
+            async with SidecarClient(sidecar_url) as client:
+                clean = await _clean_run(
+                    clean_pool, client, IngestSettings(**FAULT_INGEST), batch, text_model, deadline
+                )
+        finally:
+            await clean_pool.close()
+        url, pool = await _fresh_database(server_url, names[1])
+        holder = await asyncpg.connect(url)
+        try:
+            await enqueue_records(pool, batch)
+            proc = await _backfill_process(url, sidecar_url, text_model, log)
+            partition = await _wait_for(lambda: get_partition(pool, text_model), deadline)
+            if partition is None:
+                raise RuntimeError(f"the backfill provisioned no partition; see {log}")
+            table = shadow.shadow_of(partition)
+
+            async def shadow_exists() -> bool:
+                return bool(await pool.fetchval("SELECT to_regclass($1) IS NOT NULL", table.table))
+
+            await _wait_for(shadow_exists, deadline)
+            tx = holder.transaction()
+            await tx.start()
+            await holder.execute(f"LOCK TABLE {table.table} IN ACCESS SHARE MODE")
+
+            async def build_waiting() -> bool:  # the build reached the primary key and waits on us
+                if proc.returncode is not None:
+                    raise RuntimeError(f"the backfill ended before the kill; see {log}")
+                return bool(
+                    await pool.fetchval(
+                        "SELECT count(*) FROM pg_locks WHERE relation = to_regclass($1) AND NOT granted",
+                        table.table,
+                    )
+                )
+
+            if not await _wait_for(build_waiting, deadline):
+                raise RuntimeError(f"the backfill never reached its index build; see {log}")
+            built = await pool.fetchval(
+                "SELECT count(*) FROM pg_index WHERE indrelid = to_regclass($1)", table.table
+            )
+            copied = await pool.fetchval("SELECT count(*) FROM rag_backfill_records WHERE state = 'copied'")
+            proc.kill()  # SIGKILL: no handler, no cleanup
+            await proc.wait()
+            await tx.rollback()
+            resumed_at = loop.time()
+            rerun = await _backfill_process(url, sidecar_url, text_model, log)
+            code = await asyncio.wait_for(rerun.wait(), max(1.0, deadline - loop.time()))
+            finished_s = round(loop.time() - resumed_at, 2)
+            if code != 0:
+                raise RuntimeError(f"the resumed backfill exited {code}; see {log}")
+            after = await store_snapshot(pool, text_model)
+            final = await get_partition(pool, text_model)
+            assert final is not None
+            duplicates = await pool.fetchval(
+                f"""SELECT count(*) FROM (SELECT 1 FROM {final.table}
+                    GROUP BY section_tipo, section_id, component_tipo, lang, view, chunk_index
+                    HAVING count(*) > 1) d"""
+            )
+            queue_left = await _queue_size(pool)
+            resumed = await pool.fetchval("SELECT (report->'result'->>'resumed')::boolean FROM rag_backfills")
+        finally:
+            await holder.close()
+            await pool.close()
+    finally:
+        await _drop(server_url, *names)
+    comparison = compare_stores(clean, after)
+    return {
+        "records": records,
+        "records_copied_at_kill": copied,
+        "indexes_built_at_kill": built,
+        "records_lost": len(comparison["records_differing"]),
+        "duplicate_rows": duplicates + len(after.keys() - clean.keys()),
+        **comparison,
+        "resumed": resumed,
+        "resume_to_done_s": finished_s,
+        "queue_left": queue_left,
+    }
