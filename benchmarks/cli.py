@@ -28,16 +28,17 @@ __all__ = ["register"]
 
 log = logging.getLogger(__name__)
 
-SUITE_NAMES = ("sidecar", "ingest", "gateway", "quality", "reliability", "gpu")
-
 
 def _suites(raw: str, device: str) -> list[str]:
+    from .suites import CPU_SUITES
+
+    suite_names = (*CPU_SUITES, "gpu")
     names = [n.strip() for n in raw.split(",") if n.strip()]
     if names == ["all"]:
-        return ["gpu"] if device == "cuda" else ["sidecar", "ingest", "gateway", "quality", "reliability"]
-    unknown = sorted(set(names) - set(SUITE_NAMES))
+        return ["gpu"] if device == "cuda" else list(CPU_SUITES)
+    unknown = sorted(set(names) - set(suite_names))
     if unknown or not names:
-        raise SystemExit(f"mnemo bench: unknown suite {unknown}; choose from {', '.join(SUITE_NAMES)} or all")
+        raise SystemExit(f"mnemo bench: unknown suite {unknown}; choose from {', '.join(suite_names)} or all")
     if device == "cuda" and names != ["gpu"]:
         raise SystemExit(
             "mnemo bench: --device cuda runs the GPU mode (suite gpu) alone; the other suites run the "
@@ -101,7 +102,7 @@ def _run(args: argparse.Namespace) -> int:
             sidecar=any(s.sidecar for s in cpu),
             database_url=args.database_url,
             sidecar_url=args.sidecar_url,
-            image_model=any(s.images for s in cpu),
+            tiny_models=any(s.tiny_models for s in cpu),
         ) as stack:
             for suite in cpu:
                 print(f"mnemo bench: {suite.name}: {suite.what} ...", flush=True)
@@ -214,7 +215,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--suite",
         default="all",
-        help="sidecar, ingest, gateway, quality, reliability, gpu (comma-separated), or all (default: every CPU suite)",
+        help="sidecar, ingest, gateway, quality, reliability, scale, gpu (comma-separated), or all (default: every CPU suite)",
     )
     p.add_argument("--full", action="store_true", help="the full plan: 100k chunks, longer curves, peers")
     p.add_argument(

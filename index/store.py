@@ -44,6 +44,7 @@ __all__ = [
     "copy_rows",
     "delete_record",
     "prune_rows",
+    "read_rows",
     "section_ids",
     "stored_rows",
     "stored_vectors",
@@ -329,6 +330,28 @@ async def stored_vectors(
         wanted,
     )
     return {r["source_hash"]: (as_vector(r["embedding"]), r["sparse"]) for r in rows}
+
+
+async def read_rows(
+    db: Executor, partition: ModelPartition, modality: str, section_tipo: str | None = None
+) -> dict[RecordKey, list[EmbeddingRow]]:
+    """Whole stored rows, vectors included, as :class:`EmbeddingRow` (what :func:`upsert_rows` and
+    :func:`copy_rows` take back), grouped by record in key order: for copying or re-writing a
+    partition's rows (benchmarks, backfills), never for a search path."""
+    rows = await db.fetch(
+        f"SELECT {', '.join(n for n in COLUMNS if n != 'model')} FROM {partition.table} "
+        "WHERE modality = $1 AND ($2::text IS NULL OR section_tipo = $2) "
+        "ORDER BY section_tipo, section_id, component_tipo, lang, view, chunk_index",
+        modality,
+        section_tipo,
+    )
+    out: dict[RecordKey, list[EmbeddingRow]] = {}
+    for r in rows:
+        values = {n: r[n] for n in COLUMNS if n != "model"}
+        values.update(projects=tuple(r["projects"]), chunk_meta=json.loads(r["chunk_meta"]))
+        row = EmbeddingRow(**values)
+        out.setdefault(row.record, []).append(row)
+    return out
 
 
 async def delete_record(conn: Executor, record: RecordKey) -> int:

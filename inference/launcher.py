@@ -13,15 +13,21 @@ import contextlib
 import io
 import json
 import logging
+import threading
+import time
 from collections.abc import Iterator
 
 from .config import SidecarConfig, carry_loop_setting_to_ray, opt_out_of_ray_usage_stats
 from .net import free_port, wait_ready
 
-__all__ = ["example_requests", "free_port", "running_sidecar", "wait_ready"]
+__all__ = ["SidecarStartTimeout", "example_requests", "free_port", "running_sidecar", "wait_ready"]
 
 log = logging.getLogger(__name__)
 APP_NAME = "mnemo-sidecar"
+
+
+class SidecarStartTimeout(RuntimeError):
+    """The application did not reach RUNNING within the start bound; the message carries Serve's status."""
 
 
 @contextlib.contextmanager
@@ -33,7 +39,7 @@ def running_sidecar(
     api_key: str | None = None,
     num_cpus: float | None = None,
     object_store_mb: int = 256,
-    ready_timeout_s: float = 300.0,
+    ready_timeout_s: float = 900.0,
     log_to_driver: bool = False,
     request_timeout_s: float = 120.0,
     keep_alive_timeout_s: int = 30,
@@ -42,7 +48,9 @@ def running_sidecar(
 ) -> Iterator[str]:
     """Run the sidecar for ``config`` and yield its base URL; what this call started stops on exit.
 
-    ``port=0`` picks a free port. ``request_timeout_s`` and ``keep_alive_timeout_s`` go to the
+    ``port=0`` picks a free port. ``ready_timeout_s`` bounds the start as a whole (deploy, model
+    loads, warm-up, the front answering): past it :class:`SidecarStartTimeout` names what Serve
+    was still waiting for, instead of blocking as Serve's own deploy wait does. ``request_timeout_s`` and ``keep_alive_timeout_s`` go to the
     ingress's HTTP front (see :class:`~inference.config.SidecarSettings`). Missing weights fail before Ray starts (:class:`ModelWeightsMissing`
     naming the path); a model that fails to load or warm up fails here too.
 
@@ -100,9 +108,10 @@ def running_sidecar(
         }
         node = ray.util.get_node_ip_address()
         app = build_app(config, api_key=api_key, listen=listen, ingress_node=node)
-        serve.run(app, name=app_name, route_prefix=None)
+        deadline = time.monotonic() + ready_timeout_s
+        _deploy(app, app_name, ready_timeout_s)
         url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
-        wait_ready(url, ready_timeout_s)
+        wait_ready(url, max(1.0, deadline - time.monotonic()))
         yield url
     finally:
         if started_ray:
@@ -114,6 +123,49 @@ def running_sidecar(
                 serve.delete(app_name)
             if joined:
                 ray.shutdown()  # disconnects this driver; the cluster and its Serve keep running
+
+
+def _deploy(app: object, app_name: str, timeout_s: float) -> None:
+    """``serve.run`` with a bound: Serve waits for RUNNING without one (a replica that cannot be
+    placed, or a load that is merely slow on a busy machine, would block the caller for good)."""
+    from ray import serve
+
+    outcome: list[BaseException | None] = []
+
+    def deploy() -> None:
+        try:
+            serve.run(app, name=app_name, route_prefix=None)
+            outcome.append(None)
+        except BaseException as exc:  # handed to the caller's thread below
+            outcome.append(exc)
+
+    worker = threading.Thread(target=deploy, name=f"serve-deploy-{app_name}", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if not outcome:
+        raise SidecarStartTimeout(
+            f"the sidecar application {app_name!r} did not reach RUNNING within {timeout_s:.0f} s; "
+            f"Serve reports: {_app_status(app_name)}"
+        )
+    if outcome[0] is not None:
+        raise outcome[0]
+
+
+def _app_status(app_name: str) -> str:
+    from ray import serve
+
+    try:
+        app = serve.status().applications.get(app_name)
+    except Exception as exc:  # the status is for the message only
+        return f"(status unavailable: {exc})"
+    if app is None:
+        return "no such application yet"
+    parts = [f"application {app.status}"]
+    for name, deployment in app.deployments.items():
+        parts.append(
+            f"{name}: {deployment.status} {dict(deployment.replica_states)} {deployment.message}".strip()
+        )
+    return "; ".join(parts)
 
 
 _DRIVER = {

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.gateway import SHARED as SHARED_DATASETS
 from benchmarks.plan import FULL, QUICK, apply_overrides
 from benchmarks.report import Curve, SuiteResult, write_report
+from benchmarks.scale_drain import real_records
 from benchmarks.suite_gateway import _combine, _projects_of
-from benchmarks.suites import find_datasets
+from benchmarks.suites import find_datasets, scale_drain_result
 
 
 def test_quick_plan_is_smaller_than_full_and_full_has_peers_and_100k_chunks() -> None:
@@ -156,3 +158,34 @@ def test_gateway_windows_combine_to_median_percentiles_and_mean_throughput() -> 
     ]
     assert _combine(windows) == {"p50": 2.0, "p95": 4.0, "cpu_ms": 1.0, "rps": 70.0}
     assert FULL.gateway.pairs > QUICK.gateway.pairs >= 2  # a spread needs two pairs at least
+
+
+def test_scale_drain_headline_is_the_most_workers_against_its_slower_stage() -> None:
+    def run(workers: int, drain_s: float, embed_s: float, store_s: float) -> dict:
+        bound = "embed" if embed_s >= store_s else "store"
+        return {
+            "workers": workers,
+            "chunks": 100,
+            "rows": 120,
+            "drain_seconds": drain_s,
+            "drain_chunks_per_s": 100 / drain_s,
+            "embed_alone_seconds": embed_s,
+            "store_alone_seconds": store_s,
+            "bounding_stage": bound,
+            "efficiency": max(embed_s, store_s) / drain_s,
+        }
+
+    suite = scale_drain_result({"m": [run(1, 4.0, 3.0, 1.0), run(4, 2.0, 1.0, 1.5)]})
+    (headline,) = suite.headlines
+    assert "4 workers" in headline.name and "store" in headline.name, headline
+    assert headline.value == 2.0 and headline.baseline == 1.5 and not headline.higher_is_better
+    assert headline.meets_bar is False  # 2.0 s against 1.5 s alone is 0.75 efficiency, short of 0.9
+    assert [row[1] for row in suite.tables[0].rows] == [1, 4]
+
+
+def test_real_records_cycle_the_shared_corpora_with_fresh_ids() -> None:
+    records = real_records(5_000, SHARED_DATASETS)
+    assert [r["section_id"] for r in records] == list(range(1, 5_001))
+    texts = [r["groups"]["doc"]["lg-nolan"] for r in records]
+    assert all(t.strip() for t in texts)
+    assert len(set(texts)) > 4_000  # the 4,799 shared documents, then cycled

@@ -21,7 +21,7 @@ import ray
 from benchmarks.faults import live_replicas, replica_killed_under_load
 from inference.config import ConfigError, SidecarConfig, SidecarSettings, config_from_dict
 from inference.errors import ErrorCode
-from inference.launcher import running_sidecar
+from inference.launcher import SidecarStartTimeout, running_sidecar
 from inference.serve_app import deployment_name
 from inference.tiny import build_tiny_model
 
@@ -94,6 +94,25 @@ def test_one_of_two_replicas_killed_under_load_fails_no_request(sidecar_url: str
     assert result["failed_after_retries"] == 0, result
     assert set(result["statuses"]) == {"200"}, result  # not one 503 either: the ingress moved the call
     assert result["server_errors"] == 0 and result["dropped"] == 0 and result["hung_callers"] == 0, result
+
+
+@pytest.mark.ray
+def test_a_replica_that_cannot_be_placed_fails_the_start_with_serves_status(
+    sidecar_url: str, weights: Path
+) -> None:
+    """Serve waits for RUNNING without a bound; the launcher's own bound turns a replica that can
+    never be placed (more CPUs than the cluster has) into an error naming the stuck deployment."""
+    spec = {"id": MODEL, "kind": "text", "weights": str(weights), "pooling": "cls", "num_cpus": 64}
+    with pytest.raises(SidecarStartTimeout) as failure:
+        with running_sidecar(
+            config_from_dict({"models": [spec]}, source="tests/test_failfast.py"),
+            app_name="mnemo-failfast-unplaceable",
+            api_key="",
+            ready_timeout_s=5,
+        ):
+            pytest.fail("an application whose replica needs 64 CPUs cannot be RUNNING on this session's Ray")
+    assert "mnemo-failfast-unplaceable" in str(failure.value)
+    assert deployment_name(MODEL) in str(failure.value), failure.value
 
 
 @pytest.mark.parametrize("wait", [0, -1, "2s", True, float("inf")])

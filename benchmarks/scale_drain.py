@@ -1,0 +1,202 @@
+"""The scale suite's drain section: N drain workers against the slowest stage's own ceiling.
+
+A queue of real records (documents of the shared BEIR corpora, one record each) is drained by 1, 2
+and 4 workers (:func:`index.drain.drain_parallel`, the same code as ``mnemo drain --workers N``).
+Each run's figure is chunks/s from the first claim to the last write. Beside it, measured in the same
+run and at the same concurrency, each stage alone:
+
+- **embed**: the texts that pass embedded, sent again to ``/embed`` by N callers in requests of the
+  drain's ``embed_batch`` (the sidecar's ceiling for this work);
+- **store**: the rows that pass wrote, written again by N connections with the drain's own writer
+  (:func:`index.store.upsert_rows`, one transaction per record, HNSW maintained) into an empty
+  partition (the store's ceiling).
+
+The pipeline's efficiency is ``(the slower stage's time alone) / (the drain's time)`` for the same
+work; that stage bounds it. A pipeline that overlapped its stages perfectly would reach 1.0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from index import store
+from index.drain import DrainWorker, drain_parallel
+from index.intake import enqueue_records
+from index.models import resolve_model
+from index.partitions import ModelPartition, ensure_partition
+from index.sections import SectionStore
+from index.settings import IngestSettings
+from inference.client import SidecarClient
+from schema import create_pool
+
+from .eval import load_beir
+from .ingest import RecordingClient
+
+__all__ = ["SECTION", "measure_drain_workers", "real_records"]
+
+SECTION = "scale_drain"
+# Corpora whose documents become records, largest first (CACM and MED are real abstracts; XQuAD
+# paragraphs are real Spanish and German prose).
+CORPORA = ("cacm", "med", "xquad-es", "xquad-de", "adi")
+
+
+def real_records(n: int, datasets: Path) -> list[dict[str, Any]]:
+    """``n`` records, one per document of the shared corpora (cycled, with new ids, past their 4,799)."""
+    documents: list[str] = []
+    for name in CORPORA:
+        if (datasets / name / "corpus.jsonl").is_file():
+            documents.extend(
+                f"{title}. {text}" if title else text
+                for title, text in load_beir(datasets / name).corpus.values()
+            )
+    documents = [d for d in documents if d.strip()]
+    if not documents:
+        raise FileNotFoundError(f"no BEIR corpora under {datasets} (looked for {', '.join(CORPORA)})")
+    return [
+        {
+            "section_tipo": SECTION,
+            "section_id": i + 1,
+            "projects": [1 + i % 3],
+            "groups": {"doc": {"lg-nolan": documents[i % len(documents)]}},
+        }
+        for i in range(n)
+    ]
+
+
+DESCRIPTOR = {
+    "embed": [{"id": "doc", "contributors": ["text"], "chunk": {"max_tokens": 200, "min_tokens": 50}}]
+}
+
+
+async def _embed_ceiling(
+    client: SidecarClient, model: str, texts: Sequence[str], batch: int, callers: int
+) -> float:
+    """chunks/s of ``texts`` sent to ``/embed`` in ``batch``-sized requests by ``callers`` at once."""
+    batches = [list(texts[i : i + batch]) for i in range(0, len(texts), batch)]
+    cursor = iter(batches)
+
+    async def caller() -> None:
+        for texts_ in cursor:
+            await client.embed(model, texts_, truncate=True)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(caller() for _ in range(callers)))
+    return len(texts) / (time.perf_counter() - started)
+
+
+async def _store_ceiling(
+    pool: asyncpg.Pool, target: ModelPartition, records: Sequence[Sequence[store.EmbeddingRow]], writers: int
+) -> float:
+    """rows/s of the drain's writer (one transaction per record, HNSW maintained) with ``writers``
+    connections, into the empty partition ``target``."""
+    cursor = iter(records)
+
+    async def writer() -> None:
+        for rows in cursor:
+            async with pool.acquire() as conn, conn.transaction():
+                await store.upsert_rows(conn, target, rows)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(writer() for _ in range(writers)))
+    seconds = time.perf_counter() - started
+    return sum(len(r) for r in records) / seconds
+
+
+async def _one_run(
+    database_url: str,
+    sidecar_url: str,
+    model: str,
+    records: list[dict[str, Any]],
+    workers: int,
+    settings: IngestSettings,
+) -> dict[str, Any]:
+    pool = await create_pool(database_url, max_size=2 * workers + 2)
+    try:
+        await SectionStore(pool).put(SECTION, DESCRIPTOR)
+        async with RecordingClient(sidecar_url, timeout=300) as client:
+            served = await resolve_model(client, "text", model)
+            partition = await ensure_partition(pool, served.id, served.dimension or 0)
+            await client.embed(served.id, ["warm-up"] * settings.embed_batch, truncate=True)
+            for start in range(0, len(records), settings.max_records_per_request):
+                await enqueue_records(pool, records[start : start + settings.max_records_per_request])
+
+            client.recording = True
+            drain_workers = [DrainWorker(pool, settings, index=i) for i in range(workers)]
+            for w in drain_workers:
+                await w.__aenter__()
+            try:
+                started = time.perf_counter()
+                report = await drain_parallel(pool, client, settings, drain_workers, text_model=served.id)
+                drain_s = time.perf_counter() - started
+            finally:
+                for w in drain_workers:
+                    await w.__aexit__(None, None, None)
+            client.recording = False
+            if report.indexed != len(records) or report.failed or report.unavailable:
+                errors = await pool.fetch(
+                    "SELECT last_error, count(*) AS n FROM rag_index_queue WHERE last_error IS NOT NULL "
+                    "GROUP BY last_error ORDER BY n DESC LIMIT 3"
+                )
+                raise RuntimeError(
+                    f"the drain with {workers} workers did not index every record: {report.as_dict()}; "
+                    f"errors: {[(r['last_error'], r['n']) for r in errors]}"
+                )
+            texts = list(client.embedded)
+            embed = await _embed_ceiling(client, served.id, texts, settings.embed_batch, workers)
+
+        by_record = list((await store.read_rows(pool, partition, "text", SECTION)).values())
+        target = await ensure_partition(pool, f"scale-store-ceiling-{workers}", served.dimension or 0)
+        written = await _store_ceiling(pool, target, by_record, workers)
+        rows = sum(len(r) for r in by_record)
+        # Each stage's time for this run's work when it runs alone: the drain can be no faster than
+        # the slower of the two, so that one bounds it (the units differ: chunks embedded, rows written).
+        alone = {"embed": report.chunks_embedded / embed, "store": rows / written}
+        bound = max(alone, key=alone.__getitem__)
+        return {
+            "workers": workers,
+            "records": len(records),
+            "chunks": report.chunks_embedded,
+            "rows": rows,
+            "drain_seconds": round(drain_s, 3),
+            "drain_chunks_per_s": report.chunks_embedded / drain_s,
+            "embed_ceiling_chunks_per_s": embed,
+            "store_ceiling_rows_per_s": written,
+            "embed_alone_seconds": round(alone["embed"], 3),
+            "store_alone_seconds": round(alone["store"], 3),
+            "bounding_stage": bound,
+            "efficiency": alone[bound] / drain_s,
+            "phase_seconds": {k: round(v, 3) for k, v in report.seconds.items()},
+        }
+    finally:
+        await pool.close()
+
+
+async def measure_drain_workers(
+    fresh_database: Any,
+    sidecar_url: str,
+    models: Sequence[str],
+    *,
+    records: int,
+    workers: Sequence[int],
+    datasets: Path,
+) -> dict[str, list[dict[str, Any]]]:
+    """Per model, one run per worker count, each on a fresh database (``await fresh_database(name)``
+    returns its URL): the drain and its two stage ceilings."""
+    collection = real_records(records, datasets)
+    settings = IngestSettings()
+    out: dict[str, list[dict[str, Any]]] = {}
+    for model in models:
+        runs = []
+        for n in workers:
+            url = await fresh_database(f"scale_drain_{len(out)}_{n}")
+            runs.append(await _one_run(url, sidecar_url, model, collection, n, settings))
+            print(f"scale drain: {model} workers={n}: {json.dumps(runs[-1])}", flush=True)
+        out[model] = runs
+    return out
