@@ -37,7 +37,12 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
 
 
 async def create_pool(
-    database_url: str, *, max_size: int = 10, min_size: int = 1, reset_session: bool = True
+    database_url: str,
+    *,
+    max_size: int = 10,
+    min_size: int = 1,
+    reset_session: bool = True,
+    vector_type: str | None = None,
 ) -> asyncpg.Pool:
     """A pool whose every connection decodes ``vector``/``halfvec``/``sparsevec`` values.
 
@@ -49,6 +54,10 @@ async def create_pool(
     leave no session state behind: settings only as ``SET LOCAL`` inside a transaction, no
     advisory locks, ``LISTEN``, cursors outside transactions or temporary objects (the gateway's
     retrieval reads). An open transaction is still rolled back on release.
+
+    ``vector_type`` (``RAG_VECTOR_TYPE``) is the session's ``mnemo.vector_type``: the HNSW element
+    type of a partition this pool's writers provision (see migration 0017); None leaves the
+    database's own setting (default ``auto``).
     """
     pool = await asyncpg.create_pool(
         database_url,
@@ -56,6 +65,7 @@ async def create_pool(
         max_size=max_size,
         init=init_connection,
         reset=None if reset_session else _keep_session,
+        server_settings=None if vector_type is None else {"mnemo.vector_type": vector_type},
     )
     assert pool is not None
     return pool
@@ -91,7 +101,7 @@ async def open_database(
         # Migrate before the pool: the pool's codecs need the `vector` type the first
         # migration creates (a fresh production database has none).
         applied = await migrate(url) if run_migrations else []
-        pool = await create_pool(url, max_size=settings.pool_size)
+        pool = await create_pool(url, max_size=settings.pool_size, vector_type=settings.vector_type)
         try:
             yield Database(url=url, pool=pool, embedded=embedded, applied=applied)
         finally:

@@ -102,6 +102,9 @@ def describe_settings(cls: type) -> list[tuple[str, str, str]]:
     return rows
 
 
+VECTOR_TYPES = ("auto", "vector", "halfvec")  # see schema/migrations/0017_vector_type.sql
+
+
 @dataclasses.dataclass(frozen=True)
 class DatabaseSettings:
     """Where the vector store lives."""
@@ -143,9 +146,21 @@ class DatabaseSettings:
         "Seconds between checks of the replica's lag and reachability (a lost connection is noticed at once).",
     )
 
+    vector_type: str = setting(
+        "RAG_VECTOR_TYPE",
+        "auto",
+        "Element type of a new model partition's HNSW index: `auto` (`vector` up to 2000 dimensions, "
+        "`halfvec` above), `vector`, or `halfvec` (an index about half the size, for a small recall cost). "
+        "Applies when a model's partition is created; an existing partition keeps its type.",
+    )
+
     def validate(self) -> None:
         if self.pool_size < 1:
             raise SettingsError("RAG_DB_POOL_SIZE must be at least 1")
+        if self.vector_type not in VECTOR_TYPES:
+            raise SettingsError(
+                f"RAG_VECTOR_TYPE must be one of {', '.join(VECTOR_TYPES)}, not {self.vector_type!r}"
+            )
         if not self.read_max_lag >= 0 or not 0 < self.read_check_interval <= 3600:
             raise SettingsError("RAG_READ_MAX_LAG must be >= 0 and RAG_READ_CHECK_INTERVAL in (0, 3600]")
 

@@ -166,3 +166,48 @@ async def test_pool_connections_decode_vectors(database_url: str) -> None:
                 assert value.to_list() == [1.0, 2.0, 3.0]
     finally:
         await pool.close()
+
+
+async def test_vector_type_setting_picks_a_new_partitions_index_type(empty_database_url: str) -> None:
+    """RAG_VECTOR_TYPE through the production path (open_database on an empty database): a new
+    partition gets a halfvec HNSW index that dense queries use; an existing one keeps its type."""
+    from index.partitions import ensure_partition
+    from schema import DatabaseSettings, open_database
+
+    async with open_database(DatabaseSettings(database_url=empty_database_url)) as auto:
+        kept = await ensure_partition(auto.pool, "kept-384", 384)
+    assert kept.vector_type == "vector"
+
+    settings = DatabaseSettings(database_url=empty_database_url, vector_type="halfvec")
+    async with open_database(settings) as db:
+        half = await ensure_partition(db.pool, "half-384", 384)
+        assert (half.vector_type, half.cast) == ("halfvec", "halfvec(384)")
+        assert (await ensure_partition(db.pool, "kept-384", 384)).vector_type == "vector"
+        async with db.pool.acquire() as conn:
+            for i in range(20):
+                await _insert(conn, "half-384", i, _unit(384, i))
+            query = _unit(384, 7)
+            async with conn.transaction():
+                await conn.execute("SET LOCAL enable_seqscan = off")
+                sql = f"SELECT section_id FROM {half.table} ORDER BY embedding::{half.cast} <=> $1::{half.cast} LIMIT 3"
+                assert (await conn.fetch(sql, query))[0]["section_id"] == 7
+                plan = "\n".join(
+                    r[0]
+                    for r in await conn.fetch("EXPLAIN " + sql.replace("$1", f"'{Vector(query).to_text()}'"))
+                )
+            assert f"{half.partition}_hnsw" in plan, plan
+
+
+async def test_vector_type_refuses_what_pgvector_cannot_index(empty_database_url: str) -> None:
+    from schema import DatabaseSettings, SettingsError, open_database
+
+    with pytest.raises(SettingsError, match="RAG_VECTOR_TYPE must be one of auto, vector, halfvec"):
+        DatabaseSettings(vector_type="float8").validate()
+    async with open_database(DatabaseSettings(database_url=empty_database_url, vector_type="vector")) as db:
+        with pytest.raises(asyncpg.RaiseError, match="at most 2000; use halfvec or auto"):
+            await db.pool.fetchval("SELECT rag_provision_model('wide-2048', 2048)")
+        async with db.pool.acquire() as conn:  # a value set by hand on the database is checked too
+            await conn.execute("SET mnemo.vector_type = 'float8'")
+            with pytest.raises(asyncpg.RaiseError, match="is float8, not one of auto, vector, halfvec"):
+                await conn.fetchval("SELECT rag_provision_model('m8', 8)")
+            await conn.execute("RESET mnemo.vector_type")
