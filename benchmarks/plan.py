@@ -121,6 +121,9 @@ class ScalePlan:
     store_bases: int = 1_000
     store_row_writers: int = 2
     store_build_workers: int = 2
+    # halfvec against vector (RAG_VECTOR_TYPE): the same rows into both, recall@10 vs exact
+    halfvec_rows: int = 10_000
+    halfvec_queries: int = 50
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,7 +163,14 @@ FULL = BenchPlan(
     reliability=ReliabilityPlan(
         cases_per_route=320, seconds=1200.0, fault_records=200, overload_seconds=30.0, mixed_seconds=30.0
     ),
-    scale=ScalePlan(drain_records=1_200, store_rows=1_000_000, store_row_rows=100_000, store_bases=10_000),
+    scale=ScalePlan(
+        drain_records=1_200,
+        store_rows=1_000_000,
+        store_row_rows=100_000,
+        store_bases=10_000,
+        halfvec_rows=100_000,
+        halfvec_queries=200,
+    ),
 )
 
 

@@ -175,9 +175,13 @@ async def _row_path(pool: asyncpg.Pool, corpus: StoreCorpus, rows: int, writers:
 
 
 async def _bulk_path(
-    pool: asyncpg.Pool, corpus: StoreCorpus, rows: int, build_workers: int
+    pool: asyncpg.Pool,
+    corpus: StoreCorpus,
+    rows: int,
+    build_workers: int,
+    model: str = "scale-store-bulk-path",
 ) -> dict[str, Any]:
-    partition = await ensure_partition(pool, "scale-store-bulk-path", corpus.dimension)
+    partition = await ensure_partition(pool, model, corpus.dimension)
     phases: dict[str, float] = {}
     async with pool.acquire() as conn:
         watermark = await current_watermark(conn, partition)
@@ -208,6 +212,7 @@ async def _bulk_path(
         "phase_seconds": {k: round(v, 3) for k, v in phases.items()},
         "generate_seconds_excluded": round(generating, 3),
         "bound": max(phases, key=phases.__getitem__),
+        "vector_type": partition.vector_type,
         "maintenance_work_mem_mb": memory_mb,
         "hnsw_estimate_bytes": built["hnsw_bytes_estimate"],
         **await _sizes(pool, partition),
@@ -243,6 +248,66 @@ async def measure_store_paths(
         "speedup": bulk["rows_per_s"] / row["rows_per_s"],
         "row_rate_from_fewer_rows": row_rows < rows,
     }
+
+
+# -- halfvec against vector ------------------------------------------------------------------------
+
+
+async def _recall_at_10(
+    pool: asyncpg.Pool, partition: ModelPartition, queries: np.ndarray, ef_search: int
+) -> float:
+    """Mean recall@10 of the HNSW index against an exact scan of the same partition (tie-aware:
+    a hit counts when its exact distance reaches the 10th exact distance)."""
+    cast = partition.cast
+    sql = f"SELECT section_id, chunk_index, embedding::vector <=> $1::vector AS d FROM {partition.table} ORDER BY embedding::{cast} <=> $1::{cast} LIMIT 10"
+    exact_sql = f"SELECT section_id, chunk_index, embedding::vector <=> $1::vector AS d FROM {partition.table} ORDER BY 3 LIMIT 10"
+    total = 0.0
+    async with pool.acquire() as conn:
+        for q in queries:
+            async with conn.transaction():
+                await conn.execute(f"SET LOCAL hnsw.ef_search = {int(ef_search)}")
+                await conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
+                got = await conn.fetch(sql, q)
+            async with conn.transaction():
+                await conn.execute("SET LOCAL enable_indexscan = off")
+                exact = await conn.fetch(exact_sql, q)
+            floor = exact[-1]["d"] + 1e-6
+            truth = {(r["section_id"], r["chunk_index"]) for r in exact}
+            total += sum(
+                1 for r in got if (r["section_id"], r["chunk_index"]) in truth or r["d"] <= floor
+            ) / len(exact)
+    return total / len(queries)
+
+
+async def measure_halfvec(
+    database_url: str,
+    corpus: StoreCorpus,
+    *,
+    rows: int,
+    queries: int,
+    build_workers: int,
+    ef_search: int = 100,
+) -> dict[str, Any]:
+    """The same rows through the bulk path into a ``vector`` and a ``halfvec`` partition
+    (``RAG_VECTOR_TYPE``): HNSW size, build seconds and recall@10 against exact search."""
+    rng = np.random.default_rng(7)
+    probe = corpus.vectors[rng.integers(0, len(corpus.vectors), queries)]
+    probe = probe + (NOISE / np.sqrt(corpus.dimension)) * rng.standard_normal(probe.shape).astype(np.float32)
+    probe /= np.linalg.norm(probe, axis=1, keepdims=True)
+    out: dict[str, Any] = {"rows": rows, "queries": queries, "ef_search": ef_search}
+    for vector_type in ("vector", "halfvec"):
+        pool = await create_pool(database_url, max_size=2, vector_type=vector_type)
+        try:
+            built = await _bulk_path(pool, corpus, rows, build_workers, model=f"scale-store-{vector_type}")
+            partition = await ensure_partition(pool, f"scale-store-{vector_type}", corpus.dimension)
+            out[vector_type] = {
+                "hnsw_bytes": built["hnsw_bytes"],
+                "build_seconds": built["phase_seconds"]["build"],
+                "recall_at_10": await _recall_at_10(pool, partition, probe, ef_search),
+            }
+        finally:
+            await pool.close()
+    return out
 
 
 # -- the projection on paper ------------------------------------------------------------------------

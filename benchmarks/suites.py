@@ -278,7 +278,7 @@ async def scale_suite(stack: BenchStack, plan: BenchPlan) -> SuiteResult:
     from inference.client import SidecarClient
 
     from .scale_drain import measure_drain_workers
-    from .scale_store import embed_bases, measure_store_paths, project_reembed
+    from .scale_store import embed_bases, measure_halfvec, measure_store_paths, project_reembed
 
     assert stack.sidecar_url is not None
     datasets, _ = find_datasets(("*",))
@@ -307,7 +307,46 @@ async def scale_suite(stack: BenchStack, plan: BenchPlan) -> SuiteResult:
         build_workers=plan.scale.store_build_workers,
     )
     add_store_result(suite, store, project_reembed(store))
+    half = await measure_halfvec(
+        await stack.fresh_database("bench_scale_halfvec"),
+        corpus,
+        rows=plan.scale.halfvec_rows,
+        queries=plan.scale.halfvec_queries,
+        build_workers=plan.scale.store_build_workers,
+    )
+    add_halfvec_result(suite, half)
     return suite
+
+
+def add_halfvec_result(suite: SuiteResult, half: dict[str, Any]) -> None:
+    """halfvec against vector: the index size as a headline, recall and build time in a table."""
+    vec, hv = half["vector"], half["halfvec"]
+    suite.headlines.append(
+        Headline(
+            f"halfvec HNSW size, {half['rows']:,} rows",
+            hv["hnsw_bytes"] / 2**20,
+            "MiB",
+            "vector HNSW, same rows",
+            vec["hnsw_bytes"] / 2**20,
+            higher_is_better=False,
+        )
+    )
+    suite.tables.append(
+        Table(
+            f"RAG_VECTOR_TYPE: halfvec vs vector ({half['rows']:,} rows, {half['queries']} queries, ef_search {half['ef_search']})",
+            ["index", "HNSW (MiB)", "build (s)", "recall@10 vs exact"],
+            [
+                [
+                    name,
+                    round(r["hnsw_bytes"] / 2**20, 1),
+                    round(r["build_seconds"], 2),
+                    round(r["recall_at_10"], 4),
+                ]
+                for name, r in (("vector", vec), ("halfvec", hv))
+            ],
+        )
+    )
+    suite.figures["halfvec"] = half
 
 
 def add_store_result(suite: SuiteResult, store: dict[str, Any], projection: dict[str, Any]) -> None:
