@@ -112,6 +112,18 @@ class ScalePlan:
     drain_records: int = 120
     drain_workers: tuple[int, ...] = (1, 2, 4)
     drain_models: tuple[str, ...] = ("all-minilm-l6-v2", "tiny-xlmr-random")
+    # The store section: the row path (the drain's writer) against the bulk path (COPY into a
+    # shadow, parallel index build, swap), both with every index. Vectors: ``store_bases`` real
+    # MiniLM embeddings reused with noise. The row path's rate may come from fewer rows (see
+    # benchmarks/scale_store.py: a lower bound on the speedup then).
+    store_rows: int = 10_000
+    store_row_rows: int = 10_000
+    store_bases: int = 1_000
+    store_row_writers: int = 2
+    store_build_workers: int = 2
+    # halfvec against vector (RAG_VECTOR_TYPE): the same rows into both, recall@10 vs exact
+    halfvec_rows: int = 10_000
+    halfvec_queries: int = 50
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,7 +163,14 @@ FULL = BenchPlan(
     reliability=ReliabilityPlan(
         cases_per_route=320, seconds=1200.0, fault_records=200, overload_seconds=30.0, mixed_seconds=30.0
     ),
-    scale=ScalePlan(drain_records=1_200),
+    scale=ScalePlan(
+        drain_records=1_200,
+        store_rows=1_000_000,
+        store_row_rows=100_000,
+        store_bases=10_000,
+        halfvec_rows=100_000,
+        halfvec_queries=200,
+    ),
 )
 
 

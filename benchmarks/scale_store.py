@@ -1,0 +1,369 @@
+"""The scale suite's store section: the row path against the bulk path, both including the index.
+
+The vectors are ``bases`` real MiniLM embeddings of real sentences (the shared corpora), each reused
+with small noise and normalized again, so the HNSW graph is as clustered as real data; each row's text
+is its base sentence (the lexical GIN index sees real terms). Two paths write them:
+
+- **row path**: the drain's writer (:func:`index.store.upsert_rows`, one transaction per record of
+  five chunks, HNSW and every other index maintained per row) from ``row_writers`` connections;
+- **bulk path**: what ``mnemo backfill`` does (:mod:`index.shadow`): binary ``COPY`` into a bare
+  shadow table, then every index the live partition has built with parallel maintenance workers
+  (``maintenance_work_mem`` sized from :func:`index.shadow.hnsw_build_bytes`), then the swap.
+
+Each path reports rows/s with its indexes included, its phases, PostgreSQL's peak memory (the sum
+of the server's processes' resident sets, sampled; shared buffers count once per process that
+touched them, so it overstates) and the index sizes. The row path's rate can be measured on fewer
+rows than the bulk path's (``row_rows``): an HNSW insert gets dearer as the graph grows, so a rate
+taken on a smaller graph flatters the row path, and the ratio is then a lower bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import math
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import numpy as np
+import psutil
+
+from index import store
+from index.change_feed import current_watermark
+from index.partitions import ModelPartition, ensure_partition
+from index.shadow import build_indexes, create_shadow, hnsw_build_bytes, shadow_of, swap
+from inference.client import SidecarClient
+from schema import create_pool
+
+from .gateway import load_sentences
+from .gpu import BGE_M3_SHAPE, peak_tflops
+
+__all__ = ["StoreCorpus", "embed_bases", "measure_store_paths", "project_reembed"]
+
+SECTION = "scale_store"
+CHUNKS_PER_RECORD = 5
+COPY_ROWS = 20_000  # rows per COPY statement (and rows held in memory at once)
+NOISE = 0.2  # the noise vector's norm against the unit base vector
+
+
+@dataclass(frozen=True)
+class StoreCorpus:
+    """Base sentences with their real embeddings; rows are drawn from them deterministically."""
+
+    sentences: list[str]
+    vectors: np.ndarray  # (bases, dimension), unit norm
+
+    @property
+    def dimension(self) -> int:
+        return int(self.vectors.shape[1])
+
+    def rows(self, start: int, stop: int, seed: int = 0) -> list[store.EmbeddingRow]:
+        """Rows ``start`` .. ``stop`` - 1: row i is base ``i % bases`` plus noise seeded by ``i``."""
+        n = stop - start
+        rng = np.random.default_rng([seed, start])
+        base_ids = np.arange(start, stop) % len(self.sentences)
+        noise = rng.standard_normal((n, self.dimension)).astype(np.float32)
+        noise *= NOISE / np.linalg.norm(noise, axis=1, keepdims=True)
+        vectors = self.vectors[base_ids] + noise
+        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+        out = []
+        for offset, (i, b) in enumerate(zip(range(start, stop), base_ids, strict=True)):
+            text = self.sentences[b]
+            out.append(
+                store.EmbeddingRow(
+                    "text",
+                    SECTION,
+                    i // CHUNKS_PER_RECORD + 1,
+                    "rag:doc",
+                    "lg-eng",
+                    i % CHUNKS_PER_RECORD,
+                    hashlib.sha256(f"{i}:{text}".encode()).hexdigest(),
+                    text,
+                    text,
+                    vectors[offset],
+                    projects=(1 + (i // CHUNKS_PER_RECORD) % 3,),
+                )
+            )
+        return out
+
+
+async def embed_bases(client: SidecarClient, model: str, bases: int, datasets: Path) -> StoreCorpus:
+    """``bases`` real sentences of the shared corpora and their embeddings by ``model``."""
+    sentences = load_sentences(bases, datasets)[:bases]
+    vectors = []
+    for start in range(0, len(sentences), 64):
+        result = await client.embed(model, sentences[start : start + 64], truncate=True)
+        vectors.append(result.embeddings)
+    matrix = np.concatenate(vectors).astype(np.float32)
+    matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)
+    return StoreCorpus(sentences, matrix)
+
+
+class _PeakMemory:
+    """The peak of the PostgreSQL server's summed resident memory, sampled every ``interval`` s."""
+
+    def __init__(self, postmaster_pid: int, interval: float = 0.5) -> None:
+        self.root = psutil.Process(postmaster_pid)
+        self.interval = interval
+        self.peak = 0
+
+    def sample(self) -> None:
+        total = 0
+        for proc in [self.root, *self.root.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                total += proc.memory_info().rss
+        self.peak = max(self.peak, total)
+
+    @contextlib.asynccontextmanager
+    async def watching(self) -> AsyncIterator[_PeakMemory]:
+        async def loop() -> None:
+            while True:
+                await asyncio.to_thread(self.sample)
+                await asyncio.sleep(self.interval)
+
+        task = asyncio.create_task(loop())
+        try:
+            yield self
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            self.sample()
+
+
+async def _postmaster_pid(pool: asyncpg.Pool) -> int:
+    """The server's postmaster (first line of ``postmaster.pid``; the server must be on this host)."""
+    data_dir = await pool.fetchval("SHOW data_directory")
+    return int((Path(data_dir) / "postmaster.pid").read_text().split("\n", 1)[0])
+
+
+async def _sizes(pool: asyncpg.Pool, partition: ModelPartition) -> dict[str, int]:
+    row = await pool.fetchrow(
+        "SELECT pg_total_relation_size($1::regclass) AS total, pg_relation_size($1::regclass) AS heap, "
+        "coalesce(pg_relation_size(to_regclass($2)), 0) AS hnsw",
+        partition.table,
+        '"' + partition.partition + '_hnsw"',
+    )
+    return {"total_bytes": row["total"], "heap_bytes": row["heap"], "hnsw_bytes": row["hnsw"]}
+
+
+def _record_batches(corpus: StoreCorpus, rows: int) -> Iterator[list[store.EmbeddingRow]]:
+    for start in range(0, rows, COPY_ROWS):
+        batch = corpus.rows(start, min(rows, start + COPY_ROWS))
+        for first in range(0, len(batch), CHUNKS_PER_RECORD):
+            yield batch[first : first + CHUNKS_PER_RECORD]
+
+
+async def _row_path(pool: asyncpg.Pool, corpus: StoreCorpus, rows: int, writers: int) -> dict[str, Any]:
+    partition = await ensure_partition(pool, "scale-store-row-path", corpus.dimension)
+    records = _record_batches(corpus, rows)
+
+    async def writer() -> None:
+        for record_rows in records:  # one shared iterator: each record is written once
+            async with pool.acquire() as conn, conn.transaction():
+                await store.upsert_rows(conn, partition, record_rows)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(writer() for _ in range(writers)))
+    seconds = time.perf_counter() - started
+    return {"rows": rows, "seconds": seconds, "rows_per_s": rows / seconds, **await _sizes(pool, partition)}
+
+
+async def _bulk_path(
+    pool: asyncpg.Pool,
+    corpus: StoreCorpus,
+    rows: int,
+    build_workers: int,
+    model: str = "scale-store-bulk-path",
+) -> dict[str, Any]:
+    partition = await ensure_partition(pool, model, corpus.dimension)
+    phases: dict[str, float] = {}
+    async with pool.acquire() as conn:
+        watermark = await current_watermark(conn, partition)
+        started = time.perf_counter()
+        await create_shadow(conn, partition)
+        shadow = shadow_of(partition)
+        generating = 0.0
+        for start in range(0, rows, COPY_ROWS):
+            made = time.perf_counter()
+            batch = corpus.rows(start, min(rows, start + COPY_ROWS))
+            generating += time.perf_counter() - made
+            await store.copy_rows(conn, shadow, batch)
+        phases["copy"] = time.perf_counter() - started - generating
+        # Sized from the estimate (plus a tenth), so the build never spills and never over-asks.
+        need = hnsw_build_bytes(rows, partition.dimension, partition.vector_type)
+        memory_mb = max(64, math.ceil(need * 1.1 / 2**20))
+        started = time.perf_counter()
+        built = await build_indexes(conn, partition, workers=build_workers, memory=f"{memory_mb}MB")
+        phases["build"] = time.perf_counter() - started
+        started = time.perf_counter()
+        await swap(conn, partition, "scale-bench", watermark)
+        phases["swap"] = time.perf_counter() - started
+    seconds = sum(phases.values())
+    return {
+        "rows": rows,
+        "seconds": seconds,
+        "rows_per_s": rows / seconds,
+        "phase_seconds": {k: round(v, 3) for k, v in phases.items()},
+        "generate_seconds_excluded": round(generating, 3),
+        "bound": max(phases, key=phases.__getitem__),
+        "vector_type": partition.vector_type,
+        "maintenance_work_mem_mb": memory_mb,
+        "hnsw_estimate_bytes": built["hnsw_bytes_estimate"],
+        **await _sizes(pool, partition),
+    }
+
+
+async def measure_store_paths(
+    database_url: str,
+    corpus: StoreCorpus,
+    *,
+    rows: int,
+    row_rows: int,
+    row_writers: int,
+    build_workers: int,
+) -> dict[str, Any]:
+    """Both paths on one fresh database (empty partitions of their own), with PostgreSQL's peak memory."""
+    pool = await create_pool(database_url, max_size=row_writers + 2)
+    try:
+        pid = await _postmaster_pid(pool)
+        async with _PeakMemory(pid).watching() as memory:
+            row = await _row_path(pool, corpus, row_rows, row_writers)
+        row["postgres_peak_rss_bytes"] = memory.peak
+        async with _PeakMemory(pid).watching() as memory:
+            bulk = await _bulk_path(pool, corpus, rows, build_workers)
+        bulk["postgres_peak_rss_bytes"] = memory.peak
+    finally:
+        await pool.close()
+    return {
+        "dimension": corpus.dimension,
+        "bases": len(corpus.sentences),
+        "row_path": row,
+        "bulk_path": bulk,
+        "speedup": bulk["rows_per_s"] / row["rows_per_s"],
+        "row_rate_from_fewer_rows": row_rows < rows,
+    }
+
+
+# -- halfvec against vector ------------------------------------------------------------------------
+
+
+async def _recall_at_10(
+    pool: asyncpg.Pool, partition: ModelPartition, queries: np.ndarray, ef_search: int
+) -> float:
+    """Mean recall@10 of the HNSW index against an exact scan of the same partition (tie-aware:
+    a hit counts when its exact distance reaches the 10th exact distance)."""
+    cast = partition.cast
+    sql = f"SELECT section_id, chunk_index, embedding::vector <=> $1::vector AS d FROM {partition.table} ORDER BY embedding::{cast} <=> $1::{cast} LIMIT 10"
+    exact_sql = f"SELECT section_id, chunk_index, embedding::vector <=> $1::vector AS d FROM {partition.table} ORDER BY 3 LIMIT 10"
+    total = 0.0
+    async with pool.acquire() as conn:
+        for q in queries:
+            async with conn.transaction():
+                await conn.execute(f"SET LOCAL hnsw.ef_search = {int(ef_search)}")
+                await conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
+                got = await conn.fetch(sql, q)
+            async with conn.transaction():
+                await conn.execute("SET LOCAL enable_indexscan = off")
+                exact = await conn.fetch(exact_sql, q)
+            floor = exact[-1]["d"] + 1e-6
+            truth = {(r["section_id"], r["chunk_index"]) for r in exact}
+            total += sum(
+                1 for r in got if (r["section_id"], r["chunk_index"]) in truth or r["d"] <= floor
+            ) / len(exact)
+    return total / len(queries)
+
+
+async def measure_halfvec(
+    database_url: str,
+    corpus: StoreCorpus,
+    *,
+    rows: int,
+    queries: int,
+    build_workers: int,
+    ef_search: int = 100,
+) -> dict[str, Any]:
+    """The same rows through the bulk path into a ``vector`` and a ``halfvec`` partition
+    (``RAG_VECTOR_TYPE``): HNSW size, build seconds and recall@10 against exact search."""
+    rng = np.random.default_rng(7)
+    probe = corpus.vectors[rng.integers(0, len(corpus.vectors), queries)]
+    probe = probe + (NOISE / np.sqrt(corpus.dimension)) * rng.standard_normal(probe.shape).astype(np.float32)
+    probe /= np.linalg.norm(probe, axis=1, keepdims=True)
+    out: dict[str, Any] = {"rows": rows, "queries": queries, "ef_search": ef_search}
+    for vector_type in ("vector", "halfvec"):
+        pool = await create_pool(database_url, max_size=2, vector_type=vector_type)
+        try:
+            built = await _bulk_path(pool, corpus, rows, build_workers, model=f"scale-store-{vector_type}")
+            partition = await ensure_partition(pool, f"scale-store-{vector_type}", corpus.dimension)
+            out[vector_type] = {
+                "hnsw_bytes": built["hnsw_bytes"],
+                "build_seconds": built["phase_seconds"]["build"],
+                "recall_at_10": await _recall_at_10(pool, partition, probe, ef_search),
+            }
+        finally:
+            await pool.close()
+    return out
+
+
+# -- the projection on paper ------------------------------------------------------------------------
+
+
+def _flops_per_token(shape: dict[str, int], tokens: int) -> float:
+    """Forward FLOPs per token of a BERT-shaped encoder: the layers' matmuls plus attention."""
+    h, i, layers = shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"]
+    return layers * (2 * (4 * h * h + 2 * h * i) + 4 * tokens * h)
+
+
+def project_reembed(
+    measured: dict[str, Any],
+    *,
+    chunks: int = 5_000_000,
+    dimension: int = 1024,
+    tokens_per_chunk: int = 256,
+    gpu: str = "H200",
+    mfu: float = 0.4,
+    cores_measured: int = 2,
+    cores_target: int = 16,
+) -> dict[str, Any]:
+    """Wall time to re-embed ``chunks`` chunks of ``dimension`` (bge-m3) on one ``gpu``, on paper.
+
+    - **Embed**: bge-m3's forward FLOPs per token (:data:`benchmarks.gpu.BGE_M3_SHAPE`) at ``mfu``
+      of the GPU's peak bf16 (:func:`benchmarks.gpu.peak_tflops`). No GPU run is on record yet:
+      ``mfu`` is an assumption, which the gpu suite replaces with a measurement when a device is lent.
+    - **COPY**: the measured bulk rows/s, scaled by row bytes (vector 4 bytes a dimension).
+    - **HNSW build**: the measured build time, scaled by ``n log n`` in rows, by dimension (the
+      distance computations), and by cores (parallel maintenance workers; linear scaling is optimistic).
+    The stages overlap in a backfill (COPY while embedding; the build after), so the wall time is
+    ``max(embed, copy) + build``, and the larger term names the bound.
+    """
+    bulk = measured["bulk_path"]
+    n0, d0 = bulk["rows"], measured["dimension"]
+    peak = peak_tflops(gpu, "bfloat16")
+    if peak is None:
+        raise ValueError(f"no peak TFLOPS known for {gpu!r}")
+    tokens_per_s = peak * 1e12 * mfu / _flops_per_token(BGE_M3_SHAPE, tokens_per_chunk)
+    embed_s = chunks * tokens_per_chunk / tokens_per_s
+    row_bytes0, row_bytes = d0 * 4 + 600, dimension * 4 + 600  # vector plus the row's text and keys
+    copy_s = bulk["phase_seconds"]["copy"] * (chunks / n0) * (row_bytes / row_bytes0)
+    growth = (chunks * math.log(chunks)) / (n0 * math.log(n0))
+    build_s = bulk["phase_seconds"]["build"] * growth * (dimension / d0) * (cores_measured / cores_target)
+    stages = {"embed": embed_s, "copy": copy_s, "build": build_s}
+    wall = max(embed_s, copy_s) + build_s
+    return {
+        "chunks": chunks,
+        "dimension": dimension,
+        "gpu": gpu,
+        "assumed_mfu": mfu,
+        "embed_tokens_per_s": tokens_per_s,
+        "stage_seconds": {k: round(v) for k, v in stages.items()},
+        "wall_seconds": round(wall),
+        "bound": "build"
+        if build_s > max(embed_s, copy_s)
+        else max(("embed", embed_s), ("copy", copy_s), key=lambda kv: kv[1])[0],
+        "hnsw_memory_bytes": hnsw_build_bytes(chunks, dimension, "vector"),
+    }
