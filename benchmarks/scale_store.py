@@ -4,8 +4,9 @@ The vectors are ``bases`` real MiniLM embeddings of real sentences (the shared c
 with small noise and normalized again, so the HNSW graph is as clustered as real data; each row's text
 is its base sentence (the lexical GIN index sees real terms). Two paths write them:
 
-- **row path**: the drain's writer (:func:`index.store.upsert_rows`, one transaction per record of
-  five chunks, HNSW and every other index maintained per row) from ``row_writers`` connections;
+- **row path**: the drain's writes (:func:`index.store.upsert_rows` then the stale-tail
+  :func:`index.store.prune_rows`, one transaction per record of five chunks, HNSW and every other
+  index maintained per row) from ``row_writers`` connections;
 - **bulk path**: what ``mnemo backfill`` does (:mod:`index.shadow`): binary ``COPY`` into a bare
   shadow table, then every index the live partition has built with parallel maintenance workers
   (``maintenance_work_mem`` sized from :func:`index.shadow.hnsw_build_bytes`), then the swap.
@@ -167,6 +168,9 @@ async def _row_path(pool: asyncpg.Pool, corpus: StoreCorpus, rows: int, writers:
         for record_rows in records:  # one shared iterator: each record is written once
             async with pool.acquire() as conn, conn.transaction():
                 await store.upsert_rows(conn, partition, record_rows)
+                await store.prune_rows(
+                    conn, partition, record_rows[0].record, "text", [r.slot for r in record_rows]
+                )
 
     started = time.perf_counter()
     await asyncio.gather(*(writer() for _ in range(writers)))
