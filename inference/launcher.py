@@ -98,7 +98,7 @@ def running_sidecar(
             "request_timeout_s": request_timeout_s,
             "keep_alive_timeout_s": keep_alive_timeout_s,
         }
-        node = ray.util.get_node_ip_address()
+        node = ray.get_runtime_context().get_node_id()  # the node this driver attached to
         app = build_app(config, api_key=api_key, listen=listen, ingress_node=node)
         serve.run(app, name=app_name, route_prefix=None)
         url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
