@@ -40,6 +40,8 @@ import yaml
 from inference.config import SidecarConfig
 from inference.net import free_port, log_tail, wait_ready
 
+from .settings import child_environment
+
 __all__ = ["LocalRayCluster", "cluster_sidecar", "wait_for_placement"]
 
 _RAY = str(Path(sys.executable).with_name("ray"))
@@ -111,15 +113,14 @@ class LocalRayCluster:
         self._probe: _Probe | None = None
         token = secrets.token_hex(32)
         # Every process of this cluster, drivers included, authenticates with this token.
-        self.env = {
-            **os.environ,
-            "RAY_AUTH_MODE": "token",
-            "RAY_AUTH_TOKEN": token,
-            "RAY_USAGE_STATS_ENABLED": "0",
-            "HF_HUB_OFFLINE": "1",
-            "TOKENIZERS_PARALLELISM": "false",
-        }
-        self.env.pop("RAY_ADDRESS", None)
+        self.env = child_environment(
+            RAY_AUTH_MODE="token",
+            RAY_AUTH_TOKEN=token,
+            RAY_USAGE_STATS_ENABLED="0",
+            HF_HUB_OFFLINE="1",
+            TOKENIZERS_PARALLELISM="false",
+        )
+        self.env.pop("RAY_ADDRESS", None)  # the cluster's processes find it by flag, never another one
 
     @property
     def address(self) -> str:
