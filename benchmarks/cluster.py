@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import faulthandler
 import json
+import logging
 import os
 import random
 import secrets
@@ -42,8 +44,9 @@ from inference.net import free_port, log_tail, wait_ready
 
 from .settings import child_environment
 
-__all__ = ["LocalRayCluster", "cluster_sidecar", "wait_for_placement"]
+__all__ = ["LocalRayCluster", "ProbeStalled", "cluster_sidecar", "wait_for_placement"]
 
+log = logging.getLogger(__name__)
 _RAY = str(Path(sys.executable).with_name("ray"))
 # Ports of one node beyond the head's GCS port: each is distinct per node on a shared IP.
 _NODE_PORTS = (
@@ -58,7 +61,8 @@ _WORKER_PORTS = 64  # worker processes per node (replicas, the ingress, Serve's 
 
 
 def _free_port_range(count: int) -> int:
-    """The first of ``count`` consecutive loopback ports nothing listens on right now."""
+    """The first of ``count`` consecutive TCP ports nothing is bound to right now (Ray binds its
+    workers on every address)."""
     for _ in range(200):
         start = random.randrange(20_000, 40_000 - count)
         socks: list[socket.socket] = []
@@ -83,6 +87,14 @@ def _kill_group(process: subprocess.Popen) -> None:
         os.killpg(process.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(60)
+    # The others are reaped by init, not by us: wait until none is left (bounded), so that a killed
+    # node is really gone and nothing writes into its directory once it is removed.
+    for _ in range(300):
+        try:
+            os.killpg(process.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
 
 
 @dataclasses.dataclass
@@ -202,7 +214,11 @@ class LocalRayCluster:
         (a live replica is one that answers a call), read by this cluster's probe driver."""
         if self._probe is None:
             self._probe = _Probe(self)
-        return self._probe.ask(app, deployment)
+        try:
+            return self._probe.ask(app, deployment)
+        except ProbeStalled:
+            self._probe = None  # killed: the next question starts a fresh driver
+            raise
 
     def kill_node(self, name: str) -> None:
         """SIGKILL the node's whole process group (``ray start``, raylet, agents, workers)."""
@@ -266,8 +282,15 @@ def _probe_main(address: str) -> None:
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         question = json.loads(line)
+        # A stalled answer leaves its stack in the probe's log before the parent gives up on it.
+        faulthandler.dump_traceback_later(50)
         print(json.dumps(_placement(question["app"], question["deployment"])), flush=True)
+        faulthandler.cancel_dump_traceback_later()
     ray.shutdown()
+
+
+class ProbeStalled(RuntimeError):
+    """The placement probe gave no answer in time (killed; a later question starts a new one)."""
 
 
 class _Probe:
@@ -296,7 +319,7 @@ class _Probe:
             line = self.process.stdout.readline() if ready else ""
             if not line:
                 self.close()
-                raise RuntimeError(
+                raise ProbeStalled(
                     f"the placement probe gave no answer in {timeout_s:g} s:\n{log_tail(self.log)}"
                 )
             if line.startswith("{"):  # anything else is Ray talking on the driver's stdout
@@ -306,7 +329,9 @@ class _Probe:
         assert self.process.stdin is not None
         self.process.stdin.write(json.dumps({"app": app, "deployment": deployment}) + "\n")
         self.process.stdin.flush()
-        return self._read(120)
+        # A question touches the GCS and every replica; under a dying node or a starved machine a
+        # driver has been seen to stall, so one that does is replaced rather than waited on.
+        return self._read(60)
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -326,7 +351,12 @@ def wait_for_placement(
     deadline = time.monotonic() + timeout_s
     seen: dict[str, Any] = {}
     while time.monotonic() < deadline:
-        seen = cluster.placement(app, deployment)
+        try:
+            seen = cluster.placement(app, deployment)
+        except ProbeStalled as exc:
+            log.warning("%s; asking a new probe", exc)
+            seen = {"probe": str(exc)[:300]}
+            continue
         if condition(seen):
             return seen
         time.sleep(0.5)

@@ -34,6 +34,7 @@ from inference.serve_app import deployment_name
 
 from .autoscaling import FAST_SCALING, replicas_follow_the_load
 from .cluster import LocalRayCluster, cluster_sidecar, wait_for_placement
+from .measure import percentile
 
 __all__ = ["cluster_faults", "node_lost_under_load", "node_rejoined", "server_errors_answered"]
 
@@ -93,6 +94,7 @@ async def node_lost_under_load(
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     done: list[float] = []  # loop time of each successful request
+    took: list[tuple[float, float]] = []  # (sent, seconds to its answer, retries included)
     failures: list[str] = []
     hung = 0
     async with SidecarClient(url, max_retries=max_retries, timeout=safety_timeout_s) as client:
@@ -101,9 +103,11 @@ async def node_lost_under_load(
         async def caller(i: int) -> None:
             nonlocal hung
             while not stop.is_set():
+                sent = loop.time()
                 try:
                     await asyncio.wait_for(client.embed(model, [_TEXTS[i % 2]]), safety_timeout_s)
                     done.append(loop.time())
+                    took.append((sent, loop.time() - sent))
                 except TimeoutError:
                     hung += 1
                     return  # a hung caller stays counted once
@@ -137,9 +141,13 @@ async def node_lost_under_load(
     # outage second; a shared machine's noise stays above half), 0 when no second did.
     outage = [i for i, n in enumerate(after) if n < 0.5 * surviving]
     back_s = outage[-1] + 1 if outage else 0
+    after_kill = [seconds for sent, seconds in took if sent + seconds >= killed_at]
     return {
         "callers": callers,
         "requests": len(done) + len(failures),
+        # requests answered after the kill (in flight at it, or sent later), retries included
+        "p99_after_kill_s": round(percentile(after_kill, 99), 2) if after_kill else None,
+        "slowest_request_s": round(max(seconds for _, seconds in took), 2) if took else None,
         "failed_after_retries": len(failures),
         "failures": failures[:5],
         "hung_callers": hung,

@@ -332,7 +332,8 @@ def _cluster_figures(f: dict[str, Any] | None) -> list[list[Any]]:
         [f"worker node killed (SIGKILL of its raylet and workers) under {lost['callers']} SidecarClient "
          f"callers: failed after retries (of {lost['requests']}) / hung callers",
          f"{lost['failed_after_retries']} / {lost['hung_callers']}", "0 / 0"],
-        ["node killed: 5xx the sidecar answered (retried by the client)", lost["server_errors_answered"], ""],
+        ["node killed: 5xx the sidecar answered (retried by the client) / p99 s after the kill / slowest s",
+         f"{lost['server_errors_answered']} / {lost['p99_after_kill_s']} / {lost['slowest_request_s']}", ""],
         ["node killed: req/s with both nodes / surviving node alone (same run)",
          f"{lost['rps_before_kill']} / {lost['rps_surviving_node']}", ""],
         ["node killed: seconds until no second serves under half the surviving node's rate (seconds "

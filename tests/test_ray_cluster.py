@@ -27,7 +27,7 @@ from inference.tiny import build_tiny_model
 
 # The module's fixtures start a cluster and a sidecar on it (a minute or more on a shared machine):
 # the safety timeout of each test, with the first one's setup in it, is wider than the default.
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(900)]
 
 MODEL = "cluster-tiny-xlmr-random"
 DEPLOYMENT = deployment_name(MODEL)
@@ -97,6 +97,7 @@ def test_the_worker_node_lost_under_16_callers_then_rejoining(
             app=APP_NAME,
             deployment=DEPLOYMENT,
             callers=16,
+            warm_s=1.0,
             capacity_window_s=1.0,
         )
     )
