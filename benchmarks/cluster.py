@@ -23,15 +23,16 @@ import faulthandler
 import json
 import logging
 import os
+import queue
 import random
 import secrets
-import select
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -294,7 +295,11 @@ class ProbeStalled(RuntimeError):
 
 
 class _Probe:
-    """A driver subprocess of the cluster (the caller may be another cluster's driver already)."""
+    """A driver subprocess of the cluster (the caller may be another cluster's driver already).
+
+    Its stdout is read by a thread into a queue: lines arrive in bursts (Ray may print on a driver's
+    stdout too), and a ``select`` on the pipe would miss a line already in the reader's buffer.
+    """
 
     def __init__(self, cluster: LocalRayCluster) -> None:
         self.log = cluster.root / "probe.log"
@@ -308,20 +313,25 @@ class _Probe:
                 text=True,
                 start_new_session=True,
             )
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
         self._read(120)
 
-    def _read(self, timeout_s: float) -> dict[str, Any]:
+    def _pump(self) -> None:
         assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.put(line)
+
+    def _read(self, timeout_s: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout_s
         while True:
-            wait = max(0.0, deadline - time.monotonic())
-            ready, _, _ = select.select([self.process.stdout], [], [], wait)
-            line = self.process.stdout.readline() if ready else ""
-            if not line:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
                 self.close()
                 raise ProbeStalled(
                     f"the placement probe gave no answer in {timeout_s:g} s:\n{log_tail(self.log)}"
-                )
+                ) from None
             if line.startswith("{"):  # anything else is Ray talking on the driver's stdout
                 return json.loads(line)
 
@@ -330,7 +340,7 @@ class _Probe:
         self.process.stdin.write(json.dumps({"app": app, "deployment": deployment}) + "\n")
         self.process.stdin.flush()
         # A question touches the GCS and every replica; under a dying node or a starved machine a
-        # driver has been seen to stall, so one that does is replaced rather than waited on.
+        # driver could stall, so one that does is replaced rather than waited on.
         return self._read(60)
 
     def close(self) -> None:
