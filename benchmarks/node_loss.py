@@ -7,8 +7,8 @@ group: raylet, agents, workers) while they run. Counted: requests failed after t
 callers that never got an answer within a safety timeout (hung), 5xx answers the sidecar gave (its
 ``/metrics``), and completions per second around the kill, from which the seconds until throughput
 is back to the surviving node's capacity (measured in the same run, once Ray has declared the node
-dead and only the survivor's replicas serve): the end of the last second after the kill that served
-under half that capacity.
+dead and only the survivor's replicas serve): the first second after the kill from which three
+seconds average 80 % of that capacity.
 
 :func:`node_rejoined`: the killed node started again; seconds until it is alive and until a replica
 of the model runs on it again.
@@ -137,10 +137,14 @@ async def node_lost_under_load(
     before = _per_second(done, started, killed_at)
     after = _per_second(done, killed_at, ended)
     surviving = sum(1 for t in done if dead_at <= t < ended) / max(ended - dead_at, 1e-9)
-    # Back to the survivor's capacity: after the last whole second that served under half of it (an
-    # outage second; a shared machine's noise stays above half), 0 when no second did.
+    # Back to the survivor's capacity: the first second after the kill that opens three whose mean
+    # reaches 80 % of it (three: one second on a shared machine is noise). Outage seconds: those
+    # that served under half of it, anywhere after the kill (noise included).
+    back_s = next(
+        (i for i in range(max(0, len(after) - 2)) if sum(after[i : i + 3]) / 3 >= 0.8 * surviving),
+        None,
+    )
     outage = [i for i, n in enumerate(after) if n < 0.5 * surviving]
-    back_s = outage[-1] + 1 if outage else 0
     after_kill = [seconds for sent, seconds in took if sent + seconds >= killed_at]
     return {
         "callers": callers,
@@ -158,7 +162,7 @@ async def node_lost_under_load(
         "rps_per_second_after_kill": after,
         # from the kill until Ray lists the node dead and no replica of the model remains on it
         "node_declared_dead_s": round(dead_at - killed_at, 2),
-        # from the kill until no whole second serves under half the surviving node's capacity
+        # from the kill until throughput is back at the surviving node's capacity (None: never)
         "seconds_to_surviving_throughput": back_s,
         "outage_seconds": len(outage),
     }
