@@ -202,7 +202,13 @@ async def cluster_faults(spec: ModelSpec, *, callers: int = 16) -> dict[str, Any
             out["node_lost"] = await node_lost_under_load(
                 cluster, url, spec.id, app=app, deployment=deployment, callers=callers
             )
-            out["rejoined"] = await asyncio.to_thread(node_rejoined, cluster, app=app, deployment=deployment)
+            try:
+                out["rejoined"] = await asyncio.to_thread(
+                    node_rejoined, cluster, app=app, deployment=deployment
+                )
+            except (RuntimeError, TimeoutError) as exc:  # the node-loss figures above still stand
+                out["rejoined"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+                return out  # autoscaling needs the second node
         with cluster_sidecar(cluster, SidecarConfig(models=(scaling,))) as url:
             out["autoscaling"] = await replicas_follow_the_load(
                 cluster, url, spec.id, app=app, deployment=deployment, callers=callers

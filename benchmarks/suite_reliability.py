@@ -325,8 +325,8 @@ def _cluster_figures(f: dict[str, Any] | None) -> list[list[Any]]:
     """Rows for the two-node cluster: the worker node killed under load, its rejoining, autoscaling."""
     if not f or "error" in f:
         return []
-    lost, back, scaling = f["node_lost"], f["rejoined"], f["autoscaling"]
-    return [
+    lost, back, scaling = f["node_lost"], f["rejoined"], f.get("autoscaling")
+    rows = [
         [f"two-node Ray cluster, {f['model']} with 2 replicas (max 1 per node): replicas placed on",
          ", ".join(f["placed_on"]), "node_a, node_b"],
         [f"worker node killed (SIGKILL of its raylet and workers) under {lost['callers']} SidecarClient "
@@ -339,15 +339,21 @@ def _cluster_figures(f: dict[str, Any] | None) -> list[list[Any]]:
         ["node killed: seconds until 3 s average 80 % of the surviving node's rate / seconds under half "
          "of it after the kill / seconds until Ray lists the node dead", f"{lost['seconds_to_surviving_throughput']}"
          f" / {lost['outage_seconds']} / {lost['node_declared_dead_s']}", "<= 10 / - / -"],
-        ["node rejoined: seconds until it runs / until a replica serves on it again",
-         f"{back['node_started_s']} / {back['replica_back_s']}", "bounded"],
-        [f"autoscaling (target {scaling['autoscaling']['target_ongoing_requests']} ongoing, up after "
-         f"{scaling['autoscaling']['upscale_delay_s']} s, down after {scaling['autoscaling']['downscale_delay_s']} s): "
-         f"seconds from {scaling['callers']} callers to 2 replicas / from idle back to 1",
-         f"{scaling['scale_up_s']} / {scaling['scale_down_s']}", "1 -> 2 -> 1"],
-        ["autoscaling: nodes under load / failed requests", f"{', '.join(scaling['nodes_under_load'])} / "
-         f"{scaling['failed_after_retries']}", "node_a, node_b / 0"],
     ]  # fmt: skip
+    if "error" in back:
+        return [*rows, ["node rejoined: the check itself failed", back["error"], "no error"]]
+    rows.append(["node rejoined: seconds until it runs / until a replica serves on it again",
+                 f"{back['node_started_s']} / {back['replica_back_s']}", "bounded"])  # fmt: skip
+    if scaling:
+        rows += [
+            [f"autoscaling (target {scaling['autoscaling']['target_ongoing_requests']} ongoing, up after "
+             f"{scaling['autoscaling']['upscale_delay_s']} s, down after {scaling['autoscaling']['downscale_delay_s']} s): "
+             f"seconds from {scaling['callers']} callers to 2 replicas / from idle back to 1",
+             f"{scaling['scale_up_s']} / {scaling['scale_down_s']}", "1 -> 2 -> 1"],
+            ["autoscaling: nodes under load / failed requests", f"{', '.join(scaling['nodes_under_load'])} / "
+             f"{scaling['failed_after_retries']}", "node_a, node_b / 0"],
+        ]  # fmt: skip
+    return rows
 
 
 def _as_suite(result: dict[str, Any]) -> SuiteResult:
