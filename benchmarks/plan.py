@@ -103,6 +103,9 @@ class ReliabilityPlan:
     overload_seconds: float = 3.0  # the sidecar held at twice its capacity (0: skip)
     mixed_callers: int = 64  # concurrent callers mixing every action on the gateway (0: skip)
     mixed_seconds: float = 3.0
+    # Callers sending /embed while the worker node of a two-node Ray cluster is killed; the same
+    # cluster then shows autoscaling 1 -> 2 -> 1 (0: skip the cluster part)
+    cluster_callers: int = 16
 
 
 @dataclasses.dataclass(frozen=True)

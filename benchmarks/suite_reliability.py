@@ -232,6 +232,7 @@ def _fault_figures(result: dict[str, Any]) -> list[list[Any]]:
         "backfill_killed",
         "replica_killed",
         "replica_killed_of_two",
+        "cluster",
         "overload",
         "mixed_load",
     ):
@@ -303,6 +304,7 @@ def _fault_figures(result: dict[str, Any]) -> list[list[Any]]:
             ["one of two killed: answers by status / 500s, dropped, hung",
              f"{f['statuses']} / {f['server_errors']}, {f['dropped']}, {f['hung_callers']}", "all 200 / 0, 0, 0"],
         ]  # fmt: skip
+    rows += _cluster_figures(result.get("cluster"))
     f = result.get("overload")
     if f and "error" not in f:
         rss = f["rss_mb"]
@@ -326,6 +328,41 @@ def _fault_figures(result: dict[str, Any]) -> list[list[Any]]:
             [f"gateway, {f['callers']} mixed callers: failed requests / worst class p99 ms", f"{f['failed']} / {p99}",
              "0 / -"]
         )  # fmt: skip
+    return rows
+
+
+def _cluster_figures(f: dict[str, Any] | None) -> list[list[Any]]:
+    """Rows for the two-node cluster: the worker node killed under load, its rejoining, autoscaling."""
+    if not f or "error" in f:
+        return []
+    lost, back, scaling = f["node_lost"], f["rejoined"], f.get("autoscaling")
+    rows = [
+        [f"two-node Ray cluster, {f['model']} with 2 replicas (max 1 per node): replicas placed on",
+         ", ".join(f["placed_on"]), "node_a, node_b"],
+        [f"worker node killed (SIGKILL of its raylet and workers) under {lost['callers']} SidecarClient "
+         f"callers: failed after retries (of {lost['requests']}) / hung callers",
+         f"{lost['failed_after_retries']} / {lost['hung_callers']}", "0 / 0"],
+        ["node killed: 5xx the sidecar answered (retried by the client) / p99 s after the kill / slowest s",
+         f"{lost['server_errors_answered']} / {lost['p99_after_kill_s']} / {lost['slowest_request_s']}", ""],
+        ["node killed: req/s with both nodes / surviving node alone (same run)",
+         f"{lost['rps_before_kill']} / {lost['rps_surviving_node']}", ""],
+        ["node killed: seconds until 3 s average 80 % of the surviving node's rate / seconds under half "
+         "of it after the kill / seconds until Ray lists the node dead", f"{lost['seconds_to_surviving_throughput']}"
+         f" / {lost['outage_seconds']} / {lost['node_declared_dead_s']}", "<= 10 / - / -"],
+    ]  # fmt: skip
+    if "error" in back:
+        return [*rows, ["node rejoined: the check itself failed", back["error"], "no error"]]
+    rows.append(["node rejoined: seconds until it runs / until a replica serves on it again",
+                 f"{back['node_started_s']} / {back['replica_back_s']}", "bounded"])  # fmt: skip
+    if scaling:
+        rows += [
+            [f"autoscaling (target {scaling['autoscaling']['target_ongoing_requests']} ongoing, up after "
+             f"{scaling['autoscaling']['upscale_delay_s']} s, down after {scaling['autoscaling']['downscale_delay_s']} s): "
+             f"seconds from {scaling['callers']} callers to 2 replicas / from idle back to 1",
+             f"{scaling['scale_up_s']} / {scaling['scale_down_s']}", "1 -> 2 -> 1"],
+            ["autoscaling: nodes under load / failed requests", f"{', '.join(scaling['nodes_under_load'])} / "
+             f"{scaling['failed_after_retries']}", "node_a, node_b / 0"],
+        ]  # fmt: skip
     return rows
 
 
@@ -480,6 +517,14 @@ def _as_suite(result: dict[str, Any]) -> SuiteResult:
         )
     if "images" not in result:
         notes.append(f"Hostile images skipped: the sidecar serves no {IMAGE_MODEL}.")
+    if "cluster" in result and "error" not in result["cluster"]:
+        notes.append(
+            "Two-node cluster: two `ray start` nodes on this machine (benchmarks/cluster.py), one CPU each "
+            "as Ray sees it but sharing the machine's cores, so the surviving node alone may serve as fast "
+            "as both. The sidecar's front runs on node_a (`mnemo sidecar --address`); node_b is killed "
+            "with SIGKILL of its process group. Autoscaling times include Serve's own metric cadence "
+            "(replicas and handles push every 10 s, averaged over 30 s) and a new replica's load."
+        )
     return SuiteResult("reliability", tables=tables, figures=result, notes=notes)
 
 
@@ -504,7 +549,8 @@ async def _attempt(figures: dict[str, Any], name: str, run: Any) -> None:
 
 async def _faults(stack: BenchStack, plan: ReliabilityPlan, result: dict[str, Any]) -> None:
     """PostgreSQL stopped hard mid-drain, a drain worker killed, a backfill killed mid-build, the
-    sidecar stopped mid-drain, a replica killed, overload."""
+    sidecar stopped mid-drain, a replica killed, a node of a two-node Ray cluster killed (and
+    autoscaling there), overload."""
     from .backfill_fault import backfill_killed_mid_build
     from .faults import (
         drain_worker_killed,
@@ -554,6 +600,11 @@ async def _faults(stack: BenchStack, plan: ReliabilityPlan, result: dict[str, An
                 asyncio.to_thread(replica_killed_under_load, stack.sidecar_url, BENCH_MODEL, callers=4),
             )
             await _attempt(result, "replica_killed_of_two", asyncio.to_thread(_one_of_two_replicas_killed))
+    if plan.cluster_callers > 0:
+        from .node_loss import cluster_faults
+
+        spec = bench_sidecar_config().model(BENCH_MODEL)
+        await _attempt(result, "cluster", cluster_faults(spec, callers=plan.cluster_callers))
     if plan.overload_seconds > 0:
         await _attempt(
             result,

@@ -45,6 +45,9 @@ __all__ = [
 ]
 
 Kind = Literal["text", "image_text", "rerank"]
+AUTOSCALING_KEYS = frozenset(
+    {"min_replicas", "max_replicas", "target_ongoing_requests", "upscale_delay_s", "downscale_delay_s"}
+)
 KINDS = ("text", "image_text", "rerank")
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -105,6 +108,12 @@ class ModelSpec:
     # requests arriving meanwhile travel together in the next bundle. 0: one Ray call per request.
     coalesce_in_flight: int | None = None
     replicas: int = 1
+    # On a cluster: at most this many of the model's replicas per node (1 spreads them, so a lost
+    # node takes one of them). Serve's deployment option of the same name.
+    max_replicas_per_node: int | None = None
+    # Serve's autoscaling on ongoing requests per replica, in place of a fixed ``replicas``: keys
+    # min_replicas, max_replicas, target_ongoing_requests, upscale_delay_s, downscale_delay_s.
+    autoscaling: dict[str, float] | None = None
     num_cpus: float = 0.5
     num_gpus: float = 0.0
     torch_threads: int | None = None
@@ -152,11 +161,40 @@ class ModelSpec:
             )
         if self.coalesce_in_flight is not None and self.coalesce_in_flight < 0:
             raise ConfigError(f"model {self.id!r}: coalesce_in_flight cannot be negative (0 turns it off)")
+        if self.max_replicas_per_node is not None and (
+            isinstance(self.max_replicas_per_node, bool)
+            or not isinstance(self.max_replicas_per_node, int)
+            or self.max_replicas_per_node < 1
+        ):
+            raise ConfigError(f"model {self.id!r}: max_replicas_per_node must be a whole number >= 1")
+        if self.autoscaling is not None:
+            self._validate_autoscaling(self.autoscaling)
+
+    def _validate_autoscaling(self, scaling: Any) -> None:
+        where = f"model {self.id!r}: autoscaling"
+        if not isinstance(scaling, Mapping):
+            raise ConfigError(f"{where} must be a mapping of {sorted(AUTOSCALING_KEYS)}")
+        unknown = set(scaling) - AUTOSCALING_KEYS
+        if unknown:
+            raise ConfigError(f"{where}: unknown keys {sorted(unknown)} (known: {sorted(AUTOSCALING_KEYS)})")
+        for key, value in scaling.items():
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+                raise ConfigError(f"{where}: {key} must be a number >= 0, not {value!r}")
+        low, high = scaling.get("min_replicas", 1), scaling.get("max_replicas", 1)
+        if not (isinstance(low, int) and isinstance(high, int) and 0 <= low <= high and high >= 1):
+            raise ConfigError(
+                f"{where}: needs whole min_replicas <= max_replicas (max >= 1), not {low}/{high}"
+            )
+
+    @property
+    def most_replicas(self) -> int:
+        """The replicas the model may run: ``replicas``, or autoscaling's ``max_replicas``."""
+        return self.replicas if self.autoscaling is None else int(self.autoscaling.get("max_replicas", 1))
 
     @property
     def bundles_in_flight(self) -> int:
         """``coalesce_in_flight`` resolved: two per replica keep each busy while the next travels."""
-        return 2 * self.replicas if self.coalesce_in_flight is None else self.coalesce_in_flight
+        return 2 * self.most_replicas if self.coalesce_in_flight is None else self.coalesce_in_flight
 
     def public(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -106,7 +106,7 @@ def running_sidecar(
             "request_timeout_s": request_timeout_s,
             "keep_alive_timeout_s": keep_alive_timeout_s,
         }
-        node = ray.util.get_node_ip_address()
+        node = ray.get_runtime_context().get_node_id()  # the node this driver attached to
         app = build_app(config, api_key=api_key, listen=listen, ingress_node=node)
         deadline = time.monotonic() + ready_timeout_s
         _deploy(app, app_name, ready_timeout_s)

@@ -37,6 +37,7 @@ from .local_server import start_front
 __all__ = ["HandleBackend", "Ingress", "ModelDeployment", "app_builder", "build_app", "deployment_name"]
 
 INGRESS_NAME = "ingress"
+NODE_ID_LABEL = "ray.io/node-id"  # the label Ray puts on every node (its node id)
 
 # The bounded replica wait (HandleBackend._on_a_replica) awaits a response's assignment to a replica
 # through this private step of Ray's: a Ray without it fails here, by name, not at the first call.
@@ -277,7 +278,7 @@ def build_app(
 
     ``listen`` (``host``, ``port``, ``request_timeout_s``, ``keep_alive_timeout_s``) makes the ingress
     serve HTTP itself on that address, for a Serve started without its proxy (one ingress replica:
-    the address is bound once). ``ingress_node`` (a node's IP) places that replica on the node, so
+    the address is bound once). ``ingress_node`` (a Ray node id) places that replica on the node, so
     on a cluster the address is bound where the caller expects it.
     """
     if api_key is None:
@@ -285,9 +286,16 @@ def build_app(
     limits = config.to_dict()["limits"]
     handles = {}
     for spec in config.models:
+        # A fixed replica count, or Serve's autoscaling between min_replicas and max_replicas.
+        scaling: dict[str, Any] = (
+            {"num_replicas": spec.replicas}
+            if spec.autoscaling is None
+            else {"autoscaling_config": dict(spec.autoscaling)}
+        )
         deployment = ModelDeployment.options(
             name=deployment_name(spec.id),
-            num_replicas=spec.replicas,
+            **scaling,
+            max_replicas_per_node=spec.max_replicas_per_node,
             ray_actor_options={
                 "num_cpus": spec.num_cpus,
                 "num_gpus": spec.num_gpus,
@@ -305,9 +313,10 @@ def build_app(
     if listen is not None:
         ingress = ingress.options(num_replicas=1)
     if ingress_node is not None:
-        # Ray gives every node a resource named after its IP: a sliver of it pins the replica there.
+        # Every node carries its id as a label. Not the node's IP resource (``node:<ip>``): several
+        # nodes on one host share it, and the replica could land on another node than the caller's.
         ingress = ingress.options(
-            ray_actor_options={"num_cpus": _INGRESS_CPUS, "resources": {f"node:{ingress_node}": 0.001}}
+            ray_actor_options={"num_cpus": _INGRESS_CPUS, "label_selector": {NODE_ID_LABEL: ingress_node}}
         )
     return ingress.bind(config.to_dict(), handles, api_key, listen)
 

@@ -174,6 +174,7 @@ def test_reliability_suite_writes_its_figures(sidecar_url: str, pg_server, tmp_p
     args += ["--set", "reliability.sigterm_callers=3", "--set", "reliability.fault_records=12"]
     args += ["--set", "reliability.overload_seconds=1", "--set", "reliability.mixed_seconds=1"]
     args += ["--set", "reliability.mixed_callers=8"]
+    args += ["--set", "reliability.cluster_callers=0"]  # the two-node cluster: tests/test_ray_cluster.py
     assert mnemo(args) == 0
     (suite,) = json.loads((out / "results.json").read_text())["suites"]
     assert suite["skipped"] is None, suite

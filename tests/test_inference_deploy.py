@@ -5,9 +5,10 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 
-from inference.config import load_config
+from inference.config import ConfigError, config_from_dict, load_config
 from inference.serve_app import INGRESS_NAME, deployment_name
 
 REPO = Path(__file__).resolve().parent.parent
@@ -40,3 +41,34 @@ def test_gpu_image_ships_every_package_and_runs_the_sidecar() -> None:
         assert f"COPY {top} ./{top}" in dockerfile
     assert 'CMD ["mnemo", "sidecar"]' in dockerfile
     assert "RAG_SIDECAR_CONFIG=/app/inference/models.yaml" in dockerfile
+
+
+_MODEL = {"id": "a", "kind": "text", "weights": "/x"}
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ({"max_replicas_per_node": 0}, "max_replicas_per_node"),
+        ({"max_replicas_per_node": True}, "max_replicas_per_node"),
+        ({"max_replicas_per_node": 1.5}, "max_replicas_per_node"),
+        ({"autoscaling": [1, 2]}, "must be a mapping"),
+        ({"autoscaling": {"max_replica": 2}}, "unknown keys"),
+        ({"autoscaling": {"max_replicas": 2, "upscale_delay_s": "10s"}}, "upscale_delay_s"),
+        ({"autoscaling": {"min_replicas": 3, "max_replicas": 2}}, "min_replicas <= max_replicas"),
+        ({"autoscaling": {"min_replicas": 0, "max_replicas": 0}}, "max >= 1"),
+    ],
+)
+def test_placement_and_autoscaling_in_the_model_config_are_checked(option: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict({"models": [{**_MODEL, **option}]})
+
+
+def test_an_autoscaled_model_keeps_bundles_in_flight_for_its_most_replicas() -> None:
+    """The ingress's /embed coalescing sizes itself on the replicas a model may reach, so a model
+    scaled up to max_replicas has bundles for every replica (and Serve sees load to scale on)."""
+    scaled = {"autoscaling": {"min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 1}}
+    (spec,) = config_from_dict({"models": [{**_MODEL, **scaled, "max_replicas_per_node": 1}]}).models
+    assert spec.most_replicas == 3 and spec.bundles_in_flight == 6
+    (fixed,) = config_from_dict({"models": [{**_MODEL, "replicas": 2}]}).models
+    assert fixed.most_replicas == 2 and fixed.bundles_in_flight == 4 and fixed.autoscaling is None
