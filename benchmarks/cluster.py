@@ -181,10 +181,11 @@ class LocalRayCluster:
             raise RuntimeError("start the head node first")
         self._start(_Node(name, self._node_args(name, head=False), self.root / f"{name}.log"), timeout_s)
 
-    def _start(self, node: _Node, timeout_s: float, attempts: int = 3) -> None:
+    def _start(self, node: _Node, timeout_s: float, attempts: int = 8) -> None:
         """Run ``ray start`` for ``node`` until it reports the node started. ``ray start`` gives a
-        raylet a fixed 30 s to register with the GCS; on a loaded machine that can run out, so a
-        start that exits before it reports is tried again (``attempts`` in all)."""
+        raylet a fixed 30 s to register with the GCS (hard-coded in ``ray._private.node``); on a
+        loaded machine that can run out, so a start that exits before it reports is tried again
+        (``attempts`` in all, within ``timeout_s``: a suite run once lost all of three tries)."""
         self.nodes[node.name] = node
         deadline = time.monotonic() + timeout_s
         for attempt in range(1, attempts + 1):
