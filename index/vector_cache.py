@@ -48,9 +48,10 @@ from .change_feed import (
     ChangeListener,
     RowKey,
     Watermark,
+    candidates_params,
+    candidates_sql,
     changes_since,
     current_watermark,
-    pending_sql,
 )
 from .faiss_backend import FlatIndex, GpuFlatIndex, gpu_available, limit_cpu_threads
 from .partitions import ModelPartition, list_partitions
@@ -766,22 +767,14 @@ class VectorCache:
         """The candidates plus every key changed after the watermark, re-read through the scope's SQL
         filter and scored by pgvector; with the number of cache candidates that had not changed."""
         where, params = scope_where(scope, [np.asarray(vector, dtype=np.float32)])
-        n = len(params)
-        cols = ", ".join(KEY_COLUMNS)
-        pend = pending_sql(f"${n + 7}", f"${n + 8}", f"${n + 9}")
+        ctes, join = candidates_sql(len(params) + 1)
         cast = partition.cast
         query = f"""
-            WITH cand AS (
-                SELECT * FROM unnest(${n + 1}::text[], ${n + 2}::bigint[], ${n + 3}::text[], ${n + 4}::text[],
-                                     ${n + 5}::text[], ${n + 6}::int[]) AS k({cols})),
-            pend AS ({pend}),
-            k AS (SELECT {cols}, bool_or(pending) AS pending, bool_or(NOT pending) AS cached
-                  FROM (SELECT *, false AS pending FROM cand UNION ALL SELECT *, true FROM pend) u
-                  GROUP BY {cols})
+            WITH {ctes}
             SELECT {hit_columns()}, e.embedding::{cast} <=> $1::{cast} AS distance,
                    k.cached AND NOT k.pending AS trusted
             FROM {partition.table} e
-            JOIN k ON e.model = ${n + 7} AND {" AND ".join(f"e.{c} = k.{c}" for c in KEY_COLUMNS)}
+            {join}
             WHERE {where}
             ORDER BY distance, {identity_order()}"""
         # Planned with its values every time: a generic plan of this statement (after five runs)
@@ -790,13 +783,7 @@ class VectorCache:
             conn,
             ["SET LOCAL plan_cache_mode = force_custom_plan"],
             query,
-            [
-                *params,
-                *([k[i] for k in keys] for i in range(len(KEY_COLUMNS))),
-                partition.model,
-                watermark.seq,
-                str(watermark.xmin),
-            ],
+            [*params, *candidates_params(keys, partition.model, watermark)],
         )
         return rows, sum(1 for r in rows if r["trusted"])
 
