@@ -26,7 +26,7 @@ import json
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +55,7 @@ __all__ = [
     "identity_order",
     "lexical_search",
     "query_terms",
+    "scope_key",
     "scope_where",
     "scored_terms",
     "seed_chunks",
@@ -181,6 +182,14 @@ class Scope:
     exclude_record: tuple[str, int] | None = None
     acl: AclPushdown | None = None  # None: no ACL push-down (admins)
     view: str | None = None  # image rows: one face (obverse, reverse)
+
+
+def scope_key(scope: Scope) -> Hashable:
+    """A hashable key of a scope's filters, for the caches that keep something per scope."""
+    acl = None
+    if scope.acl is not None:
+        acl = (tuple(sorted(scope.acl.perms.items())), scope.acl.projects)
+    return (scope.section_tipos, scope.group, scope.view, scope.exclude_record, acl)
 
 
 class _Sql:
