@@ -4,9 +4,6 @@ show the index."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-
 import aiohttp
 import pytest
 
@@ -14,26 +11,10 @@ from gateway.acl import pushdown
 from gateway.auth import Principal
 from gateway.context import RETRIEVER_KEY
 from index.search import CorpusStats, Scope, lexical_search
-from tests.fixtures.gateway import Gateway, running_gateway, token
+from tests.fixtures.gateway import running_gateway, token
+from tests.test_gateway_vector_cache import QUERIES, RESEARCHER, _readyz, _wait_ready
 
 pytestmark = pytest.mark.ray
-
-RESEARCHER = Principal("r", frozenset({9}), {"fill1": 1, "oh1": 1})
-QUERIES = ["Roman bronze coin of Emerita", "reservoir flooded the valley", "village submerged by the dam"]
-
-
-async def _readyz(gw: Gateway) -> dict:
-    async with aiohttp.ClientSession() as s, s.get(gw.url + "/readyz") as r:
-        return json.loads(await r.text())["data"]
-
-
-async def _wait_ready(gw: Gateway) -> dict:
-    for _ in range(300):
-        lexical = (await _readyz(gw))["lexical_index"]
-        if lexical["partitions"] and all(p["state"] == "ready" for p in lexical["partitions"].values()):
-            return lexical
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"the lexical index did not load: {lexical}")
 
 
 async def test_the_index_serves_the_lexical_leg_exactly(corpus_database_url: str, sidecar_url: str) -> None:
@@ -41,7 +22,7 @@ async def test_the_index_serves_the_lexical_leg_exactly(corpus_database_url: str
         running_gateway(corpus_database_url, sidecar_url, RAG_LEXICAL_INDEX="memory") as on,
         running_gateway(corpus_database_url, sidecar_url) as off,
     ):
-        lexical = await _wait_ready(on)
+        lexical = await _wait_ready(on, "lexical_index")
         assert lexical["mode"] == "memory" and lexical["listening"] and lexical["running"]
         assert (await _readyz(off))["lexical_index"] == {"mode": "off", "running": False}
         assert off.app[RETRIEVER_KEY].lexical_index is None
