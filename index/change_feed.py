@@ -102,35 +102,40 @@ def pending_sql(model: str, watermark: str, xmin: str) -> str:
                WHERE c.xid >= {xmin}::text::xid8 AND c.model = {model} AND c.seq <= {watermark}"""
 
 
-def candidates_sql(first: int) -> tuple[str, str]:
+def candidates_sql(first: int, *, scored: bool = False) -> tuple[str, str]:
     """SQL for re-reading an index's candidate keys plus every key changed after its watermark.
 
     Returns ``(ctes, join)``: ``ctes`` defines ``k`` (one row per key, with ``cached``: among the
-    candidates, and ``pending``: changed after the watermark); ``join`` joins ``k`` to the
-    partition's rows (alias ``e``). Parameters, from ``$first`` on: the candidates' six key
-    columns as arrays, the model, the watermark's sequence and its xmin.
+    candidates, and ``pending``: changed after the watermark; ``scored``: also ``cand_score``, the
+    index's score of a candidate, NULL for the others); ``join`` joins ``k`` to the partition's
+    rows (alias ``e``). Parameters, from ``$first`` on: the candidates' six key columns as arrays,
+    the model, the watermark's sequence and its xmin, then (``scored``) the candidates' scores.
     """
-    p = [f"${first + i}" for i in range(9)]
+    p = [f"${first + i}" for i in range(10)]
     cols = ", ".join(KEY_COLUMNS)
+    score, unscored, best = "", "", ""
+    if scored:
+        score, unscored, best = f", {p[9]}::float8[]", ", NULL::float8", ", max(score) AS cand_score"
     ctes = f"""cand AS (
                 SELECT * FROM unnest({p[0]}::text[], {p[1]}::bigint[], {p[2]}::text[], {p[3]}::text[],
-                                     {p[4]}::text[], {p[5]}::int[]) AS k({cols})),
-            pend AS ({pending_sql(p[6], p[7], p[8])}),
-            k AS (SELECT {cols}, bool_or(pending) AS pending, bool_or(NOT pending) AS cached
+                                     {p[4]}::text[], {p[5]}::int[]{score}) AS k({cols}{", score" if scored else ""})),
+            pend AS (SELECT *{unscored} FROM ({pending_sql(p[6], p[7], p[8])}) p),
+            k AS (SELECT {cols}, bool_or(pending) AS pending, bool_or(NOT pending) AS cached{best}
                   FROM (SELECT *, false AS pending FROM cand UNION ALL SELECT *, true FROM pend) u
                   GROUP BY {cols})"""
     join = f"JOIN k ON e.model = {p[6]} AND " + " AND ".join(f"e.{c} = k.{c}" for c in KEY_COLUMNS)
     return ctes, join
 
 
-def candidates_params(keys: Sequence[RowKey], model: str, watermark: Watermark) -> list[object]:
-    """The parameters of :func:`candidates_sql`, in its order."""
-    return [
-        *([k[i] for k in keys] for i in range(len(KEY_COLUMNS))),
-        model,
-        watermark.seq,
-        str(watermark.xmin),
-    ]
+def candidates_params(
+    keys: Sequence[RowKey], model: str, watermark: Watermark, scores: Sequence[float] | None = None
+) -> list[object]:
+    """The parameters of :func:`candidates_sql`, in its order (``scores`` with ``scored``)."""
+    params: list[object] = [*([k[i] for k in keys] for i in range(len(KEY_COLUMNS))), model, watermark.seq]
+    params.append(str(watermark.xmin))
+    if scores is not None:
+        params.append(list(scores))
+    return params
 
 
 async def changed_rows(
