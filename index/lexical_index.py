@@ -290,25 +290,30 @@ class PartitionLexicon:
         selective = [self.postings[t][0] for t in plan.selective if t in self.postings]
         if not selective:
             return np.zeros(0, dtype=np.int32), np.zeros(0), True
-        cand = np.unique(np.concatenate(selective))
+        # Dense per-slot marks and sums: no sort of the match set, only gathers over the postings.
+        member = np.zeros(self.size, dtype=bool)
+        for slots in selective:
+            member[slots] = True
+        cand = np.flatnonzero(member)
         ok = self.alive[cand]
         if allowed is not None:
             klass = self.klass[cand]
             ok &= (klass < len(allowed)) & allowed[np.minimum(klass, len(allowed) - 1)]
         cand = cand[ok]
         if len(exclude):
-            cand = np.setdiff1d(cand, np.asarray(exclude, dtype=np.int32), assume_unique=True)
+            cand = np.setdiff1d(cand, np.asarray(exclude, dtype=np.int64), assume_unique=True)
         if not len(cand):
             return cand, np.zeros(0), True
-        member = np.zeros(self.size, dtype=bool)
+        member[:] = False
         member[cand] = True
-        scores = np.zeros(len(cand), dtype=np.float64)
+        total = np.zeros(self.size, dtype=np.float64)
         for term, weight in zip(plan.terms, plan.weights, strict=True):
             slots, tfs = self.postings[term]
             hit = member[slots]
             slots, tf = slots[hit], tfs[hit].astype(np.float64)
             norm = BM25_K1 * (1 - BM25_B + BM25_B * self.length[slots] / plan.avgdl)
-            scores[np.searchsorted(cand, slots)] += weight * tf / (tf + norm)  # a slot once per term
+            total[slots] += weight * tf / (tf + norm)  # a slot is once in a term's postings
+        scores = total[cand]
         if len(cand) <= fetch:
             return cand, scores, True
         kth = scores[np.argpartition(-scores, fetch - 1)[fetch - 1]]
