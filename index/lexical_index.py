@@ -297,8 +297,11 @@ class PartitionLexicon:
         cand = np.flatnonzero(member)
         ok = self.alive[cand]
         if allowed is not None:
-            klass = self.klass[cand]
-            ok &= (klass < len(allowed)) & allowed[np.minimum(klass, len(allowed) - 1)]
+            # Classes first seen after the scope was evaluated are not permitted here: their chunks
+            # changed after the search's watermark, so the re-read brings them in if they should be.
+            known = np.zeros(max(len(self.classes), len(allowed)), dtype=bool)
+            known[: len(allowed)] = allowed
+            ok &= known[self.klass[cand]]
         cand = cand[ok]
         if len(exclude):
             cand = np.setdiff1d(cand, np.asarray(exclude, dtype=np.int64), assume_unique=True)
