@@ -241,3 +241,28 @@ async def test_off_cold_and_image_searches_go_to_the_sql_leg_and_are_counted(db_
     assert index.status()["partitions"][partition.partition]["state"] == "ready"
     with pytest.raises(ValueError, match="lexical index mode"):
         LexicalConfig(mode="tantivy")
+
+
+async def test_a_class_new_since_the_scope_was_evaluated_is_not_selected(loaded) -> None:
+    pool, partition, index = loaded
+    lexicon = index.ready(partition)
+    assert lexicon is not None
+    scope = Scope(acl=pushdown(Principal("p", frozenset({7}), {"oh1": 1})))
+    async with pool.acquire() as conn:
+        allowed = await index._allowed(conn, lexicon, scope)
+        assert allowed is not None and not allowed.any()  # nobody is in project 7 yet
+        text = "quarry quarry lighthouse"
+        row = EmbeddingRow("text", "oh1", 777, "oh22", "lg-eng", 0, "h777", text, text,
+                           np.ones(4, dtype=np.float32), projects=[7])  # fmt: skip
+        await upsert_rows(pool, partition, [row])
+        await index.sync()  # the row's class is new: the evaluated scope does not cover it
+        plan = await index.plan(conn, lexicon, "quarry", None)
+        assert plan is not None
+        slots, _, _ = lexicon.top(plan, allowed, (), 10)
+        assert len(slots) == 0
+        # A search evaluates the new class and finds the row, as the SQL leg does.
+        _same(
+            await index.search(conn, partition, "quarry", scope, 10),
+            await _sql(pool, partition, "quarry", scope, 10),
+        )
+        assert [h.section_id for h in await index.search(conn, partition, "quarry", scope, 10)] == [777]
