@@ -37,6 +37,8 @@ class FeedFollower(ABC):
 
     label = "index"  # in log lines: "faiss cache", "lexical index"
     serves = "the SQL leg"  # what answers for a partition this index does not hold
+    states: tuple[str, ...] = ("loading", "ready", "failed")  # a held partition's states
+    metrics: Any  # the subclass's metrics, with a ``partitions`` gauge by state
 
     def __init__(self, pool: asyncpg.Pool, database_url: str, poll_s: float) -> None:
         self.pool = pool
@@ -61,8 +63,11 @@ class FeedFollower(ABC):
     async def sync(self, models: Iterable[str] | None = None) -> int:
         """Apply the feed to the partitions of ``models`` (None: all); returns the keys applied."""
 
-    @abstractmethod
-    def _set_state(self, held: Any, state: str) -> None: ...
+    def _set_state(self, held: Any, state: str) -> None:
+        """Set a held partition's state and the per-state partition gauge (``metrics.partitions``)."""
+        held.state = state
+        for s in self.states:
+            self.metrics.partitions.labels(s).set(sum(p.state == s for p in self.partitions.values()))
 
     async def start(self, *, listen: bool = True) -> None:
         """Start loading every partition in the background and following the feed (returns at once)."""

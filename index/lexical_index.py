@@ -345,11 +345,6 @@ class LexicalIndex(FeedFollower):
     def enabled(self) -> bool:
         return self.config.mode != "off"
 
-    def _set_state(self, lexicon: PartitionLexicon, state: str) -> None:
-        lexicon.state = state
-        for s in ("loading", "ready", "failed"):
-            self.metrics.partitions.labels(s).set(sum(p.state == s for p in self.partitions.values()))
-
     def _observe(self, lexicon: PartitionLexicon) -> None:
         name = lexicon.partition.partition
         self.metrics.bytes.labels(name).set(lexicon.nbytes)

@@ -261,6 +261,7 @@ class VectorCache(FeedFollower):
 
     label = "faiss cache"
     serves = "pgvector"
+    states = ("loading", "ready", "over_budget", "failed")
     partitions: dict[str, PartitionCache]
 
     def __init__(
@@ -316,11 +317,6 @@ class VectorCache(FeedFollower):
 
     def used_bytes(self, exclude: str | None = None) -> int:
         return sum(pc.index.nbytes for name, pc in self.partitions.items() if name != exclude)
-
-    def _set_state(self, pc: PartitionCache, state: str) -> None:
-        pc.state = state
-        for s in ("loading", "ready", "over_budget", "failed"):
-            self.metrics.partitions.labels(s).set(sum(p.state == s for p in self.partitions.values()))
 
     async def load(self, partition: ModelPartition) -> PartitionCache:
         """Load a partition's text vectors with binary COPY in keyset batches (a progress line per batch)."""
