@@ -266,3 +266,26 @@ async def test_a_class_new_since_the_scope_was_evaluated_is_not_selected(loaded)
             await _sql(pool, partition, "quarry", scope, 10),
         )
         assert [h.section_id for h in await index.search(conn, partition, "quarry", scope, 10)] == [777]
+
+
+async def test_pending_changes_crowding_the_candidates_widen_then_fall_back_counted(
+    db_pool, database_url
+) -> None:
+    partition = await _populate(db_pool, 120)
+    metrics = LexicalMetrics()
+    index = LexicalIndex(db_pool, database_url, LexicalConfig(max_fetch_factor=4), metrics)
+    await index.load(partition)
+    # Every chunk changes and nothing is applied: no candidate can be trusted.
+    await db_pool.execute(f"UPDATE {partition.table} SET source_hash = source_hash || 'x'")
+    async with db_pool.acquire() as conn:
+        assert await index.search(conn, partition, "letter archive", Scope(), 5) is None
+        assert metrics.searches.labels("fallback")._value.get() == 1
+        # A query whose whole match set fits the candidates is still answered exactly from the re-read.
+        hits = await index.search(conn, partition, "bishop quarry", Scope(), 200)
+        assert hits is not None
+        _same(hits, await _sql(db_pool, partition, "bishop quarry", Scope(), 200))
+    await index.sync()
+    async with db_pool.acquire() as conn:
+        hits = await index.search(conn, partition, "letter archive", Scope(), 5)
+    assert hits is not None and metrics.searches.labels("hit")._value.get() == 2
+    _same(hits, await _sql(db_pool, partition, "letter archive", Scope(), 5))
