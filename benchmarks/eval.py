@@ -38,6 +38,7 @@ from gateway.auth import Principal
 from gateway.fusion import collapse
 from gateway.retrieval import LegResults, Retriever, over_fetch
 from gateway.settings import FUSION_METHODS, LEGS, GatewaySettings
+from index.lexical_index import LexicalConfig, LexicalIndex
 from index.search import Scope
 
 log = logging.getLogger(__name__)
@@ -388,9 +389,23 @@ async def eval_session(
         session = EvalSession(
             dataset, db.pool, client, Retriever(db.pool, client, settings), section_for(dataset.name)
         )
+        lexical: LexicalIndex | None = None
         try:
             await session.ingest()
+            if settings.lexical_index != "off":
+                # The gateway's in-memory lexical leg (RAG_LEXICAL_INDEX), built after the ingest; its
+                # hits are counted in lexical.metrics (the SQL leg answers whatever it declines).
+                lexical = LexicalIndex(db.pool, db.url, LexicalConfig(mode=settings.lexical_index))
+                partition = await session.retriever.partition((await session.retriever.text_model()).id)
+                if partition is not None:
+                    await lexical.load(partition)
+                session.retriever.lexical_index = lexical
             yield session
         finally:
+            if lexical is not None:
+                served = {s.labels["result"]: s.value for s in lexical.metrics.searches.collect()[0].samples
+                          if s.name.endswith("_total")}  # fmt: skip
+                log.info("lexical index searches by outcome: %s", served)
+                await lexical.stop()
             if not keep:
                 await session.cleanup()

@@ -18,6 +18,8 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from index.cache_metrics import CacheMetrics
+from index.lexical_index import LexicalConfig, LexicalIndex
+from index.lexical_metrics import LexicalMetrics
 from index.sections import SectionStore
 from inference.eventloop import loop_name
 from schema.database import create_pool, open_database
@@ -37,6 +39,7 @@ from .providers import build_provider
 from .rerank import Reranker
 from .resources import (
     DATABASE_URL_KEY,
+    LEXICAL_INDEX_KEY,
     METRICS_KEY,
     POOL_KEY,
     READ_POOL_KEY,
@@ -144,6 +147,28 @@ async def _vector_cache_ctx(app: web.Application) -> AsyncIterator[None]:
         await cache.stop()
 
 
+async def _lexical_index_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The in-memory lexical index: loads in the background (the SQL leg serves until a partition is ready)."""
+    settings = app[SETTINGS_KEY]
+    if settings.lexical_index == "off":
+        yield
+        return
+    index = LexicalIndex(
+        app[POOL_KEY],
+        app[DATABASE_URL_KEY],
+        LexicalConfig(mode=settings.lexical_index),
+        LexicalMetrics(app[METRICS_KEY].registry),
+    )
+    app[LEXICAL_INDEX_KEY] = index
+    app[RETRIEVER_KEY].lexical_index = index
+    await index.start()
+    try:
+        yield
+    finally:
+        app[RETRIEVER_KEY].lexical_index = None
+        await index.stop()
+
+
 async def _ask_ctx(app: web.Application) -> AsyncIterator[None]:
     """The passage steps (the reranker, on the retriever's sidecar client; expansion) and ask's
     generator and section store."""
@@ -191,6 +216,7 @@ async def readyz(request: web.Request) -> web.Response:
     faiss = (
         {"mode": request.app[SETTINGS_KEY].faiss_cache, "running": False} if cache is None else cache.status()
     )
+    lexical = request.app.get(LEXICAL_INDEX_KEY)
     replica = request.app[READ_POOL_KEY].status().as_dict()
     return envelope_ok(
         request,
@@ -200,6 +226,8 @@ async def readyz(request: web.Request) -> web.Response:
             "sidecar": True,
             "drain": drain_status,
             "faiss": faiss,
+            # Like the cache: a cold lexical index leaves the SQL leg serving, the gateway stays ready.
+            "lexical_index": {"mode": "off", "running": False} if lexical is None else lexical.status(),
             "read_replica": replica,
         },
     )
@@ -228,6 +256,7 @@ def _add_engine(app: web.Application, settings: GatewaySettings) -> None:
     app.cleanup_ctx.append(_sidecar_ctx)
     app.cleanup_ctx.append(_retriever_ctx)
     app.cleanup_ctx.append(_vector_cache_ctx)
+    app.cleanup_ctx.append(_lexical_index_ctx)
     app.cleanup_ctx.append(_ask_ctx)
 
 

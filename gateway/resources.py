@@ -25,6 +25,8 @@ from .settings import GatewaySettings
 if TYPE_CHECKING:  # FAISS loads only when the app builds a cache
     from index.vector_cache import VectorCache
 
+from index.lexical_index import LexicalIndex
+
 POOL_KEY: web.AppKey[asyncpg.Pool] = web.AppKey("pool", asyncpg.Pool)
 SIDECAR_KEY: web.AppKey[SidecarClient] = web.AppKey("sidecar", SidecarClient)
 SETTINGS_KEY: web.AppKey[GatewaySettings] = web.AppKey("settings", GatewaySettings)
@@ -34,6 +36,8 @@ DATABASE_URL_KEY: web.AppKey[str] = web.AppKey("database_url", str)
 READ_POOL_KEY: web.AppKey[ReadPool] = web.AppKey("read_pool", ReadPool)
 # The FAISS cache, present unless RAG_FAISS_CACHE=off.
 VECTOR_CACHE_KEY: web.AppKey[VectorCache] = web.AppKey("vector_cache")
+# The in-memory lexical index, present when RAG_LEXICAL_INDEX=memory.
+LEXICAL_INDEX_KEY: web.AppKey[LexicalIndex] = web.AppKey("lexical_index", LexicalIndex)
 
 # Per-request state.
 REQUEST_ID_KEY: web.RequestKey[str] = web.RequestKey("request_id", str)

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, TypeVar
 import asyncpg
 import numpy as np
 
+from index.lexical_index import LexicalIndex
 from index.models import ModelNotServed, resolve_model
 from index.partitions import ModelPartition, get_partition, serving_model
 from index.search import (
@@ -167,6 +168,7 @@ class Retriever:
     ) -> None:
         self.pool = pool
         self.vector_cache: VectorCache | None = None  # set by the app once the cache exists
+        self.lexical_index: LexicalIndex | None = None  # set by the app with RAG_LEXICAL_INDEX=memory
         self.client = client
         self.settings = settings
         self.metrics = metrics or Metrics()
@@ -299,7 +301,12 @@ class Retriever:
         fetch: int,
         modality: str = "text",
     ) -> list[ChunkHit]:
-        """The lexical leg over ``modality`` rows, with this engine's corpus statistics (IDF)."""
+        """The lexical leg over ``modality`` rows: from the in-memory index when it can answer
+        exactly, else in SQL with this engine's corpus statistics (IDF)."""
+        if self.lexical_index is not None:
+            hits = await self.lexical_index.search(conn, partition, query, scope, fetch, modality=modality)
+            if hits is not None:
+                return hits
         return await lexical_search(conn, partition, query, scope, fetch, stats=self.stats, modality=modality)
 
     async def _dense(

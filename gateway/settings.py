@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from index.lexical_index import MODES as LEXICAL_INDEX_MODES
 from index.settings import IngestSettings, MediaSettings, SidecarClientSettings
 from schema.settings import DatabaseSettings, SettingsError, load_settings, setting
 
@@ -312,6 +313,15 @@ class GatewaySettings:
         "Seconds the lexical leg caches corpus statistics (document frequencies, lengths). "
         "Longer is cheaper; shorter follows a fast-changing corpus.",
     )
+    lexical_index: str = setting(
+        "RAG_LEXICAL_INDEX",
+        "off",
+        "Where the lexical leg searches: `off` (BM25 in SQL over the GIN index, as before) or `memory` "
+        "(an exact in-memory BM25 index per partition in the gateway's process, built from the store at "
+        "start and fed by the change feed; same scores and order as the SQL leg, for the memory of the "
+        "postings). A partition still loading, image rows and an unprovable answer go to the SQL leg, "
+        "counted in `mnemo_lexical_searches`.",
+    )
     similar_seed_chunks: int = setting(
         "RAG_SIMILAR_SEED_CHUNKS",
         8,
@@ -420,6 +430,10 @@ class GatewaySettings:
             raise SettingsError(f"RAG_FAISS_CACHE={self.faiss_cache!r}: use one of {', '.join(FAISS_MODES)}")
         if self.faiss_max_bytes < 0 or self.faiss_cpu_broad_scan_max < 0:
             raise SettingsError("RAG_FAISS_MAX_BYTES and RAG_FAISS_CPU_BROAD_SCAN_MAX must be >= 0")
+        if self.lexical_index not in LEXICAL_INDEX_MODES:
+            raise SettingsError(
+                f"RAG_LEXICAL_INDEX={self.lexical_index!r}: use one of {', '.join(LEXICAL_INDEX_MODES)}"
+            )
         if self.fusion not in FUSION_METHODS:
             raise SettingsError(f"RAG_FUSION={self.fusion!r}: use one of {', '.join(FUSION_METHODS)}")
 

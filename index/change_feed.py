@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,8 +38,13 @@ __all__ = [
     "ChangeBatch",
     "ChangeListener",
     "Watermark",
+    "candidates_params",
+    "candidates_sql",
+    "changed_rows",
     "changes_since",
     "current_watermark",
+    "pending_sql",
+    "row_key",
 ]
 
 CHANNEL = "rag_embeddings_changed"
@@ -97,18 +102,63 @@ def pending_sql(model: str, watermark: str, xmin: str) -> str:
                WHERE c.xid >= {xmin}::text::xid8 AND c.model = {model} AND c.seq <= {watermark}"""
 
 
-async def changes_since(
-    conn: asyncpg.Connection, partition: ModelPartition, watermark: Watermark, modality: str = "text"
-) -> ChangeBatch:
-    """Every key of the partition changed after ``watermark``, with its current vector (one snapshot)."""
+def candidates_sql(first: int, *, scored: bool = False) -> tuple[str, str]:
+    """SQL for re-reading an index's candidate keys plus every key changed after its watermark.
+
+    Returns ``(ctes, join)``: ``ctes`` defines ``k`` (one row per key, with ``cached``: among the
+    candidates, and ``pending``: changed after the watermark; ``scored``: also ``cand_score``, the
+    index's score of a candidate, NULL for the others); ``join`` joins ``k`` to the partition's
+    rows (alias ``e``). Parameters, from ``$first`` on: the candidates' six key columns as arrays,
+    the model, the watermark's sequence and its xmin, then (``scored``) the candidates' scores.
+    """
+    p = [f"${first + i}" for i in range(10)]
+    cols = ", ".join(KEY_COLUMNS)
+    score, unscored, best = "", "", ""
+    if scored:
+        score, unscored, best = f", {p[9]}::float8[]", ", NULL::float8", ", max(score) AS cand_score"
+    ctes = f"""cand AS (
+                SELECT * FROM unnest({p[0]}::text[], {p[1]}::bigint[], {p[2]}::text[], {p[3]}::text[],
+                                     {p[4]}::text[], {p[5]}::int[]{score}) AS k({cols}{", score" if scored else ""})),
+            pend AS (SELECT *{unscored} FROM ({pending_sql(p[6], p[7], p[8])}) p),
+            k AS (SELECT {cols}, bool_or(pending) AS pending, bool_or(NOT pending) AS cached{best}
+                  FROM (SELECT *, false AS pending FROM cand UNION ALL SELECT *, true FROM pend) u
+                  GROUP BY {cols})"""
+    join = f"JOIN k ON e.model = {p[6]} AND " + " AND ".join(f"e.{c} = k.{c}" for c in KEY_COLUMNS)
+    return ctes, join
+
+
+def candidates_params(
+    keys: Sequence[RowKey], model: str, watermark: Watermark, scores: Sequence[float] | None = None
+) -> list[object]:
+    """The parameters of :func:`candidates_sql`, in its order (``scores`` with ``scored``)."""
+    params: list[object] = [*([k[i] for k in keys] for i in range(len(KEY_COLUMNS))), model, watermark.seq]
+    params.append(str(watermark.xmin))
+    if scores is not None:
+        params.append(list(scores))
+    return params
+
+
+async def changed_rows(
+    conn: asyncpg.Connection,
+    partition: ModelPartition,
+    watermark: Watermark,
+    columns: str,
+    modality: str = "text",
+) -> tuple[list[asyncpg.Record], Watermark, list[float]]:
+    """Every key of the partition changed after ``watermark`` with ``columns`` of its current row
+    (alias ``e``; all NULL when the row is gone or left the modality), read in one snapshot.
+
+    Returns the rows (key columns first, then ``columns``), the new watermark, and each new
+    change's lag from its write to this read in seconds.
+    """
     keys = ", ".join("c." + c for c in KEY_COLUMNS)
     # The model leads the primary key: without it the join cannot use the index.
     join = " AND ".join(f"e.{c} = c.{c}" for c in ("model", *KEY_COLUMNS))
     async with conn.transaction(isolation="repeatable_read", readonly=True):
         xmin = int(await conn.fetchval(f"SELECT {_XMIN}"))
         rows = await conn.fetch(
-            f"""SELECT {keys}, c.seq, extract(epoch FROM clock_timestamp() - c.changed_at)::float8 AS lag,
-                       e.embedding
+            f"""SELECT {keys}, {columns}, c.seq AS change_seq,
+                       extract(epoch FROM clock_timestamp() - c.changed_at)::float8 AS change_lag
                 FROM (SELECT * FROM rag_embedding_changes WHERE model = $1 AND seq > $2
                       UNION ALL
                       SELECT * FROM rag_embedding_changes
@@ -119,11 +169,24 @@ async def changes_since(
             str(watermark.xmin),
             modality,
         )
-    changes = [Change(tuple(r[c] for c in KEY_COLUMNS), _vector(r["embedding"])) for r in rows]  # type: ignore[misc]
-    seq = max([watermark.seq, *(int(r["seq"]) for r in rows)])
+    seq = max([watermark.seq, *(int(r["change_seq"]) for r in rows)])
     # Changes of the previous read's running transactions are re-read; only new ones lag.
-    lags = [float(r["lag"]) for r in rows if int(r["seq"]) > watermark.seq]
-    return ChangeBatch(changes, Watermark(seq, xmin), lags)
+    lags = [float(r["change_lag"]) for r in rows if int(r["change_seq"]) > watermark.seq]
+    return rows, Watermark(seq, xmin), lags
+
+
+def row_key(row: asyncpg.Record) -> RowKey:
+    """The key of a row whose first columns are :data:`KEY_COLUMNS`."""
+    return (row[0], row[1], row[2], row[3], row[4], row[5])
+
+
+async def changes_since(
+    conn: asyncpg.Connection, partition: ModelPartition, watermark: Watermark, modality: str = "text"
+) -> ChangeBatch:
+    """Every key of the partition changed after ``watermark``, with its current vector (one snapshot)."""
+    rows, after, lags = await changed_rows(conn, partition, watermark, "e.embedding", modality)
+    changes = [Change(row_key(r), _vector(r["embedding"])) for r in rows]
+    return ChangeBatch(changes, after, lags)
 
 
 def _vector(value: Any) -> np.ndarray | None:

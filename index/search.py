@@ -26,7 +26,7 @@ import json
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,10 +40,14 @@ from .text import fold
 
 __all__ = [
     "AclPushdown",
+    "Bm25Plan",
     "ChunkHit",
     "CorpusStats",
     "JsonMeta",
     "Scope",
+    "bm25_idf",
+    "bm25_plan",
+    "bm25_score_sql",
     "chunk_from_row",
     "dense_search",
     "fetch_with_local_settings",
@@ -51,6 +55,7 @@ __all__ = [
     "identity_order",
     "lexical_search",
     "query_terms",
+    "scope_key",
     "scope_where",
     "scored_terms",
     "seed_chunks",
@@ -177,6 +182,14 @@ class Scope:
     exclude_record: tuple[str, int] | None = None
     acl: AclPushdown | None = None  # None: no ACL push-down (admins)
     view: str | None = None  # image rows: one face (obverse, reverse)
+
+
+def scope_key(scope: Scope) -> Hashable:
+    """A hashable key of a scope's filters, for the caches that keep something per scope."""
+    acl = None
+    if scope.acl is not None:
+        acl = (tuple(sorted(scope.acl.perms.items())), scope.acl.projects)
+    return (scope.section_tipos, scope.group, scope.view, scope.exclude_record, acl)
 
 
 class _Sql:
@@ -510,8 +523,59 @@ class CorpusStats:
         for t in terms:
             df = stats.df.get(t, 0)
             if df > 0:
-                out[t] = math.log(1.0 + (stats.n - df + 0.5) / (df + 0.5))
+                out[t] = bm25_idf(stats.n, df)
         return stats, out
+
+
+@dataclass(frozen=True)
+class Bm25Plan:
+    """One query's BM25 inputs under given corpus statistics (what both lexical legs score with).
+
+    ``terms`` and ``weights`` (``qtf * idf``) are the scored terms, ``selective`` the ones that form
+    the match set (see :data:`COMMON_TERM_SHARE`), ``avgdl`` the mean chunk length (at least 1).
+    """
+
+    terms: list[str]
+    weights: list[float]
+    selective: list[str]
+    avgdl: float
+
+    @property
+    def tsquery(self) -> str:
+        """The match set as a tsquery: any selective term (OR)."""
+        return " | ".join(_tsquery_literal(t) for t in self.selective)
+
+
+def bm25_plan(
+    terms: Mapping[str, int], idf: Mapping[str, float], df: Mapping[str, int], n: int, avgdl: float
+) -> Bm25Plan | None:
+    """The plan of a query with ``terms`` (query frequencies) and their ``idf`` over ``n`` chunks.
+
+    None when nothing can match (no term in the corpus, or an empty corpus).
+    """
+    if not idf or n == 0:
+        return None
+    scored = list(idf)
+    selective = [t for t in scored if df[t] <= COMMON_TERM_SHARE * n] or scored
+    return Bm25Plan(scored, [terms[t] * idf[t] for t in scored], selective, max(avgdl, 1.0))
+
+
+def bm25_idf(n: int, df: int) -> float:
+    """BM25 IDF of a term in ``df`` of ``n`` chunks, ``ln(1 + (N - df + 0.5) / (df + 0.5))``."""
+    return math.log(1.0 + (n - df + 0.5) / (df + 0.5))
+
+
+def bm25_score_sql(terms: str, weights: str, avgdl: str) -> str:
+    """A subquery (alias ``e``, for a LATERAL join) of one chunk's BM25 ``score``.
+
+    ``terms`` (text[]), ``weights`` (float8[]) and ``avgdl`` (float8) are the placeholders of a
+    :class:`Bm25Plan`'s fields; ``dl`` is the chunk's ``lexical_length``.
+    """
+    return f"""SELECT sum(q.weight * u.tf
+                       / (u.tf + {BM25_K1} * (1 - {BM25_B} + {BM25_B} * e.lexical_length / {avgdl}::float8))) AS score
+            FROM (SELECT lexeme, coalesce(array_length(positions, 1), 1)::float8 AS tf
+                  FROM unnest(e.lexical)) u
+            JOIN unnest({terms}::text[], {weights}::float8[]) AS q(term, weight) ON q.term = u.lexeme"""
 
 
 async def lexical_search(
@@ -539,25 +603,16 @@ async def lexical_search(
     if not terms:
         return []
     corpus, idf = await stats.idf(db, partition, list(terms), scope.section_tipos, modality)
-    if not idf or corpus.n == 0:
+    plan = bm25_plan(terms, idf, corpus.df, corpus.n, corpus.avgdl)
+    if plan is None:
         return []
-    selective = [t for t in idf if corpus.df[t] <= COMMON_TERM_SHARE * corpus.n] or list(idf)
-    tsquery = " | ".join(_tsquery_literal(t) for t in selective)
-    scored = list(idf)
-    sql = _Sql([scored, [terms[t] * idf[t] for t in scored], tsquery, max(corpus.avgdl, 1.0)], modality)
+    sql = _Sql([plan.terms, plan.weights, plan.tsquery, plan.avgdl], modality)
     sql.add("e.lexical @@ $3::tsquery")
     sql.apply_scope(scope)
     query_sql = f"""
-        WITH q AS (SELECT * FROM unnest($1::text[], $2::float8[]) AS q(term, weight))
         SELECT {_COLUMNS}, s.score
         FROM {partition.table} e
-        CROSS JOIN LATERAL (
-            SELECT sum(q.weight * u.tf
-                       / (u.tf + {BM25_K1} * (1 - {BM25_B} + {BM25_B} * e.lexical_length / $4::float8))) AS score
-            FROM (SELECT lexeme, coalesce(array_length(positions, 1), 1)::float8 AS tf
-                  FROM unnest(e.lexical)) u
-            JOIN q ON q.term = u.lexeme
-        ) s
+        CROSS JOIN LATERAL ({bm25_score_sql("$1", "$2", "$4")}) s
         WHERE {sql.where_sql}
         ORDER BY s.score DESC, {_IDENTITY_ORDER}
         LIMIT {int(limit)}"""

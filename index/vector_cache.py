@@ -29,7 +29,6 @@ returns None and the caller runs the SQL leg exactly as without a cache.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
 import logging
 import struct
@@ -45,15 +44,16 @@ from .cache_metrics import CacheMetrics
 from .change_feed import (
     KEY_COLUMNS,
     Change,
-    ChangeListener,
     RowKey,
     Watermark,
+    candidates_params,
+    candidates_sql,
     changes_since,
     current_watermark,
-    pending_sql,
 )
 from .faiss_backend import FlatIndex, GpuFlatIndex, gpu_available, limit_cpu_threads
-from .partitions import ModelPartition, list_partitions
+from .feed_follower import FeedFollower
+from .partitions import ModelPartition
 from .search import (
     ChunkHit,
     Scope,
@@ -61,6 +61,7 @@ from .search import (
     fetch_with_local_settings,
     hit_columns,
     identity_order,
+    scope_key,
     scope_where,
 )
 
@@ -201,13 +202,6 @@ def _normalized(vector: np.ndarray) -> np.ndarray:
     return vector / norm if norm > 0 else vector
 
 
-def _scope_key(scope: Scope) -> ScopeKey:
-    acl = None
-    if scope.acl is not None:
-        acl = (tuple(sorted(scope.acl.perms.items())), scope.acl.projects)
-    return (scope.section_tipos, scope.group, acl)
-
-
 # -- binary COPY ----------------------------------------------------------------------------------
 
 _COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
@@ -262,8 +256,13 @@ def parse_copy(data: bytes, dimension: int) -> tuple[list[RowKey], np.ndarray]:
 # -- the cache ------------------------------------------------------------------------------------
 
 
-class VectorCache:
+class VectorCache(FeedFollower):
     """Every partition's cache, their loading and sync, and the cache-served dense search."""
+
+    label = "faiss cache"
+    serves = "pgvector"
+    states = ("loading", "ready", "over_budget", "failed")
+    partitions: dict[str, PartitionCache]
 
     def __init__(
         self,
@@ -272,17 +271,10 @@ class VectorCache:
         config: CacheConfig,
         metrics: CacheMetrics | None = None,
     ) -> None:
-        self.pool = pool
-        self.database_url = database_url
+        super().__init__(pool, database_url, config.poll_s)
         self.config = config
         self.metrics = metrics or CacheMetrics()
-        self.partitions: dict[str, PartitionCache] = {}
-        self.listener: ChangeListener | None = None
-        self._wake = asyncio.Event()
-        self._dirty: set[str | None] = set()
-        self._tasks: list[asyncio.Task[None]] = []
         self._batchers: set[asyncio.Task[None]] = set()
-        self._lag_since: float | None = None  # first unapplied notification
         self.recent_lags: deque[float] = deque(maxlen=10_000)  # write -> applied, seconds (benchmarks)
         self.applied_log: deque[tuple[float, str, int]] = deque(maxlen=10_000)  # (monotonic, model, seq)
         self.device = self._device()
@@ -306,74 +298,9 @@ class VectorCache:
 
     async def start(self, *, listen: bool = True) -> None:
         """Start loading every partition in the background and following the feed (returns at once)."""
-        if not self.enabled:
-            return
-        if self.config.threads:
+        if self.enabled and self.config.threads:
             limit_cpu_threads(self.config.threads)
-        if listen:
-            self.listener = ChangeListener(self.database_url, self.notify)
-            self.listener.start()
-        self._tasks.append(asyncio.create_task(self._load_all(), name="faiss-load"))
-
-    async def stop(self) -> None:
-        if self.listener is not None:
-            await self.listener.stop()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks.clear()
-
-    async def stop_listening(self) -> None:
-        """Stop following the feed (the cache keeps serving, correct but increasingly behind)."""
-        if self.listener is not None:
-            await self.listener.stop()
-            self.listener = None
-        for task in self._tasks[1:]:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        del self._tasks[1:]
-
-    def notify(self, model: str | None) -> None:
-        """A change was committed (``model``), or anything may have been missed (None)."""
-        if self._lag_since is None:
-            self._lag_since = time.monotonic()
-        self._dirty.add(model)
-        self._wake.set()
-
-    async def _load_all(self) -> None:
-        for partition in await list_partitions(self.pool):
-            if partition.partition not in self.partitions:  # one loaded before start() stays as it is
-                await self._load_logged(partition)
-        self._tasks.append(asyncio.create_task(self._follow(), name="faiss-sync"))
-
-    async def _load_logged(self, partition: ModelPartition) -> None:
-        """Load one partition; a failure is logged and the partition marked failed (pgvector serves it)."""
-        try:
-            await self.load(partition)
-        except (OSError, ValueError, RuntimeError, asyncpg.PostgresError, asyncpg.InterfaceError):
-            log.exception("faiss cache: loading %s failed; pgvector serves it", partition.partition)
-            pc = self.partitions.get(partition.partition)
-            if pc is not None:
-                self._set_state(pc, "failed")
-
-    async def _follow(self) -> None:
-        """Apply the feed: on every notification, after reconnects, and every ``poll_s`` regardless."""
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.config.poll_s)
-            self._wake.clear()
-            dirty, self._dirty = self._dirty, set()
-            try:
-                await self.sync(None if None in dirty or not dirty else dirty)
-            except (OSError, ValueError, RuntimeError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                # Answers stay exact meanwhile (the search adds every pending key); the lag grows and shows.
-                log.warning("faiss cache: sync failed (%s); retrying", exc)
-                self._dirty |= dirty or {None}
-                await asyncio.sleep(0.5)
-                self._wake.set()
+        await super().start(listen=listen)
 
     # -- loading -----------------------------------------------------------------------------------
 
@@ -390,11 +317,6 @@ class VectorCache:
 
     def used_bytes(self, exclude: str | None = None) -> int:
         return sum(pc.index.nbytes for name, pc in self.partitions.items() if name != exclude)
-
-    def _set_state(self, pc: PartitionCache, state: str) -> None:
-        pc.state = state
-        for s in ("loading", "ready", "over_budget", "failed"):
-            self.metrics.partitions.labels(s).set(sum(p.state == s for p in self.partitions.values()))
 
     async def load(self, partition: ModelPartition) -> PartitionCache:
         """Load a partition's text vectors with binary COPY in keyset batches (a progress line per batch)."""
@@ -515,11 +437,7 @@ class VectorCache:
         applied = 0
         wanted = None if models is None else set(models)
         if wanted is not None:
-            known = {pc.partition.model for pc in self.partitions.values()}
-            for model in wanted - known:
-                for partition in await list_partitions(self.pool):
-                    if partition.model == model:
-                        await self._load_logged(partition)
+            await self._load_new(wanted)
         for pc in list(self.partitions.values()):
             if wanted is not None and pc.partition.model not in wanted:
                 continue
@@ -575,14 +493,14 @@ class VectorCache:
         if not pc.scopes:
             return
         slots = np.asarray([pc.slot_of[k] for k in keys if k in pc.slot_of], dtype=np.int64)
-        for scope_key, (scope, mask) in list(pc.scopes.items()):
+        for key, (scope, mask) in list(pc.scopes.items()):
             if len(mask) < len(pc.key_of):
                 mask = np.concatenate([mask, np.zeros(len(pc.key_of) - len(mask), dtype=bool)])
             mask[slots] = False
             async with self.pool.acquire() as conn:
                 members = await self._scope_keys(conn, pc.partition, scope, keys)
             mask[[pc.slot_of[k] for k in members if k in pc.slot_of]] = True
-            pc.scopes[scope_key] = (scope, mask)
+            pc.scopes[key] = (scope, mask)
 
     def lag_seconds(self) -> float:
         """How far behind the store the cache may be now (seconds since the oldest unapplied news)."""
@@ -636,7 +554,7 @@ class VectorCache:
         """The slots the scope (without its excluded record) permits, from cache or built once."""
         if scope.section_tipos is None and scope.group is None and scope.acl is None:
             return pc.alive
-        key = _scope_key(scope)
+        key = scope_key(scope)
         hit = pc.scopes.get(key)
         if hit is not None:
             pc.scopes.move_to_end(key)
@@ -766,22 +684,14 @@ class VectorCache:
         """The candidates plus every key changed after the watermark, re-read through the scope's SQL
         filter and scored by pgvector; with the number of cache candidates that had not changed."""
         where, params = scope_where(scope, [np.asarray(vector, dtype=np.float32)])
-        n = len(params)
-        cols = ", ".join(KEY_COLUMNS)
-        pend = pending_sql(f"${n + 7}", f"${n + 8}", f"${n + 9}")
+        ctes, join = candidates_sql(len(params) + 1)
         cast = partition.cast
         query = f"""
-            WITH cand AS (
-                SELECT * FROM unnest(${n + 1}::text[], ${n + 2}::bigint[], ${n + 3}::text[], ${n + 4}::text[],
-                                     ${n + 5}::text[], ${n + 6}::int[]) AS k({cols})),
-            pend AS ({pend}),
-            k AS (SELECT {cols}, bool_or(pending) AS pending, bool_or(NOT pending) AS cached
-                  FROM (SELECT *, false AS pending FROM cand UNION ALL SELECT *, true FROM pend) u
-                  GROUP BY {cols})
+            WITH {ctes}
             SELECT {hit_columns()}, e.embedding::{cast} <=> $1::{cast} AS distance,
                    k.cached AND NOT k.pending AS trusted
             FROM {partition.table} e
-            JOIN k ON e.model = ${n + 7} AND {" AND ".join(f"e.{c} = k.{c}" for c in KEY_COLUMNS)}
+            {join}
             WHERE {where}
             ORDER BY distance, {identity_order()}"""
         # Planned with its values every time: a generic plan of this statement (after five runs)
@@ -790,13 +700,7 @@ class VectorCache:
             conn,
             ["SET LOCAL plan_cache_mode = force_custom_plan"],
             query,
-            [
-                *params,
-                *([k[i] for k in keys] for i in range(len(KEY_COLUMNS))),
-                partition.model,
-                watermark.seq,
-                str(watermark.xmin),
-            ],
+            [*params, *candidates_params(keys, partition.model, watermark)],
         )
         return rows, sum(1 for r in rows if r["trusted"])
 

@@ -27,13 +27,14 @@ async def _readyz(gw: Gateway) -> dict:
         return json.loads(await r.text())["data"]
 
 
-async def _wait_ready(gw: Gateway) -> dict:
+async def _wait_ready(gw: Gateway, part: str = "faiss") -> dict:
+    """The /readyz detail ``part`` (an in-process index) once every partition is loaded."""
     for _ in range(300):
-        faiss = (await _readyz(gw))["faiss"]
-        if faiss["partitions"] and all(p["state"] == "ready" for p in faiss["partitions"].values()):
-            return faiss
+        held = (await _readyz(gw))[part]
+        if held["partitions"] and all(p["state"] == "ready" for p in held["partitions"].values()):
+            return held
         await asyncio.sleep(0.1)
-    raise AssertionError(f"the cache did not load: {faiss}")
+    raise AssertionError(f"{part} did not load: {held}")
 
 
 async def test_cache_serves_the_dense_leg_exactly(corpus_database_url: str, sidecar_url: str) -> None:

@@ -1,0 +1,395 @@
+"""The lexical leg at scale: the in-memory index against the SQL leg and Tantivy BM25, in one run.
+
+``python -m benchmarks.lexical --sizes 100000 --out DIR`` builds, per size, one partition of ``n``
+chunks with realistic term statistics (issue 24): every unique sentence of the shared data sets
+(``../shared/datasets``: their corpora split into sentences), then text drawn from real word
+frequencies (the ``wordfreq`` package's lists for English, Spanish and German, Zipfian by
+construction) up to ``n``. No "(copy k)" cycling: a term's posting list is as long as its language
+makes it. Every record is in project 1; every 100th also in project 3, so a researcher holding only
+project 3 sees 1% of the chunks.
+
+Queries: the data sets' own (a sample) plus generated ones over the store's vocabulary: rare terms
+(1-3 words of document frequency 1-10), common terms (1-4 words in more than 1% of the chunks) and
+mixed (2-12 words, half common). Then, all in the same run, one caller, ``k`` = 40 (the gateway's
+over-fetch for ``limit`` 10):
+
+- **SQL leg**: :func:`index.search.lexical_search` (statistics cached, warm), admin and 1% ACL;
+- **index leg**: :meth:`index.lexical_index.LexicalIndex.search`, the whole leg (plan, in-memory
+  top-k, the re-read of the hits' rows scored in SQL), admin and 1% ACL;
+- **index core**: the in-memory part alone (plan + top-k slots), what a search engine returns;
+- **Tantivy BM25** (PyPI ``tantivy``) over the same folded texts, the same scored terms as one
+  OR query, top ``k`` addresses and scores.
+
+Build times are reported apart (the store's COPY with its GIN index, the index's load from the
+store, Tantivy's indexing and commit), with the in-process index's array bytes, the process RSS
+growth of its load and Tantivy's index size on disk. Exactness: the index leg's hits and scores
+are compared with the SQL leg's for every query. Tantivy quantizes field norms to one byte and
+tokenizes on its own, so its scores are not BM25-equal; it is the speed baseline only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import re
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .measure import percentile
+from .report import Headline, SuiteResult, Table, write_report
+from .stack import BenchStack, open_stack
+from .suites import find_datasets
+
+__all__ = ["build_corpus", "run_lexical_benchmark"]
+
+MODEL = "bench-lexical-4"
+DIM = 4  # the vectors do not matter here; the lexical leg never reads them
+SECTION = "lex1"
+K = 40
+LANGUAGES = {"en": 0.5, "es": 0.3, "de": 0.2}
+_SENTENCE = re.compile(r"(?<=[.!?])\s+")
+
+
+def _dataset_dirs() -> list[Path]:
+    return find_datasets(("*",))[0]
+
+
+def real_sentences() -> list[str]:
+    """Every unique sentence (4+ words) of the shared data sets' corpora, in a stable order."""
+    seen: dict[str, None] = {}
+    for folder in _dataset_dirs():
+        for line in (folder / "corpus.jsonl").read_text().splitlines():
+            doc = json.loads(line)
+            for sentence in _SENTENCE.split(" ".join(p for p in (doc.get("title"), doc.get("text")) if p)):
+                sentence = sentence.strip()
+                if len(sentence.split()) >= 4:
+                    seen.setdefault(sentence)
+    return list(seen)
+
+
+def dataset_queries() -> list[str]:
+    out: list[str] = []
+    for folder in _dataset_dirs():
+        path = folder / "queries.jsonl"
+        if path.exists():
+            out.extend(json.loads(line)["text"] for line in path.read_text().splitlines() if line.strip())
+    return out
+
+
+def zipf_texts(n: int, rng: np.random.Generator, words_per_language: int = 30_000) -> list[str]:
+    """``n`` texts of 8-120 words drawn by real word frequency (wordfreq), one language each."""
+    import wordfreq
+
+    langs = list(LANGUAGES)
+    tables = {}
+    for lang in langs:
+        words = wordfreq.top_n_list(lang, words_per_language)
+        freq = np.asarray([wordfreq.word_frequency(w, lang) for w in words], dtype=np.float64)
+        tables[lang] = (np.asarray(words, dtype=object), freq / freq.sum())
+    picks = rng.choice(len(langs), n, p=list(LANGUAGES.values()))
+    lengths = np.clip(rng.lognormal(3.4, 0.6, n).astype(int), 8, 120)
+    out = []
+    for lang_i, length in zip(picks, lengths, strict=True):
+        words, p = tables[langs[lang_i]]
+        out.append(" ".join(words[rng.choice(len(words), length, p=p)]))
+    return out
+
+
+def build_corpus(n: int, seed: int = 0) -> list[str]:
+    """``n`` chunk texts: the real sentences first (up to ``n``), then Zipfian text."""
+    real = real_sentences()[:n]
+    return real + zipf_texts(n - len(real), np.random.default_rng(seed))
+
+
+async def _populate(pool: Any, texts: Sequence[str]) -> Any:
+    from index.partitions import ensure_partition
+    from index.store import EmbeddingRow, copy_rows
+    from index.text import fold
+
+    partition = await ensure_partition(pool, MODEL, DIM)
+    meta = {"contributors": ["c1"]}
+    vec = np.ones(DIM, dtype=np.float32)
+    async with pool.acquire() as conn:
+        await conn.execute(f'DROP INDEX IF EXISTS "{partition.partition}_hnsw"')  # no dense leg here
+        for start in range(0, len(texts), 10_000):
+            rows = [
+                EmbeddingRow("text", SECTION, i + 1, "rag:doc", "lg-nolan", 0, f"h{i}", texts[i], fold(texts[i]),
+                             vec, projects=[1, 3] if (i + 1) % 100 == 0 else [1], chunk_meta=meta)
+                for i in range(start, min(start + 10_000, len(texts)))
+            ]  # fmt: skip
+            await copy_rows(conn, partition, rows)
+        await conn.execute(f"ANALYZE {partition.table}")
+    return partition
+
+
+def _generated_queries(lexicon: Any, rng: random.Random, each: int) -> dict[str, list[str]]:
+    """Rare, common and mixed queries over the store's vocabulary (by live document frequency)."""
+    terms = [t for t in lexicon.postings if t.isalpha() and len(t) > 2]
+    df = {t: lexicon.df(t, None) for t in terms}
+    n = lexicon.live
+    rare = [t for t in terms if 1 <= df[t] <= 10]
+    common = [t for t in terms if df[t] > 0.01 * n]
+    rng.shuffle(rare)
+    return {
+        "rare": [" ".join(rng.sample(rare, rng.randint(1, 3))) for _ in range(each)],
+        "common": [" ".join(rng.sample(common, rng.randint(1, 4))) for _ in range(each)],
+        "mixed": [
+            " ".join(rng.sample(common, w // 2) + rng.sample(rare, w - w // 2))
+            for w in (rng.randint(2, 12) for _ in range(each))
+        ],
+    }
+
+
+def _tantivy_build(texts: Sequence[str], path: Path) -> tuple[Any, Any, float]:
+    import tantivy
+
+    builder = tantivy.SchemaBuilder()
+    builder.add_text_field("text", stored=False)
+    schema = builder.build()
+    start = time.perf_counter()
+    index = tantivy.Index(schema, path=str(path))
+    writer = index.writer(heap_size=256 * 2**20, num_threads=1)
+    for text in texts:
+        writer.add_document(tantivy.Document(text=text))
+    writer.commit()
+    writer.wait_merging_threads()
+    index.reload()
+    return index, schema, time.perf_counter() - start
+
+
+def _disk_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def _rss() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+async def _timed(fn: Callable[[str], Awaitable[Any]], queries: Sequence[str]) -> list[float]:
+    for q in queries[:5]:
+        await fn(q)  # warm-up
+    times = []
+    for q in queries:
+        t = time.perf_counter()
+        await fn(q)
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def _ms(times: Sequence[float]) -> dict[str, float]:
+    return {"p50_ms": percentile(times, 50) * 1e3, "p99_ms": percentile(times, 99) * 1e3}
+
+
+async def _one_size(url: str, n: int, n_dataset_queries: int, each: int) -> dict[str, Any]:
+    import tantivy
+
+    from gateway.acl import pushdown
+    from gateway.auth import Principal
+    from index.lexical_index import LexicalConfig, LexicalIndex
+    from index.search import CorpusStats, Scope, lexical_search, query_terms, scored_terms
+    from index.text import fold
+    from schema import create_pool
+
+    pool = await create_pool(url, max_size=4)
+    tantivy_dir = Path(tempfile.mkdtemp(prefix="mnemo-bench-tantivy-"))
+    try:
+        texts = build_corpus(n)
+        real = min(n, len(real_sentences()))
+        if not real:
+            raise LookupError(
+                "no shared data sets found (../shared/datasets): the corpus needs real sentences"
+            )
+        start = time.perf_counter()
+        partition = await _populate(pool, texts)
+        store_s = time.perf_counter() - start
+        rss = _rss()
+        index = LexicalIndex(pool, url, LexicalConfig())
+        lexicon = await index.load(partition)
+        rss_growth = _rss() - rss
+        folded = [fold(t) for t in texts]
+        t_index, schema, tantivy_s = await asyncio.to_thread(_tantivy_build, folded, tantivy_dir)
+        tantivy_bytes = await asyncio.to_thread(_disk_bytes, tantivy_dir)
+        searcher = t_index.searcher()
+
+        rng = random.Random(7)
+        from_data = dataset_queries()
+        rng.shuffle(from_data)
+        sets = {"datasets": from_data[:n_dataset_queries], **_generated_queries(lexicon, rng, each)}
+        queries = [q for qs in sets.values() for q in qs]
+        stats = CorpusStats(ttl=3600.0)
+        admin = Scope()
+        narrow = Scope(acl=pushdown(Principal("r", frozenset({3}), {SECTION: 1})))
+        terms_of: dict[str, list[str]] = {}
+        for q in queries:  # the scored terms, parsed as the legs do (cached by query_terms afterwards)
+            terms_of[q] = list(scored_terms(await query_terms(pool, q)))
+
+        async def sql(q: str, scope: Scope = admin) -> Any:
+            return await lexical_search(pool, partition, q, scope, K, stats=stats)
+
+        async def indexed(q: str, scope: Scope = admin) -> Any:
+            async with pool.acquire() as conn:
+                hits = await index.search(conn, partition, q, scope, K)
+            assert hits is not None, "the index declined a search it should serve"
+            return hits
+
+        async def core(q: str) -> Any:
+            async with pool.acquire() as conn:
+                plan = await index.plan(conn, lexicon, q, None)
+            return None if plan is None else lexicon.top(plan, None, (), K)
+
+        async def engine(q: str) -> Any:
+            terms = terms_of[q]
+            if not terms:
+                return []
+            query = tantivy.Query.boolean_query(
+                [(tantivy.Occur.Should, tantivy.Query.term_query(schema, "text", t)) for t in terms]
+            )
+            return searcher.search(query, K).hits
+
+        # Exactness first (this also warms the SQL leg's statistics and the query-term cache).
+        mismatches = 0
+        for q in queries:
+            a, b = await indexed(q), await sql(q)
+            same = [h.key for h in a] == [h.key for h in b] and np.allclose(
+                [h.score for h in a], [h.score for h in b], rtol=1e-9
+            )
+            mismatches += not same
+        latency: dict[str, dict[str, Any]] = {}
+        for name, fn in (
+            ("sql", sql),
+            ("index", indexed),
+            ("index core", core),
+            ("tantivy", engine),
+        ):
+            per_set = {label: await _timed(fn, qs) for label, qs in sets.items()}
+            every = [t for times in per_set.values() for t in times]
+            latency[name] = {"all": _ms(every), **{label: _ms(times) for label, times in per_set.items()}}
+        latency["sql 1% ACL"] = {"all": _ms(await _timed(lambda q: sql(q, narrow), queries))}
+        latency["index 1% ACL"] = {"all": _ms(await _timed(lambda q: indexed(q, narrow), queries))}
+        await index.stop()
+        return {
+            "chunks": n,
+            "real_sentences": real,
+            "zipf_chunks": n - real,
+            "queries": {label: len(qs) for label, qs in sets.items()},
+            "index_vs_sql_mismatches": mismatches,
+            "build_s": {
+                "store COPY + GIN": store_s,
+                "index load": lexicon.load_seconds,
+                "tantivy": tantivy_s,
+            },
+            "memory": {
+                "index_array_mib": lexicon.nbytes / 2**20,
+                "index_rss_growth_mib": rss_growth / 2**20,
+                "postings": lexicon.posting_count,
+                "terms": len(lexicon.postings),
+                "tantivy_disk_mib": tantivy_bytes / 2**20,
+            },
+            "latency": latency,
+        }
+    finally:
+        await pool.close()
+        shutil.rmtree(tantivy_dir, ignore_errors=True)
+
+
+async def run_lexical_benchmark(
+    stack: BenchStack, sizes: Sequence[int], *, dataset_queries_n: int, each: int
+) -> dict[str, Any]:
+    """Every size on its own fresh database of the stack's PostgreSQL; a JSON-able dict."""
+    results = []
+    for n in sizes:
+        url = await stack.fresh_database(f"lexical_{n}")
+        results.append(await _one_size(url, n, dataset_queries_n, each))
+    return {"sizes": results}
+
+
+def as_suite(result: dict[str, Any]) -> SuiteResult:
+    headlines: list[Headline] = []
+    latency_rows, build_rows = [], []
+    for r in result["sizes"]:
+        n = f"{r['chunks']:,}"
+        lat = r["latency"]
+        for leg, cells in lat.items():
+            for label, cell in cells.items():
+                latency_rows.append([n, leg, label, cell["p50_ms"], cell["p99_ms"]])
+        build_rows.append([n, r["build_s"]["store COPY + GIN"], r["build_s"]["index load"], r["build_s"]["tantivy"],
+                           r["memory"]["index_array_mib"], r["memory"]["index_rss_growth_mib"],
+                           r["memory"]["tantivy_disk_mib"], r["memory"]["postings"],
+                           r["index_vs_sql_mismatches"]])  # fmt: skip
+        headlines.append(Headline(f"{n}: lexical leg p50 (index, whole leg)", lat["index"]["all"]["p50_ms"], "ms",
+                                  "Tantivy BM25", lat["tantivy"]["all"]["p50_ms"], higher_is_better=False,
+                                  bar=3.0))  # fmt: skip
+        headlines.append(Headline(f"{n}: lexical p50 (index core, in memory)", lat["index core"]["all"]["p50_ms"],
+                                  "ms", "Tantivy BM25", lat["tantivy"]["all"]["p50_ms"], higher_is_better=False,
+                                  bar=3.0))  # fmt: skip
+        headlines.append(Headline(f"{n}: lexical leg p50 (index)", lat["index"]["all"]["p50_ms"], "ms",
+                                  "SQL leg", lat["sql"]["all"]["p50_ms"], higher_is_better=False))  # fmt: skip
+        headlines.append(Headline(f"{n}: lexical leg p99 (index)", lat["index"]["all"]["p99_ms"], "ms",
+                                  "SQL leg", lat["sql"]["all"]["p99_ms"], higher_is_better=False))  # fmt: skip
+    tables = [
+        Table(
+            "Lexical latency, 1 caller, k = 40 (ms)", ["chunks", "leg", "queries", "p50", "p99"], latency_rows
+        ),
+        Table(
+            "Build, memory, exactness",
+            [
+                "chunks",
+                "store COPY+GIN s",
+                "index load s",
+                "Tantivy build s",
+                "index arrays MiB",
+                "index RSS growth MiB",
+                "Tantivy disk MiB",
+                "postings",
+                "index != SQL queries",
+            ],
+            build_rows,
+        ),
+    ]
+    notes = [
+        "index: the whole leg (query plan from the in-memory statistics, in-memory top-k, one SQL re-read of "
+        "the hits' rows with their BM25 scored by the SQL leg's expression). index core: the in-memory part "
+        "alone, comparable to Tantivy's search (addresses and scores, no stored rows).",
+        "Tantivy: same folded texts, same scored query terms as one OR (Should) query, 1 indexing thread; its "
+        "field norms are quantized to a byte and its tokenizer is its own, so its scores are not BM25-equal.",
+        "1% ACL: a researcher holding a project that 1% of the records carry.",
+    ]
+    return SuiteResult(suite="lexical", headlines=headlines, tables=tables, figures=result, notes=notes)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.lexical", description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default="100000", help="chunks per run, comma-separated (a scale run: 1000000)")
+    p.add_argument("--dataset-queries", type=int, default=150, help="queries sampled from the data sets")
+    p.add_argument(
+        "--generated", type=int, default=50, help="generated queries per kind (rare, common, mixed)"
+    )
+    p.add_argument("--database-url", default=None, help="a PostgreSQL server to use (default: embedded)")
+    p.add_argument("--out", type=Path, required=True, help="report folder (results.json, REPORT.md)")
+    args = p.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    with (
+        tempfile.TemporaryDirectory(prefix="mnemo-bench-lexical-") as work,
+        open_stack(Path(work), database=True, sidecar=False, database_url=args.database_url) as stack,
+    ):
+        result = asyncio.run(
+            run_lexical_benchmark(stack, sizes, dataset_queries_n=args.dataset_queries, each=args.generated)
+        )
+    report = write_report(args.out, [as_suite(result)], {"suite": "lexical", "sizes": sizes})
+    print(report.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

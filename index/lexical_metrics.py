@@ -1,0 +1,58 @@
+"""Prometheus metrics of the in-memory lexical index (:mod:`index.lexical_index`), on the gateway's registry."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["LexicalMetrics"]
+
+_LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class LexicalMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry(auto_describe=True)
+        self.partitions = Gauge(
+            "mnemo_lexical_partitions",
+            "Lexical index partitions by state (loading, ready, failed).",
+            ("state",),
+            registry=r,
+        )
+        self.bytes = Gauge(
+            "mnemo_lexical_bytes",
+            "Bytes of the lexical index's arrays (postings, per-chunk columns), per partition.",
+            ("partition",),
+            registry=r,
+        )
+        self.chunks = Gauge(
+            "mnemo_lexical_chunks",
+            "Live chunks in the lexical index, per partition.",
+            ("partition",),
+            registry=r,
+        )
+        self.load_seconds = Gauge(
+            "mnemo_lexical_load_seconds",
+            "Seconds the last full load (build) of a partition's lexical index took.",
+            ("partition",),
+            registry=r,
+        )
+        self.searches = Counter(
+            "mnemo_lexical_searches",
+            "Lexical searches with the index on, by outcome: hit (served by the index), cold (partition "
+            "still loading), failed (its load failed), image (image rows: not indexed), fallback (the "
+            "index could not prove an exact answer). Every outcome but hit is served by the SQL leg.",
+            ("result",),
+            registry=r,
+        )
+        self.apply_lag = Histogram(
+            "mnemo_lexical_apply_lag_seconds",
+            "Seconds from a row's write in the store to its change being applied in the lexical index.",
+            buckets=_LAG_BUCKETS,
+            registry=r,
+        )
+        self.changes = Counter(
+            "mnemo_lexical_changes",
+            "Changed keys applied to the lexical index from the feed, by kind (upsert, delete).",
+            ("kind",),
+            registry=r,
+        )
