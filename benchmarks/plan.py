@@ -127,6 +127,11 @@ class ScalePlan:
     # halfvec against vector (RAG_VECTOR_TYPE): the same rows into both, recall@10 vs exact
     halfvec_rows: int = 10_000
     halfvec_queries: int = 50
+    # The retrieval section's lexical leg (benchmarks/lexical.py): the in-memory index, the SQL leg
+    # and Tantivy BM25 over a corpus with real term statistics, per size (empty: skipped).
+    lexical_sizes: tuple[int, ...] = (10_000,)
+    lexical_dataset_queries: int = 60
+    lexical_generated_queries: int = 20  # of each kind: rare, common, mixed
 
 
 @dataclasses.dataclass(frozen=True)

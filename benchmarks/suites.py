@@ -315,6 +315,22 @@ async def scale_suite(stack: BenchStack, plan: BenchPlan) -> SuiteResult:
         build_workers=plan.scale.store_build_workers,
     )
     add_halfvec_result(suite, half)
+    if plan.scale.lexical_sizes:
+        from .lexical import as_suite as lexical_suite
+        from .lexical import run_lexical_benchmark
+
+        lexical = lexical_suite(
+            await run_lexical_benchmark(
+                stack,
+                plan.scale.lexical_sizes,
+                dataset_queries_n=plan.scale.lexical_dataset_queries,
+                each=plan.scale.lexical_generated_queries,
+            )
+        )
+        suite.headlines.extend(lexical.headlines)
+        suite.tables.extend(lexical.tables)
+        suite.notes.extend(lexical.notes)
+        suite.figures["lexical"] = lexical.figures
     return suite
 
 
