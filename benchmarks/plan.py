@@ -1,6 +1,7 @@
 """How much each suite measures: the quick plan (``make bench``) and the full one (``--full``).
 
-The quick plan takes about 10.5 minutes on a quiet 2-core CPU machine (10 min 24 s at the commit
+The quick plan took about 10.5 minutes on a quiet 2-core CPU machine before the scale suite was added
+(which adds a few minutes, not yet timed on a quiet machine) (10 min 24 s at the commit
 after ff27cc2: sidecar 151 s, ingest 21 s, gateway 81 s, quality 247 s, reliability 78 s, and about
 45 s starting and stopping PostgreSQL and the sidecar): small corpora, short curves, no peers, no
 tuned row, but every data set in the quality suite, whose embedding of about 4,800 documents with
