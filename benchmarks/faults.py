@@ -30,10 +30,17 @@ from inference.launcher import APP_NAME
 
 from .measure import percentile
 
-__all__ = ["drain_processes", "drain_worker_killed", "live_replicas", "sigterm_gateway", "sigterm_under_load"]
+__all__ = [
+    "api_call",
+    "drain_processes",
+    "drain_worker_killed",
+    "live_replicas",
+    "sigterm_gateway",
+    "sigterm_under_load",
+]
 
 
-def _search(conn: http.client.HTTPConnection, token: str, body: bytes) -> tuple[str, int]:
+def api_call(conn: http.client.HTTPConnection, token: str, body: bytes) -> tuple[str, int]:
     """("ok" | "refused" | "coded" | "broken", status) for one request.
 
     ``conn`` reconnects by itself once closed: a fresh connection per request when the caller closes
@@ -135,7 +142,7 @@ async def sigterm_gateway(
         try:
             while not stop.is_set():
                 after = signalled.is_set()
-                outcome, status = _search(conn, token, body)
+                outcome, status = api_call(conn, token, body)
                 if not keep_alive:
                     conn.close()
                 if outcome.startswith("broken:"):

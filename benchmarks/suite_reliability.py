@@ -233,6 +233,7 @@ def _fault_figures(result: dict[str, Any]) -> list[list[Any]]:
         "replica_killed",
         "replica_killed_of_two",
         "cluster",
+        "read_replica_restarted",
         "overload",
         "mixed_load",
     ):
@@ -305,6 +306,16 @@ def _fault_figures(result: dict[str, Any]) -> list[list[Any]]:
              f"{f['statuses']} / {f['server_errors']}, {f['dropped']}, {f['hung_callers']}", "all 200 / 0, 0, 0"],
         ]  # fmt: skip
     rows += _cluster_figures(result.get("cluster"))
+    f = result.get("read_replica_restarted")
+    if f and "error" not in f and "skipped" not in f:
+        rows += [
+            [f"read replica stopped (-m fast) and started under {f['callers']} search loops: searches failed "
+             f"(of {f['searches']})", f["searches_failed"], 0],
+            ["read replica: seconds to reads on the primary after the stop / back on the replica after the "
+             "start / fallbacks counted / slowest search s",
+             f"{f['seconds_to_primary_after_stop']} / {f['seconds_back_on_replica_after_start']} / "
+             f"{f['fallbacks_counted']} / {f['slowest_search_s']}", "bounded / bounded / > 0 / -"],
+        ]  # fmt: skip
     f = result.get("overload")
     if f and "error" not in f:
         rss = f["rss_mb"]
@@ -683,5 +694,30 @@ async def run_suite(stack: BenchStack, plan: ReliabilityPlan) -> SuiteResult:
             text_model=BENCH_MODEL,
             callers=plan.sigterm_callers,
         )
+    if plan.faults:
+        await _read_replica_fault(stack, database, secret, admin, result)
     await _faults(stack, plan, result)
     return _as_suite(result)
+
+
+async def _read_replica_fault(
+    stack: BenchStack, database: str, secret: str, token: str, result: dict[str, Any]
+) -> None:
+    """A streaming replica of the run's own embedded server: none to make of a ``--database-url`` one."""
+    from schema import EmbeddedPostgres
+
+    from .replica_fault import read_replica_restarted
+
+    assert stack.sidecar_url is not None
+    if not isinstance(stack.embedded, EmbeddedPostgres):
+        result["read_replica_restarted"] = {
+            "skipped": "needs the run's embedded PostgreSQL (no --database-url)"
+        }
+        return
+    await _attempt(
+        result,
+        "read_replica_restarted",
+        read_replica_restarted(
+            stack.embedded, database, stack.sidecar_url, secret, token, stack.work_dir, text_model=BENCH_MODEL
+        ),
+    )
