@@ -177,7 +177,10 @@ def open_stack(
                 bench.sidecar_url = stack.enter_context(
                     running_sidecar(
                         bench_sidecar_config(work_dir / "models" if tiny_models else None),
-                        num_cpus=os.cpu_count() or 2,
+                        # CPU shares are Ray's scheduling tokens here, not capacity: the reliability
+                        # suite deploys applications beside the stack's (two replicas, a killed one's
+                        # replacement), which would not be placed within one token per core.
+                        num_cpus=2 * (os.cpu_count() or 2),
                         object_store_mb=128,
                         api_key="",
                     )
