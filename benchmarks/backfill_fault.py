@@ -116,7 +116,8 @@ async def backfill_killed_mid_build(
                     raise RuntimeError(f"the backfill ended before the kill; see {log}")
                 return bool(
                     await pool.fetchval(
-                        "SELECT count(*) FROM pg_locks WHERE relation = to_regclass($1) AND NOT granted",
+                        "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                        "WHERE l.relation = to_regclass($1) AND NOT l.granted AND a.query ILIKE 'ALTER TABLE%'",
                         table.table,
                     )
                 )

@@ -44,10 +44,10 @@ from typing import Any
 
 import numpy as np
 
+from .datasets import find_datasets
 from .measure import percentile
 from .report import Headline, SuiteResult, Table, write_report
 from .stack import BenchStack, open_stack
-from .suites import find_datasets
 
 __all__ = ["build_corpus", "run_lexical_benchmark"]
 

@@ -109,6 +109,14 @@ class DrainReport:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @property
+    def sidecar_seen(self) -> bool | None:
+        """What this pass learned of the sidecar: False when it stopped on an outage, True when it
+        processed records, None when it claimed nothing (it never asked, so it says nothing)."""
+        if self.unavailable:
+            return False
+        return True if self.processed else None
+
 
 class DrainWorker:
     """One claimant of the queue: its lease identity, its heartbeat and its counters.
@@ -507,6 +515,9 @@ class DrainLoop:
         self._wake = asyncio.Event()
         self.last_report: DrainReport | None = None
         self.last_error: str | None = None
+        # As the last pass that asked the sidecar found it: a pass that claimed nothing (records
+        # waiting out an outage pause) must not report it back (the metric follows the same rule).
+        self.sidecar_available = True
         self.last_pass_at: datetime | None = None
         self.paused_until: datetime | None = None
         self.passes = 0
@@ -527,7 +538,7 @@ class DrainLoop:
             "crashes": self.crashes,
             "last_crash": self.last_crash,
             "restart_at": self.restart_at.isoformat() if self.restart_at else None,
-            "sidecar_available": not (self.last_report and self.last_report.unavailable),
+            "sidecar_available": self.sidecar_available,
             "paused_until": self.paused_until.isoformat() if paused and self.paused_until else None,
             "last_error": self.last_error,
             "last_pass_at": self.last_pass_at.isoformat() if self.last_pass_at else None,
@@ -548,7 +559,10 @@ class DrainLoop:
         self.passes += 1
         self.last_report = report
         self.last_pass_at = datetime.now(UTC)
-        self.last_error = report.error
+        if report.sidecar_seen is not None:
+            self.sidecar_available = report.sidecar_seen
+        if report.error or report.processed:  # an empty pass keeps the last pass's error on show
+            self.last_error = report.error
         self.metrics.observe_report(report)
         with contextlib.suppress(Exception):
             self.metrics.observe_stats(await queue.stats(self.pool, self.settings.max_attempts))

@@ -35,6 +35,9 @@ class PassReport(Protocol):
     @property
     def seconds(self) -> Mapping[str, float]: ...
 
+    @property
+    def sidecar_seen(self) -> bool | None: ...
+
 
 _PHASE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0)
 
@@ -164,9 +167,8 @@ class IngestMetrics:
             self.phase_seconds.labels(phase).observe(seconds)
         if report.unavailable:
             self.outages.inc()
-            self.sidecar_available.set(0)
-        elif report.processed:
-            self.sidecar_available.set(1)
+        if report.sidecar_seen is not None:
+            self.sidecar_available.set(int(report.sidecar_seen))
 
     def observe_crash(self) -> None:
         self.drain_crashes.inc()

@@ -155,7 +155,9 @@ async def copy_out_of_scope(conn: asyncpg.Connection, partition: ModelPartition,
     shadow = shadow_of(partition)
     async with conn.transaction():
         watermark = await current_watermark(conn, partition)
-        await conn.execute(f"TRUNCATE {shadow.table}")  # nothing of the run is in it yet
+        # Nothing of the run is in it yet (a run's rows follow this commit): a guard, as a DELETE and not
+        # a TRUNCATE, whose ACCESS EXCLUSIVE lock would queue behind any reader of the shadow.
+        await conn.execute(f"DELETE FROM {shadow.table}")
         copied = await _copy_records(conn, partition.table, shadow.table, f"NOT ({_IN_SCOPE})", backfill_id)
         await conn.execute(
             """UPDATE rag_backfills SET target_seq = $2, target_xmin = $3, updated_at = now()

@@ -148,7 +148,7 @@ def test_every_suite_writes_a_report_with_baselines_and_plots(
 
 
 def test_suite_selection_and_device_rules() -> None:
-    assert _suites("all", "cpu") == ["sidecar", "ingest", "gateway", "quality", "reliability"]
+    assert _suites("all", "cpu") == ["sidecar", "ingest", "gateway", "quality", "reliability", "scale"]
     assert _suites("all", "cuda") == ["gpu"] and _suites("gpu", "cpu") == ["gpu"]
     with pytest.raises(SystemExit, match="unknown suite"):
         _suites("sidecar,nope", "cpu")

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.datasets import find_datasets
 from benchmarks.gateway import SHARED as SHARED_DATASETS
 from benchmarks.plan import FULL, QUICK, apply_overrides
 from benchmarks.report import Curve, SuiteResult, write_report
 from benchmarks.scale_drain import real_records
 from benchmarks.suite_gateway import _combine, _projects_of
-from benchmarks.suites import find_datasets, scale_drain_result
+from benchmarks.suites import scale_drain_result
 
 
 def test_quick_plan_is_smaller_than_full_and_full_has_peers_and_100k_chunks() -> None:
