@@ -164,8 +164,8 @@ def test_a_bad_override_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureF
 
 @pytest.mark.ray
 @pytest.mark.slow
-# The whole suite in small: fuzzing, SIGTERM and four faults, each with its own stack.
-@pytest.mark.timeout(600)
+# The whole suite in small: fuzzing, SIGTERM and four faults, each with its own stack (its hang
+# guard: the slow tests' one, tests/conftest.py).
 def test_reliability_suite_writes_its_figures(sidecar_url: str, pg_server, tmp_path: Path) -> None:
     out = tmp_path / "report"
     args = ["bench", "--suite", "reliability", "--out", str(out), "--sidecar-url", sidecar_url]

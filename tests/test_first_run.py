@@ -171,7 +171,7 @@ def test_eval_on_an_empty_database(
     assert "lexical" in done.stdout
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)  # the whole stack from nothing: a hang guard, like the slow tests' one
 def test_up_on_an_empty_database(empty_database_url: str, tmp_path: Path, sidecar_url: str) -> None:
     port = free_port()
     proc = _foreground(
