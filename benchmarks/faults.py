@@ -273,12 +273,33 @@ class _Postgres:
         inner = self.server._server
         pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=inner.pgdata, user=inner.system_user)
 
-    def start(self) -> None:
+    def start(self, ready_s: float = 300.0) -> None:
+        """Start it again and wait, bounded by ``ready_s``, until crash recovery has finished.
+
+        pgserver's own start gives ``pg_ctl -w`` 10 s. After an immediate stop the server replays
+        its WAL first, which on a loaded machine took longer (a suite run failed on it), while the
+        postmaster that ``pg_ctl`` launched carries on. So a timeout there is followed by waiting
+        for that postmaster to report ready."""
+        import subprocess
+
         from pgserver.postgres_server import PostgresServer
+        from pgserver.utils import PostmasterInfo
 
         inner = self.server._server
         with PostgresServer._lock:
-            inner.ensure_postgres_running()
+            try:
+                inner.ensure_postgres_running()
+                return
+            except subprocess.TimeoutExpired:
+                pass
+            deadline = time.monotonic() + ready_s
+            while time.monotonic() < deadline:
+                info = PostmasterInfo.read_from_pgdata(inner.pgdata)
+                if info is not None and info.is_running() and info.status == "ready":
+                    inner._postmaster_info = info
+                    return
+                time.sleep(0.5)
+        raise TimeoutError(f"PostgreSQL at {inner.pgdata} was not ready {ready_s:.0f} s after its restart")
 
 
 async def _fresh_pool(server_url: str, name: str) -> Any:
@@ -583,8 +604,8 @@ def replica_killed_under_load(
             break
         time.sleep(0.1)
     stop.set()
-    for thread in threads:
-        thread.join(timeout_s + 5)
+    for thread in threads:  # a caller may be inside its retries (at most 1 s each) when stop is set
+        thread.join(timeout_s + retries + 5)
     hung = sum(t.is_alive() for t in threads)
     server_errors = sum(v for k, v in statuses.items() if k not in ("200", "429", "503", "no answer"))
     return {
