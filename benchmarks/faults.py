@@ -261,47 +261,6 @@ def compare_stores(clean: dict[tuple, tuple], other: dict[tuple, tuple]) -> dict
     }
 
 
-class _Postgres:
-    """Hard stop and start of a dedicated :class:`~schema.EmbeddedPostgres` (pgserver's ``pg_ctl``)."""
-
-    def __init__(self, server: Any) -> None:
-        self.server = server
-
-    def stop_immediate(self) -> None:
-        from pgserver._commands import pg_ctl
-
-        inner = self.server._server
-        pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=inner.pgdata, user=inner.system_user)
-
-    def start(self, ready_s: float = 300.0) -> None:
-        """Start it again and wait, bounded by ``ready_s``, until crash recovery has finished.
-
-        pgserver's own start gives ``pg_ctl -w`` 10 s. After an immediate stop the server replays
-        its WAL first, which on a loaded machine took longer (a suite run failed on it), while the
-        postmaster that ``pg_ctl`` launched carries on. So a timeout there is followed by waiting
-        for that postmaster to report ready."""
-        import subprocess
-
-        from pgserver.postgres_server import PostgresServer
-        from pgserver.utils import PostmasterInfo
-
-        inner = self.server._server
-        with PostgresServer._lock:
-            try:
-                inner.ensure_postgres_running()
-                return
-            except subprocess.TimeoutExpired:
-                pass
-            deadline = time.monotonic() + ready_s
-            while time.monotonic() < deadline:
-                info = PostmasterInfo.read_from_pgdata(inner.pgdata)
-                if info is not None and info.is_running() and info.status == "ready":
-                    inner._postmaster_info = info
-                    return
-                time.sleep(0.5)
-        raise TimeoutError(f"PostgreSQL at {inner.pgdata} was not ready {ready_s:.0f} s after its restart")
-
-
 async def _fresh_pool(server_url: str, name: str) -> Any:
     """A pool on a new, migrated database ``name`` (dropped first if it exists) of the server at
     ``server_url``, with :data:`DRAIN_DESCRIPTOR` put."""
@@ -454,12 +413,11 @@ async def postgres_stopped_mid_drain(
     shutil.rmtree(root, ignore_errors=True)
     server = EmbeddedPostgres(root / "data")
     server.start()
-    pg = _Postgres(server)
 
     async def interrupt(drain: Any) -> dict[str, Any]:
-        await asyncio.to_thread(pg.stop_immediate)
+        await asyncio.to_thread(server.halt)
         await asyncio.sleep(down_s)
-        await asyncio.to_thread(pg.start)
+        await asyncio.to_thread(server.start)  # waits out crash recovery
         return {}
 
     deadline = asyncio.get_running_loop().time() + deadline_s

@@ -10,11 +10,20 @@ another Mnemo process still holds keeps running: pgserver counts handles).
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import time
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+# How long a start waits for the server to finish crash recovery. pgserver's own start gives
+# ``pg_ctl -w`` 10 s; after a crash (power loss, OOM kill, ``pg_ctl -m immediate``) PostgreSQL first
+# replays its WAL, which for a large archive on a busy host takes longer. The postmaster that
+# ``pg_ctl`` launched carries on regardless, so a start waits for it instead of failing.
+RECOVERY_WAIT_S = 600.0
 
 
 class EmbeddedDatabaseError(RuntimeError):
@@ -24,12 +33,16 @@ class EmbeddedDatabaseError(RuntimeError):
 class EmbeddedPostgres:
     """A PostgreSQL server living under ``data_dir``."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, *, recovery_wait_s: float = RECOVERY_WAIT_S) -> None:
         self.data_dir = Path(data_dir).expanduser().resolve()
+        self.recovery_wait_s = recovery_wait_s
         self._server: Any = None
 
     def start(self) -> str:
-        """Start (or attach to) the server; return a connection URL for the ``postgres`` database."""
+        """Start (or attach to) the server; return a connection URL for the ``postgres`` database.
+
+        A server still replaying its WAL after a crash is waited for, up to ``recovery_wait_s``.
+        Calling it again after :meth:`halt` starts the same server again."""
         try:
             import pgserver
         except ImportError as exc:  # pragma: no cover - a broken install
@@ -39,7 +52,12 @@ class EmbeddedPostgres:
             ) from exc
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self._server = pgserver.get_server(self.data_dir, cleanup_mode="stop")
+            if self._server is None:
+                self._server = self._get_server(pgserver)
+            else:
+                self._ensure_running(self._server)
+        except EmbeddedDatabaseError:
+            raise
         except Exception as exc:
             raise EmbeddedDatabaseError(
                 f"could not start the embedded PostgreSQL in {self.data_dir}: {exc} "
@@ -48,6 +66,67 @@ class EmbeddedPostgres:
         url = self.url
         log.info("embedded PostgreSQL running in %s", self.data_dir)
         return url
+
+    def _get_server(self, pgserver: Any) -> Any:
+        try:
+            return pgserver.get_server(self.data_dir, cleanup_mode="stop")
+        except subprocess.TimeoutExpired:
+            # pgserver registered the handle before its start timed out; finish what it began.
+            from pgserver.postgres_server import PostgresServer
+
+            server = PostgresServer._instances[self.data_dir]
+            with PostgresServer._lock:
+                self._await_ready(server)
+                server.global_process_id_list.get_and_add(os.getpid())
+            return server
+
+    def _ensure_running(self, server: Any) -> None:
+        from pgserver.postgres_server import PostgresServer
+
+        with PostgresServer._lock:
+            try:
+                server.ensure_postgres_running()
+            except subprocess.TimeoutExpired:
+                self._await_ready(server)
+
+    def _await_ready(self, server: Any) -> None:
+        """Wait, holding pgserver's lock so no other process launches a second postmaster, until
+        the postmaster ``pg_ctl`` started reports ready; a dead one or the deadline is an error."""
+        from pgserver.utils import PostmasterInfo
+
+        log.warning(
+            "embedded PostgreSQL in %s is still starting after pg_ctl's wait (crash recovery?); "
+            "waiting up to %.0f s for it",
+            self.data_dir,
+            self.recovery_wait_s,
+        )
+        deadline = time.monotonic() + self.recovery_wait_s
+        while time.monotonic() < deadline:
+            info = PostmasterInfo.read_from_pgdata(server.pgdata)
+            if info is not None and info.is_running() and info.status == "ready":
+                server._postmaster_info = info
+                log.info("embedded PostgreSQL in %s is ready", self.data_dir)
+                return
+            if info is None or not info.is_running():
+                raise EmbeddedDatabaseError(
+                    f"the embedded PostgreSQL in {self.data_dir} stopped while starting "
+                    f"(its log is {self.data_dir / 'log'})"
+                )
+            time.sleep(0.5)
+        raise EmbeddedDatabaseError(
+            f"the embedded PostgreSQL in {self.data_dir} was not ready {self.recovery_wait_s:.0f} s "
+            f"after its start (its log is {self.data_dir / 'log'})"
+        )
+
+    def halt(self) -> None:
+        """Stop the server the way a crash does (``pg_ctl stop -m immediate``: no checkpoint, so
+        the next :meth:`start` replays WAL). For fault drills; :meth:`stop` is the clean stop."""
+        from pgserver._commands import pg_ctl
+
+        if self._server is None:
+            raise EmbeddedDatabaseError("the embedded database is not started")
+        server = self._server
+        pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=server.pgdata, user=server.system_user)
 
     @property
     def url(self) -> str:

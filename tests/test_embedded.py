@@ -47,6 +47,38 @@ async def test_data_directory_is_reused_across_restarts(tmp_path: Path) -> None:
         await conn.close()
 
 
+async def test_a_start_waits_out_recovery_longer_than_pg_ctl_allows(tmp_path: Path) -> None:
+    """After a crash the server replays WAL before it is ready; pgserver gives ``pg_ctl -w`` 10 s,
+    and an archive's recovery can take longer. A start waits for the postmaster it launched.
+
+    The long recovery is real PostgreSQL: an archive recovery (``recovery.signal``) whose first
+    ``restore_command`` call takes 12 s, with ``hot_standby`` off so nothing is ready before it ends."""
+    data_dir = tmp_path / "pg"
+    server = EmbeddedPostgres(data_dir, recovery_wait_s=300)
+    server.start()
+    try:
+        conn = await asyncpg.connect(server.url)
+        await conn.execute("CREATE TABLE kept (v int); INSERT INTO kept VALUES (42)")
+        await conn.close()
+        server.halt()
+        assert not _postgres_processes(data_dir.resolve()), "halt() stops the server"
+        (data_dir / "recovery.signal").write_text("")
+        with (data_dir / "postgresql.auto.conf").open("a") as conf:
+            conf.write("restore_command = '[ -e slept ] || { touch slept; sleep 12; }; false'\n")
+            conf.write("hot_standby = off\n")
+
+        server.start()
+
+        assert (data_dir / "slept").exists(), "the slow restore_command ran"
+        assert not (data_dir / "recovery.signal").exists(), "recovery finished before start returned"
+        conn = await asyncpg.connect(server.url)
+        assert await conn.fetchval("SELECT v FROM kept") == 42
+        await conn.close()
+    finally:
+        server.stop()
+    assert not _postgres_processes(data_dir.resolve()), "stop() after a waited start leaves no server"
+
+
 def _post(url: str, token: str, action: str, options: dict) -> dict:
     body = json.dumps({"dd_api": "dd_rag_api", "action": action, "options": options}).encode()
     request = urllib.request.Request(
