@@ -60,10 +60,12 @@ __all__ = [
     "BackfillConflict",
     "BackfillOptions",
     "BackfillReport",
+    "EmbedStep",
     "JsonlSource",
     "ModelSource",
     "QueueSource",
     "abandon",
+    "embed_and_copy",
     "run_backfill",
 ]
 
@@ -293,7 +295,7 @@ class JsonlSource:
     def __init__(self, path: Path, text_model: str | None) -> None:
         self.path = path
         self.text_model = text_model
-        self._lines: dict[RecordKey, int] | None = None  # the last line of each record
+        self._offsets: dict[RecordKey, int] | None = None  # the byte offset of each record's last line
 
     def detail(self) -> dict[str, Any]:
         return {"file": str(self.path.resolve())}
@@ -302,11 +304,14 @@ class JsonlSource:
         return await _resolve(client, self.text_model)
 
     def _read(self) -> tuple[dict[RecordKey, int], list[dict[str, Any]]]:
-        """Each record's last line, and the lines that are not a record (JSON or its key)."""
-        lines: dict[RecordKey, int] = {}
+        """Each record's last line (its byte offset), and the lines that are not a record (JSON
+        or its key). Offsets let a batch read its records without scanning the file again."""
+        offsets: dict[RecordKey, int] = {}
         rejects: list[dict[str, Any]] = []
+        offset = 0
         with self.path.open("rb") as fh:
             for number, line in enumerate(fh, 1):
+                start, offset = offset, offset + len(line)
                 if not line.strip():
                     continue
                 try:
@@ -317,27 +322,28 @@ class JsonlSource:
                 except (JsonRejected, KeyError, TypeError) as exc:
                     rejects.append({"line": number, "reason": f"request.invalid_record: {exc}"})
                     continue
-                lines.pop(key, None)
-                lines[key] = number
-        return lines, rejects
+                offsets.pop(key, None)
+                offsets[key] = start
+        return offsets, rejects
 
-    def lines(self) -> dict[RecordKey, int]:
-        if self._lines is None:
-            self._lines, _ = self._read()
-        return self._lines
+    def offsets(self) -> dict[RecordKey, int]:
+        if self._offsets is None:  # a resumed run, or a Ray writer's copy: read once
+            self._offsets, _ = self._read()
+        return self._offsets
 
     async def scope(self, conn: asyncpg.Connection, backfill_id: str) -> list[dict[str, Any]]:
-        self._lines, rejects = await asyncio.to_thread(self._read)
-        await _register(conn, backfill_id, list(self._lines))
+        self._offsets, rejects = await asyncio.to_thread(self._read)
+        await _register(conn, backfill_id, list(self._offsets))
         return rejects
 
     def _records(self, keys: Sequence[RecordKey]) -> dict[RecordKey, Any]:
-        wanted = {self.lines()[k]: k for k in keys if k in self.lines()}
+        offsets = self.offsets()
         out: dict[RecordKey, Any] = {}
         with self.path.open("rb") as fh:
-            for number, line in enumerate(fh, 1):
-                if number in wanted:
-                    out[wanted[number]] = loads_strict(line, forbid_nul=True)
+            for key in keys:
+                if key in offsets:
+                    fh.seek(offsets[key])
+                    out[key] = loads_strict(fh.readline(), forbid_nul=True)
         return out
 
     async def embed(self, pool: asyncpg.Pool, indexer: Indexer, keys: Sequence[RecordKey]) -> Embedded:
@@ -604,6 +610,32 @@ async def _write_batch(
         )
 
 
+async def embed_and_copy(
+    pool: asyncpg.Pool, source: Source, indexer: Indexer, backfill_id: str, keys: list[RecordKey]
+) -> int:
+    """Embed one batch of pending records and COPY it into the shadow, with their states, in one
+    transaction (what each of ``--ray``'s writers does per batch). Returns the rows written."""
+    embedded = await source.embed(pool, indexer, keys)
+    await _write_batch(pool, indexer.partition, backfill_id, keys, embedded)
+    return sum(len(embedded.rows.get(key, ())) for key in keys)
+
+
+class EmbedStep(Protocol):
+    """Step 3, embed and COPY every pending record: in this process (the default) or elsewhere
+    (:class:`index.backfill_ray.RayEmbedStep`). Each batch commits its rows and its records'
+    states together, so a step killed anywhere resumes from the committed batches."""
+
+    async def __call__(
+        self,
+        pool: asyncpg.Pool,
+        source: Source,
+        indexer: Indexer,
+        backfill_id: str,
+        options: BackfillOptions,
+        progress: Progress,
+    ) -> None: ...
+
+
 async def _embed_pending(
     pool: asyncpg.Pool,
     source: Source,
@@ -677,8 +709,11 @@ async def run_backfill(
     options: BackfillOptions | None = None,
     *,
     progress: Progress | None = None,
+    embed_step: EmbedStep | None = None,
 ) -> BackfillReport:
-    """Run (or resume) a backfill of ``source`` into its target model's partition, up to the swap."""
+    """Run (or resume) a backfill of ``source`` into its target model's partition, up to the swap.
+    ``embed_step`` embeds and copies the pending records (default: here, one batch embedding
+    while the previous one is written)."""
     options = options or BackfillOptions()
     progress = progress or (lambda done, total: None)
     if options.maintenance_work_mem is not None:
@@ -688,7 +723,9 @@ async def run_backfill(
     partition = await ensure_partition(pool, model.id, model.dimension)
     report = BackfillReport(backfill_id="", model=model.id, source=source.kind)
     async with _run_lock(pool, partition):
-        return await _run(pool, client, source, options, progress, model, partition, report)
+        return await _run(
+            pool, client, source, options, progress, embed_step or _embed_pending, model, partition, report
+        )
 
 
 @contextlib.asynccontextmanager
@@ -714,6 +751,7 @@ async def _run(
     source: Source,
     options: BackfillOptions,
     progress: Progress,
+    embed_step: EmbedStep,
     model: ModelInfo,
     partition: ModelPartition,
     report: BackfillReport,
@@ -748,7 +786,7 @@ async def _run(
         for round_ in range(MAX_SWAP_ROUNDS + 1):
             if state == "embedding":
                 started = time.perf_counter()
-                await _embed_pending(pool, source, indexer, backfill_id, options, progress)
+                await embed_step(pool, source, indexer, backfill_id, options, progress)
                 _timed(report, "embed_copy", started)
                 await _set_state(pool, backfill_id, "building")
                 state = "building"

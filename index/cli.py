@@ -320,12 +320,15 @@ def _backfill_source(args: argparse.Namespace, text_model: str | None, options: 
 
 async def _backfill(args: argparse.Namespace) -> int:
     from inference.client import SidecarUnavailable
+    from schema.database import open_database
 
     from .backfill import BackfillConflict, BackfillOptions, abandon, run_backfill
+    from .backfill_ray import RayEmbedStep, RayStepError
     from .shadow import MemoryTooSmall
 
     settings = _ingest_settings(args)
-    async with _database(args) as pool:
+    async with open_database(database_settings(args)) as db:
+        pool = db.pool
         if args.abandon:
             dropped = await abandon(pool, args.abandon)
             print(f"abandoned backfill {dropped}" if dropped else f"no unfinished backfill of {args.abandon}")
@@ -346,18 +349,27 @@ async def _backfill(args: argparse.Namespace) -> int:
         )
         progress = _ProgressLines(args.progress_every, not args.no_progress)
         async with _sidecar(args) as (client, sidecar):
+            step = None
             try:
                 source = _backfill_source(args, sidecar.text_model, options)
-                report = await run_backfill(pool, client, source, options, progress=progress)
+                if args.ray:
+                    step = RayEmbedStep(args.ray, db.url, sidecar, writers=args.ray_writers)
+                report = await run_backfill(pool, client, source, options, progress=progress, embed_step=step)
             except (BackfillConflict, MemoryTooSmall, ValueError, LookupError) as exc:
                 print(f"cannot backfill: {exc}", file=sys.stderr)
                 return 2
             except SidecarUnavailable as exc:
                 print(f"sidecar unavailable: {exc}; run the same command again to resume", file=sys.stderr)
                 return EXIT_SIDECAR_UNAVAILABLE
+            except RayStepError as exc:
+                print(f"backfill stopped: {exc}", file=sys.stderr)
+                return 3
             finally:
                 progress.close()
-    _print_json(report.as_dict())
+    out = report.as_dict()
+    if step is not None:
+        out["records_by_node"] = dict(step.records_by_node)
+    _print_json(out)
     return 1 if report.rejected or report.rejects_path else 0
 
 
@@ -563,6 +575,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--rejects", type=Path, default=None, help="rejects report (default backfill-ID.rejects.jsonl)"
     )
+    p.add_argument(
+        "--ray",
+        default=None,
+        metavar="ADDRESS",
+        help="embed and COPY as a Ray Data job on this cluster ('local': one here); every node "
+        "must reach the database and the sidecar",
+    )
+    p.add_argument("--ray-writers", type=int, default=2, help="--ray: parallel writer actors (default 2)")
     p.add_argument("--no-progress", action="store_true", help="no progress output")
     p.add_argument(
         "--progress-every", type=float, default=10.0, help="seconds between progress lines off a terminal"

@@ -31,6 +31,7 @@ import numpy as np
 
 from .image_jobs import ImageJob, JobError, JobOptions, JobReport, ManifestItem
 from .images import ImageRejected, PreparedImage, prepare_file
+from .ray_cluster import connect
 
 __all__ = ["Embedder", "decode_batch", "run_ray_image_job"]
 
@@ -139,11 +140,7 @@ async def run_ray_image_job(
     await job.load_descriptor()
     items = job.read(source)
     await job.use_model(spec["id"])  # its partition, if anything was stored with it yet
-    if not ray.is_initialized():
-        if address == "local":
-            ray.init(address="local", include_dashboard=False)
-        else:
-            ray.init(address=address)
+    connect(address)
     by_line = {item.line: item for item in items}
     stored = await job.stored(items)
     media = options.media

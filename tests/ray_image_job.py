@@ -16,6 +16,7 @@ from index.image_jobs_ray import run_ray_image_job
 from index.settings import MediaSettings
 from schema import create_pool
 from tests.image_support import COINS
+from tests.ray_two_nodes import two_node_cluster
 
 MEDIA = MediaSettings(media_root=str(COINS), image_max_px=64, thumbnail_px=24)
 
@@ -32,23 +33,10 @@ async def _run(url: str, manifest: Path, section: str, config: Path, address: st
 
 
 def main() -> None:
-    import ray
-    from ray.cluster_utils import Cluster
-
     url, manifest, section, config = sys.argv[1:5]
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "include_dashboard": False, "object_store_memory": 80 * 2**20},
-    )
-    cluster.add_node(num_cpus=1, object_store_memory=80 * 2**20)
-    try:
-        ray.init(address=cluster.address)
-        nodes = len([n for n in ray.nodes() if n["Alive"]])
-        report = asyncio.run(_run(url, Path(manifest), section, Path(config), cluster.address))
+    with two_node_cluster() as (address, nodes):
+        report = asyncio.run(_run(url, Path(manifest), section, Path(config), address))
         print(json.dumps({"nodes": nodes, **report}))
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 if __name__ == "__main__":

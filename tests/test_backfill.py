@@ -38,10 +38,12 @@ from index.backfill import (
     ModelSource,
     QueueSource,
     _open_run,
+    embed_and_copy,
     run_backfill,
 )
 from index.change_feed import KEY_COLUMNS
 from index.drain import drain_once
+from index.indexer import Indexer
 from index.intake import enqueue_records
 from index.partitions import ensure_partition, get_partition, serving_model
 from index.search import Scope, dense_search
@@ -331,6 +333,66 @@ async def test_a_run_killed_before_its_kept_rows_were_copied_copies_them_on_the_
         report = await run_backfill(db_pool, client, QueueSource(["oh1"], TEXT_MODEL, OPTIONS), OPTIONS)
     assert report.resumed and report.rows_kept == 30 and report.copied == 2
     assert await db_pool.fetchval(f"SELECT count(*) FROM {partition.table} WHERE section_tipo = 'seed'") == 30
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+async def test_a_ray_backfill_on_two_nodes_resumes_and_gives_the_drains_rows(
+    database_url: str, db_pool: asyncpg.Pool, sidecar_url: str
+) -> None:
+    """``mnemo backfill --section --ray``: two writer actors, one per node of a real two-node
+    cluster, embed and COPY; a run killed after its first batch committed is resumed by it, and
+    the result is the drain's rows and vectors, every record exactly once."""
+    await _queue_section(db_pool, "oh1", range(1, 13))
+    await _queue_section(db_pool, "oh2", range(1, 13))
+    async with SidecarClient(sidecar_url) as client:
+        drained = await drain_once(db_pool, client, SETTINGS, text_model=TEXT_MODEL, section_tipos=["oh1"])
+        assert drained.indexed == 12
+        model = next(m for m in await client.models() if m.id == TEXT_MODEL)
+        partition = await get_partition(db_pool, TEXT_MODEL)
+        assert partition is not None
+        # What a run killed after its first batch leaves: the run, its shadow, one committed batch.
+        source = QueueSource(["oh2"], TEXT_MODEL, OPTIONS)
+        async with db_pool.acquire() as conn:
+            run = await _open_run(conn, source, model, partition, BackfillReport("", TEXT_MODEL, "queue"))
+            await shadow.copy_out_of_scope(conn, partition, run["backfill_id"])
+        indexer = Indexer(db_pool, client, model, shadow.shadow_of(partition), embed_batch=16)
+        first = [("oh2", i) for i in range(1, 5)]
+        await embed_and_copy(db_pool, source, indexer, run["backfill_id"], first)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.ray_backfill",
+        "--",
+        "--section",
+        "oh2",
+        "--batch",
+        "2",
+        "--database-url",
+        database_url,
+        "--sidecar-url",
+        sidecar_url,
+        "--text-model",
+        TEXT_MODEL,
+        stdout=asyncio.subprocess.PIPE,
+        cwd=str(REPO_ROOT),
+    )
+    out, _ = await proc.communicate()
+    text = out.decode()
+    ran = json.loads(text.strip().splitlines()[-1])
+    assert proc.returncode == 0 and ran == {"exit": 0, "nodes": 2}, text
+    report = json.loads(text[: text.rindex("\n", 0, len(text.rstrip()))])
+    assert report["resumed"] and report["backfill_id"] == run["backfill_id"]
+    assert (report["copied"], report["rejected"], report["completed_in_queue"]) == (12, 0, 12)
+    # The 8 records left pending went through both nodes' writers.
+    assert sum(report["records_by_node"].values()) == 8 and len(report["records_by_node"]) == 2
+    assert await db_pool.fetchval("SELECT count(*) FROM rag_index_queue") == 0
+    by_drain, by_backfill = await _rows(db_pool, TEXT_MODEL, "oh1"), await _rows(db_pool, TEXT_MODEL, "oh2")
+    assert by_drain.keys() == by_backfill.keys() and len(by_drain) == report["rows_written"]
+    for key, row in by_drain.items():
+        other = by_backfill[key]
+        assert {c: row[c] for c in _SAME} == {c: other[c] for c in _SAME}, key
+        np.testing.assert_allclose(row["embedding"].to_numpy(), other["embedding"].to_numpy(), atol=1e-5)
 
 
 def test_the_hnsw_estimate_is_the_vector_plus_the_graph() -> None:
