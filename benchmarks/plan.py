@@ -118,8 +118,9 @@ class ScalePlan:
     drain_models: tuple[str, ...] = ("all-minilm-l6-v2", "tiny-xlmr-random")
     # The store section: the row path (the drain's writer) against the bulk path (COPY into a
     # shadow, parallel index build, swap), both with every index. Vectors: ``store_bases`` real
-    # MiniLM embeddings reused with noise. The row path's rate may come from fewer rows (see
-    # benchmarks/scale_store.py: a lower bound on the speedup then).
+    # MiniLM embeddings reused with noise. With fewer row-path rows than bulk rows, those rows
+    # are also written into the bulk path's built graph, the baseline at that size (see
+    # benchmarks/scale_store.py:measure_store_paths).
     store_rows: int = 10_000
     store_row_rows: int = 10_000
     store_bases: int = 1_000

@@ -6,6 +6,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from benchmarks.datasets import find_datasets
@@ -15,6 +16,7 @@ from benchmarks.report import Curve, SuiteResult, write_report
 from benchmarks.scale_drain import real_records
 from benchmarks.suite_gateway import _combine, _projects_of
 from benchmarks.suites import scale_drain_result
+from index.partitions import get_partition
 
 
 def test_quick_plan_is_smaller_than_full_and_full_has_peers_and_100k_chunks() -> None:
@@ -190,3 +192,54 @@ def test_real_records_cycle_the_shared_corpora_with_fresh_ids() -> None:
     texts = [r["groups"]["doc"]["lg-nolan"] for r in records]
     assert all(t.strip() for t in texts)
     assert len(set(texts)) > 4_000  # the 4,799 shared documents, then cycled
+
+
+async def test_the_store_paths_take_the_row_path_baseline_at_the_built_graphs_size(
+    empty_database_url: str,
+) -> None:
+    """With fewer row-path rows than bulk rows, the same rows also go into the bulk path's built
+    graph, and the speedup is taken against that rate; the report names it and keeps both rows."""
+    from benchmarks.scale_store import StoreCorpus, measure_store_paths
+    from benchmarks.suites import add_store_result
+    from schema import create_pool, migrate
+
+    await migrate(empty_database_url)
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((20, 16)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    corpus = StoreCorpus([f"sentence {i}" for i in range(20)], vectors)
+    store = await measure_store_paths(
+        empty_database_url, corpus, rows=400, row_rows=100, row_writers=2, build_workers=1
+    )
+    at_size, bulk = store["row_path_at_size"], store["bulk_path"]
+    assert at_size["rows"] == 100 and at_size["graph_rows_before"] == 400
+    assert store["speedup"] == bulk["rows_per_s"] / at_size["rows_per_s"]
+    assert store["speedup_against_empty_graph"] == bulk["rows_per_s"] / store["row_path"]["rows_per_s"]
+    pool = await create_pool(empty_database_url, max_size=1)
+    try:  # the at-size rows are new records, added to the bulk path's partition
+        partition = await get_partition(pool, "scale-store-bulk-path")
+        assert partition is not None
+        assert await pool.fetchval(f"SELECT count(*) FROM {partition.table}") == 500
+    finally:
+        await pool.close()
+
+    suite = SuiteResult("scale")
+    projection = {
+        "chunks": 1,
+        "dimension": 16,
+        "gpu": "x",
+        "wall_seconds": 1.0,
+        "stage_seconds": {"embed": 1.0, "copy": 1.0, "build": 1.0},
+        "assumed_mfu": 0.3,
+        "bound": "embed",
+        "hnsw_memory_bytes": 1,
+    }
+    add_store_result(suite, store, projection)
+    (headline,) = suite.headlines
+    assert "into the built 400-row graph" in headline.baseline_name
+    assert headline.baseline == at_size["rows_per_s"]
+    assert [row[0] for row in suite.tables[0].rows] == [
+        "row path, empty graph",
+        "row path, into the 400-row graph",
+        "bulk path",
+    ]
