@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from .measure import closed_loop, percentile, summarize
+from .measure import closed_loop, percentile, summarize, tie_aware_recall
 from .report import Headline, SuiteResult, Table, write_report
 
 __all__ = ["run_faiss_cache_benchmark"]
@@ -88,11 +88,8 @@ async def _populate(pool: Any, n: int, centers: np.ndarray) -> Any:
 
 
 def _recall(got: Sequence[Any], exact: Sequence[Any]) -> float:
-    if not exact:
-        return 1.0
-    floor = exact[-1].score - 1e-6
-    truth = {h.key for h in exact}
-    return sum(1 for h in got[: len(exact)] if h.key in truth or h.score >= floor) / len(exact)
+    """Tie-aware recall of hits (higher score is nearer) against the exact hits."""
+    return tie_aware_recall([(h.key, -h.score) for h in got], [(h.key, -h.score) for h in exact])
 
 
 async def _one_size(url: str, n: int, queries: int, seconds: float) -> dict[str, Any]:

@@ -45,6 +45,17 @@ def percentile(samples: Sequence[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
+def tie_aware_recall(got: Sequence[tuple[Any, float]], exact: Sequence[tuple[Any, float]]) -> float:
+    """Recall of ``got`` against the exact top k ``exact``, both ``(key, distance)`` in rank order
+    (lower is nearer). A hit counts when its key is in the exact set or its distance reaches the
+    k-th exact distance: among equal distances, which key the exact scan keeps is arbitrary."""
+    if not exact:
+        return 1.0
+    floor = exact[-1][1] + 1e-6
+    truth = {key for key, _ in exact}
+    return sum(1 for key, distance in got[: len(exact)] if key in truth or distance <= floor) / len(exact)
+
+
 def summarize(samples: Sequence[float]) -> Summary:
     return Summary(
         n=len(samples),

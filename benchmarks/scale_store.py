@@ -43,6 +43,7 @@ from schema import create_pool
 
 from .gateway import load_sentences
 from .gpu import BGE_M3_SHAPE, peak_tflops
+from .measure import tie_aware_recall
 
 __all__ = ["StoreCorpus", "embed_bases", "measure_store_paths", "project_reembed"]
 
@@ -302,11 +303,10 @@ async def _recall_at_10(
             async with conn.transaction():
                 await conn.execute("SET LOCAL enable_indexscan = off")
                 exact = await conn.fetch(exact_sql, q)
-            floor = exact[-1]["d"] + 1e-6
-            truth = {(r["section_id"], r["chunk_index"]) for r in exact}
-            total += sum(
-                1 for r in got if (r["section_id"], r["chunk_index"]) in truth or r["d"] <= floor
-            ) / len(exact)
+            total += tie_aware_recall(
+                [((r["section_id"], r["chunk_index"]), r["d"]) for r in got],
+                [((r["section_id"], r["chunk_index"]), r["d"]) for r in exact],
+            )
     return total / len(queries)
 
 

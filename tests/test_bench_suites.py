@@ -243,3 +243,15 @@ async def test_the_store_paths_take_the_row_path_baseline_at_the_built_graphs_si
         "row path, into the 400-row graph",
         "bulk path",
     ]
+
+
+def test_recall_counts_a_tie_at_the_kth_distance_as_a_hit() -> None:
+    from benchmarks.measure import tie_aware_recall
+
+    exact = [("a", 0.1), ("b", 0.2), ("c", 0.3)]
+    assert tie_aware_recall([("a", 0.1), ("b", 0.2), ("c", 0.3)], exact) == 1.0
+    # "x" is as near as the 3rd exact hit (a tie the exact scan broke the other way): a hit.
+    assert tie_aware_recall([("a", 0.1), ("x", 0.3), ("b", 0.2)], exact) == 1.0
+    # "y" is farther: a miss; hits past k do not count.
+    assert tie_aware_recall([("a", 0.1), ("y", 0.31), ("b", 0.2), ("c", 0.3)], exact) == 2 / 3
+    assert tie_aware_recall([], []) == 1.0
