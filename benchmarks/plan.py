@@ -126,6 +126,9 @@ class ScalePlan:
     store_bases: int = 1_000
     store_row_writers: int = 2
     store_build_workers: int = 2
+    # The bulk path's built graph: recall@10 against exact at each hnsw.ef_search (the README's value)
+    store_recall_queries: int = 30
+    store_recall_ef_search: tuple[int, ...] = (40, 100, 200, 400)
     # halfvec against vector (RAG_VECTOR_TYPE): the same rows into both, recall@10 vs exact
     halfvec_rows: int = 10_000
     halfvec_queries: int = 50

@@ -271,6 +271,8 @@ async def measure_store_paths(
     row_rows: int,
     row_writers: int,
     build_workers: int,
+    recall_queries: int = 0,
+    recall_ef_search: Sequence[int] = (),
 ) -> dict[str, Any]:
     """Both paths on one fresh database (empty partitions of their own), with PostgreSQL's peak memory.
 
@@ -278,7 +280,8 @@ async def measure_store_paths(
     one transaction at a time takes hours), its rate on a small graph flatters it, since an HNSW
     insert gets dearer as the graph grows. So the same ``row_rows`` are then also written, the
     same way, into the bulk path's built graph (``row_path_at_size``), and the speedup is taken
-    against that rate."""
+    against that rate. With ``recall_queries``, the built graph's recall@10 is measured at each
+    ``recall_ef_search`` first (``recall_by_ef_search``)."""
     pool = await create_pool(database_url, max_size=row_writers + 2)
     at_size: dict[str, Any] | None = None
     try:
@@ -289,6 +292,11 @@ async def measure_store_paths(
         async with _PeakMemory(pid).watching() as memory:
             bulk = await _bulk_path(pool, corpus, rows, build_workers)
         bulk["postgres_peak_rss_bytes"] = memory.peak
+        recall: dict[int, float] = {}
+        if recall_queries and recall_ef_search:
+            partition = await ensure_partition(pool, BULK_MODEL, corpus.dimension)
+            probe = probe_vectors(corpus, recall_queries)
+            recall = await recall_by_ef_search(pool, partition, probe, recall_ef_search)
         if row_rows < rows:
             async with _PeakMemory(pid).watching() as memory:
                 at_size = await _row_path(pool, corpus, row_rows, row_writers, BULK_MODEL, first=rows)
@@ -303,6 +311,7 @@ async def measure_store_paths(
         "row_path": row,
         "row_path_at_size": at_size,
         "bulk_path": bulk,
+        "recall_by_ef_search": {"queries": recall_queries, "rows": rows, "recall_at_10": recall},
         "speedup": bulk["rows_per_s"] / baseline["rows_per_s"],
         "speedup_against_empty_graph": bulk["rows_per_s"] / row["rows_per_s"],
     }
@@ -311,29 +320,39 @@ async def measure_store_paths(
 # -- halfvec against vector ------------------------------------------------------------------------
 
 
-async def _recall_at_10(
-    pool: asyncpg.Pool, partition: ModelPartition, queries: np.ndarray, ef_search: int
-) -> float:
-    """Mean recall@10 of the HNSW index against an exact scan of the same partition (tie-aware:
-    a hit counts when its exact distance reaches the 10th exact distance)."""
+def probe_vectors(corpus: StoreCorpus, queries: int, seed: int = 7) -> np.ndarray:
+    """``queries`` unit vectors near the corpus's bases (a base plus the rows' noise level)."""
+    rng = np.random.default_rng(seed)
+    probe = corpus.vectors[rng.integers(0, len(corpus.vectors), queries)]
+    probe = probe + (NOISE / np.sqrt(corpus.dimension)) * rng.standard_normal(probe.shape).astype(np.float32)
+    return probe / np.linalg.norm(probe, axis=1, keepdims=True)
+
+
+async def recall_by_ef_search(
+    pool: asyncpg.Pool, partition: ModelPartition, queries: np.ndarray, ef_values: Sequence[int]
+) -> dict[int, float]:
+    """Mean recall@10 of the HNSW index at each ``hnsw.ef_search`` (iterative scan on, as the
+    dense leg runs it) against one exact scan per query of the same partition (tie-aware)."""
     cast = partition.cast
     sql = f"SELECT section_id, chunk_index, embedding::vector <=> $1::vector AS d FROM {partition.table} ORDER BY embedding::{cast} <=> $1::{cast} LIMIT 10"
     exact_sql = f"SELECT section_id, chunk_index, embedding::vector <=> $1::vector AS d FROM {partition.table} ORDER BY 3 LIMIT 10"
-    total = 0.0
+    totals = dict.fromkeys(ef_values, 0.0)
     async with pool.acquire() as conn:
         for q in queries:
             async with conn.transaction():
-                await conn.execute(f"SET LOCAL hnsw.ef_search = {int(ef_search)}")
-                await conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
-                got = await conn.fetch(sql, q)
-            async with conn.transaction():
                 await conn.execute("SET LOCAL enable_indexscan = off")
-                exact = await conn.fetch(exact_sql, q)
-            total += tie_aware_recall(
-                [((r["section_id"], r["chunk_index"]), r["d"]) for r in got],
-                [((r["section_id"], r["chunk_index"]), r["d"]) for r in exact],
-            )
-    return total / len(queries)
+                exact = [
+                    ((r["section_id"], r["chunk_index"]), r["d"]) for r in await conn.fetch(exact_sql, q)
+                ]
+            for ef in ef_values:
+                async with conn.transaction():
+                    await conn.execute(f"SET LOCAL hnsw.ef_search = {int(ef)}")
+                    await conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
+                    got = await conn.fetch(sql, q)
+                totals[ef] += tie_aware_recall(
+                    [((r["section_id"], r["chunk_index"]), r["d"]) for r in got], exact
+                )
+    return {ef: total / len(queries) for ef, total in totals.items()}
 
 
 async def measure_halfvec(
@@ -347,10 +366,7 @@ async def measure_halfvec(
 ) -> dict[str, Any]:
     """The same rows through the bulk path into a ``vector`` and a ``halfvec`` partition
     (``RAG_VECTOR_TYPE``): HNSW size, build seconds and recall@10 against exact search."""
-    rng = np.random.default_rng(7)
-    probe = corpus.vectors[rng.integers(0, len(corpus.vectors), queries)]
-    probe = probe + (NOISE / np.sqrt(corpus.dimension)) * rng.standard_normal(probe.shape).astype(np.float32)
-    probe /= np.linalg.norm(probe, axis=1, keepdims=True)
+    probe = probe_vectors(corpus, queries)
     out: dict[str, Any] = {"rows": rows, "queries": queries, "ef_search": ef_search}
     for vector_type in ("vector", "halfvec"):
         pool = await create_pool(database_url, max_size=2, vector_type=vector_type)
@@ -360,7 +376,7 @@ async def measure_halfvec(
             out[vector_type] = {
                 "hnsw_bytes": built["hnsw_bytes"],
                 "build_seconds": built["phase_seconds"]["build"],
-                "recall_at_10": await _recall_at_10(pool, partition, probe, ef_search),
+                "recall_at_10": (await recall_by_ef_search(pool, partition, probe, [ef_search]))[ef_search],
             }
         finally:
             await pool.close()

@@ -274,6 +274,8 @@ async def scale_suite(stack: BenchStack, plan: BenchPlan) -> SuiteResult:
         row_rows=plan.scale.store_row_rows,
         row_writers=plan.scale.store_row_writers,
         build_workers=plan.scale.store_build_workers,
+        recall_queries=plan.scale.store_recall_queries,
+        recall_ef_search=plan.scale.store_recall_ef_search,
     )
     add_store_result(suite, store, project_reembed(store))
     half = await measure_halfvec(
@@ -400,6 +402,16 @@ def add_store_result(suite: SuiteResult, store: dict[str, Any], projection: dict
             ],
         )
     )
+    recall = store["recall_by_ef_search"]
+    if recall["recall_at_10"]:
+        suite.tables.append(
+            Table(
+                f"HNSW recall@10 against exact on the bulk path's {recall['rows']:,}-row graph "
+                f"({recall['queries']} queries, iterative scan, unfiltered)",
+                ["hnsw.ef_search", "recall@10"],
+                [[ef, round(r, 4)] for ef, r in recall["recall_at_10"].items()],
+            )
+        )
     if at_size:
         suite.notes.append(
             f"The row path writes {row['rows']:,} rows, the bulk path {bulk['rows']:,}. An HNSW insert "

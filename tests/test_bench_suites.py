@@ -209,11 +209,21 @@ async def test_the_store_paths_take_the_row_path_baseline_at_the_built_graphs_si
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     corpus = StoreCorpus([f"sentence {i}" for i in range(20)], vectors)
     store = await measure_store_paths(
-        empty_database_url, corpus, rows=400, row_rows=100, row_writers=2, build_workers=1
+        empty_database_url,
+        corpus,
+        rows=400,
+        row_rows=100,
+        row_writers=2,
+        build_workers=1,
+        recall_queries=5,
+        recall_ef_search=(10, 40),
     )
     at_size, bulk = store["row_path_at_size"], store["bulk_path"]
     assert at_size["rows"] == 100 and at_size["graph_rows_before"] == 400
     assert store["speedup"] == bulk["rows_per_s"] / at_size["rows_per_s"]
+    recall = store["recall_by_ef_search"]["recall_at_10"]
+    assert list(recall) == [10, 40] and all(0.0 < r <= 1.0 for r in recall.values())
+    assert recall[40] >= 0.9  # 400 rows, ef_search 40: the graph search is all but exhaustive
     assert store["speedup_against_empty_graph"] == bulk["rows_per_s"] / store["row_path"]["rows_per_s"]
     pool = await create_pool(empty_database_url, max_size=1)
     try:  # the at-size rows are new records, added to the bulk path's partition
@@ -243,6 +253,7 @@ async def test_the_store_paths_take_the_row_path_baseline_at_the_built_graphs_si
         "row path, into the 400-row graph",
         "bulk path",
     ]
+    assert [row[0] for row in suite.tables[1].rows] == [10, 40]
 
 
 def test_recall_counts_a_tie_at_the_kth_distance_as_a_hit() -> None:
