@@ -42,6 +42,8 @@ import numpy as np
 
 from inference.net import ProcessExited, await_ready, free_port
 
+from .bulk_load import bulk_load
+from .corpus_text import zipf_texts
 from .measure import closed_loop, process_cpu_s, ratio
 from .settings import child_environment, configured_database_url, configured_sidecar, configured_text_model
 
@@ -64,7 +66,8 @@ CACHE_MODES = ("off", "auto")  # the SQL path, then the FAISS cache (RAG_FAISS_C
 
 
 def load_sentences(minimum: int, datasets: Path = SHARED) -> list[str]:
-    """Real sentences of at least 6 words from the BEIR corpora, cycled with a marker to reach ``minimum``."""
+    """Real sentences of at least 6 words from the BEIR corpora (about 10k), then text drawn from
+    real word frequencies (:func:`benchmarks.corpus_text.zipf_texts`) to reach ``minimum``."""
     sentences: list[str] = []
     for name in ("med", "xquad-es", "xquad-de", "adi"):
         path = datasets / name / "corpus.jsonl"
@@ -77,10 +80,7 @@ def load_sentences(minimum: int, datasets: Path = SHARED) -> list[str]:
                     sentences.append(s.strip())
     if not sentences:
         raise FileNotFoundError(f"no corpora under {datasets}")
-    out = list(sentences)
-    while len(out) < minimum:
-        out.append(f"{sentences[len(out) % len(sentences)]} (copy {len(out) // len(sentences)})")
-    return out
+    return sentences + zipf_texts(max(0, minimum - len(sentences)), np.random.default_rng(0))
 
 
 def load_queries(n: int, datasets: Path = SHARED) -> list[str]:
@@ -110,13 +110,13 @@ async def load_corpus(
     embedded: int,
     projects_of: Callable[[int], list[int]] | None = None,
 ) -> Any:
-    """Write the chunks (COPY) into the model's partition; returns the partition.
+    """Write the chunks into the model's empty partition (:func:`benchmarks.bulk_load.bulk_load`); returns it.
 
     ``projects_of(record_id)`` gives each record's projects (default ``[1]`` for all), for callers
     that measure filters of a known selectivity.
     """
     from index.partitions import ensure_partition
-    from index.store import EmbeddingRow, copy_rows
+    from index.store import EmbeddingRow
     from index.text import fold
 
     real = np.asarray((await client.embed(model.id, list(sentences[:embedded]), truncate=True)).embeddings)
@@ -131,8 +131,8 @@ async def load_corpus(
         )
         for i, text in enumerate(sentences)
     ]  # fmt: skip
-    async with pool.acquire() as conn:
-        await copy_rows(conn, partition, rows)
+    async with pool.acquire() as conn:  # COPY without indexes, one build: minutes, not an hour, at 1M
+        await bulk_load(conn, partition, [rows], build_workers=2)
         await conn.execute(f"ANALYZE {partition.table}")
     return partition
 

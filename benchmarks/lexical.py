@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from .corpus_text import zipf_texts
 from .datasets import find_datasets
 from .measure import percentile
 from .report import Headline, SuiteResult, Table, write_report
@@ -55,7 +56,6 @@ MODEL = "bench-lexical-4"
 DIM = 4  # the vectors do not matter here; the lexical leg never reads them
 SECTION = "lex1"
 K = 40
-LANGUAGES = {"en": 0.5, "es": 0.3, "de": 0.2}
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 
 
@@ -85,25 +85,6 @@ def dataset_queries() -> list[str]:
     return out
 
 
-def zipf_texts(n: int, rng: np.random.Generator, words_per_language: int = 30_000) -> list[str]:
-    """``n`` texts of 8-120 words drawn by real word frequency (wordfreq), one language each."""
-    import wordfreq
-
-    langs = list(LANGUAGES)
-    tables = {}
-    for lang in langs:
-        words = wordfreq.top_n_list(lang, words_per_language)
-        freq = np.asarray([wordfreq.word_frequency(w, lang) for w in words], dtype=np.float64)
-        tables[lang] = (np.asarray(words, dtype=object), freq / freq.sum())
-    picks = rng.choice(len(langs), n, p=list(LANGUAGES.values()))
-    lengths = np.clip(rng.lognormal(3.4, 0.6, n).astype(int), 8, 120)
-    out = []
-    for lang_i, length in zip(picks, lengths, strict=True):
-        words, p = tables[langs[lang_i]]
-        out.append(" ".join(words[rng.choice(len(words), length, p=p)]))
-    return out
-
-
 def build_corpus(n: int, seed: int = 0) -> list[str]:
     """``n`` chunk texts: the real sentences first (up to ``n``), then Zipfian text."""
     real = real_sentences()[:n]
@@ -117,7 +98,7 @@ async def _populate(pool: Any, texts: Sequence[str]) -> Any:
     from index.store import EmbeddingRow
     from index.text import fold
 
-    from .scale_store import bulk_load
+    from .bulk_load import bulk_load
 
     partition = await ensure_partition(pool, MODEL, DIM)
     meta = {"contributors": ["c1"]}

@@ -25,7 +25,7 @@ import contextlib
 import hashlib
 import math
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,12 +35,12 @@ import numpy as np
 import psutil
 
 from index import store
-from index.change_feed import current_watermark
 from index.partitions import ModelPartition, ensure_partition
-from index.shadow import build_indexes, create_shadow, hnsw_build_bytes, shadow_of, swap
+from index.shadow import hnsw_build_bytes
 from inference.client import SidecarClient
 from schema import create_pool
 
+from .bulk_load import bulk_load
 from .gateway import load_sentences
 from .gpu import BGE_M3_SHAPE, peak_tflops
 from .measure import tie_aware_recall
@@ -190,50 +190,6 @@ async def _row_path(
 
 
 BULK_MODEL = "scale-store-bulk-path"
-
-
-async def bulk_load(
-    conn: asyncpg.Connection,
-    partition: ModelPartition,
-    batches: Iterable[Sequence[store.EmbeddingRow]],
-    *,
-    build_workers: int,
-) -> dict[str, Any]:
-    """The backfill's bulk path for a benchmark's corpus: COPY ``batches`` into the partition's
-    shadow (no index), build the live partition's indexes on it, swap it in. The build's
-    ``maintenance_work_mem`` is the HNSW estimate plus a tenth, so it never spills nor over-asks.
-    Time spent producing the batches is measured apart (``generate_seconds``), not as COPY."""
-    watermark = await current_watermark(conn, partition)
-    phases: dict[str, float] = {}
-    started = time.perf_counter()
-    await create_shadow(conn, partition)
-    shadow = shadow_of(partition)
-    generating, rows = 0.0, 0
-    produced = iter(batches)
-    while True:
-        made = time.perf_counter()
-        batch = next(produced, None)
-        generating += time.perf_counter() - made
-        if batch is None:
-            break
-        rows += len(batch)
-        await store.copy_rows(conn, shadow, batch)
-    phases["copy"] = time.perf_counter() - started - generating
-    need = hnsw_build_bytes(rows, partition.dimension, partition.vector_type)
-    memory_mb = max(64, math.ceil(need * 1.1 / 2**20))
-    started = time.perf_counter()
-    built = await build_indexes(conn, partition, workers=build_workers, memory=f"{memory_mb}MB")
-    phases["build"] = time.perf_counter() - started
-    started = time.perf_counter()
-    await swap(conn, partition, "bench-bulk-load", watermark)
-    phases["swap"] = time.perf_counter() - started
-    return {
-        "rows": rows,
-        "phase_seconds": phases,
-        "generate_seconds": generating,
-        "maintenance_work_mem_mb": memory_mb,
-        "hnsw_estimate_bytes": built["hnsw_bytes_estimate"],
-    }
 
 
 async def _bulk_path(
