@@ -477,13 +477,15 @@ def replica_killed_under_load(
     warm_s: float = 1.0,
     after_recovery_s: float = 2.0,
     deadline_s: float = 180.0,
-    retries: int = 30,
+    retry_for_s: float | None = None,
     timeout_s: float = 60.0,
     app: str = APP_NAME,
 ) -> dict[str, Any]:
     """``callers`` closed-loop ``/embed`` callers; after ``warm_s`` one replica of ``model`` is killed
     (``ray.kill``, in the process that runs the sidecar's Ray). Each request is retried on a coded
-    429/503 (honouring ``Retry-After``, at most 1 s, ``retries`` times), as the sidecar client does.
+    429/503 (honouring ``Retry-After``, at most 1 s apart), as the sidecar client does, for up to
+    ``retry_for_s`` (default ``deadline_s``, the time Serve is given to replace the replica: what is
+    asserted is that every request ends well, not how soon; a loaded machine took over 30 s).
     Counted: every answer per status, requests failed after their retries, 500s, drops and hangs
     (no answer in ``timeout_s``), and the time from the kill until a new replica serves."""
     import ray
@@ -495,6 +497,7 @@ def replica_killed_under_load(
     if not before:
         raise RuntimeError(f"no live replica of {deployment} in this process's Ray")
     parts = urlsplit(sidecar_url)
+    retry_budget = deadline_s if retry_for_s is None else retry_for_s
     body = json.dumps({"model": model, "input": ["The reservoir flooded the valley."]}).encode()
     stop = threading.Event()
     killed = threading.Event()
@@ -513,7 +516,7 @@ def replica_killed_under_load(
             while not stop.is_set():
                 started = time.monotonic()
                 outcome = "dropped"
-                for _ in range(retries + 1):
+                while True:
                     attempt_started = time.monotonic()
                     outcome, status, wait = _embed_once(conn, body)
                     if outcome == "coded" and killed.is_set():
@@ -525,7 +528,7 @@ def replica_killed_under_load(
                     if outcome != "ok" and killed.is_set():
                         with lock:
                             last_refusal[:] = [time.monotonic()]
-                    if outcome != "coded":
+                    if outcome != "coded" or time.monotonic() - started >= retry_budget:
                         break
                     time.sleep(min(wait, 1.0))
                 after = killed.is_set()  # finished after the kill (in flight at it, or sent later)
@@ -562,8 +565,8 @@ def replica_killed_under_load(
             break
         time.sleep(0.1)
     stop.set()
-    for thread in threads:  # a caller may be inside its retries (at most 1 s each) when stop is set
-        thread.join(timeout_s + retries + 5)
+    for thread in threads:  # a caller may be inside its retries, or one unanswered attempt, when stop is set
+        thread.join(retry_budget + timeout_s + 5)
     hung = sum(t.is_alive() for t in threads)
     server_errors = sum(v for k, v in statuses.items() if k not in ("200", "429", "503", "no answer"))
     return {

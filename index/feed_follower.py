@@ -29,7 +29,16 @@ log = logging.getLogger(__name__)
 __all__ = ["FeedFollower"]
 
 # What a load or an apply may fail with and be retried (or left to the SQL leg) instead of crashing.
-RETRYABLE = (OSError, ValueError, RuntimeError, asyncpg.PostgresError, asyncpg.InterfaceError)
+# InternalClientError: asyncpg's "another operation is in progress" on a pooled connection that a
+# server restart cut mid-query (a loaded suite run killed the follower with it).
+RETRYABLE = (
+    OSError,
+    ValueError,
+    RuntimeError,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+)
 
 
 class FeedFollower(ABC):
@@ -140,9 +149,14 @@ class FeedFollower(ABC):
             dirty, self._dirty = self._dirty, set()
             try:
                 await self.sync(None if None in dirty or not dirty else {m for m in dirty if m is not None})
-            except RETRYABLE as exc:
+            except Exception as exc:
                 # Answers stay exact meanwhile (each search re-reads the pending keys); the lag shows.
-                log.warning("%s: sync failed (%s); retrying", self.label, exc)
+                # Anything else is logged with its traceback, and the follower still lives on: a
+                # dead follower would leave the index behind with nothing to say so.
+                if isinstance(exc, RETRYABLE):
+                    log.warning("%s: sync failed (%s); retrying", self.label, exc)
+                else:
+                    log.exception("%s: sync failed unexpectedly; retrying", self.label)
                 self._dirty |= dirty or {None}
                 await asyncio.sleep(0.5)
                 self._wake.set()

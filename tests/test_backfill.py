@@ -20,7 +20,6 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,20 +53,11 @@ from inference.client import SidecarClient
 from tests.conftest import REPO_ROOT
 from tests.fixtures.gateway import running_gateway
 from tests.ingest_support import ORAL_HISTORY, SETTINGS, TEXT_MODEL, record
+from tests.waiting import until
 
 OPTIONS = BackfillOptions(batch_records=4, embed_batch=16)
-OVERALL_LIMIT_S = 300.0
 _ROW = ("component_tipo", "lang", "chunk_index")
 _SAME = ("source_hash", "source_text", "lexical_text", "token_count", "projects", "chunk_meta", "parent_key")
-
-
-async def _until(what: str, check: Callable[[], Awaitable[Any]]) -> Any:
-    deadline = asyncio.get_running_loop().time() + OVERALL_LIMIT_S
-    while not (result := await check()):
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        await asyncio.sleep(0.05)
-    return result
 
 
 async def _rows(pool: asyncpg.Pool, model: str, section: str) -> dict[tuple[Any, ...], asyncpg.Record]:
@@ -165,7 +155,7 @@ async def test_a_model_change_swaps_atomically_under_a_search_loop(
                     answers.append(await _answer(db_pool, client, query, old_model.id))
 
             loop = asyncio.create_task(search_loop())
-            await _until("the loop's first answer", lambda: asyncio.sleep(0, bool(answers)))
+            await until("the loop's first answer", lambda: asyncio.sleep(0, bool(answers)))
             try:
                 report = await run_backfill(db_pool, client, ModelSource(old_model.id, new_model.id), OPTIONS)
             finally:
@@ -176,7 +166,7 @@ async def test_a_model_change_swaps_atomically_under_a_search_loop(
             async def gateway_moved() -> bool:
                 return (await retriever.text_model()).id == new_model.id
 
-            await _until("the gateway to serve the new model", gateway_moved)
+            await until("the gateway to serve the new model", gateway_moved)
             hits = await gateway.ok("semantic_search", {"query": query, "limit": 5})
     assert hits and {h["section_tipo"] for h in hits} == {"oh1"}
     assert old[0] == old_model.id and new[0] == new_model.id and old[1] and new[1]
@@ -235,7 +225,7 @@ async def test_a_killed_backfill_resumes_with_every_record_exactly_once(
                 await db_pool.fetchval("SELECT count(*) FROM rag_backfill_records WHERE state = 'copied'")
             )
 
-        await _until("a first batch in the shadow", some_copied)
+        await until("a first batch in the shadow", some_copied)
         proc.send_signal(signal.SIGKILL)
     finally:
         await proc.wait()

@@ -34,6 +34,7 @@ from inference.client import EmbedResult
 from tests.conftest import REPO_ROOT
 from tests.fixtures.gateway import ADMIN, running_gateway
 from tests.ingest_support import ORAL_HISTORY, SETTINGS, TEXT_MODEL, CountingClient, record
+from tests.waiting import until
 
 # `mnemo` as its entry point runs it (gateway.cli:main), with this interpreter.
 MNEMO = (sys.executable, "-m", "gateway.cli")
@@ -49,16 +50,9 @@ INGEST_ENV = {
 OVERALL_LIMIT_S = 600.0
 
 
-async def _until(what: str, check: Callable[[], Awaitable[Any]], *, limit: float = OVERALL_LIMIT_S) -> Any:
-    """Poll ``check`` until it returns something truthy (returned); fail naming ``what`` after ``limit``."""
-    deadline = asyncio.get_running_loop().time() + limit
-    while True:
-        result = await check()
-        if result:
-            return result
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"gave up waiting {limit:.0f}s for {what}")
-        await asyncio.sleep(0.05)
+def _until(what: str, check: Callable[[], Awaitable[Any]]) -> Awaitable[Any]:
+    """:func:`tests.waiting.until` under this module's wider bound (several processes, lease expiries)."""
+    return until(what, check, limit_s=OVERALL_LIMIT_S)
 
 
 async def _lease_owners(pool: asyncpg.Pool) -> set[str]:
@@ -242,7 +236,7 @@ async def test_inside_a_worker_the_next_batch_embeds_while_the_current_one_is_wr
             # texts go to the sidecar: done one batch after the other, they never would.
             if not overlapped:
                 try:
-                    await _until("the second batch's embedding", second_batch_embedding, limit=120)
+                    await _until("the second batch's embedding", second_batch_embedding)
                     overlapped.append(True)
                 except AssertionError:
                     overlapped.append(False)

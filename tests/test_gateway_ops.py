@@ -20,6 +20,7 @@ from gateway.openapi import build_spec
 from gateway.settings import load_gateway_settings
 from inference.net import await_ready, free_port
 from tests.fixtures.gateway import ADMIN, SECRET, TEXT_MODEL, Gateway, running_gateway
+from tests.waiting import until
 
 pytestmark = pytest.mark.ray
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -221,12 +222,10 @@ async def test_sigterm_drops_no_request_it_accepted(
             gw.process.send_signal(signal.SIGTERM)
         finally:
             gw.process.send_signal(signal.SIGCONT)
-        for _ in range(1000):  # bounded: the listener closes as the stop begins
-            if await _refused(host, port):
-                break
-            await asyncio.sleep(0.01)
-        else:
-            raise AssertionError("the gateway kept accepting connections after SIGTERM")
+        # The listener closes as the stop begins.
+        await until(
+            "the gateway to refuse new connections after SIGTERM", lambda: _refused(host, port), every_s=0.01
+        )
         # New connections are refused; everything already connected is answered.
         a_writer.write(_SEARCH_HEAD + _SEARCH)
         c_writer.write(_SEARCH_HEAD + _SEARCH)

@@ -3,7 +3,6 @@ semantic_search answer like the cache-off gateway, and /readyz and /metrics show
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import aiohttp
@@ -15,6 +14,7 @@ from gateway.context import RETRIEVER_KEY
 from index.faiss_backend import gpu_available
 from index.search import Scope, dense_search
 from tests.fixtures.gateway import Gateway, running_gateway, token
+from tests.waiting import until
 
 pytestmark = pytest.mark.ray
 
@@ -29,12 +29,13 @@ async def _readyz(gw: Gateway) -> dict:
 
 async def _wait_ready(gw: Gateway, part: str = "faiss") -> dict:
     """The /readyz detail ``part`` (an in-process index) once every partition is loaded."""
-    for _ in range(300):
+
+    async def loaded() -> dict | None:
         held = (await _readyz(gw))[part]
-        if held["partitions"] and all(p["state"] == "ready" for p in held["partitions"].values()):
-            return held
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{part} did not load: {held}")
+        ready = held["partitions"] and all(p["state"] == "ready" for p in held["partitions"].values())
+        return held if ready else None
+
+    return await until(f"{part} to load every partition", loaded, every_s=0.1)
 
 
 async def test_cache_serves_the_dense_leg_exactly(corpus_database_url: str, sidecar_url: str) -> None:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from inference.batching import TokenBudgetBatcher, plan_micro_batches
 from inference.errors import Overloaded
-from tests.fixtures.sidecar import until
+from tests.waiting import until
 
 
 @given(
@@ -153,7 +153,7 @@ async def test_model_raising_mid_batch_reaches_every_waiter_and_the_next_request
     )
     names = ["a", "b", "c", "d"]
     tasks = [asyncio.create_task(batcher.submit([(n, 0), (n, 1)], [5, 5])) for n in names]
-    await until(lambda: batcher.stats.pending_items >= 8)
+    await until("batcher.stats.pending_items >= 8", lambda: batcher.stats.pending_items >= 8, every_s=0.001)
     gate.open.set()
     outcomes = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=60)
     failed = {item[0] for item in gate.calls[1]}
@@ -189,11 +189,11 @@ def _held_batcher(
 async def test_cancelled_callers_are_skipped_before_the_forward_pass() -> None:
     gate, executor, batcher = _held_batcher(max_batch_size=8, batch_wait_s=0)
     first = asyncio.create_task(batcher.submit([("first", 0)], [1]))
-    await until(lambda: batcher.stats.pending_items > 0)
+    await until("batcher.stats.pending_items > 0", lambda: batcher.stats.pending_items > 0, every_s=0.001)
     await asyncio.sleep(0.01)  # the first wave is now parked in the executor behind the gate
     leaving = asyncio.create_task(batcher.submit([("gone", 0), ("gone", 1)], [1, 1]))
     staying = asyncio.create_task(batcher.submit([("stay", 0)], [1]))
-    await until(lambda: batcher.stats.pending_items >= 4)
+    await until("batcher.stats.pending_items >= 4", lambda: batcher.stats.pending_items >= 4, every_s=0.001)
     leaving.cancel()
     gate.open.set()
     assert await first == ["first:0"]
@@ -215,7 +215,7 @@ async def test_close_answers_the_callers_of_a_wave_in_flight() -> None:
     in_flight = asyncio.create_task(batcher.submit([("a", 0), ("a", 1)], [1, 1]))
     assert await asyncio.to_thread(gate.entered.wait, 60)  # its forward pass is held at the gate
     queued = asyncio.create_task(batcher.submit([("b", 0)], [1]))
-    await until(lambda: batcher.stats.pending_items >= 3)
+    await until("batcher.stats.pending_items >= 3", lambda: batcher.stats.pending_items >= 3, every_s=0.001)
     await batcher.close()
     for waiter in (in_flight, queued):
         with pytest.raises(RuntimeError, match="shutting down"):
@@ -228,10 +228,14 @@ async def test_requests_queued_during_a_wave_run_next_without_the_wait_window() 
     # A window no test could sit out: only a wave that skips it finishes in time.
     gate, executor, batcher = _held_batcher(max_batch_size=4, batch_wait_s=30.0)
     full = asyncio.create_task(batcher.submit([("full", i) for i in range(4)], [1] * 4))  # no window
-    await until(lambda: len(gate.calls) == 0 and batcher.stats.pending_items >= 4)
+    await until(
+        "len(gate.calls) == 0 and batcher.stats.pending_items >= 4",
+        lambda: len(gate.calls) == 0 and batcher.stats.pending_items >= 4,
+        every_s=0.001,
+    )
     await asyncio.sleep(0.01)  # the full wave is now parked in the executor behind the gate
     queued = asyncio.create_task(batcher.submit([("queued", 0)], [1]))
-    await until(lambda: batcher.stats.pending_items >= 5)
+    await until("batcher.stats.pending_items >= 5", lambda: batcher.stats.pending_items >= 5, every_s=0.001)
     gate.open.set()
     assert len(await full) == 4
     assert await asyncio.wait_for(queued, 10) == ["queued:0"]  # not after the 30 s window
@@ -244,7 +248,7 @@ async def test_admission_is_bounded_with_retry_after() -> None:
     gate.open.clear()
     batcher = TokenBudgetBatcher(gate, max_batch_size=4, max_batch_tokens=1000, max_pending_items=4)
     held = asyncio.create_task(batcher.submit([("a", i) for i in range(4)], [1] * 4))
-    await until(lambda: batcher.stats.pending_items >= 4)
+    await until("batcher.stats.pending_items >= 4", lambda: batcher.stats.pending_items >= 4, every_s=0.001)
     with pytest.raises(Overloaded) as info:
         await batcher.submit([("b", 0)], [1])
     assert info.value.status == 429 and info.value.retry_after >= 1

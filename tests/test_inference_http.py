@@ -31,7 +31,8 @@ from inference.errors import ErrorCode
 from inference.local_server import create_app, start_front
 from inference.net import free_port
 from inference.service import ModelService
-from tests.fixtures.sidecar import SIDECAR_KEEP_ALIVE_S, bomb_png, until
+from tests.fixtures.sidecar import SIDECAR_KEEP_ALIVE_S, bomb_png
+from tests.waiting import until
 
 MINILM = "all-minilm-l6-v2"
 SIGLIP = "tiny-siglip-random"
@@ -463,7 +464,11 @@ async def test_429_over_the_admission_bound_with_retry_after(
         body = {"model": "tiny-bge-m3-random", "input": [f"text {i}" for i in range(16)]}
         first = asyncio.create_task(_post(http, f"{local.url}/embed", body))
         service = local.services["tiny-bge-m3-random"]
-        await until(lambda: service.stats()["main"]["pending_items"] >= 16)
+        await until(
+            "service.stats()['main']['pending_items'] >= 16",
+            lambda: service.stats()["main"]["pending_items"] >= 16,
+            every_s=0.001,
+        )
         status, answer, headers = await _post(
             http, f"{local.url}/embed", {"model": "tiny-bge-m3-random", "input": ["one more"]}
         )
@@ -531,7 +536,11 @@ async def test_model_error_reaches_every_waiter_and_the_next_request_succeeds(
         bodies = [{"model": "tiny-bge-m3-random", "input": [f"caller {i}", f"second {i}"]} for i in range(4)]
         tasks = [asyncio.create_task(_post(http, f"{local.url}/embed", b)) for b in bodies]
         service = local.services["tiny-bge-m3-random"]
-        await until(lambda: service.stats()["main"]["pending_items"] >= 8)
+        await until(
+            "service.stats()['main']['pending_items'] >= 8",
+            lambda: service.stats()["main"]["pending_items"] >= 8,
+            every_s=0.001,
+        )
         gate.set()
         answers = await asyncio.wait_for(asyncio.gather(*tasks), timeout=120)
         for status, answer, _ in answers:

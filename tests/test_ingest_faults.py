@@ -18,7 +18,6 @@ from index.intake import enqueue_records
 from index.metrics import IngestMetrics
 from index.sections import SectionStore
 from inference.client import EmbedResult, SidecarClient
-from tests.fixtures.sidecar import until
 from tests.ingest_support import (
     ORAL_HISTORY,
     SETTINGS,
@@ -30,6 +29,7 @@ from tests.ingest_support import (
     record,
     text_rows,
 )
+from tests.waiting import until
 
 
 @pytest.fixture
@@ -223,20 +223,25 @@ async def test_a_crashed_drain_loop_is_reported_and_restarts(pool: asyncpg.Pool,
         drain = DrainLoop(pool, client, SETTINGS, text_model=TEXT_MODEL, metrics=metrics)
         runner = asyncio.create_task(drain.supervise(stop))
         try:
-            await until(lambda: drain.crashes == 1)
+            await until("drain.crashes == 1", lambda: drain.crashes == 1, every_s=0.001)
             status = drain.status()
             assert status["state"] == "crashed" and "injected" in status["last_crash"], status
             assert metrics.registry.get_sample_value("mnemo_ingest_drain_crashes_total") == 1
             assert metrics.registry.get_sample_value("mnemo_ingest_drain_up") == 0
             await enqueue_records(pool, [record(7)])  # accepted while the loop is down
-            await until(lambda: drain.status()["state"] == "running", attempts=30_000)
+            await until(
+                "drain.status()['state'] == 'running'",
+                lambda: drain.status()["state"] == "running",
+                every_s=0.001,
+            )
             assert metrics.registry.get_sample_value("mnemo_ingest_drain_up") == 1
             drain.wake()
-            for _ in range(300):
-                if not await queue_rows(pool):
-                    break
-                await asyncio.sleep(0.1)
-            assert await queue_rows(pool) == [] and 7 in await _records_in_store(pool)
+
+            async def queue_empty() -> bool:
+                return not await queue_rows(pool)
+
+            await until("the queue to empty", queue_empty, every_s=0.1)
+            assert 7 in await _records_in_store(pool)
         finally:
             stop.set()
             await asyncio.wait_for(runner, 30)

@@ -25,6 +25,7 @@ from tests.ingest_support import (
     record,
     text_rows,
 )
+from tests.waiting import until
 
 QUIET = {"RAG_INGEST_DRAIN": "false"}  # routes only: no background drain
 
@@ -150,15 +151,15 @@ async def test_records_are_accepted_validated_and_queued(
     assert [(r["section_id"], r["operation"]) for r in rows] == [(1, "index"), (2, "index"), (3, "delete")]
 
 
-async def _wait_for(gw: Gateway, predicate: Any, rounds: int = 240) -> dict[str, Any]:
-    """Poll the queue stats until ``predicate(stats)``; a bound on rounds, not a timing assert."""
-    for _ in range(rounds):
+async def _wait_for(gw: Gateway, predicate: Any) -> dict[str, Any]:
+    """Poll the queue stats until ``predicate(stats)``; returns them."""
+
+    async def stats() -> dict[str, Any] | None:
         status, body = await _http(gw, "GET", "/v1/queue/stats")
         assert status == 200
-        if predicate(body["data"]):
-            return body["data"]
-        await asyncio.sleep(0.25)
-    raise AssertionError(f"queue never reached the expected state: {body['data']}")
+        return body["data"] if predicate(body["data"]) else None
+
+    return await until("the queue to reach the expected state", stats, every_s=0.25)
 
 
 async def test_the_background_drain_indexes_what_intake_accepts(

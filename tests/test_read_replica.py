@@ -21,6 +21,7 @@ import pytest
 from schema import EmbeddedPostgres, create_pool
 from schema.embedded_replica import StreamingReplica
 from tests.fixtures.gateway import CORPUS, Gateway, index_docs, running_gateway
+from tests.waiting import until
 
 pytestmark = pytest.mark.slow
 
@@ -59,12 +60,11 @@ async def _replica_state(gw: Gateway) -> dict[str, Any]:
 
 
 async def _until_replica(gw: Gateway, in_use: bool) -> dict[str, Any]:
-    for _ in range(600):  # a condition wait, bounded by attempts (the check runs every 0.1 s)
+    async def reached() -> dict[str, Any] | None:
         state = await _replica_state(gw)
-        if state["in_use"] is in_use:
-            return state
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"the replica never became in_use={in_use}: {state}")
+        return state if state["in_use"] is in_use else None
+
+    return await until(f"the replica to become in_use={in_use}", reached, every_s=0.1)
 
 
 async def _search(gw: Gateway) -> list[Any]:
@@ -77,11 +77,12 @@ async def test_searches_read_from_the_replica_and_readyz_shows_its_lag(
 ) -> None:
     gw, _ = replicated
     await _until_replica(gw, True)
-    for _ in range(600):  # replayed up to the primary once its last writes arrive (bounded by attempts)
+
+    async def caught_up() -> dict[str, Any] | None:  # replayed up to the primary once its last writes arrive
         state = await _replica_state(gw)
-        if state["lag_s"] == 0.0:
-            break
-        await asyncio.sleep(0.1)
+        return state if state["lag_s"] == 0.0 else None
+
+    state = await until("the replica to replay up to the primary", caught_up, every_s=0.1)
     assert state["configured"] and state["lag_s"] == 0.0 and state["error"] is None, state
     before = state["replica_reads"]
     assert await _search(gw)  # the corpus written on the primary, read back from the standby
@@ -132,10 +133,7 @@ async def test_no_search_fails_while_the_replica_is_stopped_and_started(
 
     async def served(count: int) -> None:  # wait for more searches to be answered, however long they take
         target = len(outcomes) + count
-        for _ in range(3000):
-            if len(outcomes) >= target:
-                return
-            await asyncio.sleep(0.01)
+        await until(f"{count} more searches to be answered", lambda: len(outcomes) >= target, every_s=0.01)
 
     callers = [asyncio.create_task(caller()) for _ in range(4)]
     try:

@@ -23,6 +23,7 @@ from index.partitions import ModelPartition, ensure_partition
 from index.search import Scope, dense_search
 from index.store import EmbeddingRow, delete_record, upsert_rows
 from index.vector_cache import CacheConfig, VectorCache, parse_copy
+from tests.waiting import until
 
 MODEL = "cache-test-16"
 DIM = 16
@@ -164,13 +165,13 @@ async def test_deleted_row_is_never_returned_while_the_feed_lags(cache_pool, dat
     cache = await _cache(pool, database_url)
     await cache.start()  # loads and listens
     try:
-        for _ in range(200):
-            if (
+        await until(
+            "the partition to load",
+            lambda: (
                 partition.partition in cache.partitions
                 and cache.partitions[partition.partition].state == "ready"
-            ):
-                break
-            await asyncio.sleep(0.05)
+            ),
+        )
         await cache.stop_listening()  # the feed stops here: nothing more is applied
         q = np.random.default_rng(1).standard_normal(DIM).astype(np.float32)
         top = await _cached(cache, pool, partition, q, Scope(), 5)
@@ -322,11 +323,16 @@ async def test_cache_survives_a_postgres_restart_and_catches_up() -> None:
         try:
             partition = await _populate(pool, 40)
             await cache.start()
-            for _ in range(200):
+
+            def ready() -> bool:
                 pc = cache.partitions.get(partition.partition)
-                if pc is not None and pc.state == "ready" and cache.listener and cache.listener.connected:
-                    break
-                await asyncio.sleep(0.05)
+                return (
+                    pc is not None
+                    and pc.state == "ready"
+                    and bool(cache.listener and cache.listener.connected)
+                )
+
+            await until("the partition to load and the feed to listen", ready)
             reconnects = cache.listener.reconnects
             server.stop()
             server = EmbeddedPostgres(root / "pg")
@@ -341,13 +347,13 @@ async def test_cache_survives_a_postgres_restart_and_catches_up() -> None:
                 await upsert_rows(conn, partition, [fresh])
                 await delete_record(conn, ("rsc1", 1))
                 seq = await conn.fetchval("SELECT max(seq) FROM rag_embedding_changes")
-                for _ in range(1200):  # the feed reconnects (backoff) and catches up by itself
-                    pc = cache.partitions[partition.partition]
-                    if pc.watermark.seq >= seq and cache.listener.connected:
-                        break
-                    await asyncio.sleep(0.05)
+                pc = cache.partitions[partition.partition]
+                # The feed reconnects (backoff) and catches up by itself (a loaded run took over a minute).
+                await until(
+                    "the cache to catch up after the restart",
+                    lambda: pc.watermark.seq >= seq and cache.listener.connected,
+                )
                 assert cache.listener.reconnects > reconnects
-                assert pc.watermark.seq >= seq, "the cache did not catch up after the restart"
                 assert ("oh1", 900) in {k[:2] for k in pc.slot_of}
                 assert ("rsc1", 1) not in {k[:2] for k in pc.slot_of}
                 hits = await cache.search(conn, partition, q, Scope(), 5)
