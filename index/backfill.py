@@ -343,7 +343,10 @@ class JsonlSource:
             for key in keys:
                 if key in offsets:
                     fh.seek(offsets[key])
-                    out[key] = loads_strict(fh.readline(), forbid_nul=True)
+                    with contextlib.suppress(JsonRejected):
+                        obj = loads_strict(fh.readline(), forbid_nul=True)
+                        if isinstance(obj, dict) and (obj.get("section_tipo"), obj.get("section_id")) == key:
+                            out[key] = obj
         return out
 
     async def embed(self, pool: asyncpg.Pool, indexer: Indexer, keys: Sequence[RecordKey]) -> Embedded:
@@ -352,6 +355,9 @@ class JsonlSource:
         out = Embedded()
         items = []
         for key in keys:
+            if key not in records:
+                out.rejects[key] = "the export changed since the backfill read it: run a new backfill"
+                continue
             try:
                 valid = validate_record(records[key], descriptors)
             except IntakeError as exc:

@@ -418,3 +418,15 @@ async def test_a_jsonl_backfill_reports_rejects_and_indexes_the_rest(
     assert reported[0]["section_id"] == 2 and "request.unknown_group" in reported[0]["reason"]
     assert reported[1]["line"] == 2 and "invalid_record" in reported[1]["reason"]
     assert {k[0] for k in await _rows(db_pool, TEXT_MODEL, "oh1")} == {1, 3}
+
+
+def test_a_jsonl_source_reads_records_by_offset_and_drops_a_line_that_changed(tmp_path: Path) -> None:
+    """Each record is read at its last line's byte offset (no rescan per batch); a line that is no
+    longer that record (the export was rewritten meanwhile) is not read as it."""
+    export = tmp_path / "export.jsonl"
+    lines = [record(1), record(2), {**record(1), "title": "again"}]
+    export.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    source = JsonlSource(export, TEXT_MODEL)
+    assert source._records([("oh1", 1), ("oh1", 2)]) == {("oh1", 1): lines[2], ("oh1", 2): lines[1]}
+    export.write_text("".join(json.dumps(r) + "\n" for r in [record(2), record(1), record(3)]))
+    assert source._records([("oh1", 1), ("oh1", 2)]) == {}  # same offsets, other records there now
