@@ -261,7 +261,7 @@ async def test_a_stalled_body_gets_408_and_the_front_serves_on(
             b'Content-Length: 100\r\n\r\n{"model": '
         )
         await writer.drain()
-        answer = await asyncio.wait_for(reader.read(), 15)  # the 408, then the connection closes
+        answer = await asyncio.wait_for(reader.read(), 60)  # the 408, then the connection closes
         writer.close()
         head, _, body = answer.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 408")
