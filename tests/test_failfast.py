@@ -88,7 +88,7 @@ def test_one_of_two_replicas_killed_under_load_fails_no_request(sidecar_url: str
     even a retryable answer, none fails or hangs."""
     with running_sidecar(_config(weights, replicas=2), app_name="mnemo-failfast-two", api_key="") as url:
         result = replica_killed_under_load(
-            url, MODEL, callers=3, warm_s=0.5, retries=0, after_recovery_s=0.5, app="mnemo-failfast-two"
+            url, MODEL, callers=3, warm_s=0.5, retry_for_s=0, after_recovery_s=0.5, app="mnemo-failfast-two"
         )
     assert result["replicas"] == 2 and result["requests_after_kill"] > 0, json.dumps(result)
     assert result["failed_after_retries"] == 0, result

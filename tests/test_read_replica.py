@@ -56,7 +56,19 @@ async def replicated(
 
 
 async def _replica_state(gw: Gateway) -> dict[str, Any]:
-    return (await gw.http("GET", "/readyz"))["read_replica"]
+    """``/readyz``'s replica detail. A 503 means a readiness probe (5 s each) timed out, which a
+    loaded machine does to the sidecar's: that is readiness working, not the replica's state, so
+    it is asked again."""
+
+    async def answered() -> dict[str, Any] | None:
+        async with aiohttp.ClientSession() as http, http.get(gw.url + "/readyz") as r:
+            payload = await r.json()
+        if r.status == 503 and payload["error"]["code"] == "service.unavailable":
+            return None
+        assert r.status == 200 and payload["ok"], payload
+        return payload["data"]["read_replica"]
+
+    return await until("the gateway's readiness to answer", answered, every_s=0.1)
 
 
 async def _until_replica(gw: Gateway, in_use: bool) -> dict[str, Any]:
