@@ -66,6 +66,7 @@ __all__ = [
     "QueueSource",
     "abandon",
     "embed_and_copy",
+    "records_done",
     "run_backfill",
 ]
 
@@ -589,6 +590,13 @@ async def _counts(db: asyncpg.Pool, backfill_id: str) -> dict[str, int]:
     return out
 
 
+async def records_done(db: asyncpg.Pool, backfill_id: str) -> tuple[int, int]:
+    """(records done, records in the run's scope): where an embed step starts its progress."""
+    counts = await _counts(db, backfill_id)
+    total = sum(v for k, v in counts.items() if k != "rows")
+    return total - counts.get("pending", 0), total
+
+
 async def _write_batch(
     pool: asyncpg.Pool,
     shadow_partition: ModelPartition,
@@ -653,9 +661,7 @@ async def _embed_pending(
     """Embed and COPY the pending records, a batch per transaction, until none is left. Batch n+1
     is embedded while batch n is written (one write at a time); batches follow the records' key
     order, so the next one is read past the last key rather than waiting for the write."""
-    counts = await _counts(pool, backfill_id)
-    total = sum(v for k, v in counts.items() if k != "rows")
-    done = total - counts.get("pending", 0)
+    done, total = await records_done(pool, backfill_id)
     progress(done, total)
     after: RecordKey = ("", -1)
     writing: asyncio.Task[None] | None = None
@@ -767,9 +773,7 @@ async def _run(
         run = await _open_run(conn, source, model, partition, report)
     report.backfill_id = backfill_id = run["backfill_id"]
     _timed(report, "scope", started)
-    if not report.resumed and not sum(
-        v for k, v in (await _counts(pool, backfill_id)).items() if k != "rows"
-    ):
+    if not report.resumed and not (await records_done(pool, backfill_id))[1]:
         # Nothing to replace: no index build, no swap, the partition stays as it is.
         async with pool.acquire() as conn:
             await shadow.drop_shadow(conn, partition)

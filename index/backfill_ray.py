@@ -33,7 +33,7 @@ import numpy as np
 
 from inference.client import ModelInfo
 
-from .backfill import BackfillOptions, Progress, Source, embed_and_copy
+from .backfill import BackfillOptions, Progress, Source, embed_and_copy, records_done
 from .indexer import Indexer
 from .partitions import ModelPartition
 from .ray_cluster import connect
@@ -114,19 +114,13 @@ class RayEmbedStep:
         options: BackfillOptions,
         progress: Progress,
     ) -> None:
-        counts = await pool.fetch(
-            "SELECT state = 'pending' AS pending, count(*) AS n FROM rag_backfill_records "
-            "WHERE backfill_id = $1 GROUP BY 1",
-            backfill_id,
-        )
-        total = sum(int(r["n"]) for r in counts)
+        done, total = await records_done(pool, backfill_id)
+        progress(done, total)
         pending = await pool.fetch(
             """SELECT section_tipo, section_id FROM rag_backfill_records
                WHERE backfill_id = $1 AND state = 'pending' ORDER BY section_tipo, section_id""",
             backfill_id,
         )
-        done = total - len(pending)
-        progress(done, total)
         if not pending:
             return
         items = [{"section_tipo": r["section_tipo"], "section_id": r["section_id"]} for r in pending]

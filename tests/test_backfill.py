@@ -183,6 +183,11 @@ async def test_a_model_change_swaps_atomically_under_a_search_loop(
     assert all((r["sparse"] is not None) == new_model.sparse for r in after.values())
 
 
+def _connection_args(database_url: str, sidecar_url: str) -> list[str]:
+    """``mnemo backfill``'s flags for the test database, the session sidecar and its text model."""
+    return ["--database-url", database_url, "--sidecar-url", sidecar_url, "--text-model", TEXT_MODEL]
+
+
 async def _mnemo_backfill(
     database_url: str, sidecar_url: str, log: Path, *args: str
 ) -> asyncio.subprocess.Process:
@@ -196,12 +201,7 @@ async def _mnemo_backfill(
             "-m",
             "gateway.cli",
             "backfill",
-            "--database-url",
-            database_url,
-            "--sidecar-url",
-            sidecar_url,
-            "--text-model",
-            TEXT_MODEL,
+            *_connection_args(database_url, sidecar_url),
             *args,
             cwd=REPO_ROOT,
             env=env,
@@ -358,12 +358,7 @@ async def test_a_ray_backfill_on_two_nodes_resumes_and_gives_the_drains_rows(
         "oh2",
         "--batch",
         "2",
-        "--database-url",
-        database_url,
-        "--sidecar-url",
-        sidecar_url,
-        "--text-model",
-        TEXT_MODEL,
+        *_connection_args(database_url, sidecar_url),
         stdout=asyncio.subprocess.PIPE,
         cwd=str(REPO_ROOT),
     )
