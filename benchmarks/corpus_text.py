@@ -23,11 +23,15 @@ def zipf_texts(n: int, rng: np.random.Generator, words_per_language: int = 30_00
     for lang in langs:
         words = wordfreq.top_n_list(lang, words_per_language)
         freq = np.asarray([wordfreq.word_frequency(w, lang) for w in words], dtype=np.float64)
-        tables[lang] = (np.asarray(words, dtype=object), freq / freq.sum())
+        # The cumulative distribution once per language: ``rng.choice(..., p=p)`` would check p and
+        # sum it again for every text (30k words, a million texts). Drawing uniforms and searching
+        # this cdf is what ``choice`` does itself, so the texts are the same for the same seed.
+        cdf = (freq / freq.sum()).cumsum()
+        tables[lang] = (np.asarray(words, dtype=object), cdf / cdf[-1])
     picks = rng.choice(len(langs), n, p=list(LANGUAGES.values()))
     lengths = np.clip(rng.lognormal(3.4, 0.6, n).astype(int), 8, 120)
     out = []
     for lang_i, length in zip(picks, lengths, strict=True):
-        words, p = tables[langs[lang_i]]
-        out.append(" ".join(words[rng.choice(len(words), length, p=p)]))
+        words, cdf = tables[langs[lang_i]]
+        out.append(" ".join(words[cdf.searchsorted(rng.random(length), side="right")]))
     return out
