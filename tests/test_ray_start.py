@@ -1,0 +1,78 @@
+"""A local Ray start whose raylet misses Ray's fixed 30 s registration wait is tried again.
+
+Ray raises "The current node timed out during startup" when its raylet has not registered with
+the GCS within 30 s (a 2-core machine running three test suites got there), and leaves the
+processes that attempt spawned running. The launcher stops them and starts again, a bounded number
+of times. The late start is injected here (a real one needs a machine slow on demand); every
+sidecar test runs the real start.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import psutil
+import pytest
+import ray
+
+from inference import launcher
+
+LATE = Exception(
+    "The current node timed out during startup. This could happen because some of the raylet "
+    "failed to startup or the GCS has become overloaded."
+)
+
+
+class LateStarts:
+    """``ray.init`` that spawns a process (an attempt's GCS and raylet) and is late ``late`` times."""
+
+    def __init__(self, late: int, error: Exception = LATE) -> None:
+        self.late, self.error = late, error
+        self.calls: list[dict[str, object]] = []
+        self.spawned: list[subprocess.Popen[bytes]] = []
+
+    def __call__(self, **options: object) -> None:
+        self.calls.append(options)
+        if len(self.calls) <= self.late:
+            self.spawned.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]))
+            raise self.error
+
+
+@pytest.fixture
+def late_ray(monkeypatch: pytest.MonkeyPatch):
+    def install(late: int, error: Exception = LATE) -> LateStarts:
+        fake = LateStarts(late, error)
+        monkeypatch.setattr(ray, "init", fake)
+        monkeypatch.setattr(ray, "shutdown", lambda: None)
+        return fake
+
+    yield install
+
+
+def test_a_late_raylet_is_stopped_and_the_start_tried_again(late_ray, caplog) -> None:
+    fake = late_ray(late=2)
+    launcher.start_local_ray(include_dashboard=False)
+    assert len(fake.calls) == 3 and all(
+        c == {"address": "local", "include_dashboard": False} for c in fake.calls
+    )
+    for proc in fake.spawned:  # each late attempt's processes were stopped before the next
+        assert proc.poll() is not None
+        assert not psutil.pid_exists(proc.pid) or psutil.Process(proc.pid).status() == psutil.STATUS_ZOMBIE
+    assert sum("Ray start" in r.getMessage() for r in caplog.records) == 2
+
+
+def test_the_last_late_start_is_raised(late_ray) -> None:
+    fake = late_ray(late=launcher.RAY_START_ATTEMPTS)
+    with pytest.raises(Exception, match="timed out during startup"):
+        launcher.start_local_ray()
+    assert len(fake.calls) == launcher.RAY_START_ATTEMPTS
+
+
+def test_any_other_start_failure_is_raised_at_once(late_ray) -> None:
+    fake = late_ray(late=1, error=RuntimeError("object store memory is too small"))
+    with pytest.raises(RuntimeError, match="object store"):
+        launcher.start_local_ray()
+    assert len(fake.calls) == 1
+    fake.spawned[0].kill()
+    fake.spawned[0].wait()
