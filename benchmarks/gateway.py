@@ -203,6 +203,21 @@ async def cache_ready(session: Any, url: str, wait_s: float = 300.0) -> dict[str
         await asyncio.sleep(0.5)
 
 
+async def gateway_read_pool(database_url: str) -> Any:
+    """A pool like the gateway's read pool at its default settings: ``RAG_DB_POOL_SIZE``'s size, no
+    reset query, sessions opened with the legs' settings. :class:`RawLegs` on it runs the SQL the
+    gateway runs, in as many round trips."""
+    from gateway.settings import GatewaySettings
+    from index.search import read_session_settings
+    from schema import create_pool
+
+    defaults = GatewaySettings()
+    session = read_session_settings(defaults.hnsw_ef_search, defaults.hnsw_max_scan_tuples)
+    return await create_pool(
+        database_url, max_size=defaults.database.pool_size, reset_session=False, session=session
+    )
+
+
 class RawLegs:
     """The legs' SQL run directly, as the gateway runs them: dense and lexical concurrently, each on
     its own connection of a read pool like the gateway's (no reset query), corpus statistics cached.
@@ -269,7 +284,7 @@ async def run_gateway_benchmark(
     from gateway.auth import issue_token
     from index.models import resolve_model
     from inference.client import SidecarClient
-    from schema import EmbeddedPostgres, create_pool, migrate
+    from schema import EmbeddedPostgres, migrate
 
     started = time.perf_counter()
     workdir = Path(tempfile.mkdtemp(prefix="mnemo-bench-gateway-"))
@@ -279,8 +294,7 @@ async def run_gateway_benchmark(
         database_url = embedded_pg.start()
     try:
         await migrate(database_url)
-        # The gateway's read pool: its size (RAG_DB_POOL_SIZE's default) and no reset query.
-        pool = await create_pool(database_url, max_size=10, reset_session=False)
+        pool = await gateway_read_pool(database_url)
         async with SidecarClient(sidecar_url) as client:
             model = await resolve_model(client, "text", text_model)
             sentences = load_sentences(chunks)[:chunks]

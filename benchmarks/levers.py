@@ -53,14 +53,13 @@ async def run_levers(
     from index.models import resolve_model
     from index.search import Scope
     from inference.client import SidecarClient
-    from schema import create_pool
 
-    from .gateway import gateway_process, load_corpus, load_queries, load_sentences
+    from .gateway import gateway_process, gateway_read_pool, load_corpus, load_queries, load_sentences
     from .stack import BENCH_MODEL
     from .suite_gateway import LIMIT, GatewayCaller, gateway_window
 
     url = await stack.fresh_database("bench_levers")
-    pool = await create_pool(url, max_size=10, reset_session=False)
+    pool = await gateway_read_pool(url)
     secret = secrets.token_urlsafe(48)
     token = issue_token(secret=secret, sub="bench-admin", projects=None, admin=True)
     try:

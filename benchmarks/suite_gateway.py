@@ -209,12 +209,11 @@ async def _measure_size(
     from gateway.acl import pushdown
     from gateway.auth import Principal, issue_token
     from index.search import Scope
-    from schema import create_pool
 
-    from .gateway import SECTION, cache_ready, load_corpus
+    from .gateway import SECTION, cache_ready, gateway_read_pool, load_corpus
 
     url = await stack.fresh_database("bench_gateway")
-    pool = await create_pool(url, max_size=10, reset_session=False)  # like the gateway's read pool
+    pool = await gateway_read_pool(url)
     try:
         started = time.perf_counter()
         partition = await load_corpus(

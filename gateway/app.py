@@ -20,6 +20,7 @@ from aiohttp import web
 from index.cache_metrics import CacheMetrics
 from index.lexical_index import LexicalConfig, LexicalIndex
 from index.lexical_metrics import LexicalMetrics
+from index.search import read_session_settings
 from index.sections import SectionStore
 from inference.eventloop import loop_name
 from schema.database import create_pool, open_database
@@ -82,16 +83,19 @@ async def _retriever_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS_KEY]
     # Its own pool of read connections, released without asyncpg's reset query: every leg and
     # seed read leaves no session state (SET LOCAL only), and the reset cost a round trip plus
-    # RESET ALL / CLOSE ALL / UNLISTEN on the server per leg (issue 15). Writes, the drain's
+    # RESET ALL / CLOSE ALL / UNLISTEN on the server per leg (issue 15). Their sessions open with
+    # the legs' settings, so a leg is one round trip, not three (issue 27). Writes, the drain's
     # advisory lock and the cache's listener stay on the main pool.
+    session = read_session_settings(settings.hnsw_ef_search, settings.hnsw_max_scan_tuples)
     primary_reads = await create_pool(
-        app[DATABASE_URL_KEY], max_size=settings.database.pool_size, reset_session=False
+        app[DATABASE_URL_KEY], max_size=settings.database.pool_size, reset_session=False, session=session
     )
     # RAG_DATABASE_READ_URL: a streaming replica serves these reads while it is up and fresh.
     reads = ReadPool(
         primary_reads,
         settings.database.read_url,
         max_size=settings.database.pool_size,
+        session=session,
         max_lag_s=settings.database.read_max_lag,
         check_interval_s=settings.database.read_check_interval,
     )

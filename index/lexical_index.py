@@ -57,6 +57,7 @@ from .partitions import ModelPartition
 from .search import (
     BM25_B,
     BM25_K1,
+    CUSTOM_PLANS,
     Bm25Plan,
     ChunkHit,
     Scope,
@@ -589,7 +590,7 @@ class LexicalIndex(FeedFollower):
         # one prepared statement) cannot see how few keys it joins (16 ms against 0.8 on 20k chunks).
         rows = await fetch_with_local_settings(
             conn,
-            ["SET LOCAL plan_cache_mode = force_custom_plan"],
+            CUSTOM_PLANS,
             query,
             [*params, *candidates_params(keys, partition.model, watermark, scores.tolist())],
         )

@@ -28,10 +28,13 @@ import time
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import asyncpg
 import numpy as np
+
+from schema import session_settings
 
 from .partitions import ModelPartition
 from .stopwords import strip_stopwords
@@ -39,6 +42,7 @@ from .store import to_sparsevec
 from .text import fold
 
 __all__ = [
+    "CUSTOM_PLANS",
     "AclPushdown",
     "Bm25Plan",
     "ChunkHit",
@@ -52,9 +56,11 @@ __all__ = [
     "dense_search",
     "fetch_with_local_settings",
     "hit_columns",
+    "hnsw_scan_settings",
     "identity_order",
     "lexical_search",
     "query_terms",
+    "read_session_settings",
     "scope_key",
     "scope_where",
     "scored_terms",
@@ -324,9 +330,10 @@ async def dense_search(
 ) -> list[ChunkHit]:
     """Nearest chunks by cosine distance; score = ``1 - distance`` (cosine similarity).
 
-    Runs in its own transaction so the ``SET LOCAL`` scan settings stay local.
-    ``relaxed_order`` lets the HNSW scan continue past filtered-out rows; the
-    outer query restores exact distance order (ties by chunk identity).
+    The scan settings (:func:`hnsw_scan_settings`) are the connection session's own (a gateway's
+    read pool) or ``SET LOCAL`` in a transaction of the query's own
+    (:func:`fetch_with_local_settings`). The outer query restores exact distance order (ties by
+    chunk identity), which ``relaxed_order`` gives up inside the scan.
     ``exact`` keeps the planner off the HNSW index: a full scan, the ground
     truth that recall and the FAISS cache are measured against.
     """
@@ -342,18 +349,9 @@ async def dense_search(
             ORDER BY e.embedding::{cast} <=> $1::{cast}
             LIMIT {int(limit)})
         SELECT * FROM nn ORDER BY distance, {_IDENTITY_ORDER}"""
-    settings = [
-        "SET LOCAL hnsw.iterative_scan = relaxed_order",
-        f"SET LOCAL hnsw.ef_search = {min(1000, max(int(ef_search), int(limit)))}",
-        f"SET LOCAL hnsw.max_scan_tuples = {int(max_scan_tuples)}",
-        # A generic plan of this statement (what PostgreSQL switches to after five runs of one
-        # prepared statement) cannot see the ACL's values: it estimates `projects && $n` at 1% and
-        # leaves the HNSW index for a bitmap scan of every row plus a sort (300 ms instead of 3 on
-        # 10k chunks at 100% visibility). Each query is planned with its own values instead.
-        "SET LOCAL plan_cache_mode = force_custom_plan",
-    ]
+    settings = {**hnsw_scan_settings(ef_search, max_scan_tuples, limit), **CUSTOM_PLANS}
     if exact:
-        settings.append("SET LOCAL enable_indexscan = off")
+        settings["enable_indexscan"] = "off"
     rows = await fetch_with_local_settings(conn, settings, query, sql.params)
     return [
         _chunk(r, 1.0 - float(r["distance"]), _as_array(r["embedding"]) if with_vectors else None)
@@ -361,20 +359,49 @@ async def dense_search(
     ]
 
 
-async def fetch_with_local_settings(
-    conn: asyncpg.Connection, settings: Sequence[str], query: str, params: Sequence[Any]
-) -> list[asyncpg.Record]:
-    """``query`` in a read-only transaction of its own, after ``SET LOCAL`` ``settings``.
+# A generic plan of a leg's statement (what PostgreSQL switches to after five runs of one prepared
+# statement) cannot see the ACL's values: it estimates `projects && $n` at 1% and leaves the HNSW
+# index for a bitmap scan of every row plus a sort (300 ms instead of 3 on 10k chunks at 100%
+# visibility); nor can it see how few keys a cache's re-read joins. Each is planned with its values.
+CUSTOM_PLANS: Mapping[str, str] = MappingProxyType({"plan_cache_mode": "force_custom_plan"})
 
-    BEGIN and the settings go in one round trip (a simple-protocol batch), then the query, then
-    COMMIT: three round trips instead of asyncpg's five. Inside a caller's transaction, a
-    savepoint as before.
+
+def hnsw_scan_settings(ef_search: int, max_scan_tuples: int, limit: int = 0) -> dict[str, str]:
+    """The dense leg's pgvector scan settings for a top-``limit`` (``ef_search`` at least ``limit``,
+    at most pgvector's 1000). ``relaxed_order`` lets the scan go on past rows the ACL filters out."""
+    return {
+        "hnsw.iterative_scan": "relaxed_order",
+        "hnsw.ef_search": str(min(1000, max(int(ef_search), int(limit)))),
+        "hnsw.max_scan_tuples": str(int(max_scan_tuples)),
+    }
+
+
+def read_session_settings(ef_search: int, max_scan_tuples: int) -> dict[str, str]:
+    """What a pool of retrieval reads opens its sessions with (``create_pool(session=...)``): every
+    leg's settings at their configured values, so that no leg pays a ``SET LOCAL`` for them."""
+    return {**CUSTOM_PLANS, **hnsw_scan_settings(ef_search, max_scan_tuples)}
+
+
+async def fetch_with_local_settings(
+    conn: asyncpg.Connection, settings: Mapping[str, str], query: str, params: Sequence[Any]
+) -> list[asyncpg.Record]:
+    """``query`` under ``settings`` ({name: value}), which end with it.
+
+    Settings the connection's session already holds (:func:`schema.session_settings`) are not set
+    again; when that is all of them the query runs alone, one round trip (issue 27). Otherwise it
+    runs in a read-only transaction of its own after ``SET LOCAL`` of the rest: BEGIN and the
+    settings in one round trip (a simple-protocol batch), then the query, then COMMIT. Inside a
+    caller's transaction, a savepoint.
     """
+    held = session_settings(conn)
+    needed = [f"SET LOCAL {name} = {value}" for name, value in settings.items() if held.get(name) != value]
+    if not needed:
+        return await conn.fetch(query, *params)
     if conn.is_in_transaction():
         async with conn.transaction():
-            await conn.execute("; ".join(settings))
+            await conn.execute("; ".join(needed))
             return await conn.fetch(query, *params)
-    await conn.execute("; ".join(["BEGIN READ ONLY", *settings]))
+    await conn.execute("; ".join(["BEGIN READ ONLY", *needed]))
     try:
         rows = await conn.fetch(query, *params)
     except BaseException:

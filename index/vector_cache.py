@@ -55,6 +55,7 @@ from .faiss_backend import FlatIndex, GpuFlatIndex, gpu_available, limit_cpu_thr
 from .feed_follower import FeedFollower
 from .partitions import ModelPartition
 from .search import (
+    CUSTOM_PLANS,
     ChunkHit,
     Scope,
     chunk_from_row,
@@ -698,7 +699,7 @@ class VectorCache(FeedFollower):
         # cannot see how few keys it joins, and it cost 5.6 ms a search against 2.4 on 10k rows.
         rows = await fetch_with_local_settings(
             conn,
-            ["SET LOCAL plan_cache_mode = force_custom_plan"],
+            CUSTOM_PLANS,
             query,
             [*params, *candidates_params(keys, partition.model, watermark)],
         )

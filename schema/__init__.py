@@ -1,6 +1,13 @@
 """Mnemo's schema: self-provisioning migrations, the embedded database, connection pools."""
 
-from .database import Database, create_pool, init_connection, open_database
+from .database import (
+    Database,
+    SessionConnection,
+    create_pool,
+    init_connection,
+    open_database,
+    session_settings,
+)
 from .embedded import EmbeddedDatabaseError, EmbeddedPostgres
 from .migrate import MigrationError, MissingExtensionError, apply_migrations, load_migrations, migrate
 from .settings import DatabaseSettings, SettingsError, load_settings, setting
@@ -12,6 +19,7 @@ __all__ = [
     "EmbeddedPostgres",
     "MigrationError",
     "MissingExtensionError",
+    "SessionConnection",
     "SettingsError",
     "apply_migrations",
     "create_pool",
@@ -20,5 +28,6 @@ __all__ = [
     "load_settings",
     "migrate",
     "open_database",
+    "session_settings",
     "setting",
 ]

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import functools
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import asyncpg
 from pgvector.asyncpg import register_vector
@@ -32,6 +34,30 @@ async def init_connection(conn: asyncpg.Connection) -> None:
         ) from exc
 
 
+class SessionConnection(asyncpg.Connection):
+    """A pooled connection that knows the settings its session was opened with.
+
+    They travel in the startup packet (asyncpg's ``server_settings``), so they are the session's
+    own defaults: ``RESET ALL`` (asyncpg's reset on release) returns to them. A read that needs
+    them can then skip its ``SET LOCAL`` and the transaction that scopes it, one round trip
+    instead of three (see :func:`index.search.fetch_with_local_settings`).
+    """
+
+    session_settings: Mapping[str, str] = MappingProxyType({})
+
+
+def session_settings(conn: asyncpg.Connection) -> Mapping[str, str]:
+    """The settings ``conn``'s session holds from its start: ``create_pool(session=...)``'s, read
+    through a pool's connection proxy too; empty for any other connection."""
+    held = getattr(conn, "session_settings", None)
+    return held if isinstance(held, Mapping) else MappingProxyType({})
+
+
+async def _init_session_connection(conn: asyncpg.Connection, *, session: Mapping[str, str]) -> None:
+    await init_connection(conn)
+    conn.session_settings = session
+
+
 async def _keep_session(conn: asyncpg.Connection) -> None:
     """Release without a reset query (asyncpg has already rolled back any open transaction)."""
 
@@ -43,6 +69,7 @@ async def create_pool(
     min_size: int = 1,
     reset_session: bool = True,
     vector_type: str | None = None,
+    session: Mapping[str, str] | None = None,
 ) -> asyncpg.Pool:
     """A pool whose every connection decodes ``vector``/``halfvec``/``sparsevec`` values.
 
@@ -58,14 +85,22 @@ async def create_pool(
     ``vector_type`` (``RAG_VECTOR_TYPE``) is the session's ``mnemo.vector_type``: the HNSW element
     type of a partition this pool's writers provision (see migration 0017); None leaves the
     database's own setting (default ``auto``).
+
+    ``session``: settings every connection opens its session with (``{"hnsw.ef_search": "100"}``),
+    which its connections then report as their :func:`session_settings`.
     """
+    server_settings = dict(session or {})
+    if vector_type is not None:
+        server_settings["mnemo.vector_type"] = vector_type
+    held = MappingProxyType(dict(session or {}))
     pool = await asyncpg.create_pool(
         database_url,
         min_size=min(min_size, max_size),
         max_size=max_size,
-        init=init_connection,
+        init=functools.partial(_init_session_connection, session=held),
         reset=None if reset_session else _keep_session,
-        server_settings=None if vector_type is None else {"mnemo.vector_type": vector_type},
+        server_settings=server_settings or None,
+        connection_class=SessionConnection,
     )
     assert pool is not None
     return pool

@@ -25,7 +25,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -99,12 +99,14 @@ class ReadPool:
         replica_url: str | None = None,
         *,
         max_size: int = 10,
+        session: Mapping[str, str] | None = None,
         max_lag_s: float = 10.0,
         check_interval_s: float = 1.0,
     ) -> None:
         self.primary = primary
         self.replica_url = replica_url
         self.max_size = max_size
+        self.session = dict(session or {})  # the replica pool's session settings, as the primary's
         self.max_lag_s = max_lag_s
         self.check_interval_s = check_interval_s
         self._replica: asyncpg.Pool | None = None
@@ -145,7 +147,11 @@ class ReadPool:
             position = await self.primary.fetchval("SELECT pg_current_wal_lsn()::text", timeout=5)
             if self._replica is None:
                 self._replica = await create_pool(
-                    self.replica_url or "", max_size=self.max_size, min_size=0, reset_session=False
+                    self.replica_url or "",
+                    max_size=self.max_size,
+                    min_size=0,
+                    reset_session=False,
+                    session=self.session,
                 )
             row = await self._replica.fetchrow(_LAG_SQL, position, timeout=5)
             assert row is not None

@@ -6,7 +6,8 @@ import pytest
 
 from gateway.auth import Principal
 from gateway.context import RETRIEVER_KEY
-from index.search import Scope
+from index.search import Scope, read_session_settings
+from schema import session_settings
 from tests.fixtures.gateway import Gateway, running_gateway
 
 pytestmark = pytest.mark.ray
@@ -124,3 +125,13 @@ async def test_learned_sparse_leg(pg_server, template_db, sidecar_url) -> None:
             assert _top(hits) == ("mus1", 1)
     finally:
         await _drop_database(pg_server, name)
+
+
+async def test_the_read_pool_opens_its_sessions_with_the_legs_settings(ingested: Gateway) -> None:
+    """So a leg needs no SET LOCAL transaction of its own (tests/test_read_session.py)."""
+    retriever = ingested.app[RETRIEVER_KEY]
+    configured = retriever.settings
+    session = read_session_settings(configured.hnsw_ef_search, configured.hnsw_max_scan_tuples)
+    async with retriever.pool.acquire() as conn:
+        assert session_settings(conn) == session
+        assert await conn.fetchval("SELECT current_setting('hnsw.ef_search')") == session["hnsw.ef_search"]

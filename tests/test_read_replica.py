@@ -18,7 +18,8 @@ import aiohttp
 import asyncpg
 import pytest
 
-from schema import EmbeddedPostgres, create_pool
+from gateway.resources import READ_POOL_KEY
+from schema import EmbeddedPostgres, create_pool, session_settings
 from schema.embedded_replica import StreamingReplica
 from tests.fixtures.gateway import CORPUS, Gateway, index_docs, running_gateway
 from tests.waiting import until
@@ -102,6 +103,12 @@ async def test_searches_read_from_the_replica_and_readyz_shows_its_lag(
     assert after["replica_reads"] > before and after["fallbacks"] == state["fallbacks"], after
     metrics = await _metrics(gw)
     assert "mnemo_read_replica_in_use 1.0" in metrics and "mnemo_read_replica_lag_seconds 0.0" in metrics
+    reads = gw.app[READ_POOL_KEY]
+    async with reads.acquire() as conn:  # the replica's pool opens its sessions as the primary's does
+        assert session_settings(conn) == reads.session and reads.session
+        assert (
+            await conn.fetchval("SELECT current_setting('hnsw.ef_search')") == reads.session["hnsw.ef_search"]
+        )
 
 
 async def _metrics(gw: Gateway) -> str:
