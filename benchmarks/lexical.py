@@ -46,6 +46,7 @@ import numpy as np
 
 from .corpus_text import zipf_texts
 from .datasets import find_datasets
+from .gateway import gateway_read_pool
 from .measure import percentile
 from .report import Headline, SuiteResult, Table, write_report
 from .stack import BenchStack, open_stack
@@ -187,9 +188,8 @@ async def _one_size(url: str, n: int, n_dataset_queries: int, each: int) -> dict
     from index.lexical_index import LexicalConfig, LexicalIndex
     from index.search import CorpusStats, Scope, lexical_search, query_terms, scored_terms
     from index.text import fold
-    from schema import create_pool
 
-    pool = await create_pool(url, max_size=4)
+    pool = await gateway_read_pool(url)  # the index leg's re-read runs as in the gateway
     tantivy_dir = Path(tempfile.mkdtemp(prefix="mnemo-bench-tantivy-"))
     try:
         texts = build_corpus(n)

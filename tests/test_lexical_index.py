@@ -111,6 +111,8 @@ async def test_index_equals_the_sql_leg_under_random_scopes(loaded, principal, r
     _same(
         await _indexed(index, pool, partition, query, scope, k), await _sql(pool, partition, query, scope, k)
     )
+    lexicon = index.ready(partition)  # top()'s per-slot scratch is left clean for the next search
+    assert lexicon is not None and not lexicon.scratch_member.any() and not lexicon.scratch_total.any()
 
 
 async def test_scores_match_bm25s_on_plain_text(db_pool: asyncpg.Pool, database_url: str) -> None:
