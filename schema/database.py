@@ -53,8 +53,36 @@ def session_settings(conn: asyncpg.Connection) -> Mapping[str, str]:
     return held if isinstance(held, Mapping) else MappingProxyType({})
 
 
+class SessionSettingsLost(RuntimeError):
+    """A connection's session does not hold the settings its pool opened it with."""
+
+
+async def verify_session_settings(conn: asyncpg.Connection, session: Mapping[str, str]) -> None:
+    """Raise :class:`SessionSettingsLost` unless ``conn``'s session holds ``session``.
+
+    Run once per pooled connection: something between Mnemo and PostgreSQL that drops start-up
+    parameters (PgBouncer's ``ignore_startup_parameters``) would otherwise leave every leg on the
+    server's defaults without a word.
+    """
+    if not session:
+        return
+    names = list(session)
+    held = await conn.fetchval(
+        "SELECT ARRAY(SELECT current_setting(u.n, true)"
+        " FROM unnest($1::text[]) WITH ORDINALITY AS u(n, i) ORDER BY u.i)",
+        names,
+    )
+    lost = {n: v for n, v, h in zip(names, session.values(), held, strict=True) if h != v}
+    if lost:
+        raise SessionSettingsLost(
+            f"the database session does not hold the settings it was opened with ({lost}); "
+            "a connection pooler between Mnemo and PostgreSQL must pass start-up parameters through"
+        )
+
+
 async def _init_session_connection(conn: asyncpg.Connection, *, session: Mapping[str, str]) -> None:
     await init_connection(conn)
+    await verify_session_settings(conn, session)
     conn.session_settings = session
 
 

@@ -18,6 +18,7 @@ from index.partitions import ModelPartition, ensure_partition
 from index.search import Scope, dense_search, read_session_settings
 from index.store import EmbeddingRow, upsert_rows
 from schema import create_pool, session_settings
+from schema.database import SessionSettingsLost, verify_session_settings
 
 DIM = 8
 EF_SEARCH = 40
@@ -97,5 +98,18 @@ async def test_a_plain_connection_holds_no_session_settings(database_url) -> Non
     conn = await asyncpg.connect(database_url)
     try:
         assert session_settings(conn) == {}
+    finally:
+        await conn.close()
+
+
+async def test_a_session_without_its_settings_is_refused_loudly(database_url) -> None:
+    """What a pool's new connection meets when something in between dropped its start-up settings."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        with pytest.raises(SessionSettingsLost, match=r"hnsw\.ef_search"):
+            await verify_session_settings(conn, SESSION)
+        await conn.execute("SET plan_cache_mode = force_custom_plan; SET hnsw.iterative_scan = relaxed_order")
+        await conn.execute(f"SET hnsw.ef_search = {EF_SEARCH}; SET hnsw.max_scan_tuples = {MAX_SCAN_TUPLES}")
+        await verify_session_settings(conn, SESSION)  # the same settings, set after the start: held
     finally:
         await conn.close()
