@@ -101,6 +101,7 @@ def _kill_group(process: subprocess.Popen) -> None:
 @dataclasses.dataclass
 class _Node:
     name: str
+    head: bool
     args: list[str]
     log: Path
     process: subprocess.Popen | None = None
@@ -122,6 +123,7 @@ class LocalRayCluster:
         self.cpus_per_node = cpus_per_node
         self.object_store_mb = object_store_mb
         self.gcs_port = free_port()
+        self._ports = {self.gcs_port}  # every port this cluster handed out: none is handed out twice
         self.nodes: dict[str, _Node] = {}
         self._probe: _Probe | None = None
         token = secrets.token_hex(32)
@@ -145,6 +147,27 @@ class LocalRayCluster:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
+    def _port(self) -> int:
+        """A free port this cluster has not handed out yet. The OS can return a port again once
+        its probe socket is closed, and ``ray start`` refuses two components on one port (a suite
+        run lost all eight tries of a start to the GCS's and the client server's being equal)."""
+        for _ in range(100):
+            port = free_port()
+            if port not in self._ports:
+                self._ports.add(port)
+                return port
+        raise RuntimeError("no free port found that this cluster has not handed out already")
+
+    def _worker_ports(self) -> int:
+        """The first of :data:`_WORKER_PORTS` free ports, none handed out by this cluster."""
+        for _ in range(100):
+            first = _free_port_range(_WORKER_PORTS)
+            span = set(range(first, first + _WORKER_PORTS))
+            if not span & self._ports:
+                self._ports |= span
+                return first
+        raise RuntimeError("no free worker port range found apart from this cluster's ports")
+
     def _node_args(self, name: str, head: bool) -> list[str]:
         temp_dir = self.root / name
         temp_dir.mkdir(parents=True, exist_ok=True)
@@ -154,13 +177,13 @@ class LocalRayCluster:
                 "--head",
                 f"--port={self.gcs_port}",
                 "--include-dashboard=false",
-                f"--dashboard-port={free_port()}",  # its REST API process runs even with the UI off
-                f"--ray-client-server-port={free_port()}",
+                f"--dashboard-port={self._port()}",  # its REST API process runs even with the UI off
+                f"--ray-client-server-port={self._port()}",
             ]
         else:
             args.append(f"--address={self.address}")
-        args += [f"{flag}={free_port()}" for flag in _NODE_PORTS]
-        first = _free_port_range(_WORKER_PORTS)
+        args += [f"{flag}={self._port()}" for flag in _NODE_PORTS]
+        first = self._worker_ports()
         args += [
             f"--min-worker-port={first}",
             f"--max-worker-port={first + _WORKER_PORTS - 1}",
@@ -173,22 +196,28 @@ class LocalRayCluster:
         return args
 
     def start_head(self, name: str = "node_a", timeout_s: float = 300.0) -> None:
-        self._start(_Node(name, self._node_args(name, head=True), self.root / f"{name}.log"), timeout_s)
+        self._start(_Node(name, True, self._node_args(name, head=True), self.root / f"{name}.log"), timeout_s)
 
     def add_node(self, name: str, timeout_s: float = 300.0) -> None:
         """Start a worker node joining the head; returns once the cluster lists it alive."""
         if not self.nodes:
             raise RuntimeError("start the head node first")
-        self._start(_Node(name, self._node_args(name, head=False), self.root / f"{name}.log"), timeout_s)
+        self._start(
+            _Node(name, False, self._node_args(name, head=False), self.root / f"{name}.log"), timeout_s
+        )
 
     def _start(self, node: _Node, timeout_s: float, attempts: int = 8) -> None:
         """Run ``ray start`` for ``node`` until it reports the node started. ``ray start`` gives a
         raylet a fixed 30 s to register with the GCS (hard-coded in ``ray._private.node``); on a
         loaded machine that can run out, so a start that exits before it reports is tried again
-        (``attempts`` in all, within ``timeout_s``: a suite run once lost all of three tries)."""
+        (``attempts`` in all, within ``timeout_s``: a suite run once lost all of three tries). Each
+        retry takes fresh ports (the head keeps its GCS port, which the others join at): a port
+        that another process took meanwhile would fail every try alike."""
         self.nodes[node.name] = node
         deadline = time.monotonic() + timeout_s
         for attempt in range(1, attempts + 1):
+            if attempt > 1:
+                node.args = self._node_args(node.name, node.head)
             offset = node.log.stat().st_size if node.log.exists() else 0  # restarts append to the log
             with node.log.open("ab") as out:
                 node.process = subprocess.Popen(
