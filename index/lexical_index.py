@@ -326,8 +326,8 @@ class PartitionLexicon:
         selective = [self.postings[t][0] for t in plan.selective if t in self.postings]
         if not selective:
             return np.zeros(0, dtype=np.int32), np.zeros(0), True
-        # Per-slot marks and sums: no sort of the match set, only gathers over the postings. The
-        # scratch arrays are the lexicon's, left all-False / zero again before returning.
+        # Per-slot marks and sums, gathered over the postings (a match set is sorted only when it
+        # is small). The scratch arrays are the lexicon's, left all-False / zero before returning.
         member, total = self._scratch()
         try:
             if len(selective) == 1:
