@@ -34,8 +34,10 @@ import asyncpg
 import numpy as np
 import psutil
 
+from gateway.settings import GatewaySettings
 from index import store
 from index.partitions import ModelPartition, ensure_partition
+from index.search import fetch_with_local_settings, hnsw_scan_settings
 from index.shadow import hnsw_build_bytes
 from inference.client import SidecarClient
 from schema import create_pool
@@ -295,16 +297,13 @@ async def recall_by_ef_search(
     totals = dict.fromkeys(ef_values, 0.0)
     async with pool.acquire() as conn:
         for q in queries:
-            async with conn.transaction():
-                await conn.execute("SET LOCAL enable_indexscan = off")
-                exact = [
-                    ((r["section_id"], r["chunk_index"]), r["d"]) for r in await conn.fetch(exact_sql, q)
-                ]
+            exact_rows = await fetch_with_local_settings(conn, {"enable_indexscan": "off"}, exact_sql, [q])
+            exact = [((r["section_id"], r["chunk_index"]), r["d"]) for r in exact_rows]
             for ef in ef_values:
-                async with conn.transaction():
-                    await conn.execute(f"SET LOCAL hnsw.ef_search = {int(ef)}")
-                    await conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
-                    got = await conn.fetch(sql, q)
+                # The dense leg's own scan settings at this ef_search (and the gateway's default
+                # tuple bound), set as the leg sets them.
+                scan = hnsw_scan_settings(ef, GatewaySettings().hnsw_max_scan_tuples)
+                got = await fetch_with_local_settings(conn, scan, sql, [q])
                 totals[ef] += tie_aware_recall(
                     [((r["section_id"], r["chunk_index"]), r["d"]) for r in got], exact
                 )
