@@ -3,7 +3,8 @@
 Why (issue 24): the SQL lexical leg scores BM25 over the GIN index with OR semantics, so a common
 query term walks a long posting list in PostgreSQL on every search; at 100k chunks it was the leg
 that grew, 24x behind a search engine at the median. Here each term's postings are two numpy
-arrays (chunk slot, term frequency), and a query is a vectorized gather and sum over its terms.
+arrays (chunk slot, term frequency), and a query is a vectorized gather and sum over its terms,
+with MaxScore skipping what cannot reach the top k (:meth:`PartitionLexicon._top_max_score`).
 
 How it stays correct (the invariants the tests pin):
 
@@ -35,7 +36,8 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import asyncpg
@@ -80,6 +82,11 @@ __all__ = ["MODES", "LexicalConfig", "LexicalIndex", "PartitionLexicon"]
 
 MODES = ("off", "memory")
 DF_CACHE_SIZE = 65_536  # (term, section scope) document frequencies kept between writes
+# MaxScore top-k (PartitionLexicon._top_max_score): tried when a query's terms hold at least this
+# many postings together (below it, scoring every posting costs less than planning what to skip).
+MAX_SCORE_MIN_POSTINGS = 4_096
+PRUNE_MARGIN = 1e-7  # relative slack on every cut, far above float rounding, far below a score gap
+LOOKUP_COST = 16  # a binary search per slot against a scan per posting: the break-even ratio
 ScopeKey = Hashable
 # What the scope and ACL push-down reads of a chunk besides its key: its access class.
 AccessClass = tuple[str, str, str, tuple[int, ...], tuple[str, ...] | None, tuple[str, ...] | None]
@@ -159,6 +166,9 @@ class PartitionLexicon:
     # Live document frequency per (term, section mask), kept until the next write (a search asks
     # for each query term's, and counting walks the term's whole posting list).
     df_cache: dict[tuple[str, bytes | None], int] = field(default_factory=dict)
+    # Per term: (the mean length it was measured at, its largest BM25 summand per unit weight), kept
+    # until a write touches the term (see _bound).
+    term_bounds: dict[str, tuple[float, float]] = field(default_factory=dict)
     # Per-slot scratch of top(), all False / 0 between calls: a search touches only its match set
     # instead of allocating and zeroing two arrays of every slot (9 MB a query at 1M chunks).
     scratch_member: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
@@ -279,6 +289,7 @@ class PartitionLexicon:
                 new_slots = np.concatenate([old[0][keep], new_slots])
                 new_tfs = np.concatenate([old[1][keep], new_tfs])
             self.postings[term] = (new_slots, new_tfs)
+            self.term_bounds.pop(term, None)
 
     # -- reads -------------------------------------------------------------------------------------
 
@@ -312,66 +323,190 @@ class PartitionLexicon:
         self.df_cache[key] = count
         return count
 
-    def _scratch(self) -> tuple[np.ndarray, np.ndarray]:
+    @contextmanager
+    def _scratch(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The per-slot marks and sums, sized to the slots; the caller clears what it set, and on an
+        error the whole arrays are cleared here."""
         if len(self.scratch_member) < self.size:
             self.scratch_member = _grown(self.scratch_member, self.size)
             self.scratch_total = _grown(self.scratch_total, self.size)
-        return self.scratch_member, self.scratch_total
+        try:
+            yield self.scratch_member, self.scratch_total
+        except BaseException:
+            self.scratch_member[: self.size] = False
+            self.scratch_total[: self.size] = 0.0
+            raise
+
+    def _contribution(self, weight: float, slots: np.ndarray, tfs: np.ndarray, avgdl: float) -> np.ndarray:
+        """One term's BM25 summand at ``slots`` (holding it ``tfs`` times): the one formula of the index."""
+        tf = tfs.astype(np.float64)
+        norm = BM25_K1 * (1 - BM25_B + BM25_B * self.length[slots] / avgdl)
+        return weight * tf / (tf + norm)
+
+    def _bound(self, term: str, avgdl: float) -> float:
+        """An upper bound of ``term``'s summand per unit weight in any chunk, at mean length ``avgdl``.
+
+        The exact maximum over the term's postings is kept from the first search that asks (at that
+        search's ``avgdl``) until a write touches the term. The summand ``tf / (tf + c + d / avgdl)``
+        grows with ``avgdl`` at most in proportion, so at another mean length the kept maximum scaled
+        by ``max(1, avgdl / kept avgdl)`` still bounds it (dead postings only loosen it).
+        """
+        kept = self.term_bounds.get(term)
+        if kept is None:
+            slots, tfs = self.postings[term]
+            peak = float(self._contribution(1.0, slots, tfs, avgdl).max()) if len(slots) else 0.0
+            kept = self.term_bounds[term] = (avgdl, peak)
+        kept_avgdl, peak = kept
+        return peak * max(1.0, avgdl / kept_avgdl)
+
+    def _permitted(self, slots: np.ndarray, known: np.ndarray | None, exclude: np.ndarray) -> np.ndarray:
+        """Which of ``slots`` the search may return: live, of a permitted access class, not excluded."""
+        ok = self.alive[slots]
+        if known is not None:
+            ok &= known[self.klass[slots]]
+        if len(exclude):
+            ok &= ~np.isin(slots, exclude)
+        return ok
+
+    def _summand_at(self, term: str, weight: float, avgdl: float, slots: np.ndarray) -> np.ndarray:
+        """``term``'s summand at each of ``slots`` (0 where absent), found by binary search
+        in its postings: a few slots against a long list."""
+        posting, tfs = self.postings[term]
+        out = np.zeros(len(slots))
+        if not len(posting):
+            return out
+        at = np.searchsorted(posting, slots)
+        at[at == len(posting)] = 0
+        found = posting[at] == slots
+        out[found] = self._contribution(weight, slots[found], tfs[at[found]], avgdl)
+        return out
+
+    def _add_marked(
+        self, total: np.ndarray, member: np.ndarray, term: str, weight: float, avgdl: float
+    ) -> None:
+        """Add ``term``'s summand to ``total`` at its postings marked in ``member`` (a scan of the
+        term's list; a slot is once in it)."""
+        posting, tfs = self.postings[term]
+        hit = member[posting]
+        slots = posting[hit]
+        total[slots] += self._contribution(weight, slots, tfs[hit], avgdl)
 
     def top(
         self, plan: Bm25Plan, allowed: np.ndarray | None, exclude: Sequence[int], fetch: int
     ) -> tuple[np.ndarray, np.ndarray, bool]:
         """The slots and BM25 scores of the ``fetch`` best-scoring permitted chunks of the plan's
         match set (every slot tied with the last one too), and whether that is the whole match set."""
-        selective = [self.postings[t][0] for t in plan.selective if t in self.postings]
-        if not selective:
+        if not any(t in self.postings for t in plan.selective):
             return np.zeros(0, dtype=np.int32), np.zeros(0), True
-        # Per-slot marks and sums, gathered over the postings (a match set is sorted only when it
-        # is small). The scratch arrays are the lexicon's, left all-False / zero before returning.
-        member, total = self._scratch()
-        try:
-            if len(selective) == 1:
-                cand = selective[0]  # a term's slots are unique and ascending
-            elif sum(len(slots) for slots in selective) * 16 < self.size:
-                cand = _sorted_unique(np.concatenate(selective))  # small: sort, do not scan every slot
-            else:
-                for slots in selective:
-                    member[slots] = True
-                cand = np.flatnonzero(member[: self.size])
-                member[: self.size] = False
-            ok = self.alive[cand]
-            if allowed is not None:
-                # Classes first seen after the scope was evaluated are not permitted here: their
-                # chunks changed after the search's watermark, so the re-read brings them in if
-                # they should be.
-                known = np.zeros(max(len(self.classes), len(allowed)), dtype=bool)
-                known[: len(allowed)] = allowed
-                ok &= known[self.klass[cand]]
-            cand = cand[ok]
-            if len(exclude):
-                cand = np.setdiff1d(cand, np.asarray(exclude, dtype=np.int64), assume_unique=True)
-            if not len(cand):
-                return cand, np.zeros(0), True
+        known = None
+        if allowed is not None:
+            # Classes first seen after the scope was evaluated are not permitted here: their chunks
+            # changed after the search's watermark, so the re-read brings them in if they should be.
+            known = np.zeros(max(len(self.classes), len(allowed)), dtype=bool)
+            known[: len(allowed)] = allowed
+        excluded = np.asarray(exclude, dtype=np.int32)
+        pruned = self._top_max_score(plan, known, excluded, fetch)
+        if pruned is not None:
+            return pruned
+        return self._top_exhaustive(plan, known, excluded, fetch)
+
+    def _match_set(self, terms: Sequence[str]) -> np.ndarray:
+        """The sorted slots holding any of ``terms`` (a match set is sorted only when it is small)."""
+        lists = [self.postings[t][0] for t in terms if t in self.postings]
+        if len(lists) == 1:
+            return lists[0]  # a term's slots are unique and ascending
+        if sum(len(slots) for slots in lists) * 16 < self.size:
+            return _sorted_unique(np.concatenate(lists))  # small: sort, do not scan every slot
+        with self._scratch() as (member, _):
+            for slots in lists:
+                member[slots] = True
+            cand = np.flatnonzero(member[: self.size])
+            member[: self.size] = False
+        return cand
+
+    def _top_exhaustive(
+        self, plan: Bm25Plan, known: np.ndarray | None, exclude: np.ndarray, fetch: int
+    ) -> tuple[np.ndarray, np.ndarray, bool]:
+        """Every permitted chunk of the match set scored, then the best ``fetch`` kept."""
+        cand = self._match_set(plan.selective)
+        cand = cand[self._permitted(cand, known, exclude)]
+        if not len(cand):
+            return cand, np.zeros(0), True
+        with self._scratch() as (member, total):
             member[cand] = True
             for term, weight in zip(plan.terms, plan.weights, strict=True):
-                slots, tfs = self.postings[term]
-                hit = member[slots]
-                slots, tf = slots[hit], tfs[hit].astype(np.float64)
-                norm = BM25_K1 * (1 - BM25_B + BM25_B * self.length[slots] / plan.avgdl)
-                total[slots] += weight * tf / (tf + norm)  # a slot is once in a term's postings
+                self._add_marked(total, member, term, weight, plan.avgdl)
             scores = total[cand]
             # Only the match set's slots were touched (ascending: a sequential pass).
             member[cand] = False
             total[cand] = 0.0
-        except BaseException:
-            member[: self.size] = False
-            total[: self.size] = 0.0
-            raise
-        if len(cand) <= fetch:
-            return cand, scores, True
-        kth = scores[np.argpartition(-scores, fetch - 1)[fetch - 1]]
-        chosen = scores >= kth - 1e-9 * abs(kth)  # ties at the cut: the identity order decides in SQL
-        return cand[chosen], scores[chosen], bool(chosen.all())
+        return _best(cand, scores, fetch)
+
+    def _top_max_score(
+        self, plan: Bm25Plan, known: np.ndarray | None, exclude: np.ndarray, fetch: int
+    ) -> tuple[np.ndarray, np.ndarray, bool] | None:
+        """MaxScore, term at a time (Turtle and Flood, 1995): the same answer as scoring every match,
+        without scanning what cannot lift a chunk into the top ``fetch``.
+
+        Terms go by falling upper bound (:meth:`_bound`), the selective ones first (only they admit a
+        chunk: a match holds one). ``theta``, the ``fetch``-th best sum so far, is a score the final
+        cut surely reaches. While the bounds of the terms left sum to ``theta`` or more, a term adds
+        every chunk it holds; after that no chunk outside the candidates can make the cut, so a term
+        only adds its summand to the candidates, found by binary search in its postings when they are
+        few against its list (the long lists of common words), and a candidate whose sum plus the
+        bounds left stays under ``theta`` is dropped first. None: too small to be worth it.
+        """
+        if len(plan.terms) < 2 or sum(len(self.postings[t][0]) for t in plan.terms) < MAX_SCORE_MIN_POSTINGS:
+            return None
+        selective = set(plan.selective)
+        bounds = [w * self._bound(t, plan.avgdl) for t, w in zip(plan.terms, plan.weights, strict=True)]
+        order = sorted(range(len(bounds)), key=lambda i: (plan.terms[i] not in selective, -bounds[i]))
+        left = np.cumsum([bounds[i] for i in reversed(order)])[::-1]  # left[k]: bounds of order[k:]
+        theta, complete = 0.0, True
+        cand = np.zeros(0, dtype=np.int32)
+        with self._scratch() as (member, total):  # marks exactly the candidates; their sums
+            for k, i in enumerate(order):
+                term, weight = plan.terms[i], plan.weights[i]
+                posting, tfs = self.postings[term]
+                if term in selective and left[k] >= theta:
+                    ok = self._permitted(posting, known, exclude)
+                    slots = posting[ok]
+                    total[slots] += self._contribution(weight, slots, tfs[ok], plan.avgdl)
+                    new = slots[~member[slots]]
+                    member[new] = True
+                    cand = np.concatenate([cand, new])  # in no particular order: nothing here needs one
+                else:
+                    complete = complete and term not in selective
+                    keep = total[cand] + left[k] >= theta
+                    if not keep.all():
+                        dropped = cand[~keep]
+                        member[dropped] = False
+                        total[dropped] = 0.0
+                        cand, complete = cand[keep], False
+                    if len(cand) * LOOKUP_COST < len(posting):
+                        total[cand] += self._summand_at(term, weight, plan.avgdl, cand)
+                    else:
+                        self._add_marked(total, member, term, weight, plan.avgdl)
+                # A new theta can only matter once the sums so far may outgrow the bounds left.
+                if len(cand) >= fetch and k + 1 < len(order) and left[0] - left[k + 1] >= left[k + 1]:
+                    scores = total[cand]
+                    kth = float(np.partition(scores, len(scores) - fetch)[len(scores) - fetch])
+                    theta = max(theta, kth * (1 - PRUNE_MARGIN))
+            scores = total[cand]
+            member[cand] = False
+            total[cand] = 0.0
+        slots, scores, whole = _best(cand, scores, fetch)
+        return slots, scores, whole and complete
+
+
+def _best(cand: np.ndarray, scores: np.ndarray, fetch: int) -> tuple[np.ndarray, np.ndarray, bool]:
+    """The ``fetch`` best of ``cand`` by ``scores`` with every tie at the cut (the identity order
+    decides those in SQL), and whether that is all of ``cand``."""
+    if len(cand) <= fetch:
+        return cand, scores, True
+    kth = scores[np.argpartition(-scores, fetch - 1)[fetch - 1]]
+    chosen = scores >= kth - 1e-9 * abs(kth)
+    return cand[chosen], scores[chosen], bool(chosen.all())
 
 
 class LexicalIndex(FeedFollower):

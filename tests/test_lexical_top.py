@@ -1,21 +1,25 @@
 """The in-memory lexical index's top-k against a brute-force BM25 over the same chunks.
 
-:meth:`index.lexical_index.PartitionLexicon.top` builds its match set three ways (one selective
-term's postings as they are; a small union sorted; a large one marked in per-slot scratch and
-scanned) and reuses that scratch across searches. Each way must give every matching chunk its exact
-BM25 sum, and leave the scratch clean. No database: the lexicon is fed rows as the change feed
-would.
+:meth:`index.lexical_index.PartitionLexicon.top` scores a query two ways. Exhaustively, it builds
+the match set three ways (one selective term's postings as they are; a small union sorted; a large
+one marked in per-slot scratch and scanned) and scores all of it. With MaxScore it skips what
+cannot reach the cut. Each way must give the best chunks (every tie at the cut included) their
+exact BM25 sums under any access scope, and leave the reused scratch clean. No database: the
+lexicon is fed rows as the change feed would.
 """
 
 from __future__ import annotations
 
+import math
 import random
 
+import numpy as np
 import pytest
 
+from index import lexical_index
 from index.lexical_index import PartitionLexicon
 from index.partitions import ModelPartition
-from index.search import BM25_B, BM25_K1, Bm25Plan
+from index.search import BM25_B, BM25_K1, COMMON_TERM_SHARE, Bm25Plan, bm25_idf
 
 VOCAB = [f"w{i}" for i in range(300)]
 ZIPF = [1 / (i + 1) for i in range(len(VOCAB))]
@@ -43,12 +47,13 @@ def lexicon() -> tuple[PartitionLexicon, dict[int, tuple[dict[str, int], int]]]:
     return lx, chunks
 
 
-def _bm25(tf: int, dl: int) -> float:
-    return tf / (tf + BM25_K1 * (1 - BM25_B + BM25_B * dl / AVGDL))
+def _bm25(tf: int, dl: int, avgdl: float = AVGDL) -> float:
+    return tf / (tf + BM25_K1 * (1 - BM25_B + BM25_B * dl / avgdl))
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_top_scores_every_match_exactly_and_leaves_its_scratch_clean(lexicon, seed: int) -> None:
+def test_top_scores_every_match_exactly_and_leaves_its_scratch_clean(lexicon, seed: int, monkeypatch) -> None:
+    monkeypatch.setattr(lexical_index, "MAX_SCORE_MIN_POSTINGS", math.inf)  # every match scored
     lx, chunks = lexicon
     rng = random.Random(seed)
     ways = set()
@@ -71,3 +76,115 @@ def test_top_scores_every_match_exactly_and_leaves_its_scratch_clean(lexicon, se
         ways.add("one" if len(selective) == 1 else "sorted" if matched * 16 < lx.size else "scanned")
     if seed == 0:
         assert ways == {"one", "sorted", "scanned"}  # the three ways of building the match set ran
+
+
+def _zipf_rows(rng: random.Random, count: int, first: int = 0) -> list[_Row]:
+    """Chunks of Zipfian words, a third of them repeating one of a few texts (ties at every cut),
+    spread over 100 access classes (projects)."""
+    templates = [rng.choices(VOCAB, ZIPF, k=rng.randint(2, 10)) for _ in range(5)]
+    rows = []
+    for i in range(first, first + count):
+        words = (
+            rng.choice(templates) if rng.random() < 0.3 else rng.choices(VOCAB, ZIPF, k=rng.randint(1, 14))
+        )
+        tf: dict[str, int] = {}
+        for w in words:
+            tf[w] = tf.get(w, 0) + 1
+        key = ("s", i, "c", "l", "", 0)
+        lexemes = sorted(tf)
+        rows.append(_Row(key=key, lexical_length=len(words), lexemes=lexemes, tfs=[tf[w] for w in lexemes], projects=[i % 100], acl_pairs=None, acl_sections=None))  # fmt: skip
+    return rows
+
+
+@pytest.fixture(scope="module")
+def zipf_lexicon() -> tuple[PartitionLexicon, dict[int, tuple[dict[str, int], int]]]:
+    lx = PartitionLexicon(ModelPartition("m", 4, "vector", "t"))
+    rows = _zipf_rows(random.Random(5), 12_000)
+    lx.apply(rows)
+    chunks = {
+        lx.slot_of[r["key"]]: (dict(zip(r["lexemes"], r["tfs"], strict=True)), r["lexical_length"])
+        for r in rows
+    }
+    return lx, chunks
+
+
+def _plan(lx: PartitionLexicon, terms: list[str], avgdl: float) -> Bm25Plan:
+    """The plan bm25_plan would make: idf weights, terms in over half the chunks only scored."""
+    n = lx.live
+    df = {t: int(lx.alive[lx.postings[t][0]].sum()) for t in terms}
+    terms = [t for t in terms if df[t]]
+    selective = [t for t in terms if df[t] <= COMMON_TERM_SHARE * n] or terms
+    return Bm25Plan(
+        terms=terms, weights=[bm25_idf(n, df[t]) for t in terms], selective=selective, avgdl=avgdl
+    )
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_max_score_returns_the_exhaustive_top_k_with_its_ties_under_any_scope(
+    zipf_lexicon, seed, monkeypatch
+):
+    """MaxScore's answer is the brute-force one: the ``fetch`` best permitted matches and every chunk
+    tied with the last, same sums; and it does skip work (candidates dropped, common words' summands
+    looked up for the few candidates left)."""
+    lx, chunks = zipf_lexicon
+    pruned, lookups = [], []
+    max_score, summand_at = PartitionLexicon._top_max_score, PartitionLexicon._summand_at
+    monkeypatch.setattr(
+        PartitionLexicon, "_top_max_score", lambda *a: pruned.append(max_score(*a)) or pruned[-1]
+    )
+    monkeypatch.setattr(PartitionLexicon, "_summand_at", lambda *a: lookups.append(1) or summand_at(*a))
+    rng = random.Random(seed)
+    avgdl = float(np.mean([dl for _, dl in chunks.values()]))
+    for _ in range(40):
+        terms = list(dict.fromkeys(rng.choices(VOCAB, ZIPF, k=rng.randint(2, 9))))
+        if len(terms) < 2:
+            continue
+        plan = _plan(lx, terms, avgdl * rng.choice([1.0, 0.7, 1.4]))  # a section scope's mean length too
+        fetch = rng.choice([1, 5, 20, 58])
+        allowed = None if rng.random() < 0.4 else np.array([rng.random() < 0.3 for _ in range(100)])
+        exclude = rng.sample(sorted(chunks), 40)
+        expected = {
+            slot: sum(
+                w * _bm25(tf[t], dl, plan.avgdl)
+                for t, w in zip(plan.terms, plan.weights, strict=True)
+                if t in tf
+            )
+            for slot, (tf, dl) in chunks.items()
+            if any(t in tf for t in plan.selective)
+            and (allowed is None or allowed[slot % 100])  # slot i holds chunk i: projects [i % 100]
+            and slot not in exclude
+        }
+        slots, scores, whole = lx.top(plan, allowed, exclude, fetch)
+        got = dict(zip(slots.tolist(), scores.tolist(), strict=True))
+        ranked = sorted(expected.values(), reverse=True)
+        if len(ranked) > fetch:
+            kth = ranked[fetch - 1]
+            expected = {s: v for s, v in expected.items() if v >= kth - 1e-9 * abs(kth)}
+        assert got.keys() == expected.keys(), (plan, fetch)
+        assert [got[s] for s in expected] == pytest.approx(list(expected.values()), rel=1e-12)
+        assert not whole or len(got) == len(expected)
+        assert not lx.scratch_member.any() and not lx.scratch_total.any()
+    assert any(r is not None and not r[2] for r in pruned), "MaxScore never skipped a match"
+    assert lookups, "no summand was looked up by binary search"
+
+
+def test_term_bounds_cover_every_summand_at_any_mean_length_and_follow_writes() -> None:
+    """A term's bound is at least its summand in every chunk, at the mean length it was measured at
+    and at others; a write that gives the term a stronger chunk raises it."""
+    lx = PartitionLexicon(ModelPartition("m", 4, "vector", "t"))
+    lx.apply(_zipf_rows(random.Random(8), 3_000))
+
+    def strongest(term: str, avgdl: float) -> float:
+        slots, tfs = lx.postings[term]
+        return max(
+            _bm25(int(tf), int(lx.length[s]), avgdl)
+            for s, tf in zip(slots.tolist(), tfs.tolist(), strict=True)
+        )
+
+    for term in VOCAB[:40]:
+        for avgdl in (AVGDL, AVGDL / 3, AVGDL * 3):  # measured at the first, scaled to the others
+            assert lx._bound(term, avgdl) >= strongest(term, avgdl) * (1 - 1e-12)
+    before = lx._bound("w0", AVGDL)
+    key = ("s", 10**6, "c", "l", "", 0)
+    lx.apply([_Row(key=key, lexical_length=1, lexemes=["w0"], tfs=[50], projects=[1], acl_pairs=None, acl_sections=None)])  # fmt: skip
+    assert lx._bound("w0", AVGDL) >= strongest("w0", AVGDL) > before
