@@ -102,14 +102,19 @@ def pending_sql(model: str, watermark: str, xmin: str) -> str:
                WHERE c.xid >= {xmin}::text::xid8 AND c.model = {model} AND c.seq <= {watermark}"""
 
 
-def candidates_sql(first: int, *, scored: bool = False) -> tuple[str, str]:
+def candidates_sql(first: int, table: str, *, scored: bool = False) -> tuple[str, str]:
     """SQL for re-reading an index's candidate keys plus every key changed after its watermark.
 
-    Returns ``(ctes, join)``: ``ctes`` defines ``k`` (one row per key, with ``cached``: among the
+    Returns ``(ctes, source)``: ``ctes`` defines ``k`` (one row per key, with ``cached``: among the
     candidates, and ``pending``: changed after the watermark; ``scored``: also ``cand_score``, the
-    index's score of a candidate, NULL for the others); ``join`` joins ``k`` to the partition's
-    rows (alias ``e``). Parameters, from ``$first`` on: the candidates' six key columns as arrays,
-    the model, the watermark's sequence and its xmin, then (``scored``) the candidates' scores.
+    index's score of a candidate, NULL for the others); ``source``, for a FROM clause, pairs each
+    ``k`` with its row of ``table`` (alias ``e``). Parameters, from ``$first`` on: the candidates'
+    six key columns as arrays, the model, the watermark's sequence and its xmin, then (``scored``)
+    the candidates' scores.
+
+    Each key's row is looked up by itself (a LATERAL subquery the planner may not flatten, through
+    ``OFFSET 0``): the only sensible plan for a few keys, so the planner is not asked to weigh join
+    orders and methods for them (planning was half of a 100k-chunk re-read).
     """
     p = [f"${first + i}" for i in range(10)]
     cols = ", ".join(KEY_COLUMNS)
@@ -123,8 +128,9 @@ def candidates_sql(first: int, *, scored: bool = False) -> tuple[str, str]:
             k AS (SELECT {cols}, bool_or(pending) AS pending, bool_or(NOT pending) AS cached{best}
                   FROM (SELECT *, false AS pending FROM cand UNION ALL SELECT *, true FROM pend) u
                   GROUP BY {cols})"""
-    join = f"JOIN k ON e.model = {p[6]} AND " + " AND ".join(f"e.{c} = k.{c}" for c in KEY_COLUMNS)
-    return ctes, join
+    match = " AND ".join(f"e.{c} = k.{c}" for c in KEY_COLUMNS)
+    source = f"k CROSS JOIN LATERAL (SELECT * FROM {table} e WHERE e.model = {p[6]} AND {match} OFFSET 0) e"
+    return ctes, source
 
 
 def candidates_params(

@@ -760,18 +760,18 @@ class LexicalIndex(FeedFollower):
         changed. A candidate keeps the index's score (the same BM25 over the same row); a changed
         key is scored by the SQL leg's own expression."""
         where, params = scope_where(scope, [plan.terms, plan.weights, plan.tsquery, plan.avgdl])
-        ctes, join = candidates_sql(len(params) + 1, scored=True)
+        ctes, source = candidates_sql(len(params) + 1, partition.table, scored=True)
         query = f"""
             WITH {ctes}
             SELECT {hit_columns()}, k.cached AND NOT k.pending AS trusted,
                    CASE WHEN k.pending OR k.cand_score IS NULL
                         THEN ({bm25_score_sql("$1", "$2", "$4")}) ELSE k.cand_score END AS score
-            FROM {partition.table} e
-            {join}
+            FROM {source}
             WHERE {where} AND e.lexical @@ $3::tsquery
             ORDER BY score DESC, {identity_order()}"""
         # Planned with its values every time: a generic plan (PostgreSQL's choice after five runs of
-        # one prepared statement) cannot see how few keys it joins (16 ms against 0.8 on 20k chunks).
+        # one prepared statement) of the earlier join could not see how few keys it joins (16 ms
+        # against 0.8 on 20k chunks); the keys' lookups (candidates_sql) now keep that planning cheap.
         rows = await fetch_with_local_settings(
             conn,
             CUSTOM_PLANS,
