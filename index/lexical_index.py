@@ -166,8 +166,8 @@ class PartitionLexicon:
     # Live document frequency per (term, section mask), kept until the next write (a search asks
     # for each query term's, and counting walks the term's whole posting list).
     df_cache: dict[tuple[str, bytes | None], int] = field(default_factory=dict)
-    # Per term: (the mean length it was measured at, its largest BM25 summand per unit weight), kept
-    # until a write touches the term (see _bound).
+    # Per term: (the mean length it was measured at, its largest BM25 summand per unit weight, at
+    # least), measured at the first search that asks and raised by writes (see _bound).
     term_bounds: dict[str, tuple[float, float]] = field(default_factory=dict)
     # Per-slot scratch of top(), all False / 0 between calls: a search touches only its match set
     # instead of allocating and zeroing two arrays of every slot (9 MB a query at 1M chunks).
@@ -282,14 +282,18 @@ class PartitionLexicon:
         slots, tfs = slots[order], tfs[order]
         alive = self.alive
         for term, i in vocab.items():
-            new_slots, new_tfs = slots[bounds[i] : bounds[i + 1]], tfs[bounds[i] : bounds[i + 1]]
+            added_slots, added_tfs = slots[bounds[i] : bounds[i + 1]], tfs[bounds[i] : bounds[i + 1]]
+            new_slots, new_tfs = added_slots, added_tfs
             old = self.postings.get(term)
             if old is not None:
                 keep = alive[old[0]]  # the term's dead postings go while it is touched anyway
                 new_slots = np.concatenate([old[0][keep], new_slots])
                 new_tfs = np.concatenate([old[1][keep], new_tfs])
             self.postings[term] = (new_slots, new_tfs)
-            self.term_bounds.pop(term, None)
+            kept = self.term_bounds.get(term)
+            if kept is not None:  # raised by the added postings only: dropped ones can only lower it
+                added = float(self._contribution(1.0, added_slots, added_tfs, kept[0]).max())
+                self.term_bounds[term] = (kept[0], max(kept[1], added))
 
     # -- reads -------------------------------------------------------------------------------------
 
@@ -346,10 +350,12 @@ class PartitionLexicon:
     def _bound(self, term: str, avgdl: float) -> float:
         """An upper bound of ``term``'s summand per unit weight in any chunk, at mean length ``avgdl``.
 
-        The exact maximum over the term's postings is kept from the first search that asks (at that
-        search's ``avgdl``) until a write touches the term. The summand ``tf / (tf + c + d / avgdl)``
+        The exact maximum over the term's postings is measured at the first search that asks (at
+        that search's ``avgdl``) and kept; a write raises it to its added postings' maximum when
+        that is higher (a scan of a common word's long list per write would cost more than it
+        saves), and postings that die or go only loosen it. The summand ``tf / (tf + c + d / avgdl)``
         grows with ``avgdl`` at most in proportion, so at another mean length the kept maximum scaled
-        by ``max(1, avgdl / kept avgdl)`` still bounds it (dead postings only loosen it).
+        by ``max(1, avgdl / kept avgdl)`` still bounds it.
         """
         kept = self.term_bounds.get(term)
         if kept is None:

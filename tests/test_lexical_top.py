@@ -170,7 +170,8 @@ def test_max_score_returns_the_exhaustive_top_k_with_its_ties_under_any_scope(
 
 def test_term_bounds_cover_every_summand_at_any_mean_length_and_follow_writes() -> None:
     """A term's bound is at least its summand in every chunk, at the mean length it was measured at
-    and at others; a write that gives the term a stronger chunk raises it."""
+    and at others, through writes (new chunks, updates of old ones); one that gives the term a
+    stronger chunk raises it."""
     lx = PartitionLexicon(ModelPartition("m", 4, "vector", "t"))
     lx.apply(_zipf_rows(random.Random(8), 3_000))
 
@@ -179,11 +180,18 @@ def test_term_bounds_cover_every_summand_at_any_mean_length_and_follow_writes() 
         return max(
             _bm25(int(tf), int(lx.length[s]), avgdl)
             for s, tf in zip(slots.tolist(), tfs.tolist(), strict=True)
+            if lx.alive[s]
         )
 
     for term in VOCAB[:40]:
         for avgdl in (AVGDL, AVGDL / 3, AVGDL * 3):  # measured at the first, scaled to the others
             assert lx._bound(term, avgdl) >= strongest(term, avgdl) * (1 - 1e-12)
+    rng = random.Random(9)
+    for _ in range(5):  # a batch of new chunks and of updates to old ones (new texts, same keys)
+        updates = _zipf_rows(rng, 200, first=rng.randrange(2_800))
+        lx.apply(_zipf_rows(rng, 200, first=lx.size + 10**5) + updates)
+        for term in VOCAB[:40]:
+            assert lx._bound(term, AVGDL) >= strongest(term, AVGDL) * (1 - 1e-12)
     before = lx._bound("w0", AVGDL)
     key = ("s", 10**6, "c", "l", "", 0)
     lx.apply([_Row(key=key, lexical_length=1, lexemes=["w0"], tfs=[50], projects=[1], acl_pairs=None, acl_sections=None)])  # fmt: skip
