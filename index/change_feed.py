@@ -113,8 +113,9 @@ def candidates_sql(first: int, table: str, *, scored: bool = False) -> tuple[str
     the candidates' scores.
 
     Each key's row is looked up by itself (a LATERAL subquery the planner may not flatten, through
-    ``OFFSET 0``): the only sensible plan for a few keys, so the planner is not asked to weigh join
-    orders and methods for them (planning was half of a 100k-chunk re-read).
+    ``OFFSET 0``): the only sensible plan for a few keys, whatever the planner would estimate for
+    them, and one join order fewer to weigh (planning is about half of a lexical re-read: 0.44 ms
+    against 0.51 for the earlier join, same rows, 20k chunks).
     """
     p = [f"${first + i}" for i in range(10)]
     cols = ", ".join(KEY_COLUMNS)

@@ -776,8 +776,10 @@ class LexicalIndex(FeedFollower):
             WHERE {where} AND e.lexical @@ $3::tsquery
             ORDER BY score DESC, {identity_order()}"""
         # Planned with its values every time: a generic plan (PostgreSQL's choice after five runs of
-        # one prepared statement) of the earlier join could not see how few keys it joins (16 ms
-        # against 0.8 on 20k chunks); the keys' lookups (candidates_sql) now keep that planning cheap.
+        # one prepared statement) of an earlier join could not see how few keys it joins (16 ms
+        # against 0.8 on 20k chunks). The keys' lookups (candidates_sql) now leave that join no
+        # other plan; a generic plan of the rest is not measured, so the read pool's sessions and
+        # CUSTOM_PLANS keep custom plans.
         rows = await fetch_with_local_settings(
             conn,
             CUSTOM_PLANS,

@@ -694,9 +694,10 @@ class VectorCache(FeedFollower):
             FROM {source}
             WHERE {where}
             ORDER BY distance, {identity_order()}"""
-        # Planned with its values every time: a generic plan of the earlier join (after five runs)
-        # could not see how few keys it joins, and it cost 5.6 ms a search against 2.4 on 10k rows;
-        # the keys' lookups (candidates_sql) now keep that planning cheap.
+        # Planned with its values every time: a generic plan of an earlier join (after five runs)
+        # could not see how few keys it joins, and it cost 5.6 ms a search against 2.4 on 10k rows.
+        # The keys' lookups (candidates_sql) now leave that join no other plan; a generic plan of
+        # the rest is not measured, so custom plans stay.
         rows = await fetch_with_local_settings(
             conn,
             CUSTOM_PLANS,
