@@ -365,6 +365,14 @@ class PartitionLexicon:
         kept_avgdl, peak = kept
         return peak * max(1.0, avgdl / kept_avgdl)
 
+    def measure_bounds(self, min_postings: int = MAX_SCORE_MIN_POSTINGS // 4) -> None:
+        """Measure the bounds of the terms with long lists now, at the partition's mean length (a
+        load does, off the event loop): else each one's first search pays a pass over its list."""
+        avgdl = max(self.corpus(None)[1], 1.0)  # as bm25_plan floors it
+        for term, (slots, _) in self.postings.items():
+            if len(slots) >= min_postings:
+                self._bound(term, avgdl)
+
     def _permitted(self, slots: np.ndarray, known: np.ndarray | None, exclude: np.ndarray) -> np.ndarray:
         """Which of ``slots`` the search may return: live, of a permitted access class, not excluded."""
         ok = self.alive[slots]
@@ -476,8 +484,8 @@ class PartitionLexicon:
                 posting, tfs = self.postings[term]
                 if term in selective and left[k] >= theta:
                     ok = self._permitted(posting, known, exclude)
-                    slots = posting[ok]
-                    total[slots] += self._contribution(weight, slots, tfs[ok], plan.avgdl)
+                    slots, tf = (posting, tfs) if ok.all() else (posting[ok], tfs[ok])
+                    total[slots] += self._contribution(weight, slots, tf, plan.avgdl)
                     new = slots[~member[slots]]
                     member[new] = True
                     cand = np.concatenate([cand, new])  # in no particular order: nothing here needs one
@@ -496,8 +504,10 @@ class PartitionLexicon:
                 # A new theta can only matter once the sums so far may outgrow the bounds left.
                 if len(cand) >= fetch and k + 1 < len(order) and left[0] - left[k + 1] >= left[k + 1]:
                     scores = total[cand]
-                    kth = float(np.partition(scores, len(scores) - fetch)[len(scores) - fetch])
-                    theta = max(theta, kth * (1 - PRUNE_MARGIN))
+                    above = scores[scores >= theta]  # the k-th best is among them if it moved at all
+                    if len(above) >= fetch:
+                        kth = float(np.partition(above, len(above) - fetch)[len(above) - fetch])
+                        theta = max(theta, kth * (1 - PRUNE_MARGIN))
             scores = total[cand]
             member[cand] = False
             total[cand] = 0.0
@@ -561,6 +571,7 @@ class LexicalIndex(FeedFollower):
                 after = row_key(rows[-1])
                 if len(rows) < self.config.load_batch:
                     break
+        await asyncio.to_thread(lexicon.measure_bounds)
         lexicon.watermark = watermark
         lexicon.load_seconds = time.perf_counter() - start
         self._set_state(lexicon, "ready")

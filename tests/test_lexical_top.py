@@ -170,10 +170,12 @@ def test_max_score_returns_the_exhaustive_top_k_with_its_ties_under_any_scope(
 
 def test_term_bounds_cover_every_summand_at_any_mean_length_and_follow_writes() -> None:
     """A term's bound is at least its summand in every chunk, at the mean length it was measured at
-    and at others, through writes (new chunks, updates of old ones); one that gives the term a
-    stronger chunk raises it."""
+    (by a load's measure_bounds, or by the first search) and at others, through writes (new chunks,
+    updates of old ones); one that gives the term a stronger chunk raises it."""
     lx = PartitionLexicon(ModelPartition("m", 4, "vector", "t"))
     lx.apply(_zipf_rows(random.Random(8), 3_000))
+    lx.measure_bounds(min_postings=100)  # what a load does for long lists, at the partition's mean length
+    assert set(lx.term_bounds) == {t for t, (slots, _) in lx.postings.items() if len(slots) >= 100}
 
     def strongest(term: str, avgdl: float) -> float:
         slots, tfs = lx.postings[term]
