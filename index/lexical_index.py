@@ -504,7 +504,8 @@ class PartitionLexicon:
                 # A new theta can only matter once the sums so far may outgrow the bounds left.
                 if len(cand) >= fetch and k + 1 < len(order) and left[0] - left[k + 1] >= left[k + 1]:
                     scores = total[cand]
-                    above = scores[scores >= theta]  # the k-th best is among them if it moved at all
+                    # The k-th best is among those at theta or above if it moved at all.
+                    above = scores[scores >= theta] if theta > 0 else scores
                     if len(above) >= fetch:
                         kth = float(np.partition(above, len(above) - fetch)[len(above) - fetch])
                         theta = max(theta, kth * (1 - PRUNE_MARGIN))
