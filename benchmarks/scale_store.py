@@ -295,15 +295,16 @@ async def recall_by_ef_search(
     sql = f"SELECT section_id, chunk_index, embedding::vector <=> $1::vector AS d FROM {partition.table} ORDER BY embedding::{cast} <=> $1::{cast} LIMIT 10"
     exact_sql = f"SELECT section_id, chunk_index, embedding::vector <=> $1::vector AS d FROM {partition.table} ORDER BY 3 LIMIT 10"
     totals = dict.fromkeys(ef_values, 0.0)
+    # The dense leg's own scan settings at each ef_search (and the gateway's default tuple bound),
+    # set as the leg sets them.
+    max_scan_tuples = GatewaySettings().hnsw_max_scan_tuples
+    scans = {ef: hnsw_scan_settings(ef, max_scan_tuples) for ef in ef_values}
     async with pool.acquire() as conn:
         for q in queries:
             exact_rows = await fetch_with_local_settings(conn, {"enable_indexscan": "off"}, exact_sql, [q])
             exact = [((r["section_id"], r["chunk_index"]), r["d"]) for r in exact_rows]
             for ef in ef_values:
-                # The dense leg's own scan settings at this ef_search (and the gateway's default
-                # tuple bound), set as the leg sets them.
-                scan = hnsw_scan_settings(ef, GatewaySettings().hnsw_max_scan_tuples)
-                got = await fetch_with_local_settings(conn, scan, sql, [q])
+                got = await fetch_with_local_settings(conn, scans[ef], sql, [q])
                 totals[ef] += tie_aware_recall(
                     [((r["section_id"], r["chunk_index"]), r["d"]) for r in got], exact
                 )

@@ -167,7 +167,8 @@ class PartitionLexicon:
     # for each query term's, and counting walks the term's whole posting list).
     df_cache: dict[tuple[str, bytes | None], int] = field(default_factory=dict)
     # Per term: (the mean length it was measured at, its largest BM25 summand per unit weight, at
-    # least), measured at the first search that asks and raised by writes (see _bound).
+    # least), measured by the load (long lists) or the first search that asks, raised by writes
+    # (see _bound).
     term_bounds: dict[str, tuple[float, float]] = field(default_factory=dict)
     # Per-slot scratch of top(), all False / 0 between calls: a search touches only its match set
     # instead of allocating and zeroing two arrays of every slot (9 MB a query at 1M chunks).

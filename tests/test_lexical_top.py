@@ -19,7 +19,7 @@ import pytest
 from index import lexical_index
 from index.lexical_index import PartitionLexicon
 from index.partitions import ModelPartition
-from index.search import BM25_B, BM25_K1, COMMON_TERM_SHARE, Bm25Plan, bm25_idf
+from index.search import BM25_B, BM25_K1, Bm25Plan, bm25_idf, bm25_plan
 
 VOCAB = [f"w{i}" for i in range(300)]
 ZIPF = [1 / (i + 1) for i in range(len(VOCAB))]
@@ -109,14 +109,13 @@ def zipf_lexicon() -> tuple[PartitionLexicon, dict[int, tuple[dict[str, int], in
 
 
 def _plan(lx: PartitionLexicon, terms: list[str], avgdl: float) -> Bm25Plan:
-    """The plan bm25_plan would make: idf weights, terms in over half the chunks only scored."""
+    """The search's own plan (bm25_plan) of each term once, over the lexicon's live statistics."""
     n = lx.live
-    df = {t: int(lx.alive[lx.postings[t][0]].sum()) for t in terms}
-    terms = [t for t in terms if df[t]]
-    selective = [t for t in terms if df[t] <= COMMON_TERM_SHARE * n] or terms
-    return Bm25Plan(
-        terms=terms, weights=[bm25_idf(n, df[t]) for t in terms], selective=selective, avgdl=avgdl
-    )
+    df = {t: lx.df(t, None) for t in terms}
+    idf = {t: bm25_idf(n, d) for t, d in df.items() if d}
+    plan = bm25_plan(dict.fromkeys(terms, 1), idf, df, n, avgdl)
+    assert plan is not None
+    return plan
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -19,7 +19,7 @@ import numpy as np
 sys.path.insert(0, ".")
 from index.lexical_index import PartitionLexicon
 from index.partitions import ModelPartition
-from index.search import COMMON_TERM_SHARE, Bm25Plan, bm25_idf
+from index.search import bm25_idf, bm25_plan
 
 # The previous top() and _scratch(), verbatim from git, under other names and scratch arrays.
 old_src = subprocess.run(
@@ -72,12 +72,9 @@ def build(n, vocab=200_000, seed=0):
 
 
 def plan_of(lx, words, n, avgdl):
-    words = [w for w in dict.fromkeys(words) if w in lx.postings]
-    if not words:
-        return None
-    df = {w: len(lx.postings[w][0]) for w in words}
-    sel = [w for w in words if df[w] <= COMMON_TERM_SHARE * n] or words
-    return Bm25Plan(terms=words, weights=[bm25_idf(n, df[w]) for w in words], selective=sel, avgdl=avgdl)
+    """The search's own plan (bm25_plan) of each word once (every chunk is live here)."""
+    df = {w: len(lx.postings[w][0]) for w in dict.fromkeys(words) if w in lx.postings}
+    return bm25_plan(dict.fromkeys(df, 1), {w: bm25_idf(n, d) for w, d in df.items()}, df, n, avgdl)
 
 
 if __name__ == "__main__":
