@@ -92,29 +92,47 @@ def build_corpus(n: int, seed: int = 0) -> list[str]:
     return real + zipf_texts(n - len(real), np.random.default_rng(seed))
 
 
-async def _populate(pool: Any, texts: Sequence[str]) -> Any:
-    """The texts as one row each, loaded as a backfill does (COPY into a shadow without indexes,
-    one GIN build, a swap): at 1M rows, COPY with the GIN index maintained took over 16 minutes."""
+VectorsOf = Callable[[int, int], np.ndarray]  # rows start .. stop - 1 -> their unit vectors
+
+
+async def populate(
+    pool: Any,
+    texts: Sequence[str],
+    *,
+    model: str = MODEL,
+    dimension: int = DIM,
+    vectors: VectorsOf | None = None,
+) -> Any:
+    """The texts as one record and chunk each, loaded as a backfill does (COPY into a shadow without
+    indexes, one index build, a swap): at 1M rows, COPY with the GIN index maintained took over 16
+    minutes. Every record is in project 1, every 100th also in project 3 (a 1% ACL scope).
+
+    Without ``vectors`` every row gets the same constant vector and the HNSW index is dropped (the
+    lexical leg never reads it); with them the partition keeps its HNSW index, built on the rows.
+    """
     from index.partitions import ensure_partition
     from index.store import EmbeddingRow
     from index.text import fold
 
     from .bulk_load import bulk_load
 
-    partition = await ensure_partition(pool, MODEL, DIM)
+    partition = await ensure_partition(pool, model, dimension)
     meta = {"contributors": ["c1"]}
-    vec = np.ones(DIM, dtype=np.float32)
+    constant = np.ones((10_000, dimension), dtype=np.float32)
 
     def batches() -> Iterator[list[EmbeddingRow]]:
         for start in range(0, len(texts), 10_000):
+            stop = min(start + 10_000, len(texts))
+            vecs = constant if vectors is None else vectors(start, stop)
             yield [
                 EmbeddingRow("text", SECTION, i + 1, "rag:doc", "lg-nolan", 0, f"h{i}", texts[i], fold(texts[i]),
-                             vec, projects=[1, 3] if (i + 1) % 100 == 0 else [1], chunk_meta=meta)
-                for i in range(start, min(start + 10_000, len(texts)))
+                             vecs[i - start], projects=[1, 3] if (i + 1) % 100 == 0 else [1], chunk_meta=meta)
+                for i in range(start, stop)
             ]  # fmt: skip
 
     async with pool.acquire() as conn:
-        await conn.execute(f'DROP INDEX IF EXISTS "{partition.partition}_hnsw"')  # no dense leg here
+        if vectors is None:
+            await conn.execute(f'DROP INDEX IF EXISTS "{partition.partition}_hnsw"')  # no dense leg here
         await bulk_load(conn, partition, batches(), build_workers=2)
         await conn.execute(f"ANALYZE {partition.table}")
     return partition
@@ -181,6 +199,32 @@ def _ms(times: Sequence[float]) -> dict[str, float]:
 
 
 async def _one_size(url: str, n: int, n_dataset_queries: int, each: int) -> dict[str, Any]:
+    pool = await gateway_read_pool(url)
+    try:
+        texts = build_corpus(n)
+        start = time.perf_counter()
+        partition = await populate(pool, texts)
+        return await measure_lexical(
+            pool, url, partition, texts, time.perf_counter() - start, n_dataset_queries, each
+        )
+    finally:
+        await pool.close()
+
+
+async def measure_lexical(
+    pool: Any,
+    url: str,
+    partition: Any,
+    texts: Sequence[str],
+    store_s: float,
+    n_dataset_queries: int,
+    each: int,
+) -> dict[str, Any]:
+    """Every leg over one store :func:`populate` built from ``texts`` in ``store_s`` seconds.
+
+    ``pool``: a read pool like the gateway's (:func:`benchmarks.gateway.gateway_read_pool`), so the
+    index leg's re-read runs as in the gateway.
+    """
     import tantivy
 
     from gateway.acl import pushdown
@@ -189,18 +233,12 @@ async def _one_size(url: str, n: int, n_dataset_queries: int, each: int) -> dict
     from index.search import CorpusStats, Scope, lexical_search, query_terms, scored_terms
     from index.text import fold
 
-    pool = await gateway_read_pool(url)  # the index leg's re-read runs as in the gateway
+    n = len(texts)
+    real = min(n, len(real_sentences()))
+    if not real:
+        raise LookupError("no shared data sets found (../shared/datasets): the corpus needs real sentences")
     tantivy_dir = Path(tempfile.mkdtemp(prefix="mnemo-bench-tantivy-"))
     try:
-        texts = build_corpus(n)
-        real = min(n, len(real_sentences()))
-        if not real:
-            raise LookupError(
-                "no shared data sets found (../shared/datasets): the corpus needs real sentences"
-            )
-        start = time.perf_counter()
-        partition = await _populate(pool, texts)
-        store_s = time.perf_counter() - start
         rss = _rss()
         index = LexicalIndex(pool, url, LexicalConfig())
         lexicon = await index.load(partition)
@@ -287,7 +325,6 @@ async def _one_size(url: str, n: int, n_dataset_queries: int, each: int) -> dict
             "latency": latency,
         }
     finally:
-        await pool.close()
         shutil.rmtree(tantivy_dir, ignore_errors=True)
 
 

@@ -132,11 +132,15 @@ class ScalePlan:
     # halfvec against vector (RAG_VECTOR_TYPE): the same rows into both, recall@10 vs exact
     halfvec_rows: int = 10_000
     halfvec_queries: int = 50
-    # The retrieval section's lexical leg (benchmarks/lexical.py): the in-memory index, the SQL leg
-    # and Tantivy BM25 over a corpus with real term statistics, per size (empty: skipped).
-    lexical_sizes: tuple[int, ...] = (10_000,)
-    lexical_dataset_queries: int = 60
-    lexical_generated_queries: int = 20  # of each kind: rare, common, mixed
+    # The retrieval section (benchmarks/search_scale.py), one store per size with real term
+    # statistics and vectors: the lexical leg (the in-memory index, the SQL leg, Tantivy BM25) and
+    # semantic_search through the gateway per caller count; growth from the first size to the last
+    # (empty: skipped).
+    retrieval_sizes: tuple[int, ...] = (10_000, 100_000)
+    retrieval_callers: tuple[int, ...] = (1, 32)
+    retrieval_seconds: float = 10.0  # at most, per closed loop of semantic_search
+    retrieval_dataset_queries: int = 60
+    retrieval_generated_queries: int = 20  # of each kind: rare, common, mixed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,6 +187,8 @@ FULL = BenchPlan(
         store_bases=10_000,
         halfvec_rows=100_000,
         halfvec_queries=200,
+        retrieval_sizes=(100_000, 1_000_000),
+        retrieval_seconds=20.0,
     ),
 )
 

@@ -66,15 +66,21 @@ class StoreCorpus:
     def dimension(self) -> int:
         return int(self.vectors.shape[1])
 
-    def rows(self, start: int, stop: int, seed: int = 0) -> list[store.EmbeddingRow]:
-        """Rows ``start`` .. ``stop`` - 1: row i is base ``i % bases`` plus noise seeded by ``i``."""
-        n = stop - start
+    def row_vectors(self, start: int, stop: int, seed: int = 0) -> np.ndarray:
+        """The unit vectors of rows ``start`` .. ``stop`` - 1: row i is base ``i % bases`` plus noise
+        seeded by ``start`` (a batch's rows come out the same however often they are drawn)."""
         rng = np.random.default_rng([seed, start])
         base_ids = np.arange(start, stop) % len(self.sentences)
-        noise = rng.standard_normal((n, self.dimension)).astype(np.float32)
+        noise = rng.standard_normal((stop - start, self.dimension)).astype(np.float32)
         noise *= NOISE / np.linalg.norm(noise, axis=1, keepdims=True)
         vectors = self.vectors[base_ids] + noise
         vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+        return vectors
+
+    def rows(self, start: int, stop: int, seed: int = 0) -> list[store.EmbeddingRow]:
+        """Rows ``start`` .. ``stop`` - 1: row i is base ``i % bases``'s sentence with :meth:`row_vectors`."""
+        base_ids = np.arange(start, stop) % len(self.sentences)
+        vectors = self.row_vectors(start, stop, seed)
         out = []
         for offset, (i, b) in enumerate(zip(range(start, stop), base_ids, strict=True)):
             text = self.sentences[b]

@@ -243,7 +243,8 @@ async def reliability_suite(stack: BenchStack, plan: BenchPlan) -> SuiteResult:
 
 
 async def scale_suite(stack: BenchStack, plan: BenchPlan) -> SuiteResult:
-    """Drain workers against the slowest stage alone; the row path against the bulk path."""
+    """Drain workers against the slowest stage alone; the row path against the bulk path; halfvec;
+    retrieval at scale (the lexical leg and semantic_search per store size, and their growth)."""
     from inference.client import SidecarClient
 
     from .scale_drain import measure_drain_workers
@@ -286,22 +287,27 @@ async def scale_suite(stack: BenchStack, plan: BenchPlan) -> SuiteResult:
         build_workers=plan.scale.store_build_workers,
     )
     add_halfvec_result(suite, half)
-    if plan.scale.lexical_sizes:
-        from .lexical import as_suite as lexical_suite
-        from .lexical import run_lexical_benchmark
+    if plan.scale.retrieval_sizes:
+        from .search_scale import SearchScalePlan, run_search_scale
+        from .search_scale import as_suite as retrieval_suite
 
-        lexical = lexical_suite(
-            await run_lexical_benchmark(
+        retrieval = retrieval_suite(
+            await run_search_scale(
                 stack,
-                plan.scale.lexical_sizes,
-                dataset_queries_n=plan.scale.lexical_dataset_queries,
-                each=plan.scale.lexical_generated_queries,
+                SearchScalePlan(
+                    sizes=plan.scale.retrieval_sizes,
+                    bases=plan.scale.store_bases,
+                    callers=plan.scale.retrieval_callers,
+                    seconds=plan.scale.retrieval_seconds,
+                    lexical_dataset_queries=plan.scale.retrieval_dataset_queries,
+                    lexical_generated_queries=plan.scale.retrieval_generated_queries,
+                ),
             )
         )
-        suite.headlines.extend(lexical.headlines)
-        suite.tables.extend(lexical.tables)
-        suite.notes.extend(lexical.notes)
-        suite.figures["lexical"] = lexical.figures
+        suite.headlines.extend(retrieval.headlines)
+        suite.tables.extend(retrieval.tables)
+        suite.notes.extend(retrieval.notes)
+        suite.figures["retrieval"] = retrieval.figures
     return suite
 
 

@@ -16,7 +16,7 @@ from benchmarks.report import Curve, SuiteResult, write_report
 from benchmarks.scale_drain import real_records
 from benchmarks.suite_gateway import _combine, _projects_of
 from benchmarks.suites import scale_drain_result
-from index.partitions import get_partition
+from index.partitions import ModelPartition, get_partition
 
 
 def test_quick_plan_is_smaller_than_full_and_full_has_peers_and_100k_chunks() -> None:
@@ -266,3 +266,105 @@ def test_recall_counts_a_tie_at_the_kth_distance_as_a_hit() -> None:
     # "y" is farther: a miss; hits past k do not count.
     assert tie_aware_recall([("a", 0.1), ("y", 0.31), ("b", 0.2), ("c", 0.3)], exact) == 2 / 3
     assert tie_aware_recall([], []) == 1.0
+
+
+async def test_the_retrieval_store_keeps_its_vectors_and_hnsw_and_the_lexical_store_drops_hnsw(
+    database_url: str,
+) -> None:
+    """The retrieval-at-scale store: each chunk with its corpus vector, the HNSW index built, every
+    100th record in the 1% project; the lexical-only store has no HNSW index to build."""
+    from benchmarks.lexical import populate
+    from benchmarks.scale_store import StoreCorpus
+    from schema import create_pool
+
+    rng = np.random.default_rng(1)
+    bases = rng.standard_normal((7, 8)).astype(np.float32)
+    corpus = StoreCorpus(
+        [f"base {i}" for i in range(7)], bases / np.linalg.norm(bases, axis=1, keepdims=True)
+    )
+    texts = [f"chunk number {i} of the store" for i in range(250)]
+    pool = await create_pool(database_url, max_size=2)
+    try:
+        kept = await populate(pool, texts, model="bench-retrieval-8", dimension=8, vectors=corpus.row_vectors)
+        lexical_only = await populate(pool, texts, model="bench-lexical-only-8", dimension=8)
+        stored = await pool.fetch(
+            f"SELECT section_id, embedding::real[] AS v, projects FROM {kept.table} ORDER BY section_id"
+        )
+        assert [r["section_id"] for r in stored] == list(range(1, 251))
+        np.testing.assert_allclose(np.array([r["v"] for r in stored]), corpus.row_vectors(0, 250), atol=1e-6)
+        assert [r["section_id"] for r in stored if 3 in r["projects"]] == [100, 200]
+
+        async def hnsw_indexes(partition: ModelPartition) -> int:
+            return await pool.fetchval(
+                "SELECT count(*) FROM pg_indexes WHERE tablename = $1 AND indexdef ILIKE '%USING hnsw%'",
+                partition.partition,
+            )
+
+        assert await hnsw_indexes(kept) == 1 and await hnsw_indexes(lexical_only) == 0
+    finally:
+        await pool.close()
+
+
+def _lexical_size(chunks: int) -> dict[str, object]:
+    cell = {"all": {"p50_ms": 1.0, "p99_ms": 2.0}}
+    return {
+        "chunks": chunks,
+        "latency": {"sql": cell, "index": cell, "index core": cell, "tantivy": cell},
+        "build_s": {"store COPY + GIN": 1.0, "index load": 1.0, "tantivy": 1.0},
+        "memory": {
+            "index_array_mib": 1.0,
+            "index_rss_growth_mib": 1.0,
+            "tantivy_disk_mib": 1.0,
+            "postings": 1,
+        },
+        "index_vs_sql_mismatches": 0,
+    }
+
+
+def test_retrieval_growth_puts_each_cell_at_the_largest_size_against_itself_at_the_smallest() -> None:
+    from benchmarks.search_scale import as_suite
+
+    def size(chunks: int, p50: float) -> dict[str, object]:
+        def cells(scale: float) -> dict[str, object]:
+            return {
+                name: {"requests": 10, "p50_ms": p50 * scale * k, "p99_ms": 3 * p50 * scale * k,
+                       "requests_per_s": 5.0, "cpu_ms_per_request": 1.0}
+                for k, name in enumerate(("admin, 1 caller", "admin, 32 callers", "1% ACL, 1 caller"), 1)
+            }  # fmt: skip
+
+        return {
+            "chunks": chunks,
+            "lexical": _lexical_size(chunks),
+            "semantic_search": {
+                "memory": {"mode": "memory", "ready_s": 1.0, "cells": cells(1.0)},
+                "off": {"mode": "off", "ready_s": 1.0, "cells": cells(10.0)},
+            },
+        }
+
+    suite = as_suite({"sizes": [size(100_000, 4.0), size(200_000, 5.0), size(1_000_000, 8.0)]})
+    growth = {h.name: h for h in suite.headlines if "growth" in h.name}
+    memory_one = growth[
+        "semantic_search p50 growth 1,000,000 vs 100,000 (lexical index memory, admin, 1 caller)"
+    ]
+    assert (memory_one.value, memory_one.baseline, memory_one.ratio) == (8.0, 4.0, 2.0)
+    assert memory_one.bar == 1.5 and memory_one.meets_bar is False
+    off_32 = growth["semantic_search p50 growth 1,000,000 vs 100,000 (lexical index off, admin, 32 callers)"]
+    assert off_32.ratio == 2.0 and off_32.bar is None  # the SQL leg's growth is reported, not judged
+    assert len(growth) == 4  # admin cells only, per mode; the 1% researcher is its own headline
+    (narrow,) = [h for h in suite.headlines if "1% ACL researcher" in h.name]
+    assert (narrow.value, narrow.baseline, narrow.bar) == (24.0, 8.0, 2.0)
+    table = next(t for t in suite.tables if t.title.startswith("semantic_search growth"))
+    assert len(table.rows) == 6 and all(row[4] == 2.0 and row[7] == 2.0 for row in table.rows)
+
+
+def test_retrieval_with_one_size_reports_no_growth() -> None:
+    from benchmarks.search_scale import as_suite
+
+    cells = {"admin, 1 caller": {"requests": 1, "p50_ms": 1.0, "p99_ms": 1.0, "requests_per_s": 1.0,
+                                 "cpu_ms_per_request": 1.0}}  # fmt: skip
+    one = {"chunks": 10, "lexical": _lexical_size(10),
+           "semantic_search": {"off": {"mode": "off", "ready_s": 0.1, "cells": cells}}}  # fmt: skip
+    suite = as_suite({"sizes": [one]})
+    assert not [h for h in suite.headlines if "growth" in h.name or "researcher" in h.name]
+    assert not [t for t in suite.tables if t.title.startswith("semantic_search growth")]
+    assert any(t.title.startswith("semantic_search through the gateway") for t in suite.tables)
