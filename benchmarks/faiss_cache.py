@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from .acl_shares import VISIBILITY_PROJECT, projects_of
 from .measure import closed_loop, percentile, summarize, tie_aware_recall
 from .report import Headline, SuiteResult, Table, write_report
 
@@ -45,17 +46,12 @@ MODEL = "bench-faiss-384"
 DIM = 384
 SECTION = "bench1"
 K = 10
-SELECTIVITY = {"100%": 1, "10%": 2, "1%": 3}  # project held -> share of readable records
 
 
 def _vectors(n: int, rng: np.random.Generator, centers: np.ndarray) -> np.ndarray:
     picks = rng.integers(0, len(centers), n)
     out = centers[picks] + 0.35 * rng.standard_normal((n, DIM), dtype=np.float32)
     return (out / np.linalg.norm(out, axis=1, keepdims=True)).astype(np.float32)
-
-
-def _projects(record: int) -> list[int]:
-    return [1] + ([2] if record % 10 == 0 else []) + ([3] if record % 100 == 0 else [])
 
 
 async def _populate(pool: Any, n: int, centers: np.ndarray) -> Any:
@@ -76,7 +72,7 @@ async def _populate(pool: Any, n: int, centers: np.ndarray) -> Any:
             vecs = _vectors(min(20_000, n - start), rng, centers)
             rows = [
                 EmbeddingRow("text", SECTION, start + i + 1, "rag:card", "lg-nolan", 0, f"h{start + i}", "t",
-                             "t", vecs[i], projects=_projects(start + i + 1), chunk_meta=meta)
+                             "t", vecs[i], projects=projects_of(start + i + 1), chunk_meta=meta)
                 for i in range(len(vecs))
             ]  # fmt: skip
             await copy_rows(conn, partition, rows)
@@ -119,7 +115,7 @@ async def _one_size(url: str, n: int, queries: int, seconds: float) -> dict[str,
         pc = cache.partitions[partition.partition]
         qs = _vectors(queries, np.random.default_rng(1), centers)
         scopes = {"unfiltered (admin)": Scope()}
-        for label, project in SELECTIVITY.items():
+        for label, project in VISIBILITY_PROJECT.items():
             scopes[f"ACL {label}"] = Scope(acl=pushdown(Principal("r", frozenset({project}), {SECTION: 1})))
 
         async def hnsw(q: np.ndarray, scope: Scope) -> list[Any]:
@@ -190,7 +186,7 @@ async def _one_size(url: str, n: int, queries: int, seconds: float) -> dict[str,
                         record = rng.randint(1, n)
                         vec = _vectors(1, wrng, centers)[0]
                         row = EmbeddingRow("text", SECTION, record, "rag:card", "lg-nolan", 0, f"w{written}", "t",
-                                           "t", vec, projects=_projects(record),
+                                           "t", vec, projects=projects_of(record),
                                            chunk_meta={"contributors": ["c1"]})  # fmt: skip
                         await upsert_rows(conn, partition, [row])
                         written += 1

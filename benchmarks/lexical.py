@@ -5,8 +5,8 @@ chunks with realistic term statistics (issue 24): every unique sentence of the s
 (``../shared/datasets``: their corpora split into sentences), then text drawn from real word
 frequencies (the ``wordfreq`` package's lists for English, Spanish and German, Zipfian by
 construction) up to ``n``. No "(copy k)" cycling: a term's posting list is as long as its language
-makes it. Every record is in project 1; every 100th also in project 3, so a researcher holding only
-project 3 sees 1% of the chunks.
+makes it. Every record is in project 1, every 10th also in project 2 and every 100th also in
+project 3, so a researcher holding only project 3 sees 1% of the chunks.
 
 Queries: the data sets' own (a sample) plus generated ones over the store's vocabulary: rare terms
 (1-3 words of document frequency 1-10), common terms (1-4 words in more than 1% of the chunks) and
@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from .acl_shares import VISIBILITY_PROJECT, projects_of
 from .corpus_text import zipf_texts
 from .datasets import find_datasets
 from .gateway import gateway_read_pool
@@ -105,7 +106,7 @@ async def populate(
 ) -> Any:
     """The texts as one record and chunk each, loaded as a backfill does (COPY into a shadow without
     indexes, one index build, a swap): at 1M rows, COPY with the GIN index maintained took over 16
-    minutes. Every record is in project 1, every 100th also in project 3 (a 1% ACL scope).
+    minutes. Record ``i + 1`` holds chunk ``i``, in the projects :func:`projects_of` gives it.
 
     Without ``vectors`` every row gets the same constant vector and the HNSW index is dropped (the
     lexical leg never reads it); with them the partition keeps its HNSW index, built on the rows.
@@ -126,7 +127,7 @@ async def populate(
             vecs = constant if vectors is None else vectors(start, stop)
             yield [
                 EmbeddingRow("text", SECTION, i + 1, "rag:doc", "lg-nolan", 0, f"h{i}", texts[i], fold(texts[i]),
-                             vecs[i - start], projects=[1, 3] if (i + 1) % 100 == 0 else [1], chunk_meta=meta)
+                             vecs[i - start], projects=projects_of(i + 1), chunk_meta=meta)
                 for i in range(start, stop)
             ]  # fmt: skip
 
@@ -255,7 +256,7 @@ async def measure_lexical(
         queries = [q for qs in sets.values() for q in qs]
         stats = CorpusStats(ttl=3600.0)
         admin = Scope()
-        narrow = Scope(acl=pushdown(Principal("r", frozenset({3}), {SECTION: 1})))
+        narrow = Scope(acl=pushdown(Principal("r", frozenset({VISIBILITY_PROJECT["1%"]}), {SECTION: 1})))
         terms_of: dict[str, list[str]] = {}
         for q in queries:  # the scored terms, parsed as the legs do (cached by query_terms afterwards)
             terms_of[q] = list(scored_terms(await query_terms(pool, q)))

@@ -8,14 +8,17 @@ database of the bench stack's PostgreSQL:
   unique sentence of the shared data sets, then Zipfian text in their languages), each chunk with a
   vector of the bench model (:class:`benchmarks.scale_store.StoreCorpus`: real embeddings of the data
   sets' sentences plus noise), loaded by the bulk path with every index, HNSW included. One record
-  per chunk, all in project 1, every 100th also in project 3;
+  per chunk, in the projects of :func:`benchmarks.acl_shares.projects_of` (100%, 10%, 1%);
+- **dense recall@10** of the dense leg as the gateway runs it (HNSW with iterative scans, the
+  gateway's over-fetch, its top 10) against an exact scan, unfiltered and for researchers who see
+  100%, 10% and 1% of the chunks, at each ``hnsw.ef_search`` of the plan, with each one's p50;
+  probes near the corpus's bases (:func:`benchmarks.scale_store.probe_vectors`);
 - **the lexical section** over it (:func:`benchmarks.lexical.measure_lexical`: the in-memory index,
   the SQL leg and Tantivy BM25, same chunks and queries);
 - **``semantic_search``** through a ``mnemo gateway`` subprocess per lexical mode
   (``RAG_LEXICAL_INDEX`` ``memory``, then ``off``), defaults otherwise: the data sets' queries, each
   sent once first (the gateway embeds it through the sidecar and caches its vector), then a closed
-  loop per caller count as an admin, and one caller as a researcher holding project 3 (1% of the
-  chunks visible). p50, p99, requests/s and the gateway's CPU per request, per cell.
+  loop per caller count as an admin, and one caller as a researcher who sees 1% of the chunks. p50, p99, requests/s and the gateway's CPU per request, per cell.
 
 Growth: every latency at the largest size against itself at the smallest, same run. A gateway whose
 lexical index does not become ready, or a search answered with anything but 200, stops the run.
@@ -34,12 +37,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from .acl_shares import VISIBILITY_PROJECT
 from .datasets import find_datasets
 from .gateway import gateway_process, gateway_read_pool, load_queries
 from .lexical import SECTION, build_corpus, measure_lexical, populate
 from .lexical import as_suite as lexical_suite
-from .measure import closed_loop, process_cpu_s, ratio
+from .measure import closed_loop, percentile, process_cpu_s, ratio, tie_aware_recall
 from .report import Headline, SuiteResult, Table, write_report
+from .scale_store import probe_vectors
 from .stack import BENCH_MODEL, BenchStack, open_stack
 
 __all__ = ["SearchScalePlan", "as_suite", "run_search_scale"]
@@ -47,6 +54,7 @@ __all__ = ["SearchScalePlan", "as_suite", "run_search_scale"]
 LIMIT = 10  # semantic_search's limit: the gateway over-fetches max(4 * limit, 20) per leg
 LEXICAL_MODES = ("memory", "off")
 GROWTH_BAR = 1.5  # issue 24: semantic_search p50 at 1M within 1.5x of itself at 100k
+RECALL_BAR = 0.95  # issue 24: dense recall@10 against exact at every visibility
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,8 @@ class SearchScalePlan:
     lexical_dataset_queries: int = 60
     lexical_generated_queries: int = 20  # of each kind: rare, common, mixed
     lexical_modes: tuple[str, ...] = LEXICAL_MODES
+    recall_queries: int = 40  # probes per visibility; each needs an exact scan of the store
+    recall_ef_search: tuple[int, ...] = (40, 100, 200, 400)
 
 
 async def _wait_lexical_ready(session: Any, url: str, wait_s: float) -> dict[str, Any]:
@@ -80,6 +90,59 @@ async def _wait_lexical_ready(session: Any, url: str, wait_s: float) -> dict[str
         if "failed" in states or time.monotonic() > deadline:
             raise RuntimeError(f"the gateway's lexical index is not ready after {wait_s:.0f} s: {status}")
         await asyncio.sleep(1.0)
+
+
+async def measure_dense_recall(
+    pool: Any, partition: Any, probes: np.ndarray, ef_values: Sequence[int]
+) -> dict[str, dict[int, dict[str, float]]]:
+    """Recall@10 and p50 of the dense leg per visibility and ``hnsw.ef_search``, against exact search.
+
+    The leg as :class:`gateway.retrieval.Retriever` runs it: :func:`index.search.dense_search` for
+    :func:`gateway.retrieval.over_fetch` candidates with the gateway's scan-tuple bound; its first
+    10 are judged. Tie-aware: a hit whose distance reaches the 10th exact one counts.
+    """
+    from gateway.acl import pushdown
+    from gateway.auth import Principal
+    from gateway.retrieval import over_fetch
+    from gateway.settings import GatewaySettings
+    from index.search import Scope, dense_search
+
+    max_scan_tuples = GatewaySettings().hnsw_max_scan_tuples
+    scopes = {"admin": Scope()} | {
+        share: Scope(acl=pushdown(Principal("r", frozenset({project}), {SECTION: 1})))
+        for share, project in VISIBILITY_PROJECT.items()
+    }
+    out: dict[str, dict[int, dict[str, float]]] = {}
+    async with pool.acquire() as conn:
+        for label, scope in scopes.items():
+            exact = [
+                [
+                    (h.key, 1.0 - h.score)
+                    for h in await dense_search(conn, partition, q, scope, 10, exact=True)
+                ]
+                for q in probes
+            ]
+            out[label] = {}
+            for ef in ef_values:
+                recalls, times = [], []
+                for q, truth in zip(probes, exact, strict=True):
+                    start = time.perf_counter()
+                    hits = await dense_search(
+                        conn,
+                        partition,
+                        q,
+                        scope,
+                        over_fetch(LIMIT),
+                        ef_search=ef,
+                        max_scan_tuples=max_scan_tuples,
+                    )
+                    times.append(time.perf_counter() - start)
+                    recalls.append(tie_aware_recall([(h.key, 1.0 - h.score) for h in hits[:10]], truth))
+                out[label][ef] = {
+                    "recall_at_10": float(np.mean(recalls)),
+                    "p50_ms": percentile(times, 50) * 1e3,
+                }
+    return out
 
 
 def _cell(result: Any, cpu_ms: float) -> dict[str, Any]:
@@ -167,6 +230,9 @@ async def _one_size(stack: BenchStack, n: int, corpus: Any, queries: Sequence[st
             pool, texts, model=BENCH_MODEL, dimension=corpus.dimension, vectors=corpus.row_vectors
         )
         store_s = time.perf_counter() - start
+        recall = await measure_dense_recall(
+            pool, partition, probe_vectors(corpus, plan.recall_queries), plan.recall_ef_search
+        )
         lexical = await measure_lexical(
             pool, url, partition, texts, store_s, plan.lexical_dataset_queries, plan.lexical_generated_queries
         )
@@ -176,7 +242,13 @@ async def _one_size(stack: BenchStack, n: int, corpus: Any, queries: Sequence[st
         mode: await measure_semantic_search(url, stack.sidecar_url, BENCH_MODEL, queries, plan, mode, workdir)
         for mode in plan.lexical_modes
     }
-    return {"chunks": n, "store_s": store_s, "lexical": lexical, "semantic_search": search}
+    return {
+        "chunks": n,
+        "store_s": store_s,
+        "dense_recall": recall,
+        "lexical": lexical,
+        "semantic_search": search,
+    }
 
 
 async def run_search_scale(stack: BenchStack, plan: SearchScalePlan) -> dict[str, Any]:
@@ -219,6 +291,28 @@ def _growth_rows(sizes: list[dict[str, Any]]) -> tuple[list[list[Any]], list[Hea
     return rows, headlines
 
 
+def _recall_rows(sizes: list[dict[str, Any]]) -> tuple[list[list[Any]], list[Headline]]:
+    """Every size's recall per visibility and ef_search; headlines at the largest size and the
+    gateway's default ef_search (bar: 0.95 of exact)."""
+    from gateway.settings import GatewaySettings
+
+    default_ef = GatewaySettings().hnsw_ef_search
+    rows, headlines = [], []
+    for size in sizes:
+        for label, by_ef in size.get("dense_recall", {}).items():
+            for ef, cell in by_ef.items():
+                rows.append([f"{size['chunks']:,}", label, int(ef), cell["recall_at_10"], cell["p50_ms"]])
+    largest = sizes[-1]
+    for label, by_ef in largest.get("dense_recall", {}).items():
+        cell = by_ef.get(default_ef, by_ef.get(str(default_ef)))
+        if cell is not None and label != "admin":
+            headlines.append(Headline(
+                f"{largest['chunks']:,}: dense recall@10 at {label} visibility (HNSW, ef_search {default_ef})",
+                cell["recall_at_10"], "", "exact search", 1.0, bar=RECALL_BAR,
+            ))  # fmt: skip
+    return rows, headlines
+
+
 def as_suite(result: dict[str, Any]) -> SuiteResult:
     """The lexical section's report plus semantic_search per size and mode, and the growth."""
     lexical = lexical_suite({"sizes": [s["lexical"] for s in result["sizes"]]})
@@ -229,6 +323,7 @@ def as_suite(result: dict[str, Any]) -> SuiteResult:
                 cells.append([f"{size['chunks']:,}", mode, name, c["requests"], c["p50_ms"], c["p99_ms"],
                               c["requests_per_s"], c["cpu_ms_per_request"], run["ready_s"]])  # fmt: skip
     growth, headlines = _growth_rows(result["sizes"])
+    recall_rows, recall_headlines = _recall_rows(result["sizes"])
     tables = [
         Table(
             f"semantic_search through the gateway, limit {LIMIT}",
@@ -246,6 +341,13 @@ def as_suite(result: dict[str, Any]) -> SuiteResult:
             cells,
         ),
     ]
+    tables.append(
+        Table(
+            "Dense recall@10 vs exact search (the dense leg as the gateway runs it)",
+            ["chunks", "visibility", "hnsw.ef_search", "recall@10", "p50 ms"],
+            recall_rows,
+        )
+    )
     if growth:
         tables.append(
             Table(
@@ -276,11 +378,12 @@ def as_suite(result: dict[str, Any]) -> SuiteResult:
         "sets' queries, each sent once before the loops so its vector is cached (no sidecar in the loops); "
         "hybrid retrieval (dense HNSW + lexical), fusion, ACL, JSON over HTTP on 127.0.0.1.",
         "gateway ready s: from the process's start until its lexical index served every partition.",
-        "The store: one record per chunk; every 100th record also in project 3 (the 1% researcher's).",
+        "The store: one record per chunk, every record in project 1, every 10th also in project 2, every "
+        "100th also in project 3 (the researchers who see 100%, 10% and 1%).",
     ]
     return SuiteResult(
         suite="retrieval at scale",
-        headlines=lexical.headlines + headlines,
+        headlines=lexical.headlines + recall_headlines + headlines,
         tables=lexical.tables + tables,
         figures=result,
         notes=lexical.notes + notes,
@@ -296,6 +399,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--callers", default="1,32", help="closed-loop callers of semantic_search, comma-separated"
     )
     p.add_argument("--seconds", type=float, default=20.0, help="at most this long per closed loop")
+    p.add_argument(
+        "--bases", type=int, default=1_000, help="real sentences embedded for the vectors (full plan: 10000)"
+    )
     p.add_argument("--database-url", default=None, help="a PostgreSQL server to use (default: embedded)")
     p.add_argument("--out", type=Path, required=True, help="report folder (results.json, REPORT.md)")
     args = p.parse_args(argv)
@@ -303,6 +409,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sizes=tuple(int(s) for s in args.sizes.split(",") if s.strip()),
         callers=tuple(int(c) for c in args.callers.split(",") if c.strip()),
         seconds=args.seconds,
+        bases=args.bases,
     )
     with (
         tempfile.TemporaryDirectory(prefix="mnemo-bench-search-scale-") as work,

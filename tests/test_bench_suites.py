@@ -332,8 +332,10 @@ def test_retrieval_growth_puts_each_cell_at_the_largest_size_against_itself_at_t
                 for k, name in enumerate(("admin, 1 caller", "admin, 32 callers", "1% ACL, 1 caller"), 1)
             }  # fmt: skip
 
+        recall = {ef: {"recall_at_10": r, "p50_ms": 1.0} for ef, r in ((100, chunks / 2e6), (400, 1.0))}
         return {
             "chunks": chunks,
+            "dense_recall": {"admin": recall, "1%": recall},
             "lexical": _lexical_size(chunks),
             "semantic_search": {
                 "memory": {"mode": "memory", "ready_s": 1.0, "cells": cells(1.0)},
@@ -353,6 +355,11 @@ def test_retrieval_growth_puts_each_cell_at_the_largest_size_against_itself_at_t
     assert len(growth) == 4  # admin cells only, per mode; the 1% researcher is its own headline
     (narrow,) = [h for h in suite.headlines if "1% ACL researcher" in h.name]
     assert (narrow.value, narrow.baseline, narrow.bar) == (24.0, 8.0, 2.0)
+    (recall,) = [h for h in suite.headlines if "recall" in h.name]  # the largest size, the default ef_search
+    assert recall.name == "1,000,000: dense recall@10 at 1% visibility (HNSW, ef_search 100)"
+    assert (recall.value, recall.bar, recall.meets_bar) == (0.5, 0.95, False)
+    recall_table = next(t for t in suite.tables if t.title.startswith("Dense recall@10"))
+    assert len(recall_table.rows) == 3 * 2 * 2  # sizes x visibilities x ef_search values
     table = next(t for t in suite.tables if t.title.startswith("semantic_search growth"))
     assert len(table.rows) == 6 and all(row[4] == 2.0 and row[7] == 2.0 for row in table.rows)
 
