@@ -216,7 +216,7 @@ async def _peer_runs(
     """(the interleaved pairs at the headline cells, infinity's own grid), one HTTP session each."""
     import aiohttp
 
-    from .sidecar import headline_concurrency, load_grid, sidecar_caller
+    from .sidecar import SidecarCaller, headline_concurrency, load_grid
     from .stack import BENCH_MODEL
 
     # infinity's uvicorn closes a keep-alive connection idle for 5 s, and the in-process baseline
@@ -231,7 +231,7 @@ async def _peer_runs(
         pairs = []
         if sidecar_url:
             pairs = await interleaved_pairs(
-                {"sidecar": sidecar_caller(sidecar_http, sidecar_url, BENCH_MODEL), "infinity": infinity},
+                {"sidecar": SidecarCaller(sidecar_http, sidecar_url, BENCH_MODEL), "infinity": infinity},
                 texts,
                 concurrency=headline_concurrency(plan.concurrencies),
                 sizes=tuple(plan.sizes),

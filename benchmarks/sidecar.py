@@ -410,6 +410,8 @@ def combine_windows(windows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
     if "server_cpu_ms_per_request" in out:
         out["server_cpu_ms_per_request"] = statistics.median(w["server_cpu_ms_per_request"] for w in windows)
+    if "shed_answers" in out:
+        out["shed_answers"] = sum(w["shed_answers"] for w in windows)
     spread = {}
     for key in windows[0]["spread"]:
         name = key.removeprefix("ratio_to_")
@@ -449,10 +451,14 @@ async def load_cell(
         tokens += counted
 
     cpu_before = descendants_cpu_s() if server_cpu else 0.0
+    shed_before = call.shed if isinstance(call, SidecarCaller) else 0
     load = await closed_loop(
         one, concurrency=concurrency, requests=10**9, items_per_request=size, max_seconds=seconds
     )
-    return _cell(mode, load, tokens, descendants_cpu_s() - cpu_before if server_cpu else None)
+    cell = _cell(mode, load, tokens, descendants_cpu_s() - cpu_before if server_cpu else None)
+    if isinstance(call, SidecarCaller):
+        cell["shed_answers"] = call.shed - shed_before  # each retried after its Retry-After
+    return cell
 
 
 def headline_concurrency(concurrencies: Sequence[int]) -> int:
@@ -533,19 +539,50 @@ async def _service_grid(spec: Any, encoder: Any, texts: Sequence[str], **grid: A
         await service.close()
 
 
-def sidecar_caller(http: Any, url: str, model: str) -> Callable[[list[str]], Awaitable[int]]:
-    """``call(texts) -> tokens`` against the sidecar's ``/embed`` (base64 vectors) on ``http``."""
-    import aiohttp
+# The sidecar's coded shedding, each with Retry-After: 429 overloaded, 503 not_ready.
+SHED_STATUSES = frozenset({429, 503})
+SHED_RETRIES = 5
 
-    async def call(batch: list[str]) -> int:
-        body = {"model": model, "input": batch, "truncate": True, "encoding_format": "base64"}
+
+class SidecarCaller:
+    """``await caller(texts) -> tokens`` against the sidecar's ``/embed`` (base64 vectors) on ``http``.
+
+    A client of a loaded sidecar: a coded shed answer (429 ``overloaded``, 503 ``not_ready``: no
+    replica took the call within ``replica_wait_s``) is sent again after its ``Retry-After``, as
+    :class:`inference.client.SidecarClient` does, and counted in :attr:`shed`; its wait stays in
+    the request's latency. Past :data:`SHED_RETRIES` sheds, or on any other answer than 200, the
+    call raises: a sidecar that keeps refusing is a finding, not load.
+    """
+
+    def __init__(self, http: Any, url: str, model: str) -> None:
+        self.http, self.url, self.model = http, url, model
+        self.shed = 0  # shed answers so far (each retried)
+
+    async def __call__(self, batch: list[str]) -> int:
+        body = {"model": self.model, "input": batch, "truncate": True, "encoding_format": "base64"}
+        sheds = 0
+        while True:
+            status, answer, retry_after = await self._post(body)
+            if status == 200:
+                return int(answer["usage"]["tokens"])
+            if status not in SHED_STATUSES or sheds == SHED_RETRIES:
+                raise RuntimeError(f"sidecar answered {status} (after {sheds} shed answers): {answer}")
+            sheds += 1
+            self.shed += 1
+            await asyncio.sleep(retry_after)
+
+    async def _post(self, body: dict[str, Any]) -> tuple[int, Any, float]:
+        """One answer's status, body and Retry-After seconds (1 when it names none)."""
+        import aiohttp
+
+        from inference.client import retry_after_seconds
+
         for attempt in (1, 2):
             try:
-                async with http.post(f"{url}/embed", json=body) as response:
+                async with self.http.post(f"{self.url}/embed", json=body) as response:
                     answer = await response.json()
-                    if response.status != 200:
-                        raise RuntimeError(f"sidecar answered {response.status}: {answer}")
-                    return int(answer["usage"]["tokens"])
+                    retry_after = retry_after_seconds(response.headers.get("Retry-After"))
+                    return response.status, answer, 1.0 if retry_after is None else retry_after
             except (
                 aiohttp.ServerDisconnectedError,
                 aiohttp.ClientConnectionResetError,
@@ -559,14 +596,12 @@ def sidecar_caller(http: Any, url: str, model: str) -> Callable[[list[str]], Awa
                     raise
         raise AssertionError("unreachable")
 
-    return call
-
 
 async def http_grid(url: str, model: str, texts: Sequence[str], **grid: Any) -> list[dict[str, Any]]:
     import aiohttp
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as http:
-        return await load_grid("sidecar", sidecar_caller(http, url, model), texts, **grid)
+        return await load_grid("sidecar", SidecarCaller(http, url, model), texts, **grid)
 
 
 def bench_spec(model_id: str, weights: str, pooling: str, torch_threads: int) -> Any:

@@ -155,7 +155,7 @@ class SidecarClient:
                         if 400 <= response.status < 500:
                             raise SidecarRejected(response.status, code, message)
                         raise SidecarError(f"{method} {path}: {response.status} {code}: {message}")
-                    retry_after = _retry_after(response.headers.get("Retry-After"))
+                    retry_after = retry_after_seconds(response.headers.get("Retry-After"))
                     failure: SidecarUnavailable = (
                         SidecarOverloaded(f"{method} {path}: 429 {code}: {message}")
                         if response.status == 429
@@ -301,7 +301,8 @@ class SidecarClient:
         return scores
 
 
-def _retry_after(value: str | None) -> float | None:
+def retry_after_seconds(value: str | None) -> float | None:
+    """A ``Retry-After`` header in seconds (None: absent or not a number of seconds)."""
     if not value:
         return None
     try:

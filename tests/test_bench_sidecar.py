@@ -261,3 +261,52 @@ def test_peer_headlines_come_from_the_interleaved_pairs_with_their_spread() -> N
     assert headline.ratio == pytest.approx(1.05) and headline.bar == 1.0
     assert headline.spread == pytest.approx((0.95, 1.15)) and headline.spread_crosses_bar
     assert any(t.title.startswith("Sidecar vs infinity-emb 0.78, interleaved pairs") for t in suite.tables)
+
+
+async def test_the_http_caller_retries_coded_shedding_counts_it_and_raises_on_anything_else() -> None:
+    """A real aiohttp server on 127.0.0.1 sheds some calls the way the sidecar does (503 not_ready,
+    429 overloaded, with Retry-After): the caller sends them again, counts them per cell, and raises
+    on a 400 or on a sidecar that keeps shedding."""
+    import aiohttp
+    from aiohttp import web
+
+    from benchmarks.sidecar import SHED_RETRIES, SidecarCaller, load_cell
+
+    plan: list[int] = []  # statuses to answer, in order; 200 once empty
+
+    async def embed(request: web.Request) -> web.Response:
+        body = await request.json()
+        status = plan.pop(0) if plan else 200
+        if status == 200:
+            return web.json_response({"usage": {"tokens": 3 * len(body["input"])}})
+        code = {503: "not_ready", 429: "overloaded", 400: "invalid_input"}[status]
+        return web.json_response(
+            {"error": {"code": code, "message": "m"}}, status=status, headers={"Retry-After": "0"}
+        )
+
+    app = web.Application()
+    app.router.add_post("/embed", embed)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with aiohttp.ClientSession() as http:
+            caller = SidecarCaller(http, f"http://127.0.0.1:{port}", "m")
+            plan[:] = [503, 429]
+            assert await caller(["a", "b"]) == 6 and caller.shed == 2
+            plan[:] = [503]
+            cell = await load_cell(
+                "sidecar", caller, ["x"] * 8, concurrency=1, size=1, seconds=0.2, server_cpu=False
+            )
+            assert cell["shed_answers"] == 1 and caller.shed == 3 and cell["requests"] >= 1
+            plan[:] = [400]
+            with pytest.raises(RuntimeError, match="answered 400 \\(after 0 shed"):
+                await caller(["a"])
+            plan[:] = [503] * (SHED_RETRIES + 1)
+            with pytest.raises(RuntimeError, match=f"answered 503 \\(after {SHED_RETRIES} shed"):
+                await caller(["a"])
+            assert caller.shed == 3 + SHED_RETRIES
+    finally:
+        await runner.cleanup()
