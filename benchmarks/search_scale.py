@@ -83,7 +83,9 @@ async def _wait_lexical_ready(session: Any, url: str, wait_s: float) -> dict[str
     deadline = time.monotonic() + wait_s
     while True:
         async with session.get(url + "/readyz") as r:
-            status = (await r.json())["data"]["lexical_index"]
+            body = await r.json()
+        # A 503 (the sidecar's readiness probe timing out on a loaded machine) is asked again.
+        status = body["data"]["lexical_index"] if r.status == 200 else body
         states = {p["state"] for p in status.get("partitions", {}).values()}
         if states == {"ready"}:
             return status

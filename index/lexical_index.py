@@ -147,6 +147,7 @@ class PartitionLexicon:
     state: str = "loading"  # loading | ready | failed
     watermark: Watermark = field(default_factory=lambda: Watermark(0, 0))
     size: int = 0  # slots used
+    dead: int = 0  # slots whose chunk was deleted or updated since the load
     slot_of: dict[RowKey, int] = field(default_factory=dict)
     key_of: list[RowKey | None] = field(default_factory=list)
     record_slots: dict[tuple[str, int], set[int]] = field(default_factory=dict)
@@ -196,6 +197,7 @@ class PartitionLexicon:
         if slot is None:
             return
         self.alive[slot] = False
+        self.dead += 1
         self.key_of[slot] = None
         code = self.section[slot]
         self.section_count[code] -= 1
@@ -344,9 +346,15 @@ class PartitionLexicon:
 
     def _contribution(self, weight: float, slots: np.ndarray, tfs: np.ndarray, avgdl: float) -> np.ndarray:
         """One term's BM25 summand at ``slots`` (holding it ``tfs`` times): the one formula of the index."""
+        # weight * tf / (tf + k1 * (1 - b + b * length / avgdl)), in place on two arrays: this runs
+        # over every posting a search admits, where each temporary is a pass over memory.
         tf = tfs.astype(np.float64)
-        norm = BM25_K1 * (1 - BM25_B + BM25_B * self.length[slots] / avgdl)
-        return weight * tf / (tf + norm)
+        out = self.length[slots]
+        out *= BM25_K1 * BM25_B / avgdl
+        out += BM25_K1 * (1 - BM25_B) + tf
+        np.divide(tf, out, out=out)
+        out *= weight
+        return out
 
     def _bound(self, term: str, avgdl: float) -> float:
         """An upper bound of ``term``'s summand per unit weight in any chunk, at mean length ``avgdl``.
@@ -405,6 +413,14 @@ class PartitionLexicon:
         hit = member[posting]
         slots = posting[hit]
         total[slots] += self._contribution(weight, slots, tfs[hit], avgdl)
+
+    def _add_held(self, total: np.ndarray, term: str, weight: float, avgdl: float) -> None:
+        """Add ``term``'s summand to ``total`` at its postings whose sum is already positive (the
+        candidates, for MaxScore: every summand is positive), by a scan of the term's list."""
+        posting, tfs = self.postings[term]
+        held = total[posting]
+        hit = held > 0.0
+        total[posting[hit]] = held[hit] + self._contribution(weight, posting[hit], tfs[hit], avgdl)
 
     def top(
         self, plan: Bm25Plan, allowed: np.ndarray | None, exclude: Sequence[int], fetch: int
@@ -478,30 +494,33 @@ class PartitionLexicon:
         order = sorted(range(len(bounds)), key=lambda i: (plan.terms[i] not in selective, -bounds[i]))
         left = np.cumsum([bounds[i] for i in reversed(order)])[::-1]  # left[k]: bounds of order[k:]
         theta, complete = 0.0, True
+        # Every permitted: no scope, no exclusion and no dead slot (a fresh load has none).
+        everything = known is None and not len(exclude) and self.dead == 0
         cand = np.zeros(0, dtype=np.int32)
-        with self._scratch() as (member, total):  # marks exactly the candidates; their sums
+        # A slot is a candidate exactly when its sum is positive (every summand is: idf > 0, tf > 0),
+        # so the sums are the marks too and a dropped candidate's sum goes back to 0.
+        with self._scratch() as (_, total):
             for k, i in enumerate(order):
                 term, weight = plan.terms[i], plan.weights[i]
                 posting, tfs = self.postings[term]
                 if term in selective and left[k] >= theta:
-                    ok = self._permitted(posting, known, exclude)
-                    slots, tf = (posting, tfs) if ok.all() else (posting[ok], tfs[ok])
-                    total[slots] += self._contribution(weight, slots, tf, plan.avgdl)
-                    new = slots[~member[slots]]
-                    member[new] = True
-                    cand = np.concatenate([cand, new])  # in no particular order: nothing here needs one
+                    slots, tf = posting, tfs
+                    if not everything:
+                        ok = self._permitted(posting, known, exclude)
+                        slots, tf = (posting, tfs) if ok.all() else (posting[ok], tfs[ok])
+                    before = total[slots]
+                    total[slots] = before + self._contribution(weight, slots, tf, plan.avgdl)
+                    cand = np.concatenate([cand, slots[before == 0.0]])  # in no particular order
                 else:
                     complete = complete and term not in selective
                     keep = total[cand] + left[k] >= theta
                     if not keep.all():
-                        dropped = cand[~keep]
-                        member[dropped] = False
-                        total[dropped] = 0.0
+                        total[cand[~keep]] = 0.0
                         cand, complete = cand[keep], False
                     if len(cand) * LOOKUP_COST < len(posting):
                         total[cand] += self._summand_at(term, weight, plan.avgdl, cand)
                     else:
-                        self._add_marked(total, member, term, weight, plan.avgdl)
+                        self._add_held(total, term, weight, plan.avgdl)
                 # A new theta can only matter once the sums so far may outgrow the bounds left.
                 if len(cand) >= fetch and k + 1 < len(order) and left[0] - left[k + 1] >= left[k + 1]:
                     scores = total[cand]
@@ -511,7 +530,6 @@ class PartitionLexicon:
                         kth = float(np.partition(above, len(above) - fetch)[len(above) - fetch])
                         theta = max(theta, kth * (1 - PRUNE_MARGIN))
             scores = total[cand]
-            member[cand] = False
             total[cand] = 0.0
         slots, scores, whole = _best(cand, scores, fetch)
         return slots, scores, whole and complete

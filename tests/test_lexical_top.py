@@ -96,11 +96,20 @@ def _zipf_rows(rng: random.Random, count: int, first: int = 0) -> list[_Row]:
     return rows
 
 
-@pytest.fixture(scope="module")
-def zipf_lexicon() -> tuple[PartitionLexicon, dict[int, tuple[dict[str, int], int]]]:
+@pytest.fixture(scope="module", params=["fresh", "rewritten"])
+def zipf_lexicon(request) -> tuple[PartitionLexicon, dict[int, tuple[dict[str, int], int]]]:
+    """12,000 chunks as loaded ("fresh": every slot alive, so an unscoped search checks no slot), or
+    with 1,500 of them updated and 500 deleted since ("rewritten": dead slots to skip)."""
     lx = PartitionLexicon(ModelPartition("m", 4, "vector", "t"))
     rows = _zipf_rows(random.Random(5), 12_000)
     lx.apply(rows)
+    if request.param == "rewritten":
+        updated = _zipf_rows(random.Random(6), 1_500)  # the same keys, new texts, new slots
+        deleted = [_Row(key=("s", i, "c", "l", "", 0), lexical_length=None) for i in range(1_500, 2_000)]
+        lx.apply(updated)  # the words it touches drop their dead postings, so delete after it:
+        lx.apply(deleted)  # the deleted chunks' postings stay, dead, in every list
+        rows = updated + rows[2_000:]
+        assert lx.dead == 2_000
     chunks = {
         lx.slot_of[r["key"]]: (dict(zip(r["lexemes"], r["tfs"], strict=True)), r["lexical_length"])
         for r in rows
@@ -141,7 +150,7 @@ def test_max_score_returns_the_exhaustive_top_k_with_its_ties_under_any_scope(
         plan = _plan(lx, terms, avgdl * rng.choice([1.0, 0.7, 1.4]))  # a section scope's mean length too
         fetch = rng.choice([1, 5, 20, 58])
         allowed = None if rng.random() < 0.4 else np.array([rng.random() < 0.3 for _ in range(100)])
-        exclude = rng.sample(sorted(chunks), 40)
+        exclude = rng.sample(sorted(chunks), 40) if rng.random() < 0.5 else []
         expected = {
             slot: sum(
                 w * _bm25(tf[t], dl, plan.avgdl)
@@ -150,7 +159,7 @@ def test_max_score_returns_the_exhaustive_top_k_with_its_ties_under_any_scope(
             )
             for slot, (tf, dl) in chunks.items()
             if any(t in tf for t in plan.selective)
-            and (allowed is None or allowed[slot % 100])  # slot i holds chunk i: projects [i % 100]
+            and (allowed is None or allowed[slot % 100])  # chunk i (slot i or 12,000 + i): projects [i % 100]
             and slot not in exclude
         }
         slots, scores, whole = lx.top(plan, allowed, exclude, fetch)
