@@ -6,13 +6,15 @@ database of the bench stack's PostgreSQL:
 
 - **the store**: the lexical benchmark's corpus (:func:`benchmarks.lexical.build_corpus`: every
   unique sentence of the shared data sets, then Zipfian text in their languages), each chunk with a
-  vector of the bench model (:class:`benchmarks.scale_store.StoreCorpus`: real embeddings of the data
-  sets' sentences plus noise), loaded by the bulk path with every index, HNSW included. One record
+  vector of the bench model (:func:`benchmarks.gateway.mixed_vectors`: each a random mixture of two
+  real embeddings of the data sets' sentences, plus a little noise, so neighbours are spread as in
+  real embeddings rather than near-copies of a few), loaded by the bulk path with every index, HNSW
+  included. One record
   per chunk, in the projects of :func:`benchmarks.acl_shares.projects_of` (100%, 10%, 1%);
 - **dense recall@10** of the dense leg as the gateway runs it (HNSW with iterative scans, the
   gateway's over-fetch, its top 10) against an exact scan, unfiltered and for researchers who see
   100%, 10% and 1% of the chunks, at each ``hnsw.ef_search`` of the plan, with each one's p50;
-  probes near the corpus's bases (:func:`benchmarks.scale_store.probe_vectors`);
+  probes: the data sets' queries embedded by the bench model;
 - **the lexical section** over it (:func:`benchmarks.lexical.measure_lexical`: the in-memory index,
   the SQL leg and Tantivy BM25, same chunks and queries);
 - **``semantic_search``** through a ``mnemo gateway`` subprocess per lexical mode
@@ -41,12 +43,11 @@ import numpy as np
 
 from .acl_shares import VISIBILITY_PROJECT
 from .datasets import find_datasets
-from .gateway import gateway_process, gateway_read_pool, load_queries
+from .gateway import gateway_process, gateway_read_pool, load_queries, mixed_vectors
 from .lexical import SECTION, build_corpus, measure_lexical, populate
 from .lexical import as_suite as lexical_suite
 from .measure import closed_loop, percentile, process_cpu_s, ratio, tie_aware_recall
 from .report import Headline, SuiteResult, Table, write_report
-from .scale_store import probe_vectors
 from .stack import BENCH_MODEL, BenchStack, open_stack
 
 __all__ = ["SearchScalePlan", "as_suite", "run_search_scale"]
@@ -62,7 +63,7 @@ class SearchScalePlan:
     """What one run measures; the scale suite's plan fills it (``benchmarks/plan.py: ScalePlan``)."""
 
     sizes: tuple[int, ...]
-    bases: int = 1_000  # real sentences embedded by the bench model; rows reuse them with noise
+    bases: int = 1_000  # real sentences embedded by the bench model; each row mixes two of them
     queries: int = 100  # the data sets' queries sent to semantic_search
     callers: tuple[int, ...] = (1, 32)
     requests: int = 400  # per closed loop, bounded by ``seconds`` too
@@ -220,8 +221,8 @@ async def measure_semantic_search(
     return {"mode": mode, "ready_s": ready_s, "cells": cells}
 
 
-async def _one_size(stack: BenchStack, n: int, corpus: Any, queries: Sequence[str], plan: SearchScalePlan,
-                    workdir: Path) -> dict[str, Any]:  # fmt: skip
+async def _one_size(stack: BenchStack, n: int, bases: np.ndarray, queries: Sequence[str], probes: np.ndarray,
+                    plan: SearchScalePlan, workdir: Path) -> dict[str, Any]:  # fmt: skip
     assert stack.sidecar_url is not None
     url = await stack.fresh_database(f"search_scale_{n}")
     pool = await gateway_read_pool(url)
@@ -229,11 +230,15 @@ async def _one_size(stack: BenchStack, n: int, corpus: Any, queries: Sequence[st
         texts = build_corpus(n)
         start = time.perf_counter()
         partition = await populate(
-            pool, texts, model=BENCH_MODEL, dimension=corpus.dimension, vectors=corpus.row_vectors
+            pool,
+            texts,
+            model=BENCH_MODEL,
+            dimension=bases.shape[1],
+            vectors=lambda first, stop: mixed_vectors(bases, stop - first, seed=first),
         )
         store_s = time.perf_counter() - start
         recall = await measure_dense_recall(
-            pool, partition, probe_vectors(corpus, plan.recall_queries), plan.recall_ef_search
+            pool, partition, probes[: plan.recall_queries], plan.recall_ef_search
         )
         lexical = await measure_lexical(
             pool, url, partition, texts, store_s, plan.lexical_dataset_queries, plan.lexical_generated_queries
@@ -265,10 +270,13 @@ async def run_search_scale(stack: BenchStack, plan: SearchScalePlan) -> dict[str
     if not dirs:
         raise LookupError("no shared data sets found (../shared/datasets): the corpus needs real sentences")
     async with SidecarClient(stack.sidecar_url, timeout=300) as client:
-        corpus = await embed_bases(client, BENCH_MODEL, plan.bases, dirs[0].parent)
-    queries = load_queries(plan.queries, dirs[0].parent)
+        bases = (await embed_bases(client, BENCH_MODEL, plan.bases, dirs[0].parent)).vectors
+        queries = load_queries(plan.queries, dirs[0].parent)
+        probes = np.asarray(
+            (await client.embed(BENCH_MODEL, queries, truncate=True)).embeddings, dtype=np.float32
+        )
     with tempfile.TemporaryDirectory(prefix="mnemo-bench-search-scale-") as work:
-        sizes = [await _one_size(stack, n, corpus, queries, plan, Path(work)) for n in plan.sizes]
+        sizes = [await _one_size(stack, n, bases, queries, probes, plan, Path(work)) for n in plan.sizes]
     return {"plan": plan.__dict__, "queries": len(queries), "sizes": sizes}
 
 
