@@ -9,8 +9,8 @@ database of the bench stack's PostgreSQL:
   vector of the bench model (:func:`benchmarks.gateway.mixed_vectors`: each a random mixture of two
   real embeddings of the data sets' sentences, plus a little noise, so neighbours are spread as in
   real embeddings rather than near-copies of a few), loaded by the bulk path with every index, HNSW
-  included. One record
-  per chunk, in the projects of :func:`benchmarks.acl_shares.projects_of` (100%, 10%, 1%);
+  included. One record per chunk, in the projects of :func:`benchmarks.acl_shares.projects_of`
+  (researchers who see 100%, 10% and 1% of the chunks);
 - **dense recall@10** of the dense leg as the gateway runs it (HNSW with iterative scans, the
   gateway's over-fetch, its top 10) against an exact scan, unfiltered and for researchers who see
   100%, 10% and 1% of the chunks, at each ``hnsw.ef_search`` of the plan, with each one's p50;
@@ -20,7 +20,8 @@ database of the bench stack's PostgreSQL:
 - **``semantic_search``** through a ``mnemo gateway`` subprocess per lexical mode
   (``RAG_LEXICAL_INDEX`` ``memory``, then ``off``), defaults otherwise: the data sets' queries, each
   sent once first (the gateway embeds it through the sidecar and caches its vector), then a closed
-  loop per caller count as an admin, and one caller as a researcher who sees 1% of the chunks. p50, p99, requests/s and the gateway's CPU per request, per cell.
+  loop per caller count as an admin, and one caller as a researcher who sees 1% of the chunks;
+  p50, p99, requests/s and the gateway's CPU per request, per cell.
 
 Growth: every latency at the largest size against itself at the smallest, same run. A gateway whose
 lexical index does not become ready, or a search answered with anything but 200, stops the run.
