@@ -149,6 +149,7 @@ class PartitionLexicon:
     size: int = 0  # slots used
     dead: int = 0  # slots whose chunk was deleted or updated since the load
     slot_of: dict[RowKey, int] = field(default_factory=dict)
+    texts: dict[str, str] = field(default_factory=dict)  # one copy of each key text (see _shared)
     key_of: list[RowKey | None] = field(default_factory=list)
     record_slots: dict[tuple[str, int], set[int]] = field(default_factory=dict)
     alive: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
@@ -208,6 +209,14 @@ class PartitionLexicon:
             if not slots:
                 del self.record_slots[key[:2]]
 
+    def _shared(self, key: RowKey) -> RowKey:
+        """``key`` with each text column (section, component, language, view) as the lexicon's one
+        copy of that value: the driver decodes a new string per row, and a key is kept per chunk."""
+        texts = self.texts
+        tipo, section_id, component, lang, view, chunk = key
+        return (texts.setdefault(tipo, tipo), section_id, texts.setdefault(component, component),
+                texts.setdefault(lang, lang), texts.setdefault(view, view), chunk)  # fmt: skip
+
     def _code(self, codes: dict, value: Hashable) -> int:
         code = codes.get(value)
         if code is None:
@@ -225,7 +234,7 @@ class PartitionLexicon:
         n = first
         deletes = 0
         for row in rows:
-            key = row_key(row)
+            key = self._shared(row_key(row))
             self._forget(key)
             if row["lexical_length"] is None:
                 deletes += 1

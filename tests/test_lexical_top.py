@@ -206,3 +206,24 @@ def test_term_bounds_cover_every_summand_at_any_mean_length_and_follow_writes() 
     key = ("s", 10**6, "c", "l", "", 0)
     lx.apply([_Row(key=key, lexical_length=1, lexemes=["w0"], tfs=[50], projects=[1], acl_pairs=None, acl_sections=None)])  # fmt: skip
     assert lx._bound("w0", AVGDL) >= strongest("w0", AVGDL) > before
+
+
+def test_the_lexicon_keeps_one_copy_of_each_key_text() -> None:
+    """Each row from the driver brings its own copies of the key's strings; the lexicon keeps one of
+    each value for every key that holds it (a key per chunk: at 1M chunks, copies cost ~200 MiB)."""
+    lx = PartitionLexicon(ModelPartition("m", 4, "vector", "t"))
+
+    def fresh(text: str) -> str:
+        return "".join(list(text))  # an equal string, another object
+
+    rows = [
+        _Row(key=(fresh("oh1"), i, fresh("rag:doc"), fresh("lg-spa"), fresh("v"), 0), lexical_length=1,
+             lexemes=["w"], tfs=[1], projects=[1], acl_pairs=None, acl_sections=None)
+        for i in range(3)
+    ]  # fmt: skip
+    assert rows[0]["key"][0] is not rows[1]["key"][0]
+    lx.apply(rows)
+    keys = [lx.key_of[slot] for slot in range(3)]
+    for column in (0, 2, 3, 4):
+        assert len({id(k[column]) for k in keys}) == 1, column
+    assert keys[0] == rows[0]["key"] and lx.slot_of[rows[2]["key"]] == 2  # found by value as before
