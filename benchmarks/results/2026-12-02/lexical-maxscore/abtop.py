@@ -77,18 +77,23 @@ def plan_of(lx, words, n, avgdl):
     return bm25_plan(dict.fromkeys(df, 1), {w: bm25_idf(n, d) for w, d in df.items()}, df, n, avgdl)
 
 
+def query_kinds(seed=1):
+    """100 queries (word lists) of each kind: rare, common, mixed (see the module's docstring)."""
+    r = random.Random(seed)
+    return {
+        "rare": [[f"w{r.randrange(3000, 200000)}" for _ in range(r.randint(1, 3))] for _ in range(100)],
+        "common": [[f"w{r.randrange(5, 300)}" for _ in range(r.randint(2, 5))] for _ in range(100)],
+        "mixed": [[f"w{int(r.paretovariate(0.6))}" for _ in range(r.randint(2, 12))] for _ in range(100)],
+    }
+
+
 if __name__ == "__main__":
     n = int(sys.argv[1])
     reps = int(sys.argv[2]) if len(sys.argv) > 2 else 3
     lx = build(n)
     avgdl = float(lx.length.mean())
     print(f"{n} chunks, {len(lx.postings)} terms, {lx.posting_count} postings", flush=True)
-    r = random.Random(1)
-    kinds = {
-        "rare": [[f"w{r.randrange(3000, 200000)}" for _ in range(r.randint(1, 3))] for _ in range(100)],
-        "common": [[f"w{r.randrange(5, 300)}" for _ in range(r.randint(2, 5))] for _ in range(100)],
-        "mixed": [[f"w{int(r.paretovariate(0.6))}" for _ in range(r.randint(2, 12))] for _ in range(100)],
-    }
+    kinds = query_kinds()
     one_pct = np.zeros(100, dtype=bool)
     one_pct[0] = True
     for pl in (plan_of(lx, w, n, avgdl) for ws in kinds.values() for w in ws):

@@ -3,7 +3,6 @@ one process, the same lexicon's arrays, interleaved per query with the order alt
 Run from the repository root: python abhead.py CHUNKS [REPS] [REV]"""
 
 import importlib.util
-import random
 import subprocess
 import sys
 import time
@@ -38,12 +37,7 @@ ox.scratch_member = np.zeros(0, dtype=bool)
 ox.scratch_total = np.zeros(0)
 ox.term_bounds = dict(lx.term_bounds)
 avgdl = float(lx.length.mean())
-r = random.Random(1)
-kinds = {
-    "rare": [[f"w{r.randrange(3000, 200000)}" for _ in range(r.randint(1, 3))] for _ in range(100)],
-    "common": [[f"w{r.randrange(5, 300)}" for _ in range(r.randint(2, 5))] for _ in range(100)],
-    "mixed": [[f"w{int(r.paretovariate(0.6))}" for _ in range(r.randint(2, 12))] for _ in range(100)],
-}
+kinds = ab.query_kinds()  # the same queries as abtop.py's
 one_pct = np.zeros(100, dtype=bool)
 one_pct[0] = True
 plans = {k: [p for p in (ab.plan_of(lx, w, n, avgdl) for w in ws) if p] for k, ws in kinds.items()}
