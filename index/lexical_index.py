@@ -429,7 +429,8 @@ class PartitionLexicon:
         posting, tfs = self.postings[term]
         held = total[posting]
         hit = held > 0.0
-        total[posting[hit]] = held[hit] + self._contribution(weight, posting[hit], tfs[hit], avgdl)
+        slots = posting[hit]
+        total[slots] = held[hit] + self._contribution(weight, slots, tfs[hit], avgdl)
 
     def top(
         self, plan: Bm25Plan, allowed: np.ndarray | None, exclude: Sequence[int], fetch: int
