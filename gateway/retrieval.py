@@ -28,8 +28,9 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, TypeVar
 
 import asyncpg
@@ -44,7 +45,9 @@ from index.search import (
     CorpusStats,
     Scope,
     dense_search,
+    exact_scan_rows,
     lexical_search,
+    scope_key,
     seed_chunks,
     sparse_search,
 )
@@ -66,6 +69,8 @@ log = logging.getLogger(__name__)
 # How stale a gateway's idea of the serving text model may be after a model-change backfill's
 # swap: until it re-reads, it serves the old model from the old partition (kept), whole answers.
 SERVING_TTL_S = 1.0
+EXACT_DECISION_TTL_S = 60.0  # a scope's exact-or-HNSW choice is re-estimated after this (stores grow)
+EXACT_DECISIONS_KEPT = 4096  # scopes whose choice is kept (the least recently used go first)
 
 T = TypeVar("T")
 
@@ -180,6 +185,8 @@ class Retriever:
         # section tipo -> (when read, (method, weights) tuned for it or None)
         self._fusion_cache: dict[str, tuple[float, tuple[str, tuple[tuple[str, float], ...]] | None]] = {}
         self._ttl = settings.lexical_stats_ttl
+        # (partition, modality, scope) -> (when decided, whether the dense leg reads it exactly)
+        self._exact_scopes: OrderedDict[Hashable, tuple[float, bool]] = OrderedDict()
         self._weights = settings.weights  # parsed once (the property parses RAG_FUSION_WEIGHTS per read)
 
     # -- model, partition, query vector -------------------------------------------------------
@@ -333,7 +340,8 @@ class Retriever:
         fetch: int,
         modality: str = "text",
     ) -> list[ChunkHit]:
-        """pgvector's HNSW dense search with the configured scan settings."""
+        """pgvector's HNSW dense search with the configured scan settings, or the exact search for a
+        scope whose few rows the planner reads through an index (:meth:`_reads_exactly`)."""
         s = self.settings
         return await dense_search(
             conn,
@@ -344,7 +352,32 @@ class Retriever:
             ef_search=s.hnsw_ef_search,
             max_scan_tuples=s.hnsw_max_scan_tuples,
             modality=modality,
+            exact=await self._reads_exactly(scope, conn, partition, vector, fetch, modality),
         )
+
+    async def _reads_exactly(
+        self, scope: Scope, conn: asyncpg.Connection, partition: ModelPartition, vector: np.ndarray, fetch: int,
+        modality: str,
+    ) -> bool:  # fmt: skip
+        """Whether the dense leg answers ``scope`` exactly: when the planner would read at most
+        ``RAG_DENSE_EXACT_MAX_ROWS`` of its rows through an index (:func:`index.search.exact_scan_rows`).
+        An unscoped search never asks; a scope is asked once per partition and minute (the record a
+        similar search excludes does not count), so the estimate's round trip is rare."""
+        scope = replace(scope, exclude_record=None)
+        if self.settings.dense_exact_max_rows == 0 or scope == Scope():
+            return False
+        key = (partition.partition, modality, scope_key(scope))
+        now = time.monotonic()
+        known = self._exact_scopes.get(key)
+        if known is not None and now - known[0] < EXACT_DECISION_TTL_S:
+            return known[1]
+        rows = await exact_scan_rows(conn, partition, vector, scope, fetch, modality)
+        exact = rows is not None and rows <= self.settings.dense_exact_max_rows
+        self._exact_scopes[key] = (now, exact)
+        self._exact_scopes.move_to_end(key)
+        while len(self._exact_scopes) > EXACT_DECISIONS_KEPT:
+            self._exact_scopes.popitem(last=False)
+        return exact
 
     def _rescore(
         self,

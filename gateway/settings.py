@@ -291,6 +291,15 @@ class GatewaySettings:
         20000,
         "Upper bound of tuples an iterative HNSW scan visits when filters reject candidates.",
     )
+    dense_exact_max_rows: int = setting(
+        "RAG_DENSE_EXACT_MAX_ROWS",
+        20000,
+        "A scoped dense search (an ACL, a section) whose rows the planner reads through an index and "
+        "estimates at most this many is answered exactly (those rows read and sorted) instead of by an "
+        "HNSW scan that filters: at 1M chunks and 1% visibility, 22.5 ms at recall 1.0 against 115 ms at "
+        "0.73 (the planner put that scope at 10,066 rows). Decided per partition and scope, once a minute; "
+        "0: always HNSW.",
+    )
     rrf_k: int = setting(
         "RAG_RRF_K", 60, "Reciprocal Rank Fusion constant k: larger flattens the advantage of top ranks."
     )
@@ -404,6 +413,7 @@ class GatewaySettings:
             ("RAG_QUERY_CACHE_SIZE", self.query_cache_size, 0),
             ("RAG_HNSW_EF_SEARCH", self.hnsw_ef_search, 1),
             ("RAG_HNSW_MAX_SCAN_TUPLES", self.hnsw_max_scan_tuples, 1),
+            ("RAG_DENSE_EXACT_MAX_ROWS", self.dense_exact_max_rows, 0),
             ("RAG_RRF_K", self.rrf_k, 0),
             ("RAG_SIMILAR_SEED_CHUNKS", self.similar_seed_chunks, 1),
             ("RAG_GATEWAY_MAX_CONCURRENCY", self.max_concurrency, 1),

@@ -54,6 +54,7 @@ __all__ = [
     "bm25_score_sql",
     "chunk_from_row",
     "dense_search",
+    "exact_scan_rows",
     "fetch_with_local_settings",
     "hit_columns",
     "hnsw_scan_settings",
@@ -315,6 +316,60 @@ def _chunk(row: asyncpg.Record, score: float, vector: np.ndarray | None = None) 
     return hit
 
 
+def _dense_query(
+    partition: ModelPartition, vector: np.ndarray, scope: Scope, limit: int, modality: str, with_vectors: bool
+) -> tuple[str, list[Any]]:
+    """The dense leg's statement and parameters: nearest ``limit`` chunks of the scope, exact order."""
+    sql = _Sql([np.asarray(vector, dtype=np.float32)], modality)
+    sql.apply_scope(scope)
+    cast = partition.cast
+    vectors = ", e.embedding" if with_vectors else ""
+    query = f"""
+        WITH nn AS MATERIALIZED (
+            SELECT {_COLUMNS}{vectors}, e.embedding::{cast} <=> $1::{cast} AS distance
+            FROM {partition.table} e
+            WHERE {sql.where_sql}
+            ORDER BY e.embedding::{cast} <=> $1::{cast}
+            LIMIT {int(limit)})
+        SELECT * FROM nn ORDER BY distance, {_IDENTITY_ORDER}"""
+    return query, sql.params
+
+
+async def exact_scan_rows(
+    conn: asyncpg.Connection,
+    partition: ModelPartition,
+    vector: np.ndarray,
+    scope: Scope,
+    limit: int,
+    modality: str = "text",
+) -> float | None:
+    """The rows the exact dense search (``exact=True``) would read for ``scope``, as the planner
+    estimates them, when it reads them through an index (a bitmap scan of the ACL or section
+    indexes); None when it would scan the whole partition.
+
+    Why: for a scope that sees a small share of a large partition, the planner still picks the HNSW
+    scan with the scope as a filter, which walks past invisible rows reading their pages (at 1M
+    chunks and 1% visibility: 115 ms at recall@10 0.73), where reading the visible rows through the
+    ``projects`` index and sorting them took 22.5 ms, exact (``benchmarks/results/2026-12-02/
+    retrieval-at-scale/dense-acl-1m.txt``).
+    """
+    query, params = _dense_query(partition, vector, scope, limit, modality, False)
+    settings = {**CUSTOM_PLANS, **EXACT_SCAN}
+    (row,) = await fetch_with_local_settings(conn, settings, "EXPLAIN (FORMAT JSON) " + query, params)
+    plan = row[0]
+    nodes = [(json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]]
+    rows = None
+    while nodes:
+        node = nodes.pop()
+        nodes.extend(node.get("Plans", ()))
+        if node.get("Relation Name") != partition.partition:
+            continue
+        if node["Node Type"] != "Bitmap Heap Scan":
+            return None  # a sequential (or other) scan of the partition: not worth it
+        rows = float(node["Plan Rows"])
+    return rows
+
+
 async def dense_search(
     conn: asyncpg.Connection,
     partition: ModelPartition,
@@ -337,22 +392,11 @@ async def dense_search(
     ``exact`` keeps the planner off the HNSW index: a full scan, the ground
     truth that recall and the FAISS cache are measured against.
     """
-    sql = _Sql([np.asarray(vector, dtype=np.float32)], modality)
-    sql.apply_scope(scope)
-    cast = partition.cast
-    vectors = ", e.embedding" if with_vectors else ""
-    query = f"""
-        WITH nn AS MATERIALIZED (
-            SELECT {_COLUMNS}{vectors}, e.embedding::{cast} <=> $1::{cast} AS distance
-            FROM {partition.table} e
-            WHERE {sql.where_sql}
-            ORDER BY e.embedding::{cast} <=> $1::{cast}
-            LIMIT {int(limit)})
-        SELECT * FROM nn ORDER BY distance, {_IDENTITY_ORDER}"""
+    query, params = _dense_query(partition, vector, scope, limit, modality, with_vectors)
     settings = {**hnsw_scan_settings(ef_search, max_scan_tuples, limit), **CUSTOM_PLANS}
     if exact:
-        settings["enable_indexscan"] = "off"
-    rows = await fetch_with_local_settings(conn, settings, query, sql.params)
+        settings.update(EXACT_SCAN)
+    rows = await fetch_with_local_settings(conn, settings, query, params)
     return [
         _chunk(r, 1.0 - float(r["distance"]), _as_array(r["embedding"]) if with_vectors else None)
         for r in rows
@@ -364,6 +408,9 @@ async def dense_search(
 # index for a bitmap scan of every row plus a sort (300 ms instead of 3 on 10k chunks at 100%
 # visibility); nor can it see how few keys a cache's re-read joins. Each is planned with its values.
 CUSTOM_PLANS: Mapping[str, str] = MappingProxyType({"plan_cache_mode": "force_custom_plan"})
+# The dense leg's exact search: no index scan, so no HNSW; the scope's rows are read (through a
+# bitmap of its indexes where it has one) and sorted by distance.
+EXACT_SCAN: Mapping[str, str] = MappingProxyType({"enable_indexscan": "off"})
 
 
 def hnsw_scan_settings(ef_search: int, max_scan_tuples: int, limit: int = 0) -> dict[str, str]:

@@ -1,0 +1,87 @@
+"""A scope that sees few rows of a partition is answered exactly, not by an HNSW scan that filters.
+
+On real PostgreSQL: 5,000 chunks with an HNSW index, every 100th record in the project a 1%
+researcher holds. The planner reads that scope's 50 rows through the ``projects`` index, so the
+dense leg sorts them (exact); an unscoped search, and a scope the planner would read whole, keep
+the HNSW scan. The choice is made once per scope and partition (cached), and
+``RAG_DENSE_EXACT_MAX_ROWS=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+import numpy as np
+import pytest
+
+from benchmarks.lexical import SECTION, populate
+from gateway import retrieval
+from gateway.acl import pushdown
+from gateway.auth import Principal
+from gateway.retrieval import Retriever
+from gateway.settings import load_gateway_settings
+from index.search import Scope, dense_search, exact_scan_rows
+
+DIM = 16
+N = 5_000
+
+
+@pytest.fixture(scope="module")
+def vectors() -> np.ndarray:
+    rng = np.random.default_rng(4)
+    out = rng.standard_normal((N, DIM)).astype(np.float32)
+    return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+
+@pytest.fixture
+async def partition(db_pool: asyncpg.Pool, vectors: np.ndarray):
+    texts = [f"chunk {i}" for i in range(N)]
+    return await populate(db_pool, texts, model="exact-scopes-16", dimension=DIM,
+                          vectors=lambda first, stop: vectors[first:stop])  # fmt: skip
+
+
+def _researcher(project: int) -> Scope:
+    return Scope(acl=pushdown(Principal("r", frozenset({project}), {SECTION: 1})))
+
+
+def _retriever(pool: asyncpg.Pool, **env: str) -> Retriever:
+    return Retriever(pool, client=None, settings=load_gateway_settings(env, auth="off"))
+
+
+async def test_the_planner_estimates_a_small_scopes_rows_and_declines_a_whole_one(db_pool, partition) -> None:
+    query = np.ones(DIM, dtype=np.float32) / np.sqrt(DIM)
+    async with db_pool.acquire() as conn:
+        few = await exact_scan_rows(conn, partition, query, _researcher(3), 40)
+        everything = await exact_scan_rows(conn, partition, query, Scope(section_tipos=(SECTION,)), 40)
+    assert few is not None and 10 <= few <= 500  # 50 rows, as the planner estimates them
+    assert everything is None  # every row: a sequential scan, not an index's few
+
+
+async def test_a_small_scope_is_answered_exactly_once_decided_and_a_large_one_by_hnsw(
+    db_pool, partition, vectors, monkeypatch
+) -> None:
+    asked: list[Scope] = []
+    estimate = retrieval.exact_scan_rows
+
+    async def counted(conn, partition, vector, scope, limit, modality="text"):
+        asked.append(scope)
+        return await estimate(conn, partition, vector, scope, limit, modality)
+
+    monkeypatch.setattr(retrieval, "exact_scan_rows", counted)
+    retriever = _retriever(db_pool)
+    narrow = _researcher(3)
+    async with db_pool.acquire() as conn:
+        for q in vectors[:20:4]:
+            got = await retriever.hnsw_search(conn, partition, q, narrow, 40)
+            exact = await dense_search(conn, partition, q, narrow, 40, exact=True)
+            assert [h.key for h in got] == [h.key for h in exact]
+        assert len(asked) == 1  # decided once for the scope, then cached
+        similar = Scope(acl=narrow.acl, exclude_record=(SECTION, 100))
+        assert await retriever._reads_exactly(similar, conn, partition, vectors[0], 40, "text")
+        assert len(asked) == 1  # the record a similar search excludes does not make a new scope
+        assert not await retriever._reads_exactly(Scope(), conn, partition, vectors[0], 40, "text")
+        assert not await retriever._reads_exactly(_researcher(1), conn, partition, vectors[0], 40, "text")
+        assert len(asked) == 2  # unscoped: never asked; the 100% researcher: asked, too many rows
+
+        off = _retriever(db_pool, RAG_DENSE_EXACT_MAX_ROWS="0")
+        assert not await off._reads_exactly(narrow, conn, partition, vectors[0], 40, "text")
+        assert len(asked) == 2
