@@ -186,21 +186,46 @@ async def gateway_process(
                 await proc.wait()
 
 
+async def readyz_until(
+    session: Any,
+    url: str,
+    part: str,
+    settled: Callable[[dict[str, Any]], bool],
+    wait_s: float,
+    interval: float,
+) -> dict[str, Any]:
+    """Ask the gateway's ``/readyz`` every ``interval`` s until ``settled`` holds for its ``part``
+    (``faiss``, ``lexical_index``); that part's status. A 503 (not ready: the sidecar's probe can
+    time out on a loaded machine) is asked again; past ``wait_s`` a TimeoutError names the last answer.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        async with session.get(url + "/readyz") as r:
+            body = await r.json()
+        status = body["data"][part] if r.status == 200 else body
+        if r.status == 200 and settled(status):
+            return status
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the gateway's {part} did not settle in {wait_s:.0f} s: {status}")
+        await asyncio.sleep(interval)
+
+
+def partition_states(status: dict[str, Any]) -> set[str]:
+    """The states of a ``/readyz`` part's partitions (``loading``, ``ready``, ``failed`` ...)."""
+    return {p["state"] for p in status.get("partitions", {}).values()}
+
+
 async def cache_ready(session: Any, url: str, wait_s: float = 300.0) -> dict[str, Any]:
     """Wait until the gateway's FAISS cache holds every partition (``/readyz``); its status.
 
     A cache that is off, over budget or failed returns at once: the SQL path serves then.
     """
-    deadline = time.monotonic() + wait_s
-    while True:
-        async with session.get(url + "/readyz") as r:
-            faiss = (await r.json())["data"]["faiss"]
-        states = {p["state"] for p in faiss.get("partitions", {}).values()}
-        if not faiss.get("running", True) or (states and "loading" not in states):
-            return faiss
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the FAISS cache did not load in {wait_s:.0f} s: {faiss}")
-        await asyncio.sleep(0.5)
+
+    def settled(faiss: dict[str, Any]) -> bool:
+        states = partition_states(faiss)
+        return not faiss.get("running", True) or bool(states and "loading" not in states)
+
+    return await readyz_until(session, url, "faiss", settled, wait_s, 0.5)
 
 
 async def gateway_read_pool(database_url: str) -> Any:

@@ -44,7 +44,14 @@ import numpy as np
 
 from .acl_shares import VISIBILITY_PROJECT
 from .datasets import find_datasets
-from .gateway import gateway_process, gateway_read_pool, load_queries, mixed_vectors
+from .gateway import (
+    gateway_process,
+    gateway_read_pool,
+    load_queries,
+    mixed_vectors,
+    partition_states,
+    readyz_until,
+)
 from .lexical import SECTION, build_corpus, measure_lexical, populate
 from .lexical import as_suite as lexical_suite
 from .measure import closed_loop, percentile, process_cpu_s, ratio, tie_aware_recall
@@ -80,20 +87,19 @@ async def _wait_lexical_ready(session: Any, url: str, wait_s: float) -> dict[str
     """Until every partition of the gateway's lexical index is ready (``/readyz``); its status.
 
     The SQL leg would serve a cold partition, which is not the configuration being measured, so a
-    partition that fails or stays loading past ``wait_s`` stops the run.
+    partition that fails, or one still loading past ``wait_s``, stops the run.
     """
-    deadline = time.monotonic() + wait_s
-    while True:
-        async with session.get(url + "/readyz") as r:
-            body = await r.json()
-        # A 503 (the sidecar's readiness probe timing out on a loaded machine) is asked again.
-        status = body["data"]["lexical_index"] if r.status == 200 else body
-        states = {p["state"] for p in status.get("partitions", {}).values()}
-        if states == {"ready"}:
-            return status
-        if "failed" in states or time.monotonic() > deadline:
-            raise RuntimeError(f"the gateway's lexical index is not ready after {wait_s:.0f} s: {status}")
-        await asyncio.sleep(1.0)
+    status = await readyz_until(
+        session,
+        url,
+        "lexical_index",
+        lambda s: partition_states(s) == {"ready"} or "failed" in partition_states(s),
+        wait_s,
+        1.0,
+    )
+    if "failed" in partition_states(status):
+        raise RuntimeError(f"the gateway's lexical index failed to load: {status}")
+    return status
 
 
 async def measure_dense_recall(
@@ -101,20 +107,27 @@ async def measure_dense_recall(
 ) -> dict[str, dict[int, dict[str, float]]]:
     """Recall@10 and p50 of the dense leg per visibility and ``hnsw.ef_search``, against exact search.
 
-    The leg as :class:`gateway.retrieval.Retriever` runs it: :func:`index.search.dense_search` for
-    :func:`gateway.retrieval.over_fetch` candidates with the gateway's scan-tuple bound; its first
-    10 are judged. Tie-aware: a hit whose distance reaches the 10th exact one counts.
+    The leg as the gateway runs it: :meth:`gateway.retrieval.Retriever.hnsw_search` at each
+    ``RAG_HNSW_EF_SEARCH`` (other settings at their defaults, so a small scope may be answered
+    exactly, as ``RAG_DENSE_EXACT_MAX_ROWS`` decides) for :func:`gateway.retrieval.over_fetch`
+    candidates; its first 10 are judged. Tie-aware: a hit whose distance reaches the 10th exact one
+    counts.
     """
     from gateway.acl import pushdown
     from gateway.auth import Principal
-    from gateway.retrieval import over_fetch
-    from gateway.settings import GatewaySettings
+    from gateway.retrieval import Retriever, over_fetch
+    from gateway.settings import load_gateway_settings
     from index.search import Scope, dense_search
 
-    max_scan_tuples = GatewaySettings().hnsw_max_scan_tuples
     scopes = {"admin": Scope()} | {
         share: Scope(acl=pushdown(Principal("r", frozenset({project}), {SECTION: 1})))
         for share, project in VISIBILITY_PROJECT.items()
+    }
+    legs = {
+        ef: Retriever(
+            pool, client=None, settings=load_gateway_settings({"RAG_HNSW_EF_SEARCH": str(ef)}, auth="off")
+        )
+        for ef in ef_values
     }
     out: dict[str, dict[int, dict[str, float]]] = {}
     async with pool.acquire() as conn:
@@ -127,19 +140,11 @@ async def measure_dense_recall(
                 for q in probes
             ]
             out[label] = {}
-            for ef in ef_values:
+            for ef, leg in legs.items():
                 recalls, times = [], []
                 for q, truth in zip(probes, exact, strict=True):
                     start = time.perf_counter()
-                    hits = await dense_search(
-                        conn,
-                        partition,
-                        q,
-                        scope,
-                        over_fetch(LIMIT),
-                        ef_search=ef,
-                        max_scan_tuples=max_scan_tuples,
-                    )
+                    hits = await leg.hnsw_search(conn, partition, q, scope, over_fetch(LIMIT))
                     times.append(time.perf_counter() - start)
                     recalls.append(tie_aware_recall([(h.key, 1.0 - h.score) for h in hits[:10]], truth))
                 out[label][ef] = {
