@@ -77,6 +77,13 @@ def plan_of(lx, words, n, avgdl):
     return bm25_plan(dict.fromkeys(df, 1), {w: bm25_idf(n, d) for w, d in df.items()}, df, n, avgdl)
 
 
+def assert_same_answer(a, b):
+    """Two top() answers hold the same slots, with scores equal within rounding."""
+    sa = dict(zip(a[0].tolist(), a[1].tolist(), strict=True))
+    sb = dict(zip(b[0].tolist(), b[1].tolist(), strict=True))
+    assert sa.keys() == sb.keys() and all(abs(sa[k] - sb[k]) <= 1e-12 * sa[k] for k in sa)
+
+
 def query_kinds(seed=1):
     """100 queries (word lists) of each kind: rare, common, mixed (see the module's docstring)."""
     r = random.Random(seed)
@@ -117,12 +124,7 @@ if __name__ == "__main__":
                         took[name] = time.perf_counter() - t0
                         took[name + "_res"] = res
                     if rep == 0:  # same answer: slots, and scores within rounding
-                        a, b = took["old_res"], took["new_res"]
-                        sa, sb = (
-                            dict(zip(a[0].tolist(), a[1].tolist(), strict=True)),
-                            dict(zip(b[0].tolist(), b[1].tolist(), strict=True)),
-                        )
-                        assert sa.keys() == sb.keys() and all(abs(sa[k] - sb[k]) <= 1e-12 * sa[k] for k in sa)
+                        assert_same_answer(took["old_res"], took["new_res"])
                     old_t.append(took["old"])
                     new_t.append(took["new"])
                     ratios.append(took["new"] / took["old"])

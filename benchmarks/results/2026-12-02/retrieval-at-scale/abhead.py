@@ -60,9 +60,7 @@ for kind, ps in plans.items():
                     res[name] = fn(p, allowed, [], 48)
                     took[name] = time.perf_counter() - t0
                 if rep == 0:
-                    sa = dict(zip(res["old"][0].tolist(), res["old"][1].tolist(), strict=True))
-                    sb = dict(zip(res["new"][0].tolist(), res["new"][1].tolist(), strict=True))
-                    assert sa.keys() == sb.keys() and all(abs(sa[k] - sb[k]) <= 1e-12 * sa[k] for k in sa)
+                    ab.assert_same_answer(res["old"], res["new"])
                 a_t.append(took["old"])
                 b_t.append(took["new"])
                 ratios.append(took["new"] / took["old"])
