@@ -138,6 +138,8 @@ async def _vector_cache_ctx(app: web.Application) -> AsyncIterator[None]:
             max_bytes=settings.faiss_max_bytes,
             cpu_broad_scan_max=settings.faiss_cpu_broad_scan_max,
             threads=settings.faiss_threads,
+            packed_scope_rows=settings.faiss_packed_scope_rows,
+            packed_max_bytes=settings.faiss_packed_bytes,
         ),
         CacheMetrics(app[METRICS_KEY].registry),
     )

@@ -369,6 +369,19 @@ class GatewaySettings:
         "than this goes to pgvector's HNSW, which beats a flat scan there; filtered searches stay on the "
         "cache at any size. 0: the cache serves every search.",
     )
+    faiss_packed_scope_rows: int = setting(
+        "RAG_FAISS_PACKED_SCOPE_ROWS",
+        20_000,
+        "A filtered search whose scope permits at most this many cached vectors runs over a contiguous "
+        "copy of just those vectors, kept until the next change is applied (at 1M vectors a 1% scope: "
+        "0.32 ms against 8.9 through the bitmap over every slot). 0: every scope uses the bitmap.",
+    )
+    faiss_packed_bytes: int = setting(
+        "RAG_FAISS_PACKED_BYTES",
+        256 * 1024**2,
+        "Memory the packed scope copies may hold together, beside `RAG_FAISS_MAX_BYTES` (least recently "
+        "used dropped first; a 1% scope of 1M vectors at 384 dimensions is 15 MiB).",
+    )
     faiss_threads: int = setting(
         "RAG_FAISS_THREADS",
         1,
@@ -438,8 +451,12 @@ class GatewaySettings:
             raise SettingsError("RAG_FAISS_THREADS must be >= 0")
         if self.faiss_cache not in FAISS_MODES:
             raise SettingsError(f"RAG_FAISS_CACHE={self.faiss_cache!r}: use one of {', '.join(FAISS_MODES)}")
-        if self.faiss_max_bytes < 0 or self.faiss_cpu_broad_scan_max < 0:
-            raise SettingsError("RAG_FAISS_MAX_BYTES and RAG_FAISS_CPU_BROAD_SCAN_MAX must be >= 0")
+        if min(self.faiss_max_bytes, self.faiss_cpu_broad_scan_max, self.faiss_packed_scope_rows) < 0:
+            raise SettingsError(
+                "RAG_FAISS_MAX_BYTES, RAG_FAISS_CPU_BROAD_SCAN_MAX and RAG_FAISS_PACKED_SCOPE_ROWS must be >= 0"
+            )
+        if self.faiss_packed_bytes < 0:
+            raise SettingsError("RAG_FAISS_PACKED_BYTES must be >= 0")
         if self.lexical_index not in LEXICAL_INDEX_MODES:
             raise SettingsError(
                 f"RAG_LEXICAL_INDEX={self.lexical_index!r}: use one of {', '.join(LEXICAL_INDEX_MODES)}"

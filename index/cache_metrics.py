@@ -38,6 +38,11 @@ class CacheMetrics:
             ("result",),
             registry=r,
         )
+        self.packed_bytes = Gauge(
+            "mnemo_faiss_packed_scope_bytes",
+            "Bytes held by packed copies of small scopes' vectors (RAG_FAISS_PACKED_BYTES bounds them).",
+            registry=r,
+        )
         self.over_budget = Counter(
             "mnemo_faiss_over_budget",
             "Partitions left to pgvector because they did not fit RAG_FAISS_MAX_BYTES.",

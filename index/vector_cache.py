@@ -19,6 +19,8 @@ How it stays correct (the invariants the tests pin):
 - **Scopes.** A scope's bitmap comes from the same SQL push-down the legs use
   (:func:`index.search.scope_where`), is cached per scope (LRU), and is
   updated from the feed for just the changed keys.
+- **Small scopes packed.** A scope of few slots is searched over a contiguous copy of its
+  vectors (:mod:`index.packed_scopes`), valid only while no change has been applied since.
 - **Bounded.** A partition that would pass ``max_bytes`` is not cached (logged
   and counted); pgvector serves it. Cold partitions (loading) likewise.
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import itertools
 import logging
 import struct
 import time
@@ -53,6 +56,7 @@ from .change_feed import (
 )
 from .faiss_backend import FlatIndex, GpuFlatIndex, gpu_available, limit_cpu_threads
 from .feed_follower import FeedFollower
+from .packed_scopes import PackedScope, PackedScopes
 from .partitions import ModelPartition
 from .search import (
     CUSTOM_PLANS,
@@ -73,6 +77,8 @@ __all__ = ["CacheConfig", "CacheUnavailable", "PartitionCache", "VectorCache"]
 MODES = ("off", "auto", "cpu", "cuda")
 MAX_SEARCH_BATCH = 64  # concurrent searches answered by one scan of a partition
 ScopeKey = Hashable
+# Content versions come from one counter, so a partition cached anew never repeats an old one's.
+_CONTENT_VERSIONS = itertools.count()
 
 
 class CacheUnavailable(RuntimeError):
@@ -88,6 +94,10 @@ class CacheConfig:
     load_batch: int = 50_000
     fp16_min_vectors: int = 1_000_000  # on GPU, store fp16 from this many vectors on
     scope_cache_size: int = 32
+    # Scopes of at most this many permitted vectors are searched over a packed copy of their vectors
+    # (index.packed_scopes), all copies together within packed_max_bytes. 0 turns packing off.
+    packed_scope_rows: int = 20_000
+    packed_max_bytes: int = 256 * 1024**2
     # On CPU an unfiltered scope (an admin, no section or group) over more vectors than this goes to
     # pgvector's HNSW: a flat scan reads every vector per query (~150 MB per 100k x 384) and loses
     # to HNSW under concurrency (0.27x at 100k, 32 callers), while HNSW keeps full recall when
@@ -115,6 +125,9 @@ class PartitionCache:
     state: str = "loading"  # loading | ready | over_budget | failed
     watermark: Watermark = field(default_factory=lambda: Watermark(0, 0))
     version: int = 0  # bumped whenever the watermark moves (scope bitmaps built before are suspect)
+    # Changed when applying changes starts and when it ends: a packed scope copy taken at another
+    # content version may disagree with the index (index.packed_scopes).
+    content: int = field(default_factory=lambda: next(_CONTENT_VERSIONS))
     slot_of: dict[RowKey, int] = field(default_factory=dict)
     key_of: list[RowKey | None] = field(default_factory=list)
     record_slots: dict[tuple[str, int], set[int]] = field(default_factory=dict)
@@ -158,6 +171,7 @@ class PartitionCache:
         Deletes take effect at once (a dead slot is never searched); new slots
         stay dead until :meth:`publish`, after their vectors are in the index.
         """
+        self.content = next(_CONTENT_VERSIONS)
         rewrite: list[int] = []
         rewrite_vecs: list[np.ndarray] = []
         append: list[np.ndarray] = []
@@ -192,10 +206,13 @@ class PartitionCache:
             fresh,
         )
 
-    def publish(self, fresh: list[int], watermark: Watermark) -> None:
+    def publish(self, fresh: list[int], watermark: Watermark, *, applied: bool) -> None:
+        """Make ``fresh`` slots searchable and move the watermark (``applied``: changes were applied)."""
         self.alive[fresh] = True
         self.watermark = watermark
         self.version += 1
+        if applied:
+            self.content = next(_CONTENT_VERSIONS)
 
 
 def _normalized(vector: np.ndarray) -> np.ndarray:
@@ -279,6 +296,7 @@ class VectorCache(FeedFollower):
         self.recent_lags: deque[float] = deque(maxlen=10_000)  # write -> applied, seconds (benchmarks)
         self.applied_log: deque[tuple[float, str, int]] = deque(maxlen=10_000)  # (monotonic, model, seq)
         self.device = self._device()
+        self.packed = PackedScopes(config.packed_scope_rows, config.packed_max_bytes)
 
     @property
     def enabled(self) -> bool:
@@ -355,7 +373,7 @@ class VectorCache(FeedFollower):
                 if len(keys) < self.config.load_batch:
                     break
         await asyncio.to_thread(pc.index.refresh)
-        pc.publish([], watermark)
+        pc.publish([], watermark, applied=True)
         pc.load_seconds = time.perf_counter() - start
         self._set_state(pc, "ready")
         self._observe(pc)
@@ -454,7 +472,7 @@ class VectorCache(FeedFollower):
             async with self.pool.acquire() as conn:
                 batch = await changes_since(conn, pc.partition, pc.watermark)
             if not batch.changes:
-                pc.publish([], batch.watermark)
+                pc.publish([], batch.watermark, applied=False)
                 return 0
             pc.applying = True
             try:
@@ -476,7 +494,7 @@ class VectorCache(FeedFollower):
 
                 await asyncio.to_thread(write)
                 await self._update_scopes(pc, [c.key for c in batch.changes])
-                pc.publish(fresh, batch.watermark)
+                pc.publish(fresh, batch.watermark, applied=True)
                 self.applied_log.append((time.monotonic(), pc.partition.model, batch.watermark.seq))
             finally:
                 pc.applying = False
@@ -525,6 +543,7 @@ class VectorCache(FeedFollower):
                 name: {"state": pc.state, "vectors": pc.live, "bytes": pc.index.nbytes}
                 for name, pc in self.partitions.items()
             },
+            "packed_scopes": {"count": len(self.packed), "bytes": self.packed.nbytes},
         }
 
     # -- scopes ------------------------------------------------------------------------------------
@@ -605,18 +624,33 @@ class VectorCache(FeedFollower):
             self.metrics.searches.labels("broad").inc()
             return None
         watermark = pc.watermark  # captured before the bitmap: what the bitmap may rely on
-        mask = await self._mask(conn, pc, replace(scope, exclude_record=None))
-        n = pc.index.ntotal
-        bits = np.zeros(n, dtype=bool)
-        m = min(n, len(mask))
-        bits[:m] = mask[:m] & pc.alive[:m]
-        if scope.exclude_record is not None:
-            bits[list(pc.record_slots.get(tuple(scope.exclude_record), ()))] = False
-        permitted = int(bits.sum())
+        unexcluded = replace(scope, exclude_record=None)
+        mask = await self._mask(conn, pc, unexcluded)
         query = _normalized(np.asarray(vector, dtype=np.float32))
+        excluded = np.zeros(0, dtype=np.int64)
+        if scope.exclude_record is not None:
+            excluded = np.fromiter(pc.record_slots.get(tuple(scope.exclude_record), ()), dtype=np.int64)
+        packed = None if mask is pc.alive else await self._packed(pc, unexcluded, mask)
+        if packed is not None:
+            permitted = packed.permitted(excluded)
+
+            async def find(k: int) -> np.ndarray:
+                return await asyncio.to_thread(packed.top, query, k, excluded)
+
+        else:
+            n = pc.index.ntotal
+            bits = np.zeros(n, dtype=bool)
+            m = min(n, len(mask))
+            bits[:m] = mask[:m] & pc.alive[:m]
+            bits[excluded[excluded < n]] = False
+            permitted = int(bits.sum())
+
+            async def find(k: int) -> np.ndarray:
+                return await self._slots(pc, query, k, bits)
+
         fetch = min(permitted, 2 * limit + 8)
         while True:
-            slots = await self._slots(pc, query, fetch, bits)
+            slots = await find(fetch)
             keys = [k for k in (pc.key_of[s] for s in slots) if k is not None]
             rows, trusted = await self._reread(conn, pc.partition, vector, scope, keys, watermark)
             # Exact when the trusted (unchanged since the watermark) cache candidates cover the top-k,
@@ -629,6 +663,23 @@ class VectorCache(FeedFollower):
                 log.info("faiss cache: too many pending changes among the candidates; pgvector serves")
                 return None
             fetch = min(permitted, fetch * 4)
+
+    async def _packed(self, pc: PartitionCache, scope: Scope, mask: np.ndarray) -> PackedScope | None:
+        """The packed copy of a small scope's vectors (kept, or taken now), or None: a large scope."""
+        key = (pc.partition.partition, scope_key(scope))
+        content = pc.content
+        packed = self.packed.get(key, content)
+        if packed is not None or not self.packed.small(mask):
+            return packed
+        m = min(len(mask), len(pc.alive))
+        slots = np.flatnonzero(mask[:m] & pc.alive[:m]).astype(np.int64)
+        packed = PackedScope(slots, await asyncio.to_thread(pc.index.vectors, slots), content)
+        # Kept only when no change began or ended meanwhile; this search may use it either way (its
+        # vectors are at least as new as the watermark it captured, like the bitmap's).
+        if pc.content == content and not pc.applying:
+            self.packed.put(key, packed)
+            self.metrics.packed_bytes.set(self.packed.nbytes)
+        return packed
 
     async def _slots(self, pc: PartitionCache, query: np.ndarray, k: int, bits: np.ndarray) -> np.ndarray:
         """The top-``k`` permitted slots for ``query``, through the partition's batcher."""

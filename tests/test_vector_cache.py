@@ -19,6 +19,7 @@ from gateway.acl import pushdown
 from gateway.auth import Principal
 from index.cache_metrics import CacheMetrics
 from index.change_feed import Watermark, changes_since, current_watermark
+from index.packed_scopes import PackedScopes
 from index.partitions import ModelPartition, ensure_partition
 from index.search import Scope, dense_search
 from index.store import EmbeddingRow, delete_record, upsert_rows
@@ -126,10 +127,18 @@ async def loaded(cache_pool, database_url):
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(principal=principals, raw=scopes, seed=st.integers(0, 2**31), k=st.sampled_from([1, 5, 20, 60]))
 async def test_cache_equals_exact_sql_under_random_scopes(loaded, principal, raw, seed, k) -> None:
+    """Both ways of searching a scope: its packed copy (every scope here is small) and the bitmap."""
     pool, partition, cache = loaded
     q = np.random.default_rng(seed).standard_normal(DIM).astype(np.float32)
     scope = _scope(principal, raw)
-    _same(await _cached(cache, pool, partition, q, scope, k), await _exact(pool, partition, q, scope, k))
+    exact = await _exact(pool, partition, q, scope, k)
+    packing = cache.packed
+    _same(await _cached(cache, pool, partition, q, scope, k), exact)
+    cache.packed = PackedScopes(0, 0)
+    try:
+        _same(await _cached(cache, pool, partition, q, scope, k), exact)
+    finally:
+        cache.packed = packing
 
 
 async def test_feed_applies_inserts_updates_deletes(loaded) -> None:
@@ -373,6 +382,7 @@ async def test_cache_survives_a_postgres_restart_and_catches_up() -> None:
 async def test_concurrent_searches_share_a_scan_and_stay_exact(loaded) -> None:
     """Searches arriving together are answered by one batched scan, each under its own scope."""
     pool, partition, cache = loaded
+    cache.packed = PackedScopes(0, 0)  # every scope through the shared scan, none packed
     principals = [
         Principal("root", None, {}, admin=True),
         Principal("p", frozenset({1}), {"oh1": 1, "rsc1": 1}),
@@ -442,3 +452,50 @@ async def test_reread_is_planned_with_its_values_every_time(loaded) -> None:
         )
     assert plans and sum(p["custom_plans"] for p in plans) >= 12
     assert sum(p["generic_plans"] for p in plans) == 0
+
+
+async def test_small_scopes_are_searched_over_a_packed_copy_until_a_change_is_applied(loaded) -> None:
+    """A small scope's copy is kept across searches and empty syncs, and never used once a change was
+    applied: a row moved to the query's best match is found at once."""
+    pool, partition, cache = loaded
+    researcher = Principal("r", frozenset({1}), {"oh1": 1})
+    scope = Scope(acl=pushdown(researcher))
+    q = np.random.default_rng(8).standard_normal(DIM).astype(np.float32)
+    _same(await _cached(cache, pool, partition, q, scope, 5), await _exact(pool, partition, q, scope, 5))
+    assert len(cache.packed) == 1
+    (key,) = cache.packed._copies
+    copy = cache.packed._copies[key]
+    assert len(copy.slots) == len(await _exact(pool, partition, q, scope, 10_000))  # the scope's rows
+    await cache.sync()  # nothing changed: the copy stays
+    await _cached(cache, pool, partition, q, scope, 5)
+    assert cache.packed._copies[key] is copy
+    # The scope's worst row becomes the best match and a new row joins the scope; the feed applies both.
+    worst = (await _exact(pool, partition, -q, scope, 1))[0]
+    async with pool.acquire() as conn:
+        await conn.execute(
+            f"UPDATE {partition.table} SET embedding = $1 WHERE section_tipo = $2 AND section_id = $3",
+            q, worst.section_tipo, worst.section_id,
+        )  # fmt: skip
+        joined = EmbeddingRow(
+            "text", "oh1", 900, "oh22", "lg-spa", 0, "joined", "t", "t", q * 0.5, projects=[1]
+        )
+        await upsert_rows(conn, partition, [joined])
+    assert await cache.sync() > 0
+    after = await _cached(cache, pool, partition, q, scope, 5)
+    _same(after, await _exact(pool, partition, q, scope, 5))
+    assert {worst.record, ("oh1", 900)} <= {h.record for h in after[:3]}
+    assert (
+        cache.packed._copies[key] is not copy and len(cache.packed._copies[key].slots) == len(copy.slots) + 1
+    )
+    assert cache.status()["packed_scopes"] == {"count": 1, "bytes": cache.packed.nbytes}
+
+
+async def test_a_scope_past_the_packing_bound_uses_the_bitmap(cache_pool, database_url) -> None:
+    pool, partition = cache_pool
+    cache = await _cache(pool, database_url, packed_scope_rows=5)  # every filtered scope here is larger
+    await cache.load(partition)
+    scope = Scope(section_tipos=("oh1",))
+    q = np.random.default_rng(9).standard_normal(DIM).astype(np.float32)
+    _same(await _cached(cache, pool, partition, q, scope, 8), await _exact(pool, partition, q, scope, 8))
+    assert len(cache.packed) == 0
+    await cache.stop()
