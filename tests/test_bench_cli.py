@@ -164,14 +164,16 @@ def test_a_bad_override_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureF
 
 @pytest.mark.ray
 @pytest.mark.slow
-# The whole suite in small: fuzzing, SIGTERM and four faults, each with its own stack (its hang
-# guard: the slow tests' one, tests/conftest.py).
+# The suite in small: fuzzing, the ACL and token checks, SIGTERM, overload and mixed load (its hang
+# guard: the slow tests' one, tests/conftest.py). The faults (PostgreSQL stopped, a drain worker, a
+# backfill and the sidecar killed, replicas killed) each have their own test with their figures
+# (tests/test_faults.py, test_backfill.py, test_failfast.py): run here too they cost about 100 s.
 def test_reliability_suite_writes_its_figures(sidecar_url: str, pg_server, tmp_path: Path) -> None:
     out = tmp_path / "report"
     args = ["bench", "--suite", "reliability", "--out", str(out), "--sidecar-url", sidecar_url]
     args += ["--database-url", pg_server.url, "--work-dir", str(tmp_path / "work")]
     args += ["--set", "reliability.cases_per_route=2", "--set", "reliability.sidecar_oversize_bytes=4194305"]
-    args += ["--set", "reliability.sigterm_callers=3", "--set", "reliability.fault_records=12"]
+    args += ["--set", "reliability.sigterm_callers=3", "--set", "reliability.faults=false"]
     args += ["--set", "reliability.overload_seconds=1", "--set", "reliability.mixed_seconds=1"]
     args += ["--set", "reliability.mixed_callers=8"]
     args += ["--set", "reliability.cluster_callers=0"]  # the two-node cluster: tests/test_ray_cluster.py
@@ -188,11 +190,9 @@ def test_reliability_suite_writes_its_figures(sidecar_url: str, pg_server, tmp_p
     sigterm = figures["sigterm"]
     assert sigterm["requests_before_sigterm"] > 0 and sigterm["before_sigterm"]["broken"] == 0, sigterm
     assert sigterm["after_sigterm"]["broken"] == 0 and sigterm["exit_code"] == 0, sigterm
-    for fault in ("postgres_stopped", "sidecar_stopped", "drain_worker_killed"):
-        assert figures[fault]["records_lost"] == 0 and figures[fault]["queue_left"] == 0, figures[fault]
-    assert figures["drain_worker_killed"]["duplicate_rows"] == 0, figures["drain_worker_killed"]
-    killed = figures["replica_killed"]
-    assert killed["failed_after_retries"] == 0 and killed["server_errors"] == 0, killed
+    faults = {"postgres_stopped", "drain_worker_killed", "backfill_killed", "sidecar_stopped"}
+    faults |= {"replica_killed", "read_replica_restarted"}
+    assert not faults & set(figures), "faults=false runs none of them"
     assert figures["overload"]["server_errors"] == 0 and figures["overload"]["served_after"], figures[
         "overload"
     ]
