@@ -2,9 +2,9 @@
 
 Why (issue 24): the SQL lexical leg scores BM25 over the GIN index with OR semantics, so a common
 query term walks a long posting list in PostgreSQL on every search; at 100k chunks it was the leg
-that grew, 24x behind a search engine at the median. Here each term's postings are two numpy
-arrays (chunk slot, term frequency), and a query is a vectorized gather and sum over its terms,
-with MaxScore skipping what cannot reach the top k (:meth:`PartitionLexicon._top_max_score`).
+that grew, 24x behind a search engine at the median. Here each term's postings are three numpy
+arrays (chunk slot, term frequency, the chunk's length), and a query is a vectorized gather and sum
+over its terms, with MaxScore skipping what cannot reach the top k (:meth:`PartitionLexicon._top_max_score`).
 
 How it stays correct (the invariants the tests pin):
 
@@ -90,6 +90,7 @@ LOOKUP_COST = 16  # a binary search per slot against a scan per posting: the bre
 ScopeKey = Hashable
 # What the scope and ACL push-down reads of a chunk besides its key: its access class.
 AccessClass = tuple[str, str, str, tuple[int, ...], tuple[str, ...] | None, tuple[str, ...] | None]
+Postings = tuple[np.ndarray, np.ndarray, np.ndarray]  # one term's slots, term frequencies, chunk lengths
 
 # The columns (alias e) the index reads of a row, after its key: the BM25 length, the access
 # class, and the tsvector's lexemes with their position counts (the SQL leg's tf), in one order.
@@ -161,7 +162,10 @@ class PartitionLexicon:
     section_length: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     class_code: dict[AccessClass, int] = field(default_factory=dict)
     classes: list[AccessClass] = field(default_factory=list)
-    postings: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    # Per term: its postings' slots (ascending), term frequencies and chunk lengths. The lengths are
+    # the slots' own (a slot's length never changes), kept beside them so that scoring a list reads
+    # it in order instead of gathering lengths from every slot's column: 10x cheaper on a long list.
+    postings: dict[str, Postings] = field(default_factory=dict)
     scopes: OrderedDict[ScopeKey, np.ndarray] = field(default_factory=OrderedDict)
     load_seconds: float | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -185,11 +189,11 @@ class PartitionLexicon:
     def nbytes(self) -> int:
         """Bytes of the numpy arrays (postings and per-slot columns); Python dicts come on top."""
         arrays = (self.alive, self.length, self.section, self.klass)
-        return sum(a.nbytes for a in arrays) + sum(s.nbytes + t.nbytes for s, t in self.postings.values())
+        return sum(a.nbytes for a in arrays) + sum(sum(a.nbytes for a in p) for p in self.postings.values())
 
     @property
     def posting_count(self) -> int:
-        return sum(len(s) for s, _ in self.postings.values())
+        return sum(len(p[0]) for p in self.postings.values())
 
     # -- writes ------------------------------------------------------------------------------------
 
@@ -246,7 +250,7 @@ class PartitionLexicon:
             slots.extend([n - 1] * len(words))
             tfs.extend(row["tfs"] or ())
         self.size = n
-        self._add_postings(lexemes, np.asarray(slots, dtype=np.int32), np.asarray(tfs, dtype=np.float32))
+        self._add_postings(lexemes, np.asarray(slots, dtype=np.int32), _counts(tfs))
         self.alive[first:n] = True
         return n - first, deletes
 
@@ -292,20 +296,24 @@ class PartitionLexicon:
         order = np.argsort(ids, kind="stable")
         bounds = np.concatenate([[0], np.cumsum(np.bincount(ids, minlength=len(vocab)))])
         slots, tfs = slots[order], tfs[order]
+        lengths = _counts(self.length[slots])  # placed before their postings are added
         alive = self.alive
         for term, i in vocab.items():
-            added_slots, added_tfs = slots[bounds[i] : bounds[i + 1]], tfs[bounds[i] : bounds[i + 1]]
-            new_slots, new_tfs = added_slots, added_tfs
+            span = slice(bounds[i], bounds[i + 1])
+            added: Postings = (slots[span], tfs[span], lengths[span])
             old = self.postings.get(term)
-            if old is not None:
+            if old is None:
+                self.postings[term] = added
+            else:
                 keep = alive[old[0]]  # the term's dead postings go while it is touched anyway
-                new_slots = np.concatenate([old[0][keep], new_slots])
-                new_tfs = np.concatenate([old[1][keep], new_tfs])
-            self.postings[term] = (new_slots, new_tfs)
+                grown = (
+                    np.concatenate([column[keep], fresh]) for column, fresh in zip(old, added, strict=True)
+                )
+                self.postings[term] = tuple(grown)  # type: ignore[assignment]
             kept = self.term_bounds.get(term)
             if kept is not None:  # raised by the added postings only: dropped ones can only lower it
-                added = float(self._contribution(1.0, added_slots, added_tfs, kept[0]).max())
-                self.term_bounds[term] = (kept[0], max(kept[1], added))
+                peak = float(_summand(1.0, added[1], added[2], kept[0]).max())
+                self.term_bounds[term] = (kept[0], max(kept[1], peak))
 
     # -- reads -------------------------------------------------------------------------------------
 
@@ -353,18 +361,6 @@ class PartitionLexicon:
             self.scratch_total[: self.size] = 0.0
             raise
 
-    def _contribution(self, weight: float, slots: np.ndarray, tfs: np.ndarray, avgdl: float) -> np.ndarray:
-        """One term's BM25 summand at ``slots`` (holding it ``tfs`` times): the one formula of the index."""
-        # weight * tf / (tf + k1 * (1 - b + b * length / avgdl)), in place on two arrays: this runs
-        # over every posting a search admits, where each temporary is a pass over memory.
-        tf = tfs.astype(np.float64)
-        out = self.length[slots]
-        out *= BM25_K1 * BM25_B / avgdl
-        out += BM25_K1 * (1 - BM25_B) + tf
-        np.divide(tf, out, out=out)
-        out *= weight
-        return out
-
     def _bound(self, term: str, avgdl: float) -> float:
         """An upper bound of ``term``'s summand per unit weight in any chunk, at mean length ``avgdl``.
 
@@ -377,8 +373,8 @@ class PartitionLexicon:
         """
         kept = self.term_bounds.get(term)
         if kept is None:
-            slots, tfs = self.postings[term]
-            peak = float(self._contribution(1.0, slots, tfs, avgdl).max()) if len(slots) else 0.0
+            _, tfs, lengths = self.postings[term]
+            peak = float(_summand(1.0, tfs, lengths, avgdl).max()) if len(tfs) else 0.0
             kept = self.term_bounds[term] = (avgdl, peak)
         kept_avgdl, peak = kept
         return peak * max(1.0, avgdl / kept_avgdl)
@@ -387,7 +383,7 @@ class PartitionLexicon:
         """Measure the bounds of the terms with long lists now, at the partition's mean length (a
         load does, off the event loop): else each one's first search pays a pass over its list."""
         avgdl = max(self.corpus(None)[1], 1.0)  # as bm25_plan floors it
-        for term, (slots, _) in self.postings.items():
+        for term, (slots, *_) in self.postings.items():
             if len(slots) >= min_postings:
                 self._bound(term, avgdl)
 
@@ -403,14 +399,15 @@ class PartitionLexicon:
     def _summand_at(self, term: str, weight: float, avgdl: float, slots: np.ndarray) -> np.ndarray:
         """``term``'s summand at each of ``slots`` (0 where absent), found by binary search
         in its postings: a few slots against a long list."""
-        posting, tfs = self.postings[term]
+        posting, tfs, lengths = self.postings[term]
         out = np.zeros(len(slots))
         if not len(posting):
             return out
         at = np.searchsorted(posting, slots)
         at[at == len(posting)] = 0
         found = posting[at] == slots
-        out[found] = self._contribution(weight, slots[found], tfs[at[found]], avgdl)
+        at = at[found]
+        out[found] = _summand(weight, tfs[at], lengths[at], avgdl)
         return out
 
     def _add_marked(
@@ -418,19 +415,17 @@ class PartitionLexicon:
     ) -> None:
         """Add ``term``'s summand to ``total`` at its postings marked in ``member`` (a scan of the
         term's list; a slot is once in it)."""
-        posting, tfs = self.postings[term]
+        posting, tfs, lengths = self.postings[term]
         hit = member[posting]
-        slots = posting[hit]
-        total[slots] += self._contribution(weight, slots, tfs[hit], avgdl)
+        total[posting[hit]] += _summand(weight, tfs[hit], lengths[hit], avgdl)
 
     def _add_held(self, total: np.ndarray, term: str, weight: float, avgdl: float) -> None:
         """Add ``term``'s summand to ``total`` at its postings whose sum is already positive (the
         candidates, for MaxScore: every summand is positive), by a scan of the term's list."""
-        posting, tfs = self.postings[term]
+        posting, tfs, lengths = self.postings[term]
         held = total[posting]
         hit = held > 0.0
-        slots = posting[hit]
-        total[slots] = held[hit] + self._contribution(weight, slots, tfs[hit], avgdl)
+        total[posting[hit]] = held[hit] + _summand(weight, tfs[hit], lengths[hit], avgdl)
 
     def top(
         self, plan: Bm25Plan, allowed: np.ndarray | None, exclude: Sequence[int], fetch: int
@@ -512,14 +507,15 @@ class PartitionLexicon:
         with self._scratch() as (_, total):
             for k, i in enumerate(order):
                 term, weight = plan.terms[i], plan.weights[i]
-                posting, tfs = self.postings[term]
+                posting, tfs, lengths = self.postings[term]
                 if term in selective and left[k] >= theta:
-                    slots, tf = posting, tfs
+                    slots, tf, dl = posting, tfs, lengths
                     if not everything:
                         ok = self._permitted(posting, known, exclude)
-                        slots, tf = (posting, tfs) if ok.all() else (posting[ok], tfs[ok])
+                        if not ok.all():
+                            slots, tf, dl = posting[ok], tfs[ok], lengths[ok]
                     before = total[slots]
-                    total[slots] = before + self._contribution(weight, slots, tf, plan.avgdl)
+                    total[slots] = before + _summand(weight, tf, dl, plan.avgdl)
                     cand = np.concatenate([cand, slots[before == 0.0]])  # in no particular order
                 else:
                     complete = complete and term not in selective
@@ -541,8 +537,40 @@ class PartitionLexicon:
                         theta = max(theta, kth * (1 - PRUNE_MARGIN))
             scores = total[cand]
             total[cand] = 0.0
+        if theta > 0:
+            # theta is under the final fetch-th best sum (partial sums only grow) by more than
+            # _best's tie band, so what _best keeps is all at theta or above: a compare here leaves
+            # its partial sort the few instead of every candidate (most of a common word's search).
+            above = scores >= theta
+            if not above.all():
+                cand, scores, complete = cand[above], scores[above], False
         slots, scores, whole = _best(cand, scores, fetch)
         return slots, scores, whole and complete
+
+
+def _summand(weight: float, tfs: np.ndarray, lengths: np.ndarray, avgdl: float) -> np.ndarray:
+    """One term's BM25 summand in chunks of ``lengths`` holding it ``tfs`` times: the one formula
+    of the index (the SQL leg's :func:`index.search.bm25_score_sql`), in float64."""
+    # weight * tf / (tf + k1 * (1 - b + b * length / avgdl)), in place on two arrays: this runs
+    # over every posting a search admits, where each temporary is a pass over memory.
+    tf = tfs.astype(np.float64)
+    out = lengths.astype(np.float64)
+    out *= BM25_K1 * BM25_B / avgdl
+    out += BM25_K1 * (1 - BM25_B) + tf
+    np.divide(tf, out, out=out)
+    out *= weight
+    return out
+
+
+def _counts(values: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Whole counts (term frequencies, chunk lengths) in the narrowest unsigned type that holds them
+    exactly: uint16, or uint32 past 65,535 (a concatenation with a narrower array widens it)."""
+    array = np.asarray(values)
+    if not len(array):
+        return array.astype(np.uint16)
+    if array.min() < 0:
+        raise ValueError("counts are never negative")
+    return array.astype(np.uint16 if array.max() <= np.iinfo(np.uint16).max else np.uint32)
 
 
 def _best(cand: np.ndarray, scores: np.ndarray, fetch: int) -> tuple[np.ndarray, np.ndarray, bool]:

@@ -183,10 +183,10 @@ def test_term_bounds_cover_every_summand_at_any_mean_length_and_follow_writes() 
     lx = PartitionLexicon(ModelPartition("m", 4, "vector", "t"))
     lx.apply(_zipf_rows(random.Random(8), 3_000))
     lx.measure_bounds(min_postings=100)  # what a load does for long lists, at the partition's mean length
-    assert set(lx.term_bounds) == {t for t, (slots, _) in lx.postings.items() if len(slots) >= 100}
+    assert set(lx.term_bounds) == {t for t, (slots, *_) in lx.postings.items() if len(slots) >= 100}
 
     def strongest(term: str, avgdl: float) -> float:
-        slots, tfs = lx.postings[term]
+        slots, tfs, _ = lx.postings[term]
         return max(
             _bm25(int(tf), int(lx.length[s]), avgdl)
             for s, tf in zip(slots.tolist(), tfs.tolist(), strict=True)
@@ -227,3 +227,23 @@ def test_the_lexicon_keeps_one_copy_of_each_key_text() -> None:
     for column in (0, 2, 3, 4):
         assert len({id(k[column]) for k in keys}) == 1, column
     assert keys[0] == rows[0]["key"] and lx.slot_of[rows[2]["key"]] == 2  # found by value as before
+
+
+def test_counts_past_uint16_widen_the_postings_and_still_score_exactly() -> None:
+    """Term frequencies and chunk lengths are kept per posting as uint16; a chunk longer than 65,535
+    lexemes widens that term's arrays (never wraps), and its summand stays the exact BM25."""
+    assert lexical_index._counts([1, 65_535]).dtype == np.uint16
+    assert lexical_index._counts([1, 65_536]).tolist() == [1, 65_536]
+    with pytest.raises(ValueError):
+        lexical_index._counts([-1])
+    lx = PartitionLexicon(ModelPartition("m", 4, "vector", "t"))
+    for i, (length, tf) in enumerate([(5, 2), (70_000, 3), (9, 1)]):
+        row = _Row(key=("s", i, "c", "l", "", 0), lexical_length=length, lexemes=["w", f"only{i}"], tfs=[tf, 1],
+                   projects=[1], acl_pairs=None, acl_sections=None)  # fmt: skip
+        lx.apply([row])
+    _, tfs, lengths = lx.postings["w"]
+    assert lengths.dtype == np.uint32 and lengths.tolist() == [5, 70_000, 9] and tfs.tolist() == [2, 3, 1]
+    plan = Bm25Plan(terms=["w"], weights=[1.0], selective=["w"], avgdl=AVGDL)
+    got, scores, _ = lx.top(plan, None, [], 10)
+    expected = {0: _bm25(2, 5), 1: _bm25(3, 70_000), 2: _bm25(1, 9)}
+    assert dict(zip(got.tolist(), scores.tolist(), strict=True)) == pytest.approx(expected, rel=1e-12)
