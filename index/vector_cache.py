@@ -668,8 +668,9 @@ class VectorCache(FeedFollower):
         """The packed copy of a small scope's vectors (kept, or taken now), or None: a large scope."""
         key = (pc.partition.partition, scope_key(scope))
         content = pc.content
-        packed = self.packed.get(key, content)
+        packed = self.packed.get(key, content)  # drops a stale copy
         if packed is not None or not self.packed.small(mask):
+            self.metrics.packed_bytes.set(self.packed.nbytes)
             return packed
         m = min(len(mask), len(pc.alive))
         slots = np.flatnonzero(mask[:m] & pc.alive[:m]).astype(np.int64)
@@ -678,7 +679,7 @@ class VectorCache(FeedFollower):
         # vectors are at least as new as the watermark it captured, like the bitmap's).
         if pc.content == content and not pc.applying:
             self.packed.put(key, packed)
-            self.metrics.packed_bytes.set(self.packed.nbytes)
+        self.metrics.packed_bytes.set(self.packed.nbytes)
         return packed
 
     async def _slots(self, pc: PartitionCache, query: np.ndarray, k: int, bits: np.ndarray) -> np.ndarray:

@@ -488,6 +488,7 @@ async def test_small_scopes_are_searched_over_a_packed_copy_until_a_change_is_ap
         cache.packed._copies[key] is not copy and len(cache.packed._copies[key].slots) == len(copy.slots) + 1
     )
     assert cache.status()["packed_scopes"] == {"count": 1, "bytes": cache.packed.nbytes}
+    assert cache.metrics.packed_bytes._value.get() == cache.packed.nbytes > 0
 
 
 async def test_a_scope_past_the_packing_bound_uses_the_bitmap(cache_pool, database_url) -> None:
