@@ -808,7 +808,7 @@ class LexicalIndex(FeedFollower):
         while True:
             slots, scores, whole = lexicon.top(plan, allowed, excluded, fetch)
             keys = [lexicon.key_of[s] for s in slots]  # live slots: no await since top()
-            rows, trusted = await self._reread(conn, partition, plan, scope, keys, scores, watermark)
+            rows, trusted = await self.reread(conn, partition, plan, scope, keys, scores, watermark)
             # Exact when the trusted (unchanged since the watermark) candidates cover the top-k, or
             # when the index gave its whole match set.
             if trusted >= limit or whole:
@@ -820,7 +820,7 @@ class LexicalIndex(FeedFollower):
                 return None
             fetch *= 4
 
-    async def _reread(
+    async def reread(
         self,
         conn: asyncpg.Connection,
         partition: ModelPartition,
