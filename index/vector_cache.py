@@ -215,6 +215,11 @@ class PartitionCache:
             self.content = next(_CONTENT_VERSIONS)
 
 
+def _unfiltered(scope: Scope) -> bool:
+    """No ACL, section or group filter: every live slot is permitted (an excluded record aside)."""
+    return scope.acl is None and scope.section_tipos is None and scope.group is None
+
+
 def _normalized(vector: np.ndarray) -> np.ndarray:
     norm = float(np.linalg.norm(vector))
     return vector / norm if norm > 0 else vector
@@ -572,7 +577,7 @@ class VectorCache(FeedFollower):
 
     async def _mask(self, conn: asyncpg.Connection, pc: PartitionCache, scope: Scope) -> np.ndarray:
         """The slots the scope (without its excluded record) permits, from cache or built once."""
-        if scope.section_tipos is None and scope.group is None and scope.acl is None:
+        if _unfiltered(scope):
             return pc.alive
         key = scope_key(scope)
         hit = pc.scopes.get(key)
@@ -602,8 +607,7 @@ class VectorCache(FeedFollower):
     def _broad_on_cpu(self, pc: PartitionCache, scope: Scope) -> bool:
         """An unfiltered scope over a partition HNSW serves better on CPU (see ``cpu_broad_scan_max``)."""
         limit = self.config.cpu_broad_scan_max
-        unfiltered = scope.acl is None and scope.section_tipos is None and scope.group is None
-        return self.device == "cpu" and limit > 0 and unfiltered and pc.index.ntotal > limit
+        return self.device == "cpu" and limit > 0 and _unfiltered(scope) and pc.index.ntotal > limit
 
     async def search(
         self,
@@ -630,7 +634,7 @@ class VectorCache(FeedFollower):
         excluded = np.zeros(0, dtype=np.int64)
         if scope.exclude_record is not None:
             excluded = np.fromiter(pc.record_slots.get(tuple(scope.exclude_record), ()), dtype=np.int64)
-        packed = None if mask is pc.alive else await self._packed(pc, unexcluded, mask)
+        packed = None if _unfiltered(unexcluded) else await self._packed(pc, unexcluded, mask)
         if packed is not None:
             permitted = packed.permitted(excluded)
 
