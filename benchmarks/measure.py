@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -149,6 +149,44 @@ async def closed_loop(
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     wall = time.perf_counter() - start
     return LoadResult(concurrency, len(latencies), items_per_request, wall, summarize(latencies))
+
+
+async def interleaved_windows(
+    legs: Mapping[str, Callable[[Any], Awaitable[Any]]],
+    items: Sequence[Any],
+    windows: int,
+    *,
+    warmup: int = 5,
+) -> dict[str, list[list[float]]]:
+    """Each leg's latency (seconds) per item, per window: ``{leg: [window's times, ...]}``.
+
+    Within a window every item runs on every leg back to back, the legs' order reversed on every
+    other item and window, so a slow spell of a shared machine falls on every leg alike rather than
+    on whichever leg's block it hits. Each leg first runs the first ``warmup`` items untimed.
+    """
+    if windows < 1 or not items:
+        raise ValueError("interleaved_windows needs at least one window and one item")
+    names = list(legs)
+    for item in items[:warmup]:
+        for name in names:
+            await legs[name](item)
+    times: dict[str, list[list[float]]] = {name: [] for name in names}
+    for window in range(windows):
+        for name in names:
+            times[name].append([])
+        for i, item in enumerate(items):
+            for name in names if (i + window) % 2 == 0 else names[::-1]:
+                start = time.perf_counter()
+                await legs[name](item)
+                times[name][-1].append(time.perf_counter() - start)
+    return times
+
+
+def window_ratios(
+    value: Sequence[Sequence[float]], baseline: Sequence[Sequence[float]], q: float = 50
+) -> list[float]:
+    """Per window, the ``q``-th percentile of ``value``'s times over ``baseline``'s (same windows)."""
+    return [ratio(percentile(v, q), percentile(b, q)) for v, b in zip(value, baseline, strict=True)]
 
 
 def ratio(value: float, baseline: float) -> float:

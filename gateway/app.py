@@ -14,6 +14,7 @@ import hmac
 import logging
 import signal
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -52,6 +53,9 @@ from .retrieval import Retriever
 from .server import GatewayRunner, concurrency_middleware, handler_args
 from .settings import GatewaySettings
 from .thumbnails import setup_thumbnails
+
+if TYPE_CHECKING:  # the cache's module is imported only when a cache is configured
+    from index.vector_cache import CacheConfig
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +117,21 @@ async def _retriever_ctx(app: web.Application) -> AsyncIterator[None]:
         await reads.close()
 
 
+def vector_cache_config(settings: GatewaySettings) -> CacheConfig:
+    """The FAISS cache's configuration from the gateway's ``RAG_FAISS_*`` settings (one definition:
+    the gateway and the benchmarks that run its cache in-process build it here)."""
+    from index.vector_cache import CacheConfig
+
+    return CacheConfig(
+        mode=settings.faiss_cache,
+        max_bytes=settings.faiss_max_bytes,
+        cpu_broad_scan_max=settings.faiss_cpu_broad_scan_max,
+        threads=settings.faiss_threads,
+        packed_scope_rows=settings.faiss_packed_scope_rows,
+        packed_max_bytes=settings.faiss_packed_bytes,
+    )
+
+
 async def _vector_cache_ctx(app: web.Application) -> AsyncIterator[None]:
     """The FAISS cache: loads in the background (pgvector serves until a partition is ready)."""
     settings = app[SETTINGS_KEY]
@@ -121,7 +140,7 @@ async def _vector_cache_ctx(app: web.Application) -> AsyncIterator[None]:
         return
     # Deliberately lazy: FAISS (a heavy optional dependency) loads only when a cache is configured.
     from index.faiss_backend import gpu_available
-    from index.vector_cache import CacheConfig, VectorCache
+    from index.vector_cache import VectorCache
 
     if settings.faiss_cache == "auto" and not gpu_available():
         # Measured on CPU (issue 15): the flat scan made the gateway slower than pgvector's HNSW at
@@ -133,14 +152,7 @@ async def _vector_cache_ctx(app: web.Application) -> AsyncIterator[None]:
     cache = VectorCache(
         app[POOL_KEY],
         app[DATABASE_URL_KEY],
-        CacheConfig(
-            mode=settings.faiss_cache,
-            max_bytes=settings.faiss_max_bytes,
-            cpu_broad_scan_max=settings.faiss_cpu_broad_scan_max,
-            threads=settings.faiss_threads,
-            packed_scope_rows=settings.faiss_packed_scope_rows,
-            packed_max_bytes=settings.faiss_packed_bytes,
-        ),
+        vector_cache_config(settings),
         CacheMetrics(app[METRICS_KEY].registry),
     )
     app[VECTOR_CACHE_KEY] = cache

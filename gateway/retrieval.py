@@ -316,7 +316,7 @@ class Retriever:
                 return hits
         return await lexical_search(conn, partition, query, scope, fetch, stats=self.stats, modality=modality)
 
-    async def _dense(
+    async def dense_leg(
         self, partition: ModelPartition, vector: np.ndarray, scope: Scope, fetch: int
     ) -> tuple[list[ChunkHit], bool]:
         """The dense leg: from the FAISS cache when it can answer exactly, else pgvector's HNSW.
@@ -423,7 +423,7 @@ class Retriever:
         dense: asyncio.Task[tuple[list[ChunkHit], bool]] | None = None
         async with asyncio.TaskGroup() as tg:
             if "dense" in legs:
-                dense = tg.create_task(self._dense(partition, vector.dense, scope, fetch))
+                dense = tg.create_task(self.dense_leg(partition, vector.dense, scope, fetch))
             if "lexical" in legs:
                 tasks["lexical"] = tg.create_task(
                     self.timed("lexical", lambda c: self.lexical(c, partition, query, scope, fetch))
@@ -610,7 +610,7 @@ class Retriever:
 
         async def one(seed: ChunkHit) -> list[ChunkHit]:
             assert seed.vector is not None
-            return (await self._dense(partition, seed.vector, scope, fetch))[0]
+            return (await self.dense_leg(partition, seed.vector, scope, fetch))[0]
 
         found = await asyncio.gather(*(one(seed) for seed in seeds))
         lists = {f"seed:{i:04d}": rows for i, rows in enumerate(found)}

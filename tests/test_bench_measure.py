@@ -64,3 +64,28 @@ def test_descendants_cpu_time_counts_a_busy_child() -> None:
         assert descendants_cpu_s() >= psutil.Process(child.pid).cpu_times().user > 0
     finally:
         child.communicate(b"")
+
+
+async def test_interleaved_windows_alternate_the_legs_and_time_every_item_in_every_window() -> None:
+    """Each leg sees every item once per window after its warm-up, and the legs' order flips per item
+    and per window (so no leg always runs first, where a slow spell would land on it alone)."""
+    from benchmarks.measure import interleaved_windows, window_ratios
+
+    calls: list[tuple[str, int]] = []
+
+    def leg(name: str):  # type: ignore[no-untyped-def]
+        async def run(item: int) -> None:
+            calls.append((name, item))
+
+        return run
+
+    times = await interleaved_windows({"a": leg("a"), "b": leg("b")}, [0, 1, 2], windows=2, warmup=1)
+    assert calls[:2] == [("a", 0), ("b", 0)]  # the warm-up
+    timed = calls[2:]
+    assert timed == [("a", 0), ("b", 0), ("b", 1), ("a", 1), ("a", 2), ("b", 2),
+                     ("b", 0), ("a", 0), ("a", 1), ("b", 1), ("b", 2), ("a", 2)]  # fmt: skip
+    assert [len(w) for w in times["a"]] == [3, 3] and [len(w) for w in times["b"]] == [3, 3]
+    assert all(t >= 0 for w in times["a"] + times["b"] for t in w)
+    assert window_ratios([[2.0, 4.0, 6.0], [1.0]], [[1.0, 2.0, 3.0], [2.0]]) == [2.0, 0.5]
+    with pytest.raises(ValueError, match="at least one window"):
+        await interleaved_windows({"a": leg("a")}, [], windows=1)

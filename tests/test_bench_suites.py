@@ -305,6 +305,51 @@ async def test_the_retrieval_store_keeps_its_vectors_and_hnsw_and_the_lexical_st
         await pool.close()
 
 
+async def test_the_dense_measurements_judge_pgvector_and_the_faiss_cache_against_exact_search(
+    database_url: str,
+) -> None:
+    """The scale suite's dense cells end to end on a small store (real PostgreSQL, real FAISS): exact
+    truth per visibility, pgvector's recall per ef_search, and the FAISS cache's (exact by design, so
+    1.0 at every visibility, every search of this small store served by it), with the 1%-against-admin
+    goal cell in interleaved windows with and without the cache."""
+    from benchmarks.gateway import gateway_read_pool
+    from benchmarks.lexical import populate
+    from benchmarks.scale_store import StoreCorpus
+    from benchmarks.search_scale import exact_top10, measure_dense_cache, measure_dense_recall
+
+    rng = np.random.default_rng(2)
+    bases = rng.standard_normal((9, 8)).astype(np.float32)
+    corpus = StoreCorpus(
+        [f"base {i}" for i in range(9)], bases / np.linalg.norm(bases, axis=1, keepdims=True)
+    )
+    texts = [f"chunk {i} of the dense store" for i in range(400)]
+    probes = corpus.row_vectors(1000, 1004)
+    pool = await gateway_read_pool(database_url)
+    try:
+        partition = await populate(
+            pool, texts, model="bench-dense-cells-8", dimension=8, vectors=corpus.row_vectors
+        )
+        exact = await exact_top10(pool, partition, probes)
+        assert set(exact) == {"admin", "100%", "10%", "1%"}
+        assert [len(top) for top in exact["1%"]] == [4] * 4  # records 100, 200, 300 and 400
+        assert all(len(top) == 10 for top in exact["admin"])
+        recall = await measure_dense_recall(pool, partition, probes, (40, 100), exact)
+        assert set(recall) == set(exact) and all(set(by_ef) == {40, 100} for by_ef in recall.values())
+        assert all(0.0 <= cell["recall_at_10"] <= 1.0 for by_ef in recall.values() for cell in by_ef.values())
+        cache = await measure_dense_cache(pool, database_url, partition, probes, exact, windows=2)
+    finally:
+        await pool.close()
+    assert cache["vectors"] == 400 and cache["index_mib"] > 0 and cache["load_s"] > 0
+    assert {label: cell["recall_at_10"] for label, cell in cache["per_visibility"].items()} == dict.fromkeys(
+        exact, 1.0
+    )
+    assert all(cell["served_by_cache"] == 1.0 for cell in cache["per_visibility"].values())
+    assert set(cache["one_percent_vs_admin"]) == {"pgvector", "FAISS cache"}
+    for cell in cache["one_percent_vs_admin"].values():
+        assert len(cell["window_ratios"]) == 2 and all(r > 0 for r in cell["window_ratios"])
+        assert cell["admin_p50_ms"] > 0 and cell["one_percent_p50_ms"] > 0
+
+
 async def test_the_lexical_measurement_runs_every_leg_on_a_small_store(database_url: str) -> None:
     """The scale suite's lexical cells end to end on 2,000 chunks of the shared data sets' sentences:
     every leg timed, the in-memory index equal to the SQL leg on every query, and the like-for-like
@@ -325,6 +370,10 @@ async def test_the_lexical_measurement_runs_every_leg_on_a_small_store(database_
     assert all(cells["all"]["p50_ms"] > 0 for cells in result["latency"].values())
     assert result["memory"]["postings"] > 2000 and result["build_s"]["tantivy"] > 0
     assert result["tantivy_reread_rows"] > 0  # Tantivy's hits found their rows
+    assert result["windows"] == 3
+    ratios = result["window_p50_ratios"]
+    assert set(ratios) == {"index core / tantivy", "index / tantivy + re-read", "index / tantivy"}
+    assert all(len(r) == 3 and min(r) > 0 for r in ratios.values())
 
 
 def _lexical_size(chunks: int) -> dict[str, object]:
@@ -355,9 +404,23 @@ def test_retrieval_growth_puts_each_cell_at_the_largest_size_against_itself_at_t
             }  # fmt: skip
 
         recall = {ef: {"recall_at_10": r, "p50_ms": 1.0} for ef, r in ((100, chunks / 2e6), (400, 1.0))}
+        visibility = {"recall_at_10": 1.0, "p50_ms": 2.0, "served_by_cache": 1.0}
+        goal = {"admin_p50_ms": 3.0, "one_percent_p50_ms": 4.5, "window_ratios": [1.2, 1.5, 1.9]}
         return {
             "chunks": chunks,
             "dense_recall": {"admin": recall, "1%": recall},
+            "dense_cache": {
+                "load_s": 1.0,
+                "vectors": chunks,
+                "index_mib": 1.0,
+                "rss_growth_mib": 1.0,
+                "packed_scopes": {"count": 1, "bytes": 2**20},
+                "per_visibility": {"admin": visibility, "1%": visibility},
+                "one_percent_vs_admin": {
+                    "pgvector": {**goal, "one_percent_p50_ms": 30.0},
+                    "FAISS cache": goal,
+                },
+            },
             "lexical": _lexical_size(chunks),
             "semantic_search": {
                 "memory": {"mode": "memory", "ready_s": 1.0, "cells": cells(1.0)},
@@ -375,11 +438,25 @@ def test_retrieval_growth_puts_each_cell_at_the_largest_size_against_itself_at_t
     off_32 = growth["semantic_search p50 growth 1,000,000 vs 100,000 (lexical index off, admin, 32 callers)"]
     assert off_32.ratio == 2.0 and off_32.bar is None  # the SQL leg's growth is reported, not judged
     assert len(growth) == 4  # admin cells only, per mode; the 1% researcher is its own headline
-    (narrow,) = [h for h in suite.headlines if "1% ACL researcher" in h.name]
+    (narrow,) = [
+        h for h in suite.headlines if h.name.endswith("1% ACL researcher (lexical index memory, 1 caller)")
+    ]
     assert (narrow.value, narrow.baseline, narrow.bar) == (24.0, 8.0, 2.0)
-    (recall,) = [h for h in suite.headlines if "recall" in h.name]  # the largest size, the default ef_search
+    (recall,) = [h for h in suite.headlines if "recall" in h.name and "HNSW" in h.name]  # default ef_search
     assert recall.name == "1,000,000: dense recall@10 at 1% visibility (HNSW, ef_search 100)"
     assert (recall.value, recall.bar, recall.meets_bar) == (0.5, 0.95, False)
+    (cached,) = [h for h in suite.headlines if "recall" in h.name and "FAISS" in h.name]  # not the admin's
+    assert (
+        cached.name == "1,000,000: dense recall@10 at 1% visibility (FAISS cache on CPU)" and cached.meets_bar
+    )
+    legs = {h.name: h for h in suite.headlines if h.name.startswith("1,000,000: dense leg p50")}
+    with_cache = legs["1,000,000: dense leg p50, 1% ACL researcher (FAISS cache)"]
+    assert (with_cache.ratio, with_cache.spread, with_cache.meets_bar) == (1.5, (1.2, 1.9), True)
+    assert legs["1,000,000: dense leg p50, 1% ACL researcher (pgvector)"].meets_bar is False
+    assert (
+        len(next(t for t in suite.tables if t.title.startswith("Dense leg with the FAISS cache")).rows)
+        == 3 * 2
+    )
     recall_table = next(t for t in suite.tables if t.title.startswith("Dense recall@10"))
     assert len(recall_table.rows) == 3 * 2 * 2  # sizes x visibilities x ef_search values
     table = next(t for t in suite.tables if t.title.startswith("semantic_search growth"))
