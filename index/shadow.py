@@ -85,8 +85,9 @@ async def create_shadow(conn: asyncpg.Connection, partition: ModelPartition) -> 
         return shadow
     await conn.execute(
         f"CREATE TABLE {shadow.table} (LIKE {partition.table} INCLUDING DEFAULTS INCLUDING GENERATED "
-        "INCLUDING CONSTRAINTS)"
+        "INCLUDING CONSTRAINTS INCLUDING STORAGE)"
     )
+    await _copy_storage_parameters(conn, partition.table, shadow.table)
     has_check = await conn.fetchval(
         "SELECT 1 FROM pg_constraint WHERE conrelid = $1::regclass AND conname = $2",
         shadow.table,
@@ -97,6 +98,19 @@ async def create_shadow(conn: asyncpg.Connection, partition: ModelPartition) -> 
             f"ALTER TABLE {shadow.table} ADD CONSTRAINT {_MODEL_CHECK} CHECK (model = {_literal(partition.model)})"
         )
     return shadow
+
+
+async def _copy_storage_parameters(conn: asyncpg.Connection, source: str, target: str) -> None:
+    """Give ``target`` the storage parameters ``source`` holds (``toast_tuple_target`` among them,
+    schema/migrations/0018_row_layout.sql), which ``LIKE`` does not copy: the shadow that replaces
+    a partition lays its rows out as the partition would."""
+    options = await conn.fetchval("SELECT reloptions FROM pg_class WHERE oid = $1::regclass", source)
+    if not options:
+        return
+    pairs = [option.split("=", 1) for option in options]
+    await conn.execute(
+        f"ALTER TABLE {target} SET ({', '.join(f'{_quote(name)} = {_literal(value)}' for name, value in pairs)})"
+    )
 
 
 async def drop_shadow(conn: asyncpg.Connection, partition: ModelPartition) -> None:

@@ -211,3 +211,73 @@ async def test_vector_type_refuses_what_pgvector_cannot_index(empty_database_url
             with pytest.raises(asyncpg.RaiseError, match="is float8, not one of auto, vector, halfvec"):
                 await conn.fetchval("SELECT rag_provision_model('m8', 8)")
             await conn.execute("RESET mnemo.vector_type")
+
+
+async def _toast_bytes(conn: asyncpg.Connection, table: str) -> int:
+    return await conn.fetchval(
+        "SELECT pg_relation_size(reltoastrelid) FROM pg_class WHERE oid = $1::regclass", table
+    )
+
+
+async def _layout(conn: asyncpg.Connection, table: str) -> tuple[str, list[str]]:
+    """(the embedding column's storage, the table's storage parameters)."""
+    storage = await conn.fetchval(
+        "SELECT attstorage FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'embedding'", table
+    )
+    options = await conn.fetchval("SELECT reloptions FROM pg_class WHERE oid = $1::regclass", table)
+    return (storage.decode() if isinstance(storage, bytes) else storage), list(options or [])
+
+
+async def test_a_rows_vector_and_text_stay_in_its_heap_tuple(empty_database_url: str) -> None:
+    """0018's row layout, on a database created empty through the production path: a 1024-dimension
+    vector beside 2 KB of text is stored inline (pgvector's default would move the vector to the
+    TOAST table, which the exact dense path then reads row by row); a row too large for a page is
+    still stored, out of line; a backfill's shadow is laid out like its partition; and a partition
+    that existed before 0018 is given its layout by the migration."""
+    from index.partitions import ensure_partition
+    from index.shadow import create_shadow, drop_shadow
+    from schema import DatabaseSettings, open_database
+
+    text = " ".join(f"palabra{i}" for i in range(220))  # about 2 KB
+    async with open_database(DatabaseSettings(database_url=empty_database_url)) as db:
+        wide = await ensure_partition(db.pool, "bge-1024", 1024)
+        async with db.pool.acquire() as conn:
+            assert await _layout(conn, wide.table) == ("m", ["toast_tuple_target=8160"])
+            for i in range(20):
+                await conn.execute(
+                    """INSERT INTO rag_embeddings (model, modality, section_tipo, section_id, component_tipo,
+                                                   source_hash, source_text, lexical_text, embedding)
+                       VALUES ('bge-1024', 'text', 'oh1', $1, 'rag:card', 'h', $2, $2, $3)""",
+                    i,
+                    text,
+                    Vector(_unit(1024, i)),
+                )
+            assert await _toast_bytes(conn, wide.table) == 0
+            huge = " ".join(f"palabra{i}" for i in range(2000))  # about 20 KB: cannot fit a page
+            await conn.execute(
+                """INSERT INTO rag_embeddings (model, modality, section_tipo, section_id, component_tipo,
+                                               source_hash, source_text, lexical_text, embedding)
+                   VALUES ('bge-1024', 'text', 'oh1', 999, 'rag:card', 'h', $1, $1, $2)""",
+                huge,
+                Vector(_unit(1024, 999)),
+            )
+            assert await _toast_bytes(conn, wide.table) > 0
+            stored = await conn.fetchrow(
+                f"SELECT source_text, embedding <=> $1 AS distance FROM {wide.table} WHERE section_id = 999",
+                Vector(_unit(1024, 999)),
+            )
+            assert stored["source_text"] == huge
+            assert stored["distance"] < 1e-6
+
+            shadow = await create_shadow(conn, wide)
+            assert await _layout(conn, shadow.table) == ("m", ["toast_tuple_target=8160"])
+            await drop_shadow(conn, wide)
+
+            # A partition from before 0018: the migration gives it the target (its column's storage
+            # follows the parent's ALTER).
+            await conn.execute(f"ALTER TABLE {wide.table} RESET (toast_tuple_target)")
+            await conn.execute("ALTER TABLE rag_embeddings ALTER COLUMN embedding SET STORAGE EXTERNAL")
+            assert await _layout(conn, wide.table) == ("e", [])
+            await conn.execute("DELETE FROM schema_migrations WHERE version = 18")
+            assert await apply_migrations(conn) == ["0018_row_layout"]
+            assert await _layout(conn, wide.table) == ("m", ["toast_tuple_target=8160"])
