@@ -578,10 +578,15 @@ def as_suite(result: dict[str, Any]) -> SuiteResult:
     cache_tables, cache_headlines = _cache_rows(result["sizes"])
     tables[2:2] = cache_tables
     notes = [
-        "semantic_search: a mnemo gateway subprocess with default settings but RAG_LEXICAL_INDEX; the data "
-        "sets' queries, each sent once before the loops so its vector is cached (no sidecar in the loops); "
-        "hybrid retrieval (dense HNSW + lexical), fusion, ACL, JSON over HTTP on 127.0.0.1.",
-        "gateway ready s: from the process's start until its lexical index served every partition.",
+        "semantic_search: a mnemo gateway subprocess with default settings but RAG_LEXICAL_INDEX (and "
+        "RAG_FAISS_CACHE=cpu where the configuration names the cache); the data sets' queries, each sent once "
+        "before the loops so its vector is cached (no sidecar in the loops); hybrid retrieval (dense + "
+        "lexical), fusion, ACL, JSON over HTTP on 127.0.0.1.",
+        "gateway ready s: from the process's start until its lexical index (and its cache) served every "
+        "partition.",
+        "FAISS cache on CPU: the gateway's cache settings; an admin's unfiltered search over more than "
+        "RAG_FAISS_CPU_BROAD_SCAN_MAX vectors goes to pgvector's HNSW (its served share says so), a scope of at "
+        "most RAG_FAISS_PACKED_SCOPE_ROWS vectors is searched over a packed copy of its vectors.",
         "The store: one record per chunk, every record in project 1, every 10th also in project 2, every "
         "100th also in project 3 (the researchers who see 100%, 10% and 1%).",
     ]
