@@ -7,12 +7,16 @@ __all__ = ["connect"]
 
 def connect(address: str) -> None:
     """Join the cluster at ``address`` unless this process already has; ``"local"`` starts a
-    single-node Ray here (without its dashboard, which a batch job does not need)."""
+    single-node Ray here (without its dashboard, which a batch job does not need), as the sidecar
+    does: tried again when its raylet registers late on a loaded machine
+    (:func:`inference.launcher.start_local_ray`)."""
     import ray
 
     if ray.is_initialized():
         return
     if address == "local":
-        ray.init(address="local", include_dashboard=False)
+        from inference.launcher import start_local_ray
+
+        start_local_ray(include_dashboard=False)
     else:
         ray.init(address=address)
