@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -21,6 +20,7 @@ from typing import Any
 import jwt
 from aiohttp import web
 
+from index.lru import Lru
 from index.validation import CONTRIBUTOR_PATTERN, PROJECT_ID_MAX
 
 from .errors import ApiError
@@ -141,7 +141,7 @@ class TokenVerifier:
         # A token's signature, audience, issuer and claims decide the same way every time; only
         # the clock moves, so a hit re-checks the time window and nothing else. Failures are never
         # kept (a forged token costs a full verification each time).
-        self._verified: OrderedDict[str, tuple[Principal, float, float]] = OrderedDict()
+        self._verified: Lru[str, tuple[Principal, float, float]] = Lru(VERIFIED_TOKENS)
 
     def verify(self, token: str) -> Principal:
         """The token's principal; a token verified before is only re-checked against the clock."""
@@ -149,15 +149,12 @@ class TokenVerifier:
         if hit is not None:
             principal, valid_from, valid_until = hit
             if valid_from <= time.time() < valid_until:
-                self._verified.move_to_end(token)
                 return principal
-            del self._verified[token]  # expired (or not yet valid): verify again, which says why
+            self._verified.pop(token)  # expired (or not yet valid): verify again, which says why
         principal, claims = self._verify(token)
         window = _time_window(claims, self._leeway)
         if window is not None:
-            self._verified[token] = (principal, *window)
-            while len(self._verified) > VERIFIED_TOKENS:
-                self._verified.popitem(last=False)
+            self._verified.put(token, (principal, *window))
         return principal
 
     def _verify(self, token: str) -> tuple[Principal, Mapping[str, Any]]:

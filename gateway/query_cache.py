@@ -13,10 +13,11 @@ the caller in the key a hit only ever reveals the caller's own past queries.
 from __future__ import annotations
 
 import unicodedata
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
+
+from index.lru import Lru
 
 
 @dataclass(frozen=True)
@@ -32,24 +33,14 @@ def normalize_query(text: str) -> str:
 class QueryVectorCache:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._items: OrderedDict[tuple[str, str, str], QueryVector] = OrderedDict()
+        self._items: Lru[tuple[str, str, str], QueryVector] = Lru(max(0, capacity))
 
     def __len__(self) -> int:
         return len(self._items)
 
     def get(self, model: str, query: str, *, owner: str) -> QueryVector | None:
         """The cached vector of ``owner``'s ``query`` (``owner``: the caller's subject)."""
-        key = (owner, model, normalize_query(query))
-        item = self._items.get(key)
-        if item is not None:
-            self._items.move_to_end(key)
-        return item
+        return self._items.get((owner, model, normalize_query(query)))
 
     def put(self, model: str, query: str, vector: QueryVector, *, owner: str) -> None:
-        if self.capacity <= 0:
-            return
-        key = (owner, model, normalize_query(query))
-        self._items[key] = vector
-        self._items.move_to_end(key)
-        while len(self._items) > self.capacity:
-            self._items.popitem(last=False)
+        self._items.put((owner, model, normalize_query(query)), vector)

@@ -28,7 +28,6 @@ import asyncio
 import logging
 import math
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, TypeVar
@@ -37,6 +36,7 @@ import asyncpg
 import numpy as np
 
 from index.lexical_index import LexicalIndex
+from index.lru import Lru
 from index.models import ModelNotServed, resolve_model
 from index.partitions import ModelPartition, get_partition, serving_model
 from index.search import (
@@ -186,7 +186,7 @@ class Retriever:
         self._fusion_cache: dict[str, tuple[float, tuple[str, tuple[tuple[str, float], ...]] | None]] = {}
         self._ttl = settings.lexical_stats_ttl
         # (partition, modality, scope) -> (when decided, whether the dense leg reads it exactly)
-        self._exact_scopes: OrderedDict[Hashable, tuple[float, bool]] = OrderedDict()
+        self._exact_scopes: Lru[Hashable, tuple[float, bool]] = Lru(EXACT_DECISIONS_KEPT)
         self._weights = settings.weights  # parsed once (the property parses RAG_FUSION_WEIGHTS per read)
 
     # -- model, partition, query vector -------------------------------------------------------
@@ -373,10 +373,7 @@ class Retriever:
             return known[1]
         rows = await exact_scan_rows(conn, partition, vector, scope, fetch, modality)
         exact = rows is not None and rows <= self.settings.dense_exact_max_rows
-        self._exact_scopes[key] = (now, exact)
-        self._exact_scopes.move_to_end(key)
-        while len(self._exact_scopes) > EXACT_DECISIONS_KEPT:
-            self._exact_scopes.popitem(last=False)
+        self._exact_scopes.put(key, (now, exact))
         return exact
 
     def _rescore(

@@ -35,7 +35,6 @@ import asyncio
 import json
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -55,6 +54,7 @@ from .change_feed import (
 )
 from .feed_follower import FeedFollower
 from .lexical_metrics import LexicalMetrics
+from .lru import Lru
 from .partitions import ModelPartition
 from .search import (
     BM25_B,
@@ -166,7 +166,7 @@ class PartitionLexicon:
     # the slots' own (a slot's length never changes), kept beside them so that scoring a list reads
     # it in order instead of gathering lengths from every slot's column: 10x cheaper on a long list.
     postings: dict[str, Postings] = field(default_factory=dict)
-    scopes: OrderedDict[ScopeKey, np.ndarray] = field(default_factory=OrderedDict)
+    scopes: Lru[ScopeKey, np.ndarray] = field(default_factory=lambda: Lru(LexicalConfig.scope_cache_size))
     load_seconds: float | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # Live document frequency per (term, section mask), kept until the next write (a search asks
@@ -613,7 +613,7 @@ class LexicalIndex(FeedFollower):
         """Build a partition's lexicon from the store (keyset batches), from scratch: also the rebuild."""
         name = partition.partition
         start = time.perf_counter()
-        lexicon = PartitionLexicon(partition)
+        lexicon = PartitionLexicon(partition, scopes=Lru(self.config.scope_cache_size))
         self.partitions[name] = lexicon
         self._set_state(lexicon, "loading")
         async with self.pool.acquire() as conn:
@@ -749,10 +749,7 @@ class LexicalIndex(FeedFollower):
                 grown[:have] = known
             grown[[r["id"] for r in ids]] = True
             known = grown
-        lexicon.scopes[key] = known
-        lexicon.scopes.move_to_end(key)
-        while len(lexicon.scopes) > self.config.scope_cache_size:
-            lexicon.scopes.popitem(last=False)
+        lexicon.scopes.put(key, known)
         return known
 
     # -- search ------------------------------------------------------------------------------------

@@ -25,7 +25,6 @@ import functools
 import json
 import math
 import time
-from collections import OrderedDict
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -36,6 +35,7 @@ import numpy as np
 
 from schema import session_settings
 
+from .lru import Lru
 from .partitions import ModelPartition
 from .stopwords import strip_stopwords
 from .store import to_sparsevec
@@ -464,8 +464,8 @@ def _tsquery_literal(term: str) -> str:
     return "'" + term.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
-_TERMS_CACHE: OrderedDict[str, dict[str, int]] = OrderedDict()
 _TERMS_CACHE_SIZE = 4096
+_TERMS_CACHE: Lru[str, dict[str, int]] = Lru(_TERMS_CACHE_SIZE)
 
 
 async def query_terms(db: Executor, query: str) -> dict[str, int]:
@@ -478,7 +478,6 @@ async def query_terms(db: Executor, query: str) -> dict[str, int]:
     folded = fold(query)
     cached = _TERMS_CACHE.get(folded)
     if cached is not None:
-        _TERMS_CACHE.move_to_end(folded)
         return dict(cached)
     rows = await db.fetch(
         "SELECT lexeme, coalesce(array_length(positions, 1), 1) AS n "
@@ -486,9 +485,7 @@ async def query_terms(db: Executor, query: str) -> dict[str, int]:
         folded,
     )
     terms = {r["lexeme"]: int(r["n"]) for r in rows}
-    _TERMS_CACHE[folded] = terms
-    while len(_TERMS_CACHE) > _TERMS_CACHE_SIZE:
-        _TERMS_CACHE.popitem(last=False)
+    _TERMS_CACHE.put(folded, terms)
     return dict(terms)
 
 

@@ -36,7 +36,7 @@ import itertools
 import logging
 import struct
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -56,6 +56,7 @@ from .change_feed import (
 )
 from .faiss_backend import FlatIndex, GpuFlatIndex, gpu_available, limit_cpu_threads
 from .feed_follower import FeedFollower
+from .lru import Lru
 from .packed_scopes import PackedScope, PackedScopes
 from .partitions import ModelPartition
 from .search import (
@@ -133,7 +134,9 @@ class PartitionCache:
     record_slots: dict[tuple[str, int], set[int]] = field(default_factory=dict)
     alive: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     free: list[int] = field(default_factory=list)
-    scopes: OrderedDict[ScopeKey, tuple[Scope, np.ndarray]] = field(default_factory=OrderedDict)
+    scopes: Lru[ScopeKey, tuple[Scope, np.ndarray]] = field(
+        default_factory=lambda: Lru(CacheConfig.scope_cache_size)
+    )
     applying: bool = False
     load_seconds: float | None = None
     # Searches waiting for the batcher: (query, k, permitted slots, the caller's future).
@@ -349,7 +352,9 @@ class VectorCache(FeedFollower):
         async with self.pool.acquire() as conn:
             rows = int(await conn.fetchval(f"SELECT count(*) FROM {partition.table} WHERE modality = 'text'"))
             need = rows * self._bytes_per_vector(partition, rows)
-            pc = PartitionCache(partition, self._new_index(partition, rows))
+            pc = PartitionCache(
+                partition, self._new_index(partition, rows), scopes=Lru(self.config.scope_cache_size)
+            )
             self.partitions[name] = pc
             if self.used_bytes(exclude=name) + need > self.config.max_bytes:
                 self._over_budget(pc, need)
@@ -517,14 +522,14 @@ class VectorCache(FeedFollower):
         if not pc.scopes:
             return
         slots = np.asarray([pc.slot_of[k] for k in keys if k in pc.slot_of], dtype=np.int64)
-        for key, (scope, mask) in list(pc.scopes.items()):
+        for key, (scope, mask) in pc.scopes.items():
             if len(mask) < len(pc.key_of):
                 mask = np.concatenate([mask, np.zeros(len(pc.key_of) - len(mask), dtype=bool)])
             mask[slots] = False
             async with self.pool.acquire() as conn:
                 members = await self._scope_keys(conn, pc.partition, scope, keys)
             mask[[pc.slot_of[k] for k in members if k in pc.slot_of]] = True
-            pc.scopes[key] = (scope, mask)
+            pc.scopes.replace(key, (scope, mask))
 
     def lag_seconds(self) -> float:
         """How far behind the store the cache may be now (seconds since the oldest unapplied news)."""
@@ -582,7 +587,6 @@ class VectorCache(FeedFollower):
         key = scope_key(scope)
         hit = pc.scopes.get(key)
         if hit is not None:
-            pc.scopes.move_to_end(key)
             return hit[1]
         version = pc.version
         # On the caller's connection: taking a second one from the pool while the caller holds one
@@ -593,9 +597,7 @@ class VectorCache(FeedFollower):
         # Kept only when no change was published meanwhile (else it may disagree with the watermark
         # the next search uses; this search still may use it: it captured the older watermark).
         if pc.version == version and not pc.applying:
-            pc.scopes[key] = (scope, mask)
-            while len(pc.scopes) > self.config.scope_cache_size:
-                pc.scopes.popitem(last=False)
+            pc.scopes.put(key, (scope, mask))
         return mask
 
     # -- search ------------------------------------------------------------------------------------
