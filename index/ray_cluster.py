@@ -9,13 +9,13 @@ def connect(address: str) -> None:
     """Join the cluster at ``address`` unless this process already has; ``"local"`` starts a
     single-node Ray here (without its dashboard, which a batch job does not need), as the sidecar
     does: tried again when its raylet registers late on a loaded machine
-    (:func:`inference.launcher.start_local_ray`)."""
+    (:func:`inference.ray_local.start_local_ray`)."""
     import ray
 
     if ray.is_initialized():
         return
     if address == "local":
-        from inference.launcher import start_local_ray
+        from inference.ray_local import start_local_ray
 
         start_local_ray(include_dashboard=False)
     else:

@@ -152,6 +152,7 @@ INFERENCE_PUBLIC = frozenset(
         "inference.net",
         "inference.images",
         "inference.eventloop",
+        "inference.ray_local",
     }
 )
 # First-party packages each package may import (itself included); benchmarks may import any.

@@ -76,3 +76,18 @@ def test_any_other_start_failure_is_raised_at_once(late_ray) -> None:
     assert len(fake.calls) == 1
     fake.spawned[0].kill()
     fake.spawned[0].wait()
+
+
+def test_a_bulk_jobs_local_ray_is_started_the_same_way(late_ray, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--ray local`` of the backfill and the image job (index.ray_cluster.connect) retries a late
+    raylet as the sidecar does, and starts no dashboard; a process already in a cluster starts none."""
+    from index.ray_cluster import connect
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    fake = late_ray(late=1)
+    connect("local")
+    assert fake.calls == [{"address": "local", "include_dashboard": False}] * 2
+    assert fake.spawned[0].poll() is not None  # the late attempt's processes were stopped
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    connect("local")
+    assert len(fake.calls) == 2
