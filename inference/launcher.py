@@ -19,10 +19,9 @@ from collections.abc import Iterator
 
 from .config import SidecarConfig, carry_loop_setting_to_ray, opt_out_of_ray_usage_stats
 from .net import free_port, wait_ready
-from .ray_local import RAY_START_ATTEMPTS, start_local_ray
+from .ray_local import start_local_ray
 
 __all__ = [
-    "RAY_START_ATTEMPTS",
     "SidecarStartTimeout",
     "example_requests",
     "free_port",

@@ -2,7 +2,7 @@
 
 Ray raises "The current node timed out during startup" when its raylet has not registered with
 the GCS within 30 s (a 2-core machine running three test suites got there), and leaves the
-processes that attempt spawned running. The launcher stops them and starts again, a bounded number
+processes that attempt spawned running. The start stops them and starts again, a bounded number
 of times. The late start is injected here (a real one needs a machine slow on demand); every
 sidecar test runs the real start.
 """
@@ -16,7 +16,7 @@ import psutil
 import pytest
 import ray
 
-from inference import launcher
+from inference import ray_local
 
 LATE = Exception(
     "The current node timed out during startup. This could happen because some of the raylet "
@@ -52,7 +52,7 @@ def late_ray(monkeypatch: pytest.MonkeyPatch):
 
 def test_a_late_raylet_is_stopped_and_the_start_tried_again(late_ray, caplog) -> None:
     fake = late_ray(late=2)
-    launcher.start_local_ray(include_dashboard=False)
+    ray_local.start_local_ray(include_dashboard=False)
     assert len(fake.calls) == 3 and all(
         c == {"address": "local", "include_dashboard": False} for c in fake.calls
     )
@@ -63,16 +63,16 @@ def test_a_late_raylet_is_stopped_and_the_start_tried_again(late_ray, caplog) ->
 
 
 def test_the_last_late_start_is_raised(late_ray) -> None:
-    fake = late_ray(late=launcher.RAY_START_ATTEMPTS)
+    fake = late_ray(late=ray_local.RAY_START_ATTEMPTS)
     with pytest.raises(Exception, match="timed out during startup"):
-        launcher.start_local_ray()
-    assert len(fake.calls) == launcher.RAY_START_ATTEMPTS
+        ray_local.start_local_ray()
+    assert len(fake.calls) == ray_local.RAY_START_ATTEMPTS
 
 
 def test_any_other_start_failure_is_raised_at_once(late_ray) -> None:
     fake = late_ray(late=1, error=RuntimeError("object store memory is too small"))
     with pytest.raises(RuntimeError, match="object store"):
-        launcher.start_local_ray()
+        ray_local.start_local_ray()
     assert len(fake.calls) == 1
     fake.spawned[0].kill()
     fake.spawned[0].wait()
