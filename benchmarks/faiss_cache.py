@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from .acl_shares import VISIBILITY_PROJECT, projects_of
-from .measure import closed_loop, percentile, summarize, tie_aware_recall
+from .measure import closed_loop, percentile, rss_bytes, summarize, tie_aware_recall
 from .report import Headline, SuiteResult, Table, write_report
 
 __all__ = ["run_faiss_cache_benchmark"]
@@ -89,8 +89,6 @@ def _recall(got: Sequence[Any], exact: Sequence[Any]) -> float:
 
 
 async def _one_size(url: str, n: int, queries: int, seconds: float) -> dict[str, Any]:
-    import psutil
-
     from gateway.acl import pushdown
     from gateway.auth import Principal
     from index.search import Scope, dense_search
@@ -104,14 +102,14 @@ async def _one_size(url: str, n: int, queries: int, seconds: float) -> dict[str,
         t0 = time.perf_counter()
         partition = await _populate(pool, n, centers)
         populate_s = time.perf_counter() - t0
-        rss = psutil.Process().memory_info().rss
+        rss = rss_bytes()
         # cpu_broad_scan_max=0: the cache serves unfiltered scopes too, so its own recall and latency are
         # measured there (the gateway's default hands those over 50k vectors to HNSW on CPU).
         cache = VectorCache(pool, url, CacheConfig(mode="cpu", max_bytes=8 * 2**30, cpu_broad_scan_max=0))
         start = time.perf_counter()
         await cache.load(partition)
         load_s = time.perf_counter() - start
-        rss_growth = psutil.Process().memory_info().rss - rss
+        rss_growth = rss_bytes() - rss
         pc = cache.partitions[partition.partition]
         qs = _vectors(queries, np.random.default_rng(1), centers)
         scopes = {"unfiltered (admin)": Scope()}

@@ -48,7 +48,7 @@ from .acl_shares import VISIBILITY_PROJECT, projects_of
 from .corpus_text import zipf_texts
 from .datasets import find_datasets
 from .gateway import gateway_read_pool
-from .measure import interleaved_windows, percentile, window_ratios
+from .measure import interleaved_windows, percentile, rss_bytes, spread, window_ratios
 from .report import Headline, SuiteResult, Table, write_report
 from .stack import BenchStack, open_stack
 
@@ -177,13 +177,6 @@ def _tantivy_build(texts: Sequence[str], path: Path) -> tuple[Any, Any, float]:
 
 def _disk_bytes(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
-
-
-def rss_bytes() -> int:
-    """This process's resident memory (bytes)."""
-    import psutil
-
-    return psutil.Process().memory_info().rss
 
 
 async def _timed(fn: Callable[[str], Awaitable[Any]], queries: Sequence[str]) -> list[float]:
@@ -412,7 +405,7 @@ def _against(
         latency[baseline]["all"]["p50_ms"],
         higher_is_better=False,
         bar=bar,
-        spread=(min(ratios), max(ratios)) if ratios else None,
+        spread=spread(ratios) if ratios else None,
     )
 
 

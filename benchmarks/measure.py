@@ -189,6 +189,16 @@ def window_ratios(
     return [ratio(percentile(v, q), percentile(b, q)) for v, b in zip(value, baseline, strict=True)]
 
 
+def spread(values: Sequence[float]) -> tuple[float, float]:
+    """The lowest and highest of a figure measured more than once (a headline's spread)."""
+    return (min(values), max(values))
+
+
+def rss_bytes() -> int:
+    """This process's resident memory (bytes): before and after a load, what the load kept."""
+    return psutil.Process().memory_info().rss
+
+
 def ratio(value: float, baseline: float) -> float:
     """value / baseline, guarding a zero baseline."""
     return float("nan") if baseline == 0 else value / baseline

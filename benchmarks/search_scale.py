@@ -67,6 +67,8 @@ from .measure import (
     percentile,
     process_cpu_s,
     ratio,
+    rss_bytes,
+    spread,
     tie_aware_recall,
     window_ratios,
 )
@@ -216,21 +218,19 @@ async def measure_dense_cache(
     from gateway.settings import load_gateway_settings
     from index.vector_cache import VectorCache
 
-    from .lexical import rss_bytes
-
     settings = load_gateway_settings({"RAG_FAISS_CACHE": "cpu"}, auth="off")
     cache = VectorCache(pool, url, vector_cache_config(settings))
-    rss = rss_bytes()
-    start = time.perf_counter()
-    await cache.load(partition)
-    load_s = time.perf_counter() - start
-    loaded = cache.status()["partitions"][partition.partition]  # type: ignore[index]
     cached = Retriever(pool, client=None, settings=settings)
     cached.vector_cache = cache
     plain = Retriever(pool, client=None, settings=load_gateway_settings({}, auth="off"))
     fetch = over_fetch(LIMIT)
     scopes = visibility_scopes()
+    rss = rss_bytes()
     try:
+        start = time.perf_counter()
+        await cache.load(partition)
+        load_s = time.perf_counter() - start
+        loaded = cache.status()["partitions"][partition.partition]  # type: ignore[index]
         per_visibility: dict[str, dict[str, float]] = {}
         for label, scope in scopes.items():
             await cached.dense_leg(partition, probes[0], scope, fetch)  # the scope's mask and packed copy
@@ -501,7 +501,7 @@ def _cache_rows(sizes: list[dict[str, Any]]) -> tuple[list[Table], list[Headline
             headlines.append(Headline(
                 f"{n}: dense leg p50, 1% ACL researcher ({config})", cell["one_percent_p50_ms"], "ms",
                 "admin, same queries", cell["admin_p50_ms"], higher_is_better=False, bar=ONE_PERCENT_BAR,
-                spread=(min(ratios), max(ratios)),
+                spread=spread(ratios),
             ))  # fmt: skip
     tables = [
         Table("Dense leg with the FAISS cache on CPU (as the gateway runs it)",

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from .measure import LoadResult, closed_loop, process_cpu_s, ratio
+from .measure import LoadResult, closed_loop, process_cpu_s, ratio, spread
 from .plan import GatewayPlan
 from .report import Curve, Headline, SuiteResult, Table, format_span
 from .stack import BENCH_MODEL, BenchStack
@@ -131,10 +131,6 @@ class GatewayCaller:
         self.hits.clear()
 
 
-def _spread(values: Sequence[float]) -> tuple[float, float]:
-    return (min(values), max(values))
-
-
 async def gateway_window(
     caller: GatewayCaller, run: Callable[..., Awaitable[LoadResult]]
 ) -> dict[str, float]:
@@ -180,10 +176,10 @@ async def _pair(
         "dense_sql": dense,
         "windows": [{"gateway": g, "sql": s} for g, s in pairs],
         "p50_ratio": ratio(gw["p50"], sql["p50"]),
-        "p50_ratio_spread": _spread([ratio(g["p50"], s["p50"]) for g, s in pairs]),
+        "p50_ratio_spread": spread([ratio(g["p50"], s["p50"]) for g, s in pairs]),
         "p50_ratio_dense": ratio(gw["p50"], dense["p50"]),
         "rps_ratio": ratio(gw["rps"], sql["rps"]),
-        "rps_ratio_spread": _spread([ratio(g["rps"], s["rps"]) for g, s in pairs]),
+        "rps_ratio_spread": spread([ratio(g["rps"], s["rps"]) for g, s in pairs]),
         "mean_hits": float(np.mean(caller.hits)) if caller.hits else 0.0,
     }
 
