@@ -24,10 +24,10 @@ scale does not matter.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 K = TypeVar("K", bound=Hashable)  # keys must also be mutually orderable (tie-break)
 T = TypeVar("T")
@@ -36,20 +36,49 @@ G = TypeVar("G", bound=Hashable)
 DEFAULT_K = 60
 
 
-@dataclass(frozen=True, slots=True)  # no __dict__: a search builds one per candidate
-class Fused(Generic[K]):
+class Fused(NamedTuple, Generic[K]):
+    """One fused item. A tuple, not a dataclass: a search builds one per candidate (about 80), and
+    the gateway's CPU per request is a goal of its own (issue 27)."""
+
     key: K
     score: float
     ranks: Mapping[str, int]  # 1-based rank in each list that holds the item
-
-    @property
-    def best_rank(self) -> int:
-        return min(self.ranks.values())
+    best_rank: int  # the best (smallest) of ``ranks``
 
 
-def _fused_order(f: Fused[K]) -> tuple[float, int, K]:
-    """Best first: fused score, then best single rank, then the key itself."""
-    return (-f.score, f.best_rank, f.key)
+_new_tuple = tuple.__new__
+
+
+def _exact_sum(terms: list[float]) -> float:
+    """``math.fsum(terms)``: one or two terms need no compensation (a single IEEE addition is
+    already the correctly rounded sum), so the common case skips the call."""
+    n = len(terms)
+    if n == 1:
+        return terms[0]
+    if n == 2:
+        return terms[0] + terms[1]
+    return math.fsum(terms)
+
+
+def _ranked_fusion(accumulated: dict[K, list]) -> list[Fused[K]]:
+    """``[ranks, terms, best rank]`` per key -> :class:`Fused`, best first: fused score, then best
+    single rank, then the key itself (unique, so the ranks are never compared)."""
+    order = [(-_exact_sum(terms), best, key, ranks) for key, (ranks, terms, best) in accumulated.items()]
+    order.sort()
+    return [_new_tuple(Fused, (key, -neg, ranks, best)) for neg, best, key, ranks in order]
+
+
+def _accumulate(accumulated: dict[K, list], name: str, placed: Iterable[tuple[int, K, float]]) -> None:
+    """Add one list's ``(1-based position, key, term)`` entries, each key once per list."""
+    for position, key, term in placed:
+        entry = accumulated.get(key)
+        if entry is None:  # (no setdefault: it would build throw-away objects per known key)
+            accumulated[key] = [{name: position}, [term], position]
+        else:
+            entry[0][name] = position
+            entry[1].append(term)
+            if position < entry[2]:
+                entry[2] = position
 
 
 def rrf(
@@ -65,27 +94,18 @@ def rrf(
     """
     if k < 0:
         raise ValueError("k must be >= 0")
-    ranks: dict[K, dict[str, int]] = {}
+    accumulated: dict[K, list] = {}
     for name in sorted(lists):  # canonical order: the input order must not matter
         weight = 1.0 if weights is None else float(weights.get(name, 1.0))
         if weight < 0 or math.isnan(weight):
             raise ValueError(f"weight of {name!r} must be >= 0")
         if weight == 0:
             continue
+        first: dict[K, int] = {}
         for position, key in enumerate(lists[name], start=1):
-            per_list = ranks.get(key)
-            if per_list is None:
-                ranks[key] = {name: position}
-            elif name not in per_list:
-                per_list[name] = position
-    fused = []
-    for key, per_list in ranks.items():
-        terms = [
-            (1.0 if weights is None else float(weights.get(n, 1.0))) / (k + r) for n, r in per_list.items()
-        ]
-        fused.append(Fused(key, math.fsum(terms), per_list))
-    fused.sort(key=_fused_order)
-    return fused
+            first.setdefault(key, position)  # a repeated key counts at its first (best) rank
+        _accumulate(accumulated, name, ((r, key, weight / (k + r)) for key, r in first.items()))
+    return _ranked_fusion(accumulated)
 
 
 def collapse(items: Iterable[T], group_of: Callable[[T], G]) -> list[T]:
@@ -133,40 +153,28 @@ def score_fusion(
     """
     if normalize not in NORMALIZATIONS:
         raise ValueError(f"normalize must be one of {NORMALIZATIONS}, not {normalize!r}")
-    normalized: dict[K, dict[str, float]] = {}
-    ranks: dict[K, dict[str, int]] = {}
+    accumulated: dict[K, list] = {}
     for name in sorted(lists):  # canonical order: the input order must not matter
         weight = _weight(weights, name)
         if weight == 0 or not lists[name]:
             continue
-        rows = _first_occurrences(lists[name])
-        unit = _unit_scores([score for _, score in rows], normalize)
-        for position, ((key, _), value) in enumerate(zip(rows, unit, strict=True), start=1):
-            per_list = ranks.get(key)
-            if per_list is None:  # (no setdefault: it would build two throw-away dicts per known key)
-                ranks[key] = {name: position}
-                normalized[key] = {name: weight * value}
-            else:
-                per_list[name] = position
-                normalized[key][name] = weight * value
-    fused = [Fused(key, math.fsum(normalized[key].values()), ranks[key]) for key in normalized]
-    fused.sort(key=_fused_order)
-    return fused
+        keys, scores = _first_occurrences(lists[name])
+        terms = [weight * value for value in _unit_scores(scores, normalize)]
+        _accumulate(accumulated, name, zip(itertools.count(1), keys, terms))
+    return _ranked_fusion(accumulated)
 
 
-def _first_occurrences(rows: Sequence[tuple[K, float]]) -> list[tuple[K, float]]:
-    """A key repeated inside one list counts once, at its first (best) place."""
-    seen: set[K] = set()
-    out = []
+def _first_occurrences(rows: Sequence[tuple[K, float]]) -> tuple[list[K], list[float]]:
+    """A key repeated inside one list counts once, at its first (best) place: its keys and scores."""
+    best: dict[K, float] = {}
     for key, score in rows:
-        if key not in seen:
-            seen.add(key)
-            out.append((key, float(score)))
-    return out
+        if key not in best:
+            best[key] = float(score)
+    return list(best), list(best.values())
 
 
 def _unit_scores(scores: Sequence[float], normalize: str) -> list[float]:
-    if not all(math.isfinite(x) for x in scores):
+    if not all(map(math.isfinite, scores)):
         raise ValueError("scores must be finite")
     if normalize == "minmax":
         low, high = min(scores), max(scores)
@@ -177,7 +185,8 @@ def _unit_scores(scores: Sequence[float], normalize: str) -> list[float]:
     # Relative to the spread: a float-rounding spread is no spread (every score the same).
     if not high - low > 1e-9 * max(1.0, abs(high), abs(low)):
         return [1.0] * len(scores)
-    return [min(1.0, max(0.0, (x - low) / (high - low))) for x in scores]
+    span = high - low
+    return [min(1.0, max(0.0, (x - low) / span)) for x in scores]
 
 
 def _weight(weights: Mapping[str, float] | None, name: str) -> float:

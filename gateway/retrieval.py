@@ -143,6 +143,20 @@ def over_fetch(limit: int) -> int:
     return max(limit * 4, 20)
 
 
+def _similarities(
+    lists: Mapping[str, Sequence[ChunkHit]], exact: Mapping[ChunkKey, float]
+) -> dict[ChunkKey, float]:
+    """Each candidate's best cosine similarity from a scored leg (``dense``, ``seed:*``), the exact
+    re-scores of cached vectors over them."""
+    similarity: dict[ChunkKey, float] = {}
+    for name, rows in lists.items():
+        if name == "dense" or name.startswith("seed:"):
+            for chunk in rows:
+                similarity[chunk.key] = max(similarity.get(chunk.key, -1.0), chunk.score)
+    similarity.update(exact)
+    return similarity
+
+
 def _usable(vector: np.ndarray, dimension: int | None) -> bool:
     if vector.ndim != 1 or vector.size == 0 or not np.all(np.isfinite(vector)):
         return False
@@ -442,42 +456,47 @@ class Retriever:
         *,
         weights: Mapping[str, float] | None = None,
         method: str | None = None,
+        limit: int | None = None,
+        per_record: bool = False,
     ) -> list[Ranked]:
-        """Fuse the legs (``method``: ``dbsf``, ``minmax`` or ``rrf``; default the settings'), then gate."""
+        """Fuse the legs (``method``: ``dbsf``, ``minmax`` or ``rrf``; default the settings'), then gate.
+
+        ``per_record``: each record's best chunk only; ``limit``: the first ``limit`` of them. Every
+        candidate is fused and gated either way (the gate's count of dropped candidates stays whole);
+        only the kept ones become :class:`Ranked` (a search fuses about 80 for 10).
+        """
         weights = self._weights if weights is None else weights
         method = self.settings.fusion if method is None else method
+        lists = results.lists
         with self.metrics.time_leg("fusion"):
             by_key: dict[tuple, ChunkHit] = {}
-            similarity: dict[tuple, float] = {}
-            order = [n for n in LEGS if n in results.lists] + sorted(set(results.lists) - set(LEGS))
-            for name in order:
-                scored = name == "dense" or name.startswith("seed:")
-                for chunk in results.lists[name]:
-                    key = chunk.key
-                    if key not in by_key:  # dense's row first (same content in every leg)
-                        by_key[key] = chunk
-                    if scored:
-                        similarity[key] = max(similarity.get(key, -1.0), chunk.score)
+            for name in [n for n in LEGS if n in lists] + sorted(set(lists) - set(LEGS)):
+                for chunk in lists[name]:
+                    by_key.setdefault(chunk.key, chunk)  # dense's row first (same content in every leg)
             if method == "rrf":
                 fused = rrf(
-                    {name: [c.key for c in rows] for name, rows in results.lists.items()},
+                    {name: [c.key for c in rows] for name, rows in lists.items()},
                     k=self.settings.rrf_k,
                     weights=weights,
                 )
             else:
                 fused = score_fusion(
-                    {name: [(c.key, c.score) for c in rows] for name, rows in results.lists.items()},
+                    {name: [(c.key, c.score) for c in rows] for name, rows in lists.items()},
                     weights=weights,
                     normalize=method,
                 )
+            similarity = _similarities(lists, results.exact)
             if results.exact:  # re-scored with exact cached vectors: RRF ties go to the closer one
-                similarity.update(results.exact)
                 fused.sort(key=lambda f: (-f.score, f.best_rank, -similarity.get(f.key, -2.0)))
         with self.metrics.time_leg("acl"):
             allowed = gate(principal, (by_key[f.key] for f in fused), scope)
             dropped = len(fused) - len(allowed)
             if dropped:
                 self.metrics.acl_dropped.inc(dropped)
+        if per_record:
+            allowed = collapse(allowed, lambda c: c.record)
+        if limit is not None:
+            allowed = allowed[:limit]
         scores = {f.key: f for f in fused}
         out = []
         for c in allowed:
@@ -498,7 +517,7 @@ class Retriever:
         weights: Mapping[str, float] | None = None,
     ) -> list[Ranked]:
         """The best authorized passages (chunks) for a query."""
-        return (await self._ranked(principal, query, scope, limit, legs, weights))[:limit]
+        return await self._ranked(principal, query, scope, limit, legs, weights, per_record=False)
 
     async def records(
         self,
@@ -511,8 +530,7 @@ class Retriever:
         weights: Mapping[str, float] | None = None,
     ) -> list[Ranked]:
         """The best authorized records for a query (each its best chunk)."""
-        ranked = await self._ranked(principal, query, scope, limit, legs, weights)
-        return collapse(ranked, lambda r: r.chunk.record)[:limit]
+        return await self._ranked(principal, query, scope, limit, legs, weights, per_record=True)
 
     async def _ranked(
         self,
@@ -522,13 +540,18 @@ class Retriever:
         limit: int,
         legs: Sequence[str],
         weights: Mapping[str, float] | None,
+        *,
+        per_record: bool,
     ) -> list[Ranked]:
-        """Every authorized candidate of the over-fetched legs, fused: what both shapes cut from."""
+        """The first ``limit`` authorized passages (or records' best passages) of the over-fetched
+        legs, fused."""
         results = await self.query_legs(principal, query, scope, over_fetch(limit), legs)
         method = None
         if weights is None:
             method, weights = await self.section_fusion(scope)
-        return self.fuse(principal, results, scope, weights=weights, method=method)
+        return self.fuse(
+            principal, results, scope, weights=weights, method=method, limit=limit, per_record=per_record
+        )
 
     async def section_fusion(self, scope: Scope) -> tuple[str | None, Mapping[str, float] | None]:
         """The fusion tuned for the searched sections (``retrieval`` in their descriptors), if they agree.
