@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 
 import psutil
 import pytest
@@ -25,14 +26,25 @@ LATE = Exception(
 
 
 class LateStarts:
-    """``ray.init`` that spawns a process (an attempt's GCS and raylet) and is late ``late`` times."""
+    """``ray.init`` that spawns a process (an attempt's GCS and raylet) and is late ``late`` times.
+
+    Only the test's own thread is counted. A thread an earlier test left in this process (Ray's
+    auto-init in a Ray Data or Serve helper) may call ``ray.init()`` while ``is_initialized`` is
+    patched to False; such a call is kept apart in ``foreign`` and does nothing, so it can neither
+    shift the late count nor show up among the start's calls (it did once in CI, as two ``{}``).
+    """
 
     def __init__(self, late: int, error: Exception = LATE) -> None:
         self.late, self.error = late, error
+        self.thread = threading.get_ident()
         self.calls: list[dict[str, object]] = []
+        self.foreign: list[dict[str, object]] = []
         self.spawned: list[subprocess.Popen[bytes]] = []
 
     def __call__(self, **options: object) -> None:
+        if threading.get_ident() != self.thread:
+            self.foreign.append(options)
+            return
         self.calls.append(options)
         if len(self.calls) <= self.late:
             self.spawned.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]))
