@@ -108,15 +108,20 @@ def rrf(
     return _ranked_fusion(accumulated)
 
 
-def collapse(items: Iterable[T], group_of: Callable[[T], G]) -> list[T]:
-    """Keep the first (best) item of each group, in order: chunks -> best chunk per record."""
+def collapse(items: Iterable[T], group_of: Callable[[T], G], limit: int | None = None) -> list[T]:
+    """Keep the first (best) item of each group, in order, the first ``limit`` groups at most:
+    chunks -> best chunk per record."""
     seen: set[G] = set()
-    out = []
+    out: list[T] = []
+    if limit is not None and limit <= 0:
+        return out
     for item in items:
         group = group_of(item)
         if group not in seen:
             seen.add(group)
             out.append(item)
+            if len(out) == limit:
+                break
     return out
 
 

@@ -13,6 +13,8 @@ import logging
 import sys
 from typing import Any
 
+import orjson
+
 REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("mnemo_request_id", default=None)
 
 # LogRecord attributes that are not user-supplied `extra` fields.
@@ -45,7 +47,10 @@ class JsonFormatter(logging.Formatter):
                 out[key] = value
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, ensure_ascii=False, default=str)
+        try:  # orjson: the access log writes a line per request (issue 27)
+            return orjson.dumps(out, default=str).decode()
+        except orjson.JSONEncodeError:  # an integer past 64 bits and the like: json writes those
+            return json.dumps(out, ensure_ascii=False, default=str)
 
 
 def configure_logging(fmt: str = "json", level: str | int = "INFO") -> None:

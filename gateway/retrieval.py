@@ -494,8 +494,8 @@ class Retriever:
             if dropped:
                 self.metrics.acl_dropped.inc(dropped)
         if per_record:
-            allowed = collapse(allowed, lambda c: c.record)
-        if limit is not None:
+            allowed = collapse(allowed, lambda c: c.record, limit)
+        elif limit is not None:
             allowed = allowed[:limit]
         scores = {f.key: f for f in fused}
         out = []
@@ -636,5 +636,4 @@ class Retriever:
         lists = {f"seed:{i:04d}": rows for i, rows in enumerate(found)}
         vectors = [seed.vector for seed in seeds if seed.vector is not None]
         results = LegResults(lists, self._rescore(partition, vectors, lists))
-        ranked = self.fuse(principal, results, scope, weights={}, method="rrf")
-        return collapse(ranked, lambda r: r.chunk.record)[:limit]
+        return self.fuse(principal, results, scope, weights={}, method="rrf", limit=limit, per_record=True)

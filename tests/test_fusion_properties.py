@@ -81,6 +81,12 @@ def test_collapse_keeps_the_best_chunk_per_record() -> None:
     assert collapse(chunks, lambda c: c[0]) == [("r1", 2), ("r2", 0), ("r3", 1)]
 
 
+@given(st.lists(st.tuples(keys, keys), max_size=40), st.integers(min_value=-1, max_value=35))
+def test_collapse_with_a_limit_is_the_prefix_of_the_whole_collapse(chunks, limit: int) -> None:
+    whole = collapse(chunks, lambda c: c[0])
+    assert collapse(chunks, lambda c: c[0], limit) == whole[: max(limit, 0)]
+
+
 # -- score fusion (min-max normalized scores, summed) -------------------------------------------------
 
 scores = st.integers(min_value=-5000, max_value=5000).map(lambda i: i / 100)  # no float-rounding ties

@@ -86,6 +86,17 @@ def test_json_logs_carry_the_request_id() -> None:
     )
 
 
+def test_a_json_log_line_holds_what_orjson_refuses() -> None:
+    """The formatter writes through orjson; a value it refuses (an integer past 64 bits, a lone
+    surrogate from a hostile query string) is still written, by json, and non-JSON types as str."""
+    record = logging.LogRecord("gateway.x", logging.INFO, __file__, 1, "q=%s", ("caf\u00e9",), None)
+    record.count, record.path = 2**70, Path("/x")
+    line = json.loads(JsonFormatter().format(record))
+    assert line["msg"] == "q=caf\u00e9" and line["count"] == 2**70 and line["path"] == "/x"
+    record.count, record.query = 1, "\ud800 lone"
+    assert json.loads(JsonFormatter().format(record))["query"] == "\ud800 lone"
+
+
 async def test_stopping_finishes_in_flight_requests(corpus_database_url: str, sidecar_url: str) -> None:
     settings = load_gateway_settings({"RAG_JWT_SECRET": SECRET, "RAG_SIDECAR_URL": sidecar_url})
     app = create_app(settings, database_url=corpus_database_url)
