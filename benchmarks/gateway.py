@@ -154,11 +154,14 @@ async def gateway_process(
     log: Path,
     *,
     text_model: str | None = None,
+    source: Path | None = None,
     **env: str,
 ) -> AsyncIterator[GatewayProcess]:
     """``mnemo gateway`` in a subprocess on a free loopback port, ready (``/healthz``); terminated after.
 
-    ``env``: more ``RAG_*`` settings for it. The caller may signal or stop the process itself.
+    ``env``: more ``RAG_*`` settings for it. ``source``: a source tree to run the gateway's code from
+    (a git worktree of another commit, for an A/B of a code change); None runs this one. The caller
+    may signal or stop the process itself.
     """
     port = free_port()
     extra = {"RAG_TEXT_MODEL": text_model} if text_model else {}
@@ -167,7 +170,7 @@ async def gateway_process(
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "gateway.cli", "gateway", "--port", str(port),
             "--database-url", database_url, "--sidecar-url", sidecar_url,
-            env=environ, stdout=out, stderr=out,
+            env=environ, stdout=out, stderr=out, cwd=source,
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:

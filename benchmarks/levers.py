@@ -1,4 +1,5 @@
-"""One lever of the gateway's own cost, A/B in one run: gateways that differ only by their environment.
+"""One lever of the gateway's own cost, A/B in one run: gateways that differ only by their
+environment or by the source tree they run from.
 
 Two runs of the gateway suite minutes apart carry two samples of a shared machine's drift; a lever
 worth 10% drowns in it. Here every variant is a ``mnemo gateway`` process over the same database,
@@ -8,8 +9,11 @@ request (the gateway process's CPU time over the window, per request served) and
 beside them; the ratios B/A are per pair, printed with their min and max.
 
 ``python -m benchmarks.levers --variant 'asyncio loop=RAG_UVLOOP=off' --variant 'uvloop=RAG_UVLOOP=on'``
-(those two by default; the first variant is the baseline). It starts its own embedded PostgreSQL
-and sidecar, like ``mnemo bench``.
+(those two by default; the first variant is the baseline). A code change is a lever too: a variant
+``NAME=@TREE`` (``@TREE,VAR=VALUE`` for both) runs its gateway from another source tree, a git
+worktree of the commit before it (``git worktree add /tmp/before HEAD~1``); the database, the
+sidecar and the caller stay this tree's. It starts its own embedded PostgreSQL and sidecar, like
+``mnemo bench``.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +35,27 @@ import numpy as np
 
 from .measure import closed_loop, ratio
 
-__all__ = ["run_levers"]
+__all__ = ["Variant", "parse_variant", "run_levers"]
 
-DEFAULT_VARIANTS = {"asyncio loop": {"RAG_UVLOOP": "off"}, "uvloop": {"RAG_UVLOOP": "on"}}
+
+@dataclass(frozen=True)
+class Variant:
+    """One gateway of the A/B: the settings it adds to the environment, and the source tree it runs
+    from (None: this one)."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    source: Path | None = None
+
+    def describe(self) -> dict[str, Any]:
+        return {"env": self.env, "source": str(self.source) if self.source else None}
+
+
+DEFAULT_VARIANTS = {"asyncio loop": Variant({"RAG_UVLOOP": "off"}), "uvloop": Variant({"RAG_UVLOOP": "on"})}
 
 
 async def run_levers(
     stack: Any,
-    variants: dict[str, dict[str, str]],
+    variants: dict[str, Variant],
     *,
     chunks: int = 10_000,
     embedded: int = 400,
@@ -75,11 +93,17 @@ async def run_levers(
                 aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=2 * max(concurrency)))
             )
             callers: dict[str, GatewayCaller] = {}
-            for name, env in variants.items():
+            for name, variant in variants.items():
                 log = stack.work_dir / f"levers-{len(callers)}.log"
                 gateway = await exits.enter_async_context(
                     gateway_process(
-                        url, stack.sidecar_url, secret, log, text_model=model.id, RAG_FAISS_CACHE="off", **env
+                        url,
+                        stack.sidecar_url,
+                        secret,
+                        log,
+                        text_model=model.id,
+                        source=variant.source,
+                        **{"RAG_FAISS_CACHE": "off", **variant.env},
                     )
                 )
                 callers[name] = GatewayCaller(
@@ -108,7 +132,7 @@ async def run_levers(
     finally:
         await pool.close()
     return {"chunks": chunks, "model": model.id, "limit": LIMIT, "pairs": pairs, "seconds": seconds,
-            "variants": variants, "points": points}  # fmt: skip
+            "variants": {name: v.describe() for name, v in variants.items()}, "points": points}  # fmt: skip
 
 
 async def _sql_window(run: Any, raw: Any) -> dict[str, float]:
@@ -161,17 +185,33 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _variant(raw: str) -> tuple[str, dict[str, str]]:
-    name, _, assignments = raw.partition("=")
-    env = dict(a.split("=", 1) for a in assignments.split(",") if a)
-    if not name or not env:
-        raise argparse.ArgumentTypeError(f"--variant NAME=VAR=VALUE[,VAR=VALUE], not {raw!r}")
-    return name, env
+VARIANT_FORM = "NAME=[@TREE,]VAR=VALUE[,VAR=VALUE] or NAME=@TREE"
+
+
+def parse_variant(raw: str) -> tuple[str, Variant]:
+    """``--variant``'s value: a name, then ``@TREE`` (a source tree holding ``gateway/cli.py``)
+    and/or ``VAR=VALUE`` settings, comma-separated; at least one of them."""
+    name, _, spec = raw.partition("=")
+    env: dict[str, str] = {}
+    source: Path | None = None
+    for item in filter(None, spec.split(",")):
+        if item.startswith("@"):
+            source = Path(item[1:]).expanduser().resolve()
+            if not (source / "gateway" / "cli.py").is_file():
+                raise argparse.ArgumentTypeError(f"--variant {name}: {source} holds no gateway/cli.py")
+        elif "=" in item:
+            var, _, value = item.partition("=")
+            env[var] = value
+        else:
+            raise argparse.ArgumentTypeError(f"--variant {VARIANT_FORM}, not {raw!r}")
+    if not name or not (env or source):
+        raise argparse.ArgumentTypeError(f"--variant {VARIANT_FORM}, not {raw!r}")
+    return name, Variant(env, source)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.levers", description=__doc__.splitlines()[0])
-    p.add_argument("--variant", type=_variant, action="append", help="NAME=VAR=VALUE[,VAR=VALUE] (2 or more)")
+    p.add_argument("--variant", type=parse_variant, action="append", help=f"{VARIANT_FORM} (2 or more)")
     p.add_argument("--chunks", type=int, default=10_000)
     p.add_argument("--pairs", type=int, default=4)
     p.add_argument("--seconds", type=float, default=3.0)
