@@ -249,23 +249,42 @@ async def gateway_read_pool(database_url: str) -> Any:
 class RawLegs:
     """The legs' SQL run directly, as the gateway runs them: dense and lexical concurrently, each on
     its own connection of a read pool like the gateway's (no reset query), corpus statistics cached.
-    The gateway's over-fetch (``max(limit * 4, 20)``) and scope; no HTTP, JSON, fusion or gate."""
+    The gateway's over-fetch (``max(limit * 4, 20)``) and scope; no HTTP, JSON, fusion or gate.
+
+    A scoped dense leg takes the gateway's path too: exact where the gateway's default
+    ``RAG_DENSE_EXACT_MAX_ROWS`` sends the scope (:func:`index.search.reads_exactly`, decided once
+    per scope as the gateway remembers it), HNSW otherwise. Without it the baseline of a 10% caller
+    was an HNSW scan while the gateway read the scope's 10,000 rows exactly, and the suite put that
+    difference on the gateway (2.9x its "own cost" at 100k chunks, 2026-12-03)."""
 
     def __init__(self, pool: Any, partition: Any, texts: Sequence[str], vectors: np.ndarray, limit: int):
+        from gateway.settings import GatewaySettings
         from index.search import CorpusStats, Scope
 
         self.pool, self.partition, self.texts, self.vectors = pool, partition, texts, vectors
         self.fetch = max(limit * 4, 20)
         self.stats = CorpusStats(ttl=3600.0)
         self.scope = Scope()
+        self.exact_max_rows = GatewaySettings().dense_exact_max_rows
+        self._exact: dict[Any, bool] = {}  # scope_key -> the exact path's decision
 
     async def dense(self, i: int) -> None:
         from index.search import dense_search
 
+        vector = self.vectors[i % len(self.vectors)]
         async with self.pool.acquire() as conn:
-            await dense_search(
-                conn, self.partition, self.vectors[i % len(self.vectors)], self.scope, self.fetch
+            exact = await self._reads_exactly(conn, vector)
+            await dense_search(conn, self.partition, vector, self.scope, self.fetch, exact=exact)
+
+    async def _reads_exactly(self, conn: Any, vector: np.ndarray) -> bool:
+        from index.search import reads_exactly, scope_key
+
+        key = scope_key(self.scope)
+        if key not in self._exact:
+            self._exact[key] = await reads_exactly(
+                conn, self.partition, vector, self.scope, self.fetch, self.exact_max_rows
             )
+        return self._exact[key]
 
     async def lexical(self, i: int) -> None:
         from index.search import lexical_search

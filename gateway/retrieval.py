@@ -45,8 +45,8 @@ from index.search import (
     CorpusStats,
     Scope,
     dense_search,
-    exact_scan_rows,
     lexical_search,
+    reads_exactly,
     scope_key,
     seed_chunks,
     sparse_search,
@@ -373,20 +373,19 @@ class Retriever:
         self, scope: Scope, conn: asyncpg.Connection, partition: ModelPartition, vector: np.ndarray, fetch: int,
         modality: str,
     ) -> bool:  # fmt: skip
-        """Whether the dense leg answers ``scope`` exactly: when the planner would read at most
-        ``RAG_DENSE_EXACT_MAX_ROWS`` of its rows through an index (:func:`index.search.exact_scan_rows`).
-        An unscoped search never asks; a scope is asked once per partition and minute (the record a
-        similar search excludes does not count), so the estimate's round trip is rare."""
+        """:func:`index.search.reads_exactly` with ``RAG_DENSE_EXACT_MAX_ROWS``, remembered: a scope is
+        asked once per partition and minute (the record a similar search excludes does not count),
+        so the estimate's round trip is rare."""
         scope = replace(scope, exclude_record=None)
-        if self.settings.dense_exact_max_rows == 0 or scope == Scope():
+        max_rows = self.settings.dense_exact_max_rows
+        if max_rows == 0 or scope == Scope():  # reads_exactly's own answer, without the cache lookup
             return False
         key = (partition.partition, modality, scope_key(scope))
         now = time.monotonic()
         known = self._exact_scopes.get(key)
         if known is not None and now - known[0] < EXACT_DECISION_TTL_S:
             return known[1]
-        rows = await exact_scan_rows(conn, partition, vector, scope, fetch, modality)
-        exact = rows is not None and rows <= self.settings.dense_exact_max_rows
+        exact = await reads_exactly(conn, partition, vector, scope, fetch, max_rows, modality)
         self._exact_scopes.put(key, (now, exact))
         return exact
 

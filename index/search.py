@@ -62,6 +62,7 @@ __all__ = [
     "lexical_search",
     "query_terms",
     "read_session_settings",
+    "reads_exactly",
     "scope_key",
     "scope_where",
     "scored_terms",
@@ -368,6 +369,24 @@ async def exact_scan_rows(
             return None  # a sequential (or other) scan of the partition: not worth it
         rows = float(node["Plan Rows"])
     return rows
+
+
+async def reads_exactly(
+    conn: asyncpg.Connection,
+    partition: ModelPartition,
+    vector: np.ndarray,
+    scope: Scope,
+    limit: int,
+    max_rows: int,
+    modality: str = "text",
+) -> bool:
+    """Whether the dense leg answers ``scope`` exactly (``dense_search(exact=True)``): when the
+    planner would read at most ``max_rows`` (``RAG_DENSE_EXACT_MAX_ROWS``; 0: never) of its rows
+    through an index (:func:`exact_scan_rows`). An unscoped search never does, and never asks."""
+    if max_rows == 0 or scope == Scope():
+        return False
+    rows = await exact_scan_rows(conn, partition, vector, scope, limit, modality)
+    return rows is not None and rows <= max_rows
 
 
 async def dense_search(

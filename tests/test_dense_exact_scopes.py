@@ -13,12 +13,14 @@ import asyncpg
 import numpy as np
 import pytest
 
+from benchmarks.gateway import RawLegs
 from benchmarks.lexical import SECTION, populate
 from gateway import retrieval
 from gateway.acl import pushdown
 from gateway.auth import Principal
 from gateway.retrieval import Retriever
 from gateway.settings import load_gateway_settings
+from index import search
 from index.search import Scope, dense_search, exact_scan_rows
 
 DIM = 16
@@ -60,13 +62,13 @@ async def test_a_small_scope_is_answered_exactly_once_decided_and_a_large_one_by
     db_pool, partition, vectors, monkeypatch
 ) -> None:
     asked: list[Scope] = []
-    estimate = retrieval.exact_scan_rows
+    decide = retrieval.reads_exactly
 
-    async def counted(conn, partition, vector, scope, limit, modality="text"):
+    async def counted(conn, partition, vector, scope, limit, max_rows, modality="text"):
         asked.append(scope)
-        return await estimate(conn, partition, vector, scope, limit, modality)
+        return await decide(conn, partition, vector, scope, limit, max_rows, modality)
 
-    monkeypatch.setattr(retrieval, "exact_scan_rows", counted)
+    monkeypatch.setattr(retrieval, "reads_exactly", counted)
     retriever = _retriever(db_pool)
     narrow = _researcher(3)
     async with db_pool.acquire() as conn:
@@ -85,3 +87,32 @@ async def test_a_small_scope_is_answered_exactly_once_decided_and_a_large_one_by
         off = _retriever(db_pool, RAG_DENSE_EXACT_MAX_ROWS="0")
         assert not await off._reads_exactly(narrow, conn, partition, vectors[0], 40, "text")
         assert len(asked) == 2
+
+
+async def test_the_benchmarks_raw_legs_take_the_gateways_path(
+    db_pool, partition, vectors, monkeypatch
+) -> None:
+    """The gateway suite's baseline (benchmarks.gateway.RawLegs) runs a scoped dense leg exactly
+    where the gateway does, decided once per scope, and an unscoped one by HNSW."""
+    ran: list[bool] = []
+    estimates: list[Scope] = []
+    search_dense, estimate = search.dense_search, search.exact_scan_rows
+
+    async def recorded(*args, exact: bool = False, **kwargs):
+        ran.append(exact)
+        return await search_dense(*args, exact=exact, **kwargs)
+
+    async def counted(conn, partition, vector, scope, limit, modality="text"):
+        estimates.append(scope)
+        return await estimate(conn, partition, vector, scope, limit, modality)
+
+    monkeypatch.setattr(search, "dense_search", recorded)
+    monkeypatch.setattr(search, "exact_scan_rows", counted)
+    raw = RawLegs(db_pool, partition, ["chunk"], vectors[:4], limit=10)
+    for scope, exact in [(_researcher(3), True), (_researcher(1), False), (Scope(), False)]:
+        raw.scope = scope
+        for i in range(3):
+            await raw.dense(i)
+        assert ran == [exact] * 3
+        ran.clear()
+    assert estimates == [_researcher(3), _researcher(1)]  # once per scope; unscoped never asks
