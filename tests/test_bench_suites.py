@@ -14,7 +14,7 @@ from benchmarks.gateway import SHARED as SHARED_DATASETS
 from benchmarks.plan import FULL, QUICK, apply_overrides
 from benchmarks.report import Curve, SuiteResult, write_report
 from benchmarks.scale_drain import real_records
-from benchmarks.suite_gateway import _combine, _projects_of
+from benchmarks.suite_gateway import _as_suite, _combine, _projects_of
 from benchmarks.suites import scale_drain_result
 from index.partitions import ModelPartition, get_partition
 
@@ -161,6 +161,63 @@ def test_gateway_windows_combine_to_median_percentiles_and_mean_throughput() -> 
     ]
     assert _combine(windows) == {"p50": 2.0, "p95": 4.0, "cpu_ms": 1.0, "rps": 70.0}
     assert FULL.gateway.pairs > QUICK.gateway.pairs >= 2  # a spread needs two pairs at least
+
+
+def _gateway_pair(concurrency: int, gateway_p50: float, sql_p50: float, cpu_ms: float) -> dict:
+    def path(p50: float, cpu: float | None = None) -> dict:
+        return {"p50": p50, "p95": 2 * p50, "rps": 1000 / p50} | ({} if cpu is None else {"cpu_ms": cpu})
+
+    return {
+        "concurrency": concurrency,
+        "gateway": path(gateway_p50, cpu_ms),
+        "sql": path(sql_p50),
+        "dense_sql": path(sql_p50 / 2),
+        "p50_ratio": gateway_p50 / sql_p50,
+        "p50_ratio_spread": (0.9 * gateway_p50 / sql_p50, 1.1 * gateway_p50 / sql_p50),
+        "p50_ratio_dense": 2 * gateway_p50 / sql_p50,
+        "rps_ratio": sql_p50 / gateway_p50,
+        "rps_ratio_spread": (0.9 * sql_p50 / gateway_p50, 1.1 * sql_p50 / gateway_p50),
+        "mean_hits": 10.0,
+    }
+
+
+def test_gateway_suite_reports_one_caller_at_every_size_and_headlines_it_from_10k() -> None:
+    """Issue 27's goal cells: p50 at one caller at 10k and 100k chunks, and the gateway's CPU per
+    request there, come out of one run's result (headlines, and a table with the CPU column)."""
+
+    def point(chunks: int, c1: dict, caches: dict | None = None) -> dict:
+        busy = _gateway_pair(4, 9.0, 6.0, 2.0)
+        by_concurrency = [c1] if caches is None else caches["off"]["by_concurrency"]
+        base = {"chunks": chunks, "load_s": 1.0, "reindex_s": 0.5, "index_mb": 1.0, "table_mb": 2.0}
+        measured = {**busy, "by_concurrency": by_concurrency, "by_selectivity": []}
+        return base | measured | {"caches": caches or {"off": measured}}
+
+    small = point(1_000, _gateway_pair(1, 2.0, 1.0, 0.9))
+    ten_k = point(10_000, _gateway_pair(1, 2.6, 2.0, 1.1))
+    sweep = {
+        cache: {"by_concurrency": [_gateway_pair(1, p50, 10.0, 2.5), _gateway_pair(32, 400.0, 400.0, 2.4)],
+                "by_selectivity": []}
+        for cache, p50 in (("off", 12.0), ("auto", 14.0))
+    }  # fmt: skip
+    largest = point(100_000, sweep["off"]["by_concurrency"][0], sweep)
+    plan = dataclasses.replace(QUICK.gateway, sizes=(1_000, 10_000, 100_000), caches=("off", "auto"))
+    suite = _as_suite(plan, [small, ten_k, largest], {"model": "m", "embedded": 4, "queries": 2})
+
+    p50s = {h.name: h for h in suite.headlines if h.name.startswith("semantic_search p50")}
+    assert list(p50s) == [
+        "semantic_search p50, 10,000 chunks, 1 caller (FAISS cache off)",
+        "semantic_search p50, 100,000 chunks, 1 caller (FAISS cache off)",
+        "semantic_search p50, 100,000 chunks, 1 caller (FAISS cache auto)",
+    ]  # the 1k point, where the HTTP hop is the ratio, has none
+    ten = p50s["semantic_search p50, 10,000 chunks, 1 caller (FAISS cache off)"]
+    assert (ten.value, ten.baseline, ten.bar, ten.meets_bar) == (2.6, 2.0, 1.3, True)
+    assert ten.spread == pytest.approx((1.17, 1.43)) and ten.spread_crosses_bar
+    auto = p50s["semantic_search p50, 100,000 chunks, 1 caller (FAISS cache auto)"]
+    assert auto.ratio == pytest.approx(1.4)
+
+    table = next(t for t in suite.tables if t.title.startswith("By corpus size, 1 caller"))
+    cpu = table.columns.index("gw CPU ms/req")
+    assert [(row[0], row[cpu]) for row in table.rows] == [(1_000, 0.9), (10_000, 1.1), (100_000, 2.5)]
 
 
 def test_scale_drain_headline_is_the_most_workers_against_its_slower_stage() -> None:
