@@ -324,6 +324,35 @@ async def test_slow_and_idle_connections_are_closed(
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], "no internal error logged"
 
 
+async def test_a_body_that_arrives_after_its_head_is_read_whole(
+    corpus_database_url: str, sidecar_url: str
+) -> None:
+    """The body read waits (under its deadline) for bytes that come after the head; only a body
+    already complete is read without arming the deadline. Both halves must reach the parser: the
+    action name sits in the second one."""
+    body = json.dumps(
+        {"dd_api": "dd_rag_api", "action": "semantic_search", "options": {"query": "coins"}}
+    ).encode()
+    head = (
+        "POST /api/v1/json HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {ADMIN}\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    async with running_gateway(corpus_database_url, sidecar_url, RAG_GATEWAY_BODY_TIMEOUT="30") as gw:
+        host, port = gw.url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(head + body[:20])
+        await writer.drain()
+        await asyncio.sleep(0.3)  # the handler is reading by now, its body not complete
+        writer.write(body[20:])
+        await writer.drain()
+        answer_head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 60)
+        length = int(re.search(rb"Content-Length: (\d+)", answer_head, re.IGNORECASE).group(1))  # type: ignore[union-attr]
+        answer = json.loads(await asyncio.wait_for(reader.readexactly(length), 60))
+        writer.close()
+    assert answer_head.startswith(b"HTTP/1.1 200"), (answer_head, answer)
+    assert answer["ok"] is True and isinstance(answer["data"], list)
+
+
 async def test_query_cache_is_per_caller_and_metrics_need_the_token(
     corpus_database_url: str, sidecar_url: str
 ) -> None:
