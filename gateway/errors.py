@@ -25,6 +25,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from schema.database import database_unreachable
+
 from .resources import ALLOWED_METHODS_KEY, ERROR_CODE_KEY, REQUEST_ID_KEY
 
 log = logging.getLogger(__name__)
@@ -217,6 +219,29 @@ def envelope_ok(request: web.Request, data: Any, msg: str = "ok") -> web.Respons
 
 
 RETRY_AFTER_S = 1  # what a 429 or retryable 503 asks a client to wait: in-flight requests finish by then
+DATABASE_DOWN_MESSAGE = (
+    "The database did not answer (unreachable, restarting or cut the session); retry shortly"
+)
+
+
+def unexpected_failure(exc: Exception, where: str) -> ApiError:
+    """The coded error for an exception no handler expected (the HTTP middleware's and the MCP tools').
+
+    The database failing under the request is an outage: 503 ``service.unavailable``, retryable,
+    a warning in the log. Anything else is a bug: 500 ``internal``, its stack in the log.
+    """
+    if database_unreachable(exc):
+        log.warning("the database failed %s: %s", where, _first_cause(exc))
+        return ApiError("service.unavailable", DATABASE_DOWN_MESSAGE)
+    log.error("unhandled error in %s", where, exc_info=exc)
+    return ApiError.internal()
+
+
+def _first_cause(exc: BaseException) -> BaseException:
+    """The first leaf of a task group's exception group (the legs fail alike), else ``exc``."""
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc
 
 
 def error_response(request: web.BaseRequest, error: ApiError) -> web.Response:
@@ -273,9 +298,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         error = _from_http_exception(request, exc)
         request[ERROR_CODE_KEY] = error.code
         return error_response(request, error)
-    except Exception:
-        log.exception("unhandled error in %s %s", request.method, request.path)
-        request[ERROR_CODE_KEY] = "internal"
-        return error_response(request, ApiError.internal())
+    except Exception as exc:
+        error = unexpected_failure(exc, f"{request.method} {request.path}")
+        request[ERROR_CODE_KEY] = error.code
+        return error_response(request, error)
     response.headers.setdefault(REQUEST_ID_HEADER, rid)
     return response

@@ -31,7 +31,7 @@ from .action_specs import ACTIONS, run_action
 from .app import create_engine
 from .auth import ANONYMOUS_ADMIN, Principal, TokenVerifier
 from .context import action_context
-from .errors import ApiError
+from .errors import ApiError, unexpected_failure
 from .resources import SETTINGS_KEY
 from .settings import GatewaySettings
 
@@ -95,9 +95,10 @@ def build_mcp_server(app: web.Application, principal: Principal) -> Server:
             msg, data = await run_action(context, settings, params.name, params.arguments or {})
         except ApiError as exc:
             return _result({"error": exc.body("mcp")["error"]}, error=True)
-        except Exception:  # never a stack trace to the model; the log keeps it
-            log.exception("MCP tool %s failed", params.name)
-            return _result({"error": ApiError.internal().body("mcp")["error"]}, error=True)
+        except Exception as exc:  # never a stack trace to the model; the log keeps it
+            return _result(
+                {"error": unexpected_failure(exc, f"MCP tool {params.name}").body("mcp")["error"]}, error=True
+            )
         return _result({"msg": msg, "data": data})
 
     return Server(

@@ -128,8 +128,9 @@ _REQUEST_BODIES: dict[tuple[str, str], dict[str, Any]] = {
 }
 
 
-# The 5xx codes every route may answer (it is stopping; an unexpected failure), and those some add.
-_ANY_ROUTE_5XX = ("internal", "service.stopping")
+# The 5xx codes every route may answer (it is stopping; the database did not answer; an unexpected
+# failure), and those some add.
+_ANY_ROUTE_5XX = ("internal", "service.stopping", "service.unavailable")
 _ROUTE_5XX: dict[tuple[str, str], tuple[str, ...]] = {("/readyz", "get"): ("service.unavailable",)}
 
 

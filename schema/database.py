@@ -16,6 +16,44 @@ from .embedded import EmbeddedPostgres
 from .migrate import MigrationError, migrate
 from .settings import DatabaseSettings
 
+# What a server that stops, restarts or cuts a session raises: the connection is gone (OSError,
+# class 08, asyncpg's own "connection closed"), the server is shutting down or starting (57P0x), or
+# a hot-standby recovery conflict cancelled the statement (40001). Each is worth one re-run elsewhere
+# or later (a replica's read goes to the primary; a caller's request is answered 503, retryable).
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.ConnectionDoesNotExistError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
+    asyncpg.SerializationError,
+    # a session the server cut while asyncpg was between messages: its protocol state is broken
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.InternalClientError,
+)
+
+
+def database_unreachable(exc: BaseException) -> bool:
+    """``exc`` (or every exception a task group gathered in it) is the database's connection failing.
+
+    Only one of :data:`CONNECTION_ERRORS` raised inside asyncpg counts: an ``OSError`` from a
+    missing media file or a ``TimeoutError`` of a sidecar call is not the database's.
+    """
+    if isinstance(exc, BaseExceptionGroup):
+        return all(database_unreachable(e) for e in exc.exceptions)
+    return isinstance(exc, CONNECTION_ERRORS) and _raised_in_asyncpg(exc)
+
+
+def _raised_in_asyncpg(exc: BaseException) -> bool:
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_globals.get("__name__", "").startswith("asyncpg."):
+            return True
+        tb = tb.tb_next
+    return False
+
 
 async def init_connection(conn: asyncpg.Connection) -> None:
     """Per-connection set-up for every pooled connection: the pgvector codecs.

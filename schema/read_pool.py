@@ -31,29 +31,12 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from .database import create_pool
+from .database import CONNECTION_ERRORS, create_pool
 
 __all__ = ["ReadPool", "ReplicaLost", "ReplicaStatus", "replica_lost"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-# What a replica that stops, restarts or cuts a session raises: the connection is gone (OSError,
-# class 08, asyncpg's own "connection closed"), the server is shutting down or starting (57P0x), or
-# a hot-standby recovery conflict cancelled the statement (40001). Each is worth one re-run elsewhere.
-CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
-    OSError,
-    TimeoutError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.ConnectionDoesNotExistError,
-    asyncpg.CannotConnectNowError,
-    asyncpg.AdminShutdownError,
-    asyncpg.CrashShutdownError,
-    asyncpg.SerializationError,
-    # a session the server cut while asyncpg was between messages: its protocol state is broken
-    asyncpg.InterfaceError,
-    asyncpg.exceptions.InternalClientError,
-)
 
 _LAG_SQL = """
 SELECT pg_is_in_recovery() AS in_recovery,
