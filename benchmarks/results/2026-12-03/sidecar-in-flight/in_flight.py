@@ -1,12 +1,11 @@
 """1-item /embed requests at concurrency 16 for 60 s against a bench sidecar whose MiniLM has
 ``coalesce_in_flight`` = ``IN_FLIGHT`` (unset: the default, two per replica); prints items/s.
 
-Run from the repository root: ``IN_FLIGHT=1 .venv/bin/python benchmarks/results/2026-12-03/sidecar-in-flight/in_flight.py``.
+Run from the repository root: ``.venv/bin/python benchmarks/results/2026-12-03/sidecar-in-flight/in_flight.py 1``.
 """
 
 import asyncio
 import dataclasses
-import os
 import sys
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ _config = bench_stack.bench_sidecar_config
 
 def _with_in_flight(models_dir: Path | None = None):
     config = _config(models_dir)
-    k = os.environ.get("IN_FLIGHT")
+    k = sys.argv[1] if len(sys.argv) > 1 else None
     if k:
         models = [
             dataclasses.replace(m, coalesce_in_flight=int(k)) if m.id == bench_stack.BENCH_MODEL else m
@@ -62,5 +61,5 @@ if __name__ == "__main__":
     with bench_stack.open_stack(Path(".mnemo/bench"), database=False, sidecar=True) as stack:
         assert stack.sidecar_url is not None
         print(
-            f"in flight {os.environ.get('IN_FLIGHT') or 'default'}: {asyncio.run(_load(stack.sidecar_url)):.1f} items/s"
+            f"in flight {sys.argv[1] if len(sys.argv) > 1 else 'default'}: {asyncio.run(_load(stack.sidecar_url)):.1f} items/s"
         )
