@@ -46,6 +46,7 @@ from index.search import (
     Scope,
     dense_search,
     lexical_search,
+    may_read_exactly,
     reads_exactly,
     scope_key,
     seed_chunks,
@@ -378,7 +379,7 @@ class Retriever:
         so the estimate's round trip is rare."""
         scope = replace(scope, exclude_record=None)
         max_rows = self.settings.dense_exact_max_rows
-        if max_rows == 0 or scope == Scope():  # reads_exactly's own answer, without the cache lookup
+        if not may_read_exactly(scope, max_rows):  # reads_exactly's own answer, without the cache lookup
             return False
         key = (partition.partition, modality, scope_key(scope))
         now = time.monotonic()

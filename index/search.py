@@ -60,6 +60,7 @@ __all__ = [
     "hnsw_scan_settings",
     "identity_order",
     "lexical_search",
+    "may_read_exactly",
     "query_terms",
     "read_session_settings",
     "reads_exactly",
@@ -371,6 +372,13 @@ async def exact_scan_rows(
     return rows
 
 
+def may_read_exactly(scope: Scope, max_rows: int) -> bool:
+    """Whether :func:`reads_exactly` could answer yes, known without the planner: the exact path is
+    on (``max_rows`` > 0) and the search is scoped. A caller that remembers decisions checks this
+    first, so an unscoped search costs no lookup."""
+    return max_rows != 0 and scope != Scope()
+
+
 async def reads_exactly(
     conn: asyncpg.Connection,
     partition: ModelPartition,
@@ -383,7 +391,7 @@ async def reads_exactly(
     """Whether the dense leg answers ``scope`` exactly (``dense_search(exact=True)``): when the
     planner would read at most ``max_rows`` (``RAG_DENSE_EXACT_MAX_ROWS``; 0: never) of its rows
     through an index (:func:`exact_scan_rows`). An unscoped search never does, and never asks."""
-    if max_rows == 0 or scope == Scope():
+    if not may_read_exactly(scope, max_rows):
         return False
     rows = await exact_scan_rows(conn, partition, vector, scope, limit, modality)
     return rows is not None and rows <= max_rows
