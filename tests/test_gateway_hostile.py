@@ -19,7 +19,15 @@ from gateway.context import RETRIEVER_KEY, query_error
 from gateway.retrieval import EmbeddingUnavailable, QueryRejected
 from index.search import Scope
 from index.validation import FieldError, parse_id
-from tests.fixtures.gateway import ADMIN, Gateway, running_gateway, token
+from tests.fixtures.gateway import (
+    ADMIN,
+    RAW_SEARCH,
+    RAW_SEARCH_HEAD,
+    Gateway,
+    read_raw_answer,
+    running_gateway,
+    token,
+)
 from tests.waiting import until
 
 RESEARCHER = token("researcher", projects=[1], oh1=1)
@@ -299,11 +307,9 @@ async def test_slow_and_idle_connections_are_closed(
             b"Content-Length: 100\r\n\r\n{"
         )
         await writer.drain()
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 60)
-        length = int(re.search(rb"Content-Length: (\d+)", head, re.IGNORECASE).group(1))  # type: ignore[union-attr]
-        body = await asyncio.wait_for(reader.readexactly(length), 60)
-        assert head.startswith(b"HTTP/1.1 408") and b"Connection: close" in head
-        assert json.loads(body)["error"]["code"] == "request.timeout"
+        status, headers, body = await read_raw_answer(reader)
+        assert status == 408 and headers["connection"] == "close"
+        assert body["error"]["code"] == "request.timeout"
         assert await _closed_within(reader, 60) == b""
         writer.close()
         # Hangs up in the middle of its body: a client abort in the log, not an internal error.
@@ -330,26 +336,17 @@ async def test_a_body_that_arrives_after_its_head_is_read_whole(
     """The body read waits (under its deadline) for bytes that come after the head; only a body
     already complete is read without arming the deadline. Both halves must reach the parser: the
     action name sits in the second one."""
-    body = json.dumps(
-        {"dd_api": "dd_rag_api", "action": "semantic_search", "options": {"query": "coins"}}
-    ).encode()
-    head = (
-        "POST /api/v1/json HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        f"Authorization: Bearer {ADMIN}\r\nContent-Length: {len(body)}\r\n\r\n"
-    ).encode()
     async with running_gateway(corpus_database_url, sidecar_url, RAG_GATEWAY_BODY_TIMEOUT="30") as gw:
         host, port = gw.url.removeprefix("http://").split(":")
         reader, writer = await asyncio.open_connection(host, int(port))
-        writer.write(head + body[:20])
+        writer.write(RAW_SEARCH_HEAD + RAW_SEARCH[:20])
         await writer.drain()
         await asyncio.sleep(0.3)  # the handler is reading by now, its body not complete
-        writer.write(body[20:])
+        writer.write(RAW_SEARCH[20:])
         await writer.drain()
-        answer_head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 60)
-        length = int(re.search(rb"Content-Length: (\d+)", answer_head, re.IGNORECASE).group(1))  # type: ignore[union-attr]
-        answer = json.loads(await asyncio.wait_for(reader.readexactly(length), 60))
+        status, _, answer = await read_raw_answer(reader)
         writer.close()
-    assert answer_head.startswith(b"HTTP/1.1 200"), (answer_head, answer)
+    assert status == 200, answer
     assert answer["ok"] is True and isinstance(answer["data"], list)
 
 

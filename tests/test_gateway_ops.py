@@ -19,7 +19,16 @@ from gateway.logs import REQUEST_ID, JsonFormatter, RequestIdFilter
 from gateway.openapi import build_spec
 from gateway.settings import load_gateway_settings
 from inference.net import await_ready, free_port
-from tests.fixtures.gateway import ADMIN, SECRET, TEXT_MODEL, Gateway, running_gateway
+from tests.fixtures.gateway import (
+    ADMIN,
+    RAW_SEARCH,
+    RAW_SEARCH_HEAD,
+    SECRET,
+    TEXT_MODEL,
+    Gateway,
+    read_raw_answer,
+    running_gateway,
+)
 from tests.waiting import until
 
 pytestmark = pytest.mark.ray
@@ -170,27 +179,6 @@ async def test_mnemo_gateway_stops_cleanly_on_sigterm(
     assert [line["event_loop"] for line in lines if "event_loop" in line] == [event_loop]
 
 
-_SEARCH = json.dumps(
-    {"dd_api": "dd_rag_api", "action": "semantic_search", "options": {"query": "reservoir"}}
-).encode()
-_SEARCH_HEAD = (
-    "POST /api/v1/json HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
-    f"Authorization: Bearer {ADMIN}\r\nContent-Length: {len(_SEARCH)}\r\n\r\n"
-).encode()
-
-
-async def _answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], dict]:
-    """One HTTP/1.1 answer off a raw connection: status, headers (lower-case names), JSON body.
-
-    Raises (``IncompleteReadError``, ``ConnectionResetError``, timeout) when the gateway dropped it.
-    """
-    head = (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 60)).decode("latin-1")
-    status_line, *lines = head.strip().split("\r\n")
-    headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines)}
-    body = await asyncio.wait_for(reader.readexactly(int(headers["content-length"])), 60)
-    return int(status_line.split()[1]), headers, json.loads(body)
-
-
 async def _refused(host: str, port: int) -> bool:
     try:
         _, writer = await asyncio.open_connection(host, port)
@@ -216,19 +204,19 @@ async def test_sigterm_drops_no_request_it_accepted(
         host, port = "127.0.0.1", int(gw.url.rsplit(":", 1)[1])
         # A: a kept-alive connection that has been served once, idle when the signal comes.
         a_reader, a_writer = await asyncio.open_connection(host, port)
-        a_writer.write(_SEARCH_HEAD + _SEARCH)
-        status, headers, _ = await _answer(a_reader)
+        a_writer.write(RAW_SEARCH_HEAD + RAW_SEARCH)
+        status, headers, _ = await read_raw_answer(a_reader)
         assert status == 200 and headers.get("connection", "").lower() != "close"
         # B: its head and half its body sent: a request in progress.
         b_reader, b_writer = await asyncio.open_connection(host, port)
-        b_writer.write(_SEARCH_HEAD + _SEARCH[:10])
+        b_writer.write(RAW_SEARCH_HEAD + RAW_SEARCH[:10])
         # C: connected, nothing sent yet (its request is "in transit").
         c_reader, c_writer = await asyncio.open_connection(host, port)
         # D: connected and sent while the gateway cannot accept it: it waits in the listen backlog.
         gw.process.send_signal(signal.SIGSTOP)
         try:
             d_reader, d_writer = await asyncio.open_connection(host, port)
-            d_writer.write(_SEARCH_HEAD + _SEARCH)
+            d_writer.write(RAW_SEARCH_HEAD + RAW_SEARCH)
             await d_writer.drain()
             gw.process.send_signal(signal.SIGTERM)
         finally:
@@ -238,14 +226,14 @@ async def test_sigterm_drops_no_request_it_accepted(
             "the gateway to refuse new connections after SIGTERM", lambda: _refused(host, port), every_s=0.01
         )
         # New connections are refused; everything already connected is answered.
-        a_writer.write(_SEARCH_HEAD + _SEARCH)
-        c_writer.write(_SEARCH_HEAD + _SEARCH)
+        a_writer.write(RAW_SEARCH_HEAD + RAW_SEARCH)
+        c_writer.write(RAW_SEARCH_HEAD + RAW_SEARCH)
         await asyncio.gather(a_writer.drain(), c_writer.drain())
-        a_status, a_headers, a_body = await _answer(a_reader)
-        c_status, c_headers, _ = await _answer(c_reader)
-        b_writer.write(_SEARCH[10:])
-        b_status, b_headers, _ = await _answer(b_reader)
-        d_status, _, _ = await _answer(d_reader)
+        a_status, a_headers, a_body = await read_raw_answer(a_reader)
+        c_status, c_headers, _ = await read_raw_answer(c_reader)
+        b_writer.write(RAW_SEARCH[10:])
+        b_status, b_headers, _ = await read_raw_answer(b_reader)
+        d_status, _, _ = await read_raw_answer(d_reader)
         code = await asyncio.wait_for(gw.process.wait(), 60)
         for writer in (a_writer, b_writer, c_writer, d_writer):
             writer.close()
