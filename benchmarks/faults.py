@@ -386,6 +386,8 @@ async def _interrupted_drain(
         "queue_left": queue_left,
         "parked": parked,
         "drain_crashes": drain.crashes,
+        # records an interrupted pass had claimed, given back by the worker's next pass
+        "claims_given_back": drain.claims_given_back,
         # from the restart to an empty queue; None: not drained by the deadline
         "recovery_s": None if drained_at is None else round(drained_at - started_at, 2),
         **extra,

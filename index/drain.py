@@ -7,7 +7,10 @@ its leases with a heartbeat. Any number of workers, in one process (``mnemo
 drain --workers N``), in several, on several hosts, and the gateway's own drain,
 share the queue: no lock serializes them, and a record is leased to one worker
 at a time. A worker killed with ``kill -9`` stops renewing; once its leases
-expire, the next claim of any worker takes its records.
+expire, the next claim of any worker takes its records. A live worker whose pass
+was interrupted (the database restarted under it) gives its own stale leases
+back at the start of its next pass, so an outage of seconds delays its records
+by seconds, not by ``lease_seconds``.
 
 A pass claims batches until none is ready. Inside a worker, batches are
 pipelined: while batch *n*'s records are written, batch *n+1* is claimed,
@@ -63,7 +66,9 @@ class DrainReport:
     attempts (``parked`` of them reached the maximum); ``superseded`` records were written
     but re-pushed meanwhile, so they stay queued for the next pass; ``lost_leases`` records
     were taken over by another worker after this one's lease expired (it wrote nothing);
-    ``unavailable`` means the pass stopped on a sidecar outage."""
+    ``unavailable`` means the pass stopped on a sidecar outage; ``claims_given_back`` records
+    were still leased by an interrupted earlier pass of the same worker (the database went away
+    under it) and were released for this pass to claim."""
 
     processed: int = 0
     indexed: int = 0
@@ -72,6 +77,7 @@ class DrainReport:
     parked: int = 0
     superseded: int = 0
     lost_leases: int = 0
+    claims_given_back: int = 0
     chunks_embedded: int = 0
     images_embedded: int = 0
     truncated: int = 0
@@ -140,6 +146,10 @@ class DrainWorker:
         self.chunks_embedded = 0
         # The records this worker is processing: only their leases are renewed.
         self.holding: set[tuple[str, int]] = set()
+        # A pass ended (an error, the database gone) still holding claims: the next pass gives
+        # them back first, so this live worker takes its records again at once instead of
+        # leaving them to expire (lease_seconds) after an outage of a second.
+        self.left_claims = False
         self._samples: deque[tuple[float, int]] = deque()
         self._beating: asyncio.Task[None] | None = None
 
@@ -174,6 +184,20 @@ class DrainWorker:
         first_t, first_n = self._samples[0]
         rate = (self.records_done - first_n) / (now - first_t) if now > first_t else 0.0
         return workers.WorkerSample(self.records_done, self.records_failed, self.chunks_embedded, rate)
+
+    async def give_back_left_claims(self) -> int:
+        """Release the leases an earlier pass of this worker left (between passes it works on
+        nothing, so every lease under its id is stale); returns how many. Raises, and tries again
+        at the next pass, while the database is away."""
+        if not self.left_claims:
+            return 0
+        released = await queue.release_all(self.pool, self.id)
+        self.left_claims = False
+        if released:
+            log.info(
+                "drain worker %s gave back %d records its interrupted pass had claimed", self.id, released
+            )
+        return released
 
     async def heartbeat(self) -> None:
         """Renew the leases of the records this worker is processing and publish its counters."""
@@ -232,11 +256,14 @@ async def drain_once(
     report = DrainReport()
     models = _Models(text_model, image_model, media or MediaSettings())
     try:
+        report.claims_given_back = await worker.give_back_left_claims()
         await _drain(pool, client, settings, models, stop, report, section_tipos, worker)
     finally:
         await models.close()
         # A pass ends holding nothing. One that died between a claim and the writes (an error,
-        # a cancel) leaves leases that are no longer renewed: they expire and are taken over.
+        # a cancel) leaves leases that are no longer renewed: this worker's next pass gives them
+        # back; if it never comes (the process killed), they expire and are taken over.
+        worker.left_claims = worker.left_claims or bool(worker.holding)
         worker.holding.clear()
     return report
 
@@ -521,6 +548,7 @@ class DrainLoop:
         self.last_pass_at: datetime | None = None
         self.paused_until: datetime | None = None
         self.passes = 0
+        self.claims_given_back = 0  # over every pass (DrainReport.claims_given_back)
         self.crashes = 0
         self.last_crash: str | None = None
         self.restart_at: datetime | None = None  # set while a crashed loop waits to restart
@@ -557,6 +585,7 @@ class DrainLoop:
             log.exception("drain pass failed")
             report = DrainReport(error=f"{type(exc).__name__}: {exc}")
         self.passes += 1
+        self.claims_given_back += report.claims_given_back
         self.last_report = report
         self.last_pass_at = datetime.now(UTC)
         if report.sidecar_seen is not None:

@@ -30,6 +30,9 @@ async def test_postgres_stopped_hard_mid_drain_loses_no_record(sidecar_url: str,
     assert 0 < result["queued_when_stopped"] < result["records"], result  # stopped mid-drain
     assert result["records_lost"] == 0 and result["chunks"] == result["chunks_clean"] > 0, result
     assert result["queue_left"] == 0 and result["parked"] == 0 and result["recovery_s"] is not None, result
+    # The worker gave back the claims its interrupted pass held and took them again, rather than
+    # waiting out their leases (a minute by default) after an outage of a second.
+    assert result["claims_given_back"] > 0, result
 
 
 async def test_a_drain_worker_killed_mid_batch_loses_and_duplicates_nothing(
