@@ -121,6 +121,8 @@ async def sidecar_process(data_dir: Path, port: int) -> AsyncIterator[str]:
             except TimeoutError:
                 proc.kill()
                 await proc.wait()
+            if proc.returncode != 0:  # its graceful stop did not finish: say so, with where to look
+                print(f"  sidecar   exited with code {proc.returncode}; see {log_path}", file=sys.stderr)
         _, alive = await asyncio.to_thread(psutil.wait_procs, tree, 15)
         for leftover in alive:
             with contextlib.suppress(psutil.NoSuchProcess):

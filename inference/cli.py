@@ -21,8 +21,7 @@ def _run(args: argparse.Namespace) -> int:
     )
     config = load_config(settings.config or default_config_path())
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    _stop_on_signals(stop)
     with running_sidecar(
         config,
         host=settings.host,
@@ -35,12 +34,29 @@ def _run(args: argparse.Namespace) -> int:
         keep_alive_timeout_s=settings.keep_alive_timeout_s,
         address=settings.ray_address,
     ) as url:
+        _stop_on_signals(stop)  # again: ray.init replaced the SIGTERM handler with its own sys.exit
         models = ", ".join(f"{m.id} ({m.kind})" for m in config.models)
         print(f"sidecar ready at {url} serving {models} from {config.source}. Ctrl-C stops it.", flush=True)
         print(example_requests(url, config), flush=True)
         stop.wait()
     print("sidecar stopped", flush=True)
     return 0
+
+
+def _stop_on_signals(stop: threading.Event) -> None:
+    """SIGINT and SIGTERM set ``stop``: the sidecar then stops gracefully (Serve's replicas drained,
+    Ray's processes stopped), whichever signal it was (Ctrl-C, docker stop, systemd, `mnemo up`)."""
+
+    def on_stop_signal(signum: int, frame: object) -> None:
+        # Ray's C++ failure-signal handler (absl's, in every Ray driver) sees SIGTERM first, logs
+        # it and arms a 3 s SIGALRM that aborts the process before handing the signal on to this
+        # handler; cancelled here, or the graceful stop would die of SIGABRT after 3 s (it did, and
+        # left Ray's agents running for about a minute).
+        signal.alarm(0)
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_stop_signal)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -142,7 +142,9 @@ def test_mnemo_up_serves_the_stack_and_stops_everything_on_ctrl_c(tmp_path: Path
     proc.send_signal(signal.SIGINT)
     rest, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, "".join(lines) + rest
-    assert "Mnemo stopped." in rest
+    assert "Mnemo stopped." in rest and "sidecar   exited with code" not in rest, rest
+    # SIGTERM from `up` gets the sidecar's whole graceful stop (it died of SIGABRT 3 s in before).
+    assert "sidecar stopped" in (data_dir / "sidecar.log").read_text(errors="replace")
     _, alive = psutil.wait_procs(started, timeout=60)
     assert not alive, f"processes left behind: {[p.info for p in alive if hasattr(p, 'info')]}"
     assert not _postgres_processes(data_dir / "pg"), "Ctrl-C leaves no database process behind"
