@@ -45,18 +45,14 @@ def _run(args: argparse.Namespace) -> int:
 
 def _stop_on_signals(stop: threading.Event) -> None:
     """SIGINT and SIGTERM set ``stop``: the sidecar then stops gracefully (Serve's replicas drained,
-    Ray's processes stopped), whichever signal it was (Ctrl-C, docker stop, systemd, `mnemo up`)."""
+    Ray's processes stopped), whichever signal it was (Ctrl-C, docker stop, systemd, `mnemo up`).
 
-    def on_stop_signal(signum: int, frame: object) -> None:
-        # Ray's C++ failure-signal handler (absl's, in every Ray driver) sees SIGTERM first, logs
-        # it and arms a 3 s SIGALRM that aborts the process before handing the signal on to this
-        # handler; cancelled here, or the graceful stop would die of SIGABRT after 3 s (it did, and
-        # left Ray's agents running for about a minute).
-        signal.alarm(0)
-        stop.set()
-
+    Called again once Ray is up: ``ray.init`` installs its own SIGTERM handler (``sys.exit``), and
+    Ray's C++ failure-signal handler, which then sees SIGTERM first, arms a 3 s SIGALRM that aborts
+    the process. Under them, a SIGTERM died of SIGABRT mid-shutdown and left Ray's agents running
+    for about a minute. (A SIGTERM during the start itself still meets Ray's handlers.)"""
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, on_stop_signal)
+        signal.signal(sig, lambda *_: stop.set())
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
