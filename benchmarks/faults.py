@@ -689,6 +689,8 @@ async def drain_processes(
 ) -> AsyncIterator[list[asyncio.subprocess.Process]]:
     """``n`` ``mnemo drain`` loops in subprocesses (``env``: more ``RAG_*`` settings for them), each
     logging to ``log_dir/drain-<i>.log``; the ones still running are stopped with SIGTERM after."""
+    from inference.net import stop_process
+
     from .settings import child_environment
 
     environ = child_environment(**env)
@@ -719,15 +721,7 @@ async def drain_processes(
             procs.append(proc)
         yield procs
     finally:
-        for proc in procs:
-            if proc.returncode is None:
-                proc.terminate()
-        for proc in procs:
-            try:
-                await asyncio.wait_for(proc.wait(), 60)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        await asyncio.gather(*(stop_process(proc) for proc in procs))
 
 
 async def leased_by(pool: Any, pid: int) -> set[int]:

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from inference.net import ProcessExited, await_ready, free_port
+from inference.net import ProcessExited, await_ready, free_port, stop_process
 
 from .bulk_load import bulk_load
 from .corpus_text import zipf_texts
@@ -147,6 +147,30 @@ class GatewayProcess:
 
 
 @contextlib.asynccontextmanager
+async def serving_subprocess(
+    argv: Sequence[str], log: Path, environ: dict[str, str], *, what: str, cwd: Path | None = None
+) -> AsyncIterator[tuple[str, asyncio.subprocess.Process]]:
+    """``python argv --port P`` on a free loopback port, ready (``/healthz``); its URL and process.
+
+    Terminated after (killed if it has not exited a minute later); ``what`` names it in the error of
+    a start that failed, beside its log."""
+    port = free_port()
+    with log.open("wb") as out:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, *argv, "--port", str(port), env=environ, stdout=out, stderr=out, cwd=cwd
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        try:
+            await await_ready(url, 120.0, path="/healthz", process=proc)
+        except (ProcessExited, TimeoutError) as exc:
+            raise RuntimeError(f"{what} did not start ({exc}); see {log}") from exc
+        yield url, proc
+    finally:
+        await stop_process(proc)
+
+
+@contextlib.asynccontextmanager
 async def gateway_process(
     database_url: str,
     sidecar_url: str,
@@ -163,30 +187,11 @@ async def gateway_process(
     (a git worktree of another commit, for an A/B of a code change); None runs this one. The caller
     may signal or stop the process itself.
     """
-    port = free_port()
     extra = {"RAG_TEXT_MODEL": text_model} if text_model else {}
     environ = child_environment(RAG_JWT_SECRET=secret, RAG_LOG_FORMAT="json", RAG_AUTH="jwt", **extra, **env)
-    with log.open("wb") as out:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gateway.cli", "gateway", "--port", str(port),
-            "--database-url", database_url, "--sidecar-url", sidecar_url,
-            env=environ, stdout=out, stderr=out, cwd=source,
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        try:
-            await await_ready(url, 120.0, path="/healthz", process=proc)
-        except (ProcessExited, TimeoutError) as exc:
-            raise RuntimeError(f"the gateway did not start ({exc}); see {log}") from exc
+    argv = ["-m", "gateway.cli", "gateway", "--database-url", database_url, "--sidecar-url", sidecar_url]
+    async with serving_subprocess(argv, log, environ, what="the gateway", cwd=source) as (url, proc):
         yield GatewayProcess(url, proc, log)
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), 60)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
 
 
 async def readyz_until(

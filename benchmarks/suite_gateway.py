@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from .http_floor import FloorCaller, floor_process, write_queries
 from .measure import LoadResult, closed_loop, process_cpu_s, ratio, spread
 from .plan import GatewayPlan
 from .report import Curve, Headline, SuiteResult, Table, format_span
@@ -46,6 +47,11 @@ P50_BAR = 1.3  # semantic_search p50 at one caller over the legs' SQL (issue 27)
 # Sizes below this get no p50 headline: at 1k chunks the SQL takes under 1 ms and the fixed HTTP
 # hop is the ratio; the point stays in the tables and curves.
 HEADLINE_MIN_CHUNKS = 10_000
+FLOOR_COLUMNS = [
+    "chunks", "FAISS cache", "callers", "floor p50 ms", "legs SQL p50 ms", "gw p50 ms", "floor/SQL p50",
+    "spread", "gw/SQL p50", "gw/floor p50", "floor CPU ms/req", "gw CPU ms/req", "floor/SQL req/s",
+    "spread ", "gw/SQL req/s",
+]  # fmt: skip
 
 
 class _EmbedOnce:
@@ -136,45 +142,69 @@ class GatewayCaller:
         self.hits.clear()
 
 
+async def served_window(
+    call: Callable[[int], Awaitable[None]], pid: int, run: Callable[..., Awaitable[LoadResult]]
+) -> dict[str, float]:
+    """One window of a server's path, with that server process's CPU per request over it (ms)."""
+    before = process_cpu_s(pid)
+    load = await run(call)
+    cpu_ms = (process_cpu_s(pid) - before) * 1000 / max(1, load.requests)
+    return {**_ms(load), "cpu_ms": cpu_ms}
+
+
 async def gateway_window(
     caller: GatewayCaller, run: Callable[..., Awaitable[LoadResult]]
 ) -> dict[str, float]:
     """One gateway window, with the gateway process's CPU per request over it (ms)."""
-    before = process_cpu_s(caller.pid)
-    load = await run(caller.search)
-    cpu_ms = (process_cpu_s(caller.pid) - before) * 1000 / max(1, load.requests)
-    return {**_ms(load), "cpu_ms": cpu_ms}
+    return await served_window(caller.search, caller.pid, run)
 
 
 async def _pair(
-    caller: GatewayCaller, plan: GatewayPlan, concurrency: int, admin: GatewayCaller | None = None
+    caller: GatewayCaller,
+    plan: GatewayPlan,
+    concurrency: int,
+    admin: GatewayCaller | None = None,
+    floor: FloorCaller | None = None,
 ) -> dict[str, Any]:
     """The caller's gateway point beside its baselines; with ``admin``, also the admin's dense leg
-    measured right after the caller's (the non-admin headline's same-time baseline).
+    measured right after the caller's (the non-admin headline's same-time baseline); with ``floor``,
+    the HTTP floor's window in every pair too (:mod:`benchmarks.http_floor`: what the HTTP hop alone
+    costs over the SQL).
 
     The gateway and the legs' SQL run as ``plan.pairs`` interleaved pairs of windows (gateway then
     SQL, then SQL then gateway, ...), so a drift of the machine falls on both alike; each pair's
     ratio is direct, and their min and max are the spread printed beside the ratio (two
-    configurations that run the same code once gave 1.51x and 2.09x from single windows)."""
+    configurations that run the same code once gave 1.51x and 2.09x from single windows). The
+    floor's window closes the first pair and opens the second (gateway, SQL, floor; floor, SQL,
+    gateway ...)."""
     run: Callable[[Callable[[int], Awaitable[None]]], Awaitable[LoadResult]] = lambda call: closed_loop(  # noqa: E731
         call, concurrency=concurrency, requests=plan.requests, max_seconds=plan.seconds
     )
+
+    async def floor_window() -> dict[str, float] | None:
+        return None if floor is None else await served_window(floor.legs, floor.pid, run)
+
     caller.hits.clear()
     pairs: list[tuple[dict[str, float], dict[str, float]]] = []
+    floors: list[dict[str, float]] = []
     for k in range(max(1, plan.pairs)):
         if k % 2 == 0:
             gateway = await gateway_window(caller, run)
             legs = _ms(await run(caller.raw.legs))
+            bare = await floor_window()
         else:
+            bare = await floor_window()
             legs = _ms(await run(caller.raw.legs))
             gateway = await gateway_window(caller, run)
         pairs.append((gateway, legs))
+        floors += [bare] if bare is not None else []
     dense = _ms(await run(caller.raw.dense))
     extra = {} if admin is None else {"admin_dense_sql": _ms(await run(admin.raw.dense))}
     gw = _combine([g for g, _ in pairs])
     sql = _combine([s for _, s in pairs])
     return {
         **extra,
+        **(_floor_figures(floors, pairs) if floors else {}),
         "concurrency": concurrency,
         "gateway": gw,
         "sql": sql,
@@ -186,6 +216,27 @@ async def _pair(
         "rps_ratio": ratio(gw["rps"], sql["rps"]),
         "rps_ratio_spread": spread([ratio(g["rps"], s["rps"]) for g, s in pairs]),
         "mean_hits": float(np.mean(caller.hits)) if caller.hits else 0.0,
+    }
+
+
+def _floor_figures(
+    floors: Sequence[dict[str, float]], pairs: Sequence[tuple[dict[str, float], dict[str, float]]]
+) -> dict[str, Any]:
+    """The HTTP floor's windows against the SQL's and the gateway's of the same pairs."""
+    fl = _combine(floors)
+    gw = _combine([g for g, _ in pairs])
+    sql = _combine([s for _, s in pairs])
+    return {
+        "floor": fl,
+        "floor_p50_ratio": ratio(fl["p50"], sql["p50"]),
+        "floor_p50_ratio_spread": spread(
+            [ratio(f["p50"], s["p50"]) for f, (_, s) in zip(floors, pairs, strict=True)]
+        ),
+        "floor_rps_ratio": ratio(fl["rps"], sql["rps"]),
+        "floor_rps_ratio_spread": spread(
+            [ratio(f["rps"], s["rps"]) for f, (_, s) in zip(floors, pairs, strict=True)]
+        ),
+        "p50_over_floor": ratio(gw["p50"], fl["p50"]),
     }
 
 
@@ -215,6 +266,7 @@ async def _measure_size(
 
     url = await stack.fresh_database("bench_gateway")
     pool = await gateway_read_pool(url)
+    floors = contextlib.AsyncExitStack()
     try:
         started = time.perf_counter()
         partition = await load_corpus(
@@ -226,6 +278,10 @@ async def _measure_size(
         assert stack.sidecar_url is not None
         largest = size == max(plan.sizes)
         point["caches"] = {}
+        floor = await floors.enter_async_context(
+            floor_process(url, model, write_queries(stack.work_dir / "floor-queries.npz", *queries),
+                          stack.work_dir / f"floor-{size}.log", limit=LIMIT)
+        )  # fmt: skip
         for cache in plan.caches if largest else plan.caches[:1]:
             log = stack.work_dir / f"gateway-{size}-{cache}.log"
             async with (
@@ -236,11 +292,16 @@ async def _measure_size(
                 admin = issue_token(secret=secret, sub="bench-admin", projects=None, admin=True)
                 caller = GatewayCaller(http, gateway, admin, pool, partition, Scope(), queries)
                 await caller.warm()
+                bare = FloorCaller(http, floor)
+                await bare.warm(len(caller.texts))
                 measured: dict[str, Any] = {"faiss": faiss, **await _pair(caller, plan, plan.concurrency)}
                 # one caller at every size (the goal table's latency and CPU cells), the whole
-                # concurrency sweep at the largest
+                # concurrency sweep at the largest; the HTTP floor beside the goal cells (one
+                # caller, the most callers)
                 sweep = sorted({1, *plan.load_concurrency}) if largest else [1]
-                measured["by_concurrency"] = [await _pair(caller, plan, c) for c in sweep]
+                measured["by_concurrency"] = [
+                    await _pair(caller, plan, c, floor=bare if c in (1, sweep[-1]) else None) for c in sweep
+                ]
                 if largest:
                     measured["by_selectivity"] = []
                     perms = {SECTION: 1}
@@ -257,6 +318,7 @@ async def _measure_size(
                 point["caches"][cache] = measured
         point.update(point["caches"][plan.caches[0]])  # the first mode's figures at the top level
     finally:
+        await floors.aclose()
         await pool.close()
     return point
 
@@ -412,6 +474,16 @@ def _as_suite(plan: GatewayPlan, points: list[dict[str, Any]], setup: dict[str, 
         "spread ",
         "p50 ratio (dense alone)",
     ]
+    floor_rows = [
+        [p_["chunks"], cache, c["concurrency"], c["floor"]["p50"], c["sql"]["p50"], c["gateway"]["p50"],
+         c["floor_p50_ratio"], format_span(c["floor_p50_ratio_spread"]), c["p50_ratio"], c["p50_over_floor"],
+         c["floor"]["cpu_ms"], c["gateway"]["cpu_ms"], c["floor_rps_ratio"],
+         format_span(c["floor_rps_ratio_spread"]), c["rps_ratio"]]
+        for p_ in points
+        for cache, m in p_["caches"].items()
+        for c in m["by_concurrency"]
+        if "floor" in c
+    ]  # fmt: skip
     tables = [
         Table(
             f"By corpus size, 1 caller (FAISS cache {plan.caches[0]})",
@@ -445,6 +517,14 @@ def _as_suite(plan: GatewayPlan, points: list[dict[str, Any]], setup: dict[str, 
             ],
         ),
     ]
+    if floor_rows:
+        tables.append(
+            Table(
+                "The HTTP floor beside the goal cells (an aiohttp server running only the legs' SQL)",
+                FLOOR_COLUMNS,
+                floor_rows,
+            )
+        )
     notes = [
         f"Model {setup['model']}; {setup['embedded']} chunk vectors from the sidecar, the rest seeded mixtures "
         f"of them; {setup['queries']} queries (vectors cached by the gateway after one warm pass); limit {LIMIT}, "
@@ -462,6 +542,12 @@ def _as_suite(plan: GatewayPlan, points: list[dict[str, Any]], setup: dict[str, 
         "gw CPU ms/req: the gateway process's CPU time (user + system, psutil) over its windows divided by the "
         "requests they served (median over the windows): the gateway's own cost, which a busy neighbour moves "
         "far less than a latency.",
+        "HTTP floor (benchmarks/http_floor.py): an aiohttp server in its own process, on the gateway's event "
+        'loop, whose one route runs the legs\' SQL for the query numbered in the body and answers {"ok": true} '
+        "(no auth, fusion, gate or hits). Its window runs in each pair of the one-caller and most-callers points "
+        "(gateway, SQL, floor; then floor, SQL, gateway). floor/SQL is what the HTTP hop alone costs, which no "
+        "change to the gateway's code removes while it is an aiohttp service; gw/floor is the gateway's code "
+        "over it.",
         "Selectivity: the caller's projects cover that share of the records (every chunk of a record shares "
         "its projects); hits/query is what the gateway returned for limit 10.",
     ]

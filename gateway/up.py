@@ -26,7 +26,7 @@ from aiohttp import web
 
 from index import queue
 from index.demo import load_demo
-from inference.net import ProcessExited, await_ready, free_port, log_tail
+from inference.net import ProcessExited, await_ready, free_port, log_tail, stop_process
 
 from .app import create_app, serve
 from .auth import issue_token
@@ -115,12 +115,7 @@ async def sidecar_process(data_dir: Path, port: int) -> AsyncIterator[str]:
         except psutil.NoSuchProcess:
             tree = []
         if proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), 60)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+            await stop_process(proc)
             if proc.returncode != 0:  # its graceful stop did not finish: say so, with where to look
                 print(f"  sidecar   exited with code {proc.returncode}; see {log_path}", file=sys.stderr)
         _, alive = await asyncio.to_thread(psutil.wait_procs, tree, 15)

@@ -14,7 +14,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["ProcessExited", "await_ready", "free_port", "log_tail", "wait_ready"]
+__all__ = ["ProcessExited", "await_ready", "free_port", "log_tail", "stop_process", "wait_ready"]
 
 
 class ProcessExited(RuntimeError):
@@ -97,3 +97,15 @@ async def await_ready(
                 last = repr(exc)
             await asyncio.sleep(0.25)
     raise TimeoutError(f"{url} not ready after {timeout_s:.0f}s: {last}")
+
+
+async def stop_process(process: asyncio.subprocess.Process, grace_s: float = 60.0) -> None:
+    """SIGTERM ``process`` (when still running) and wait for it; SIGKILL after ``grace_s``."""
+    if process.returncode is not None:
+        return
+    process.terminate()
+    try:
+        await asyncio.wait_for(process.wait(), grace_s)
+    except TimeoutError:
+        process.kill()
+        await process.wait()

@@ -123,6 +123,15 @@ def test_every_suite_writes_a_report_with_baselines_and_plots(
     # 200 chunks = 40 records; a caller who sees 10% of them gets at most their 4 records.
     assert visible[1.0] == 10 and 0 < visible[0.1] <= 4
     assert gateway["headlines"][0]["higher_is_better"] is False  # latency: lower is better
+    # The HTTP floor (a real aiohttp process running the legs' SQL) beside the goal cells: one caller
+    # at every size, and the most callers at the largest; its requests were served.
+    floored = [(p["chunks"], c["concurrency"]) for p in points for c in p["by_concurrency"] if "floor" in c]
+    assert floored == [(60, 1), (200, 1), (200, 2)]
+    assert all(c["floor"]["rps"] > 0 for c in largest["by_concurrency"])
+    floor_table = next(t for t in gateway["tables"] if t["title"].startswith("The HTTP floor"))
+    assert [row[:3] for row in floor_table["rows"]] == [
+        [60, "off", 1], [200, "off", 1], [200, "off", 2], [200, "auto", 1], [200, "auto", 2]
+    ]  # fmt: skip
 
     quality = suites["quality"]
     names = [h["name"] for h in quality["headlines"]]
