@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import json
 import logging
 import os
 import socket
@@ -51,6 +50,7 @@ from aiohttp import web
 from aiohttp.web_request import BaseRequest
 
 from inference.http_protocol import JsonProtocolErrors, ProtocolRunner
+from inference.json_out import dumps
 
 from .errors import REQUEST_ID_HEADER, ApiError, Handler, error_response
 from .settings import GatewaySettings
@@ -138,8 +138,9 @@ class _EnvelopeProtocol(JsonProtocolErrors):
             )
             error = ApiError(code, f"The HTTP request is malformed ({status}: {reason})")
         rid = uuid.uuid4().hex
-        body = json.dumps(error.body(rid), separators=(",", ":"))
-        response = web.Response(status=error.status, text=body, content_type="application/json")
+        response = web.Response(
+            status=error.status, body=dumps(error.body(rid)), content_type="application/json", charset="utf-8"
+        )
         response.headers[REQUEST_ID_HEADER] = rid
         return response
 

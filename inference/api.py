@@ -12,7 +12,6 @@ import asyncio
 import base64
 import dataclasses
 import hmac
-import json
 import logging
 import math
 import time
@@ -36,6 +35,7 @@ from .errors import (
     UnsupportedMediaType,
 )
 from .images import decode_base64
+from .json_out import dumps
 from .metrics import SidecarMetrics
 from .strict_json import JsonRejected, loads_strict
 
@@ -156,8 +156,16 @@ def _check_media_type(headers: Mapping[str, str]) -> None:
 
 
 def _json(status: int, payload: Any, headers: Mapping[str, str] | None = None) -> HttpResponse:
-    body = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
-    return HttpResponse(status, body, headers=dict(headers or {}))
+    return HttpResponse(status, dumps(payload), headers=dict(headers or {}))
+
+
+def _finite(values: np.ndarray | Sequence[float], what: str) -> None:
+    """A model's numbers reach the caller finite or not at all: a NaN or an infinity (an fp16 overflow,
+    a broken checkpoint) is a coded 500, in every encoding. The JSON encoder would write it as null,
+    and base64 would carry it as bytes, both silently."""
+    if not np.isfinite(np.asarray(values, dtype=np.float64)).all():
+        log.error("the model returned a non-finite value in its %s", what)
+        raise ModelFailed(f"the model returned a non-finite value (NaN or infinity) in its {what}")
 
 
 def _error(exc: SidecarApiError) -> HttpResponse:
@@ -195,6 +203,7 @@ def _strings(body: Mapping[str, Any], name: str) -> list[str]:
 
 
 def _encode_vectors(matrix: np.ndarray, encoding: str) -> list:
+    _finite(matrix, "vectors")
     if encoding == "base64":  # little-endian float32, as OpenAI's encoding_format=base64
         rows = np.ascontiguousarray(matrix, dtype="<f4")
         return [base64.b64encode(row.tobytes()).decode("ascii") for row in rows]
@@ -410,6 +419,7 @@ class SidecarAPI:
             "usage": {"tokens": out["tokens"]},
         }
         if sparse:
+            _finite([w for row in out["sparse"] for w in row.values()], "sparse weights")
             answer["sparse"] = [{str(k): v for k, v in row.items()} for row in out["sparse"]]
         return _json(200, answer)
 
@@ -488,6 +498,7 @@ class SidecarAPI:
         raw_scores = _field(payload, "raw_scores", bool, False)
         out = await self._call(backend.rerank(query, documents, truncate=truncate, raw_scores=raw_scores))
         self.metrics.observe_items(model, "pairs", len(documents), out["tokens"])
+        _finite(out["scores"], "scores")
         return _json(200, {"scores": out["scores"], "model": model, "usage": {"tokens": out["tokens"]}})
 
     async def _tokenize(self, payload: dict[str, Any]) -> HttpResponse:

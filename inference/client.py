@@ -21,8 +21,10 @@ from typing import Any
 
 import aiohttp
 import numpy as np
+import orjson
 
 from .errors import ErrorCode
+from .json_out import dumps
 
 __all__ = [
     "EmbedResult",
@@ -37,6 +39,7 @@ __all__ = [
 _RETRY_STATUSES = frozenset({429, 502, 503, 504})
 _KNOWN_CODES = frozenset(code.value for code in ErrorCode)
 _MAX_IMAGE_REQUEST_BYTES = 32 * 1024 * 1024  # raw bytes per /image request (body limit is 64 MiB base64)
+_JSON_BODY = {"Content-Type": "application/json"}  # bodies through inference.json_out (orjson)
 _PARALLEL_REQUESTS = 4  # split requests in flight at once; the sidecar batches them together
 
 
@@ -146,10 +149,14 @@ class SidecarClient:
             retry_after: float | None = None
             try:
                 async with self._http().request(
-                    method, url, json=payload, timeout=aiohttp.ClientTimeout(total=self.timeout)
+                    method,
+                    url,
+                    data=None if payload is None else dumps(payload),
+                    headers=None if payload is None else _JSON_BODY,
+                    timeout=aiohttp.ClientTimeout(total=self.timeout),
                 ) as response:
                     if response.status < 300:
-                        return await response.json(content_type=None)
+                        return orjson.loads(await response.read())
                     code, message = await self._error_body(response)
                     if response.status not in _RETRY_STATUSES:
                         if 400 <= response.status < 500:

@@ -167,7 +167,7 @@ class Overloaded(SidecarApiError):
 
 
 class ModelFailed(SidecarApiError):
-    """The forward pass raised; the replica stays up and the next request is served (500)."""
+    """The forward pass raised or returned NaN/infinity; the replica stays up and serves the next request (500)."""
 
     status = 500
     default_code = ErrorCode.MODEL_ERROR

@@ -19,7 +19,6 @@ alike. ``request_timeout_s`` bounds the rest: body upload and answer (408 ``requ
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 
 from aiohttp import web
@@ -28,6 +27,7 @@ from .api import SidecarAPI, read_body
 from .errors import BadRequest, ErrorCode, PayloadTooLarge, RequestTimeout, SidecarApiError
 from .eventloop import loop_name
 from .http_protocol import JsonProtocolErrors, ProtocolRunner
+from .json_out import dumps
 
 __all__ = ["create_app", "start_front"]
 
@@ -114,8 +114,7 @@ class _JsonErrorProtocol(JsonProtocolErrors):
             text = f"malformed HTTP request ({status}: {reason})"
             kind = {408: RequestTimeout, 413: PayloadTooLarge}.get(status, BadRequest)
             error = kind(text, code=ErrorCode.BAD_HTTP_REQUEST if kind is BadRequest else None)
-        body = json.dumps(error.to_json(), separators=(",", ":")).encode()
-        return web.Response(status=error.status, body=body, content_type="application/json")
+        return web.Response(status=error.status, body=dumps(error.to_json()), content_type="application/json")
 
 
 class _FrontRunner(ProtocolRunner):

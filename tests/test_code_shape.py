@@ -148,6 +148,7 @@ INFERENCE_PUBLIC = frozenset(
         "inference.client",
         "inference.errors",
         "inference.strict_json",
+        "inference.json_out",
         "inference.http_protocol",
         "inference.net",
         "inference.images",

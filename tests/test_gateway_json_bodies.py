@@ -1,11 +1,13 @@
-"""The gateway's response bodies (gateway/errors.py ``dumps``, orjson) say what json.dumps said."""
+"""Response bodies (``inference.json_out.dumps``, orjson: the gateway's, the sidecar's, its client's requests)
+say what json.dumps said."""
 
 import json
 import math
 
 import pytest
 
-from gateway.errors import ApiError, dumps
+from gateway.errors import ApiError
+from inference.json_out import dumps
 
 
 def _old(obj: object) -> bytes:
@@ -70,3 +72,10 @@ def test_a_non_finite_float_is_null_not_a_bare_nan() -> None:
     body = dumps({"score": math.nan, "worst": -math.inf})
     assert json.loads(body) == {"score": None, "worst": None}
     assert b"NaN" not in _old({"ok": 1}) and b"NaN" in _old({"score": math.nan})  # what json.dumps did
+
+
+def test_a_lone_surrogate_is_written_escaped_not_raised() -> None:
+    # Neither orjson nor UTF-8 carries one; json.dumps's ASCII form does, and the body stays JSON.
+    body = dumps({"reason": "bad byte \udc80 here", "name": "é"})
+    assert body == b'{"reason":"bad byte \\udc80 here","name":"\\u00e9"}'
+    assert json.loads(body) == {"reason": "bad byte \udc80 here", "name": "é"}

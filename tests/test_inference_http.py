@@ -556,6 +556,55 @@ async def test_model_error_reaches_every_waiter_and_the_next_request_succeeds(
         await server.close()
 
 
+async def test_a_models_nan_is_a_coded_500_in_every_encoding(
+    http: aiohttp.ClientSession,
+    sidecar_config: SidecarConfig,
+    inference_encoders: dict[str, Encoder],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The JSON encoder writes NaN as null and base64 carries it as bytes: either way a caller would
+    # index a vector that matches nothing (or everything). The sidecar refuses it instead.
+    embedder = inference_encoders["tiny-bge-m3-random"]
+    reranker = inference_encoders["tiny-reranker-random"]
+    real_embed, real_rerank = embedder.run_batch, reranker.run_batch
+    poisoned = {"on": True}
+
+    def nan_vectors(items):
+        results = real_embed(items)
+        if not poisoned["on"]:
+            return results
+        return [dataclasses.replace(results[0], dense=np.full_like(results[0].dense, np.nan)), *results[1:]]
+
+    def nan_scores(items):  # a NaN logit (an infinite one is a sigmoid's 1.0: a valid score)
+        scores = real_rerank(items)
+        return [float("nan"), *scores[1:]] if poisoned["on"] else scores
+
+    monkeypatch.setattr(embedder, "run_batch", nan_vectors)
+    monkeypatch.setattr(reranker, "run_batch", nan_scores)
+    server, local = await _local(
+        sidecar_config, inference_encoders, ["tiny-bge-m3-random", "tiny-reranker-random"]
+    )
+    embed = {"model": "tiny-bge-m3-random", "input": ["one", "two"]}
+    rerank = {"model": "tiny-reranker-random", "query": "q", "documents": ["d", "e"]}
+    try:
+        for path, body in [
+            ("/embed", embed),
+            ("/embed", {**embed, "encoding_format": "base64"}),
+            ("/v1/embeddings", embed),
+            ("/rerank", rerank),
+        ]:
+            status, answer, _ = await _post(http, local.url + path, body)
+            assert (status, answer["error"]["code"]) == (500, "model_error"), path
+            assert "non-finite" in answer["error"]["message"], path
+        poisoned["on"] = False  # the replica stays up: the next batch is answered
+        status, answer, _ = await _post(http, f"{local.url}/embed", embed)
+        assert status == 200 and all(all(np.isfinite(v)) for v in answer["embeddings"])
+        status, answer, _ = await _post(http, f"{local.url}/rerank", rerank)
+        assert status == 200 and len(answer["scores"]) == 2
+    finally:
+        await server.close()
+
+
 async def test_api_key_guards_every_route_but_health(
     http: aiohttp.ClientSession, sidecar_config: SidecarConfig, inference_encoders: dict[str, Encoder]
 ) -> None:
