@@ -123,6 +123,9 @@ def test_every_suite_writes_a_report_with_baselines_and_plots(
     # 200 chunks = 40 records; a caller who sees 10% of them gets at most their 4 records.
     assert visible[1.0] == 10 and 0 < visible[0.1] <= 4
     assert gateway["headlines"][0]["higher_is_better"] is False  # latency: lower is better
+    # The non-admin dense headline comes from interleaved pairs, like the others: its spread holds it.
+    (dense,) = [h for h in gateway["headlines"] if h["name"].startswith("non-admin dense leg")]
+    assert dense["spread"][0] <= dense["ratio"] <= dense["spread"][1]
     # The HTTP floor (a real aiohttp process running the legs' SQL) beside the goal cells: one caller
     # at every size, and the most callers at the largest; its requests were served.
     floored = [(p["chunks"], c["concurrency"]) for p in points for c in p["by_concurrency"] if "floor" in c]
