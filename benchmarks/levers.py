@@ -21,19 +21,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import secrets
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .measure import closed_loop, ratio
+from .measure import alternating_passes, closed_loop, ratio
 
 __all__ = ["Variant", "parse_variant", "run_levers"]
 
@@ -117,17 +118,11 @@ async def run_levers(
                 async def run(call: Any, c: int = c) -> Any:
                     return await closed_loop(call, concurrency=c, requests=requests, max_seconds=seconds)
 
-                windows = []
-                for k in range(pairs):
-                    names = list(callers) if k % 2 == 0 else list(reversed(callers))
-                    window: dict[str, Any] = {}
-                    if k % 2 == 1:
-                        window["sql"] = await _sql_window(run, sql)
-                    for name in names:
-                        window[name] = await gateway_window(callers[name], run)
-                    if k % 2 == 0:
-                        window["sql"] = await _sql_window(run, sql)
-                    windows.append(window)
+                paths: dict[str, Callable[[], Awaitable[dict[str, float]]]] = {
+                    name: functools.partial(gateway_window, callers[name], run) for name in callers
+                }
+                paths["sql"] = functools.partial(_sql_window, run, sql)
+                windows = await alternating_passes(paths, pairs)  # A B SQL, then SQL B A, ...
                 points.append({"concurrency": c, **_summarize(windows, list(callers))})
     finally:
         await pool.close()

@@ -12,9 +12,11 @@ import statistics
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -149,6 +151,19 @@ async def closed_loop(
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     wall = time.perf_counter() - start
     return LoadResult(concurrency, len(latencies), items_per_request, wall, summarize(latencies))
+
+
+async def alternating_passes(
+    windows: Mapping[str, Callable[[], Awaitable[T]]], passes: int
+) -> list[dict[str, T]]:
+    """``passes`` passes over named windows, in their order on even passes and reversed on odd ones
+    (A B C, then C B A, ...), so a drift of a shared machine falls on every path alike: each pass's
+    results, keyed by name in the order they ran. The interleaving of every paired headline."""
+    names = list(windows)
+    out: list[dict[str, T]] = []
+    for k in range(passes):
+        out.append({name: await windows[name]() for name in (names if k % 2 == 0 else names[::-1])})
+    return out
 
 
 async def interleaved_windows(

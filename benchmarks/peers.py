@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import statistics
 import subprocess
@@ -160,6 +161,7 @@ async def interleaved_pairs(
     ``calls`` maps two modes (the first is the numerator) to their callers. Each pair's ratio is
     A's items/s over B's; the result per size is the ratio of the means and the pairs' min and max.
     """
+    from .measure import alternating_passes
     from .sidecar import load_cell
 
     first, second = calls
@@ -167,15 +169,13 @@ async def interleaved_pairs(
     for size in sizes:
         for call in calls.values():
             await call(list(texts[:size]))  # warm both paths
-        rows = []
-        for k in range(max(1, pairs)):
-            order = (first, second) if k % 2 == 0 else (second, first)
-            row = {}
-            for mode in order:
-                row[mode] = await load_cell(
-                    mode, calls[mode], texts, concurrency=concurrency, size=size, seconds=seconds
-                )
-            rows.append(row)
+        cells = {
+            mode: functools.partial(
+                load_cell, mode, call, texts, concurrency=concurrency, size=size, seconds=seconds
+            )
+            for mode, call in calls.items()
+        }
+        rows = await alternating_passes(cells, max(1, pairs))  # A B, then B A, ...
         orders = [list(row) for row in rows]
         summary = summarize_pairs(rows, first, second)
         out.append(summary | {"concurrency": concurrency, "request_size": size, "order": orders})

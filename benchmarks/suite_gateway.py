@@ -23,6 +23,7 @@ throughput at the most callers; and the non-admin dense leg at 100% visibility o
 from __future__ import annotations
 
 import contextlib
+import functools
 import secrets
 import statistics
 import time
@@ -32,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from .http_floor import FloorCaller, floor_process, write_queries
-from .measure import LoadResult, closed_loop, process_cpu_s, ratio, spread
+from .measure import LoadResult, alternating_passes, closed_loop, process_cpu_s, ratio, spread
 from .plan import GatewayPlan
 from .report import Curve, Headline, SuiteResult, Table, format_span
 from .stack import BENCH_MODEL, BenchStack
@@ -181,23 +182,19 @@ async def _pair(
         call, concurrency=concurrency, requests=plan.requests, max_seconds=plan.seconds
     )
 
-    async def floor_window() -> dict[str, float] | None:
-        return None if floor is None else await served_window(floor.legs, floor.pid, run)
+    async def legs_window() -> dict[str, float]:
+        return _ms(await run(caller.raw.legs))
 
+    windows: dict[str, Callable[[], Awaitable[dict[str, float]]]] = {
+        "gateway": functools.partial(gateway_window, caller, run),
+        "sql": legs_window,
+    }
+    if floor is not None:
+        windows["floor"] = functools.partial(served_window, floor.legs, floor.pid, run)
     caller.hits.clear()
-    pairs: list[tuple[dict[str, float], dict[str, float]]] = []
-    floors: list[dict[str, float]] = []
-    for k in range(max(1, plan.pairs)):
-        if k % 2 == 0:
-            gateway = await gateway_window(caller, run)
-            legs = _ms(await run(caller.raw.legs))
-            bare = await floor_window()
-        else:
-            bare = await floor_window()
-            legs = _ms(await run(caller.raw.legs))
-            gateway = await gateway_window(caller, run)
-        pairs.append((gateway, legs))
-        floors += [bare] if bare is not None else []
+    passes = await alternating_passes(windows, max(1, plan.pairs))
+    pairs = [(p["gateway"], p["sql"]) for p in passes]
+    floors = [p["floor"] for p in passes if "floor" in p]
     dense, extra = (
         (_ms(await run(caller.raw.dense)), {})
         if admin is None
@@ -231,15 +228,15 @@ async def _dense_pairs(
     """The caller's dense leg and the admin's in ``plan.pairs`` interleaved pairs of windows (caller
     then admin, then admin then caller ...), as the headlines' pairs: one pair of single windows
     gave the same code 1.42x in one run and 1.11x in the next."""
-    pairs: list[tuple[dict[str, float], dict[str, float]]] = []
-    for k in range(max(1, plan.pairs)):
-        if k % 2 == 0:
-            mine = _ms(await run(caller.raw.dense))
-            theirs = _ms(await run(admin.raw.dense))
-        else:
-            theirs = _ms(await run(admin.raw.dense))
-            mine = _ms(await run(caller.raw.dense))
-        pairs.append((mine, theirs))
+
+    async def dense_window(who: GatewayCaller) -> dict[str, float]:
+        return _ms(await run(who.raw.dense))
+
+    passes = await alternating_passes(
+        {"caller": functools.partial(dense_window, caller), "admin": functools.partial(dense_window, admin)},
+        max(1, plan.pairs),
+    )
+    pairs = [(p["caller"], p["admin"]) for p in passes]
     return _combine([m for m, _ in pairs]), {
         "admin_dense_sql": _combine([t for _, t in pairs]),
         "admin_dense_ratio_spread": spread([ratio(m["p50"], t["p50"]) for m, t in pairs]),

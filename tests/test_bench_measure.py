@@ -89,3 +89,25 @@ async def test_interleaved_windows_alternate_the_legs_and_time_every_item_in_eve
     assert window_ratios([[2.0, 4.0, 6.0], [1.0]], [[1.0, 2.0, 3.0], [2.0]]) == [2.0, 0.5]
     with pytest.raises(ValueError, match="at least one window"):
         await interleaved_windows({"a": leg("a")}, [], windows=1)
+
+
+async def test_alternating_passes_reverse_the_order_on_every_other_pass() -> None:
+    from benchmarks.measure import alternating_passes
+
+    ran: list[str] = []
+
+    def window(name: str):
+        async def run() -> str:
+            ran.append(name)
+            return f"{name}{len(ran)}"
+
+        return run
+
+    passes = await alternating_passes({"a": window("a"), "b": window("b"), "c": window("c")}, 3)
+    assert ran == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
+    # each pass keyed by name, in the order its windows ran, with what each returned
+    assert [list(p.items()) for p in passes] == [
+        [("a", "a1"), ("b", "b2"), ("c", "c3")],
+        [("c", "c4"), ("b", "b5"), ("a", "a6")],
+        [("a", "a7"), ("b", "b8"), ("c", "c9")],
+    ]
