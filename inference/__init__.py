@@ -6,7 +6,7 @@ surface (``tests/test_code_shape.py`` holds them to it):
 - ``inference.client``: the client and its typed errors (re-exported below);
 - ``inference.errors``: ``ErrorCode``, the one table of error codes the sidecar answers;
 - ``inference.strict_json``: the strict JSON parser both HTTP services use for request bodies;
-- ``inference.json_out``: the JSON encoder (orjson) of every body both services answer and the client sends;
+- ``inference.json_out``: the JSON encoder (orjson) of both services' JSON answers and the client's requests;
 - ``inference.http_protocol``: coded answers to HTTP protocol errors, shared by both servers;
 - ``inference.net``: free ports and readiness waits for the processes ``mnemo up`` starts;
 - ``inference.images``: safe image decoding (byte, pixel and decompression-bomb limits);
