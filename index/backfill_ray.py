@@ -8,7 +8,11 @@ committed batches when the same command runs again.
 The job: the driver reads the pending record keys, then
 
 1. ``ray.data.from_items`` spreads them over the cluster in batches of ``--batch`` records;
-2. ``map_batches(BackfillWriter)`` runs ``writers`` actors. Each one holds, for its life, a
+2. ``map_batches(BackfillWriter)`` runs ``writers`` actors. The job waits (``start_timeout_s``)
+   until every one of them is placed and started, then hands each writer one batch at a time, so
+   batches go to whichever writer is free on whatever node (Ray Data's default of two in flight,
+   with data locality, lets the writer beside the driver take every batch of a small run while
+   the others start). Each one holds, for its life, a
    PostgreSQL pool, a sidecar client and an :class:`index.indexer.Indexer`; per batch it reads
    and chunks the records in the actor (as the drain does), embeds them through the sidecar, and
    writes them with binary COPY (:func:`index.backfill.embed_and_copy`). So chunking, embedding
@@ -36,7 +40,13 @@ from inference.client import ModelInfo
 from .backfill import BackfillOptions, Progress, Source, embed_and_copy, records_done
 from .indexer import Indexer
 from .partitions import ModelPartition
-from .ray_cluster import connect
+from .ray_cluster import (
+    ACTOR_START_TIMEOUT_S,
+    actor_pool,
+    connect,
+    is_actor_start_timeout,
+    start_actors_first,
+)
 from .settings import SidecarClientSettings
 
 __all__ = ["BackfillWriter", "RayEmbedStep", "RayStepError"]
@@ -97,6 +107,7 @@ class RayEmbedStep:
     sidecar: SidecarClientSettings
     writers: int = 2
     cpus_per_writer: float = 1.0
+    start_timeout_s: float = ACTOR_START_TIMEOUT_S
     records_by_node: Counter[str] = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
@@ -104,6 +115,8 @@ class RayEmbedStep:
             raise ValueError(f"--ray-writers must be at least 1, got {self.writers}")
         if self.cpus_per_writer <= 0:
             raise ValueError(f"CPUs per writer must be positive, got {self.cpus_per_writer}")
+        if self.start_timeout_s <= 0:
+            raise ValueError(f"--ray-start-timeout must be positive, got {self.start_timeout_s:g}")
 
     async def __call__(
         self,
@@ -143,10 +156,11 @@ class RayEmbedStep:
             ds = ray.data.from_items(items).map_batches(
                 BackfillWriter,
                 batch_size=options.batch_records,
-                concurrency=self.writers,
+                compute=actor_pool(self.writers),
                 num_cpus=self.cpus_per_writer,
                 fn_constructor_kwargs=writer_args,
             )
+            start_actors_first(ds, self.start_timeout_s)
             for out in ds.iter_batches(batch_size=None, batch_format="numpy"):
                 for records, node in zip(out["records"], out["node"], strict=True):
                     self.records_by_node[str(node)] += int(records)
@@ -157,6 +171,13 @@ class RayEmbedStep:
             # The job blocks its thread; the driver's loop keeps renewing the queue source's leases.
             await asyncio.to_thread(run_job)
         except Exception as exc:
+            if is_actor_start_timeout(exc):
+                raise RayStepError(
+                    f"the cluster did not start {self.writers} writer(s) of {self.cpus_per_writer:g} "
+                    f"CPU(s) each within {self.start_timeout_s:g} s (`ray status` shows its free "
+                    "CPUs); no batch was written: lower --ray-writers, add nodes or raise "
+                    "--ray-start-timeout, then run the same command again"
+                ) from exc
             raise RayStepError(
                 f"the Ray embed-and-COPY job failed ({type(exc).__name__}: {exc}); the batches it "
                 "committed are kept: run the same command again to resume"

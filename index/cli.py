@@ -20,8 +20,21 @@ from typing import Any
 from inference.eventloop import command, run
 from schema.cli import add_database_flags, database_settings, stop_signal
 
+from .ray_cluster import ACTOR_START_TIMEOUT_S
+
 # `mnemo drain --once` exit status when the sidecar is unreachable (EX_TEMPFAIL: try again later).
 EXIT_SIDECAR_UNAVAILABLE = 75
+
+
+def _add_ray_start_timeout(p: argparse.ArgumentParser, actors: str) -> None:
+    p.add_argument(
+        "--ray-start-timeout",
+        type=float,
+        default=ACTOR_START_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"--ray: how long to wait for every {actors} actor to start before the first batch "
+        f"(default {ACTOR_START_TIMEOUT_S:g})",
+    )
 
 
 def _add_sidecar_flags(parser: argparse.ArgumentParser) -> None:
@@ -230,7 +243,14 @@ async def _ingest_images(args: argparse.Namespace, source: Path) -> int:
             if args.ray:
                 from .image_jobs_ray import run_ray_image_job
 
-                report = await run_ray_image_job(pool, source, options, address=args.ray, config=args.config)
+                report = await run_ray_image_job(
+                    pool,
+                    source,
+                    options,
+                    address=args.ray,
+                    config=args.config,
+                    start_timeout_s=args.ray_start_timeout,
+                )
             else:
                 from .image_jobs import run_image_job
 
@@ -353,7 +373,13 @@ async def _backfill(args: argparse.Namespace) -> int:
             try:
                 source = _backfill_source(args, sidecar.text_model, options)
                 if args.ray:
-                    step = RayEmbedStep(args.ray, db.url, sidecar, writers=args.ray_writers)
+                    step = RayEmbedStep(
+                        args.ray,
+                        db.url,
+                        sidecar,
+                        writers=args.ray_writers,
+                        start_timeout_s=args.ray_start_timeout,
+                    )
                 report = await run_backfill(pool, client, source, options, progress=progress, embed_step=step)
             except (BackfillConflict, MemoryTooSmall, ValueError, LookupError) as exc:
                 print(f"cannot backfill: {exc}", file=sys.stderr)
@@ -537,6 +563,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--config", type=Path, default=None, help="--ray: sidecar models YAML the actors load the model from"
     )
+    _add_ray_start_timeout(p, "embedder")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_database_flags(p)
     _add_sidecar_flags(p)
@@ -583,6 +610,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "must reach the database and the sidecar",
     )
     p.add_argument("--ray-writers", type=int, default=2, help="--ray: parallel writer actors (default 2)")
+    _add_ray_start_timeout(p, "writer")
     p.add_argument("--no-progress", action="store_true", help="no progress output")
     p.add_argument(
         "--progress-every", type=float, default=10.0, help="seconds between progress lines off a terminal"

@@ -31,7 +31,13 @@ import numpy as np
 
 from .image_jobs import ImageJob, JobError, JobOptions, JobReport, ManifestItem
 from .images import ImageRejected, PreparedImage, prepare_file
-from .ray_cluster import connect
+from .ray_cluster import (
+    ACTOR_START_TIMEOUT_S,
+    actor_pool,
+    connect,
+    is_actor_start_timeout,
+    start_actors_first,
+)
 
 __all__ = ["Embedder", "decode_batch", "run_ray_image_job"]
 
@@ -130,8 +136,11 @@ async def run_ray_image_job(
     config: Path | None = None,
     concurrency: int = 2,
     num_gpus: float = 0.0,
+    start_timeout_s: float = ACTOR_START_TIMEOUT_S,
 ) -> JobReport:
-    """Run the bulk job on the Ray cluster at ``address`` (``"local"`` starts one here)."""
+    """Run the bulk job on the Ray cluster at ``address`` (``"local"`` starts one here). Its
+    ``concurrency`` embedder actors all start before the first batch; a :class:`JobError` after
+    ``start_timeout_s`` says the cluster could not place them."""
     import ray
 
     started = time.perf_counter()
@@ -169,14 +178,25 @@ async def run_ray_image_job(
         ds = ds.map_batches(
             Embedder,
             batch_size=options.batch_size,
-            concurrency=concurrency,
+            compute=actor_pool(concurrency),
             num_gpus=num_gpus,
             num_cpus=0 if num_gpus else 1,
             fn_constructor_kwargs={"spec": spec, "max_pixels": media.image_max_pixels},
         )
-        for batch in ds.iter_batches(batch_size=options.batch_size, batch_format="numpy"):
-            batch_items, results, vectors = _results(batch, by_line)
-            await job.write_batch(batch_items, stored, results, vectors)
+        start_actors_first(ds, start_timeout_s)
+        try:
+            for batch in ds.iter_batches(batch_size=options.batch_size, batch_format="numpy"):
+                batch_items, results, vectors = _results(batch, by_line)
+                await job.write_batch(batch_items, stored, results, vectors)
+        except Exception as exc:
+            if not is_actor_start_timeout(exc):
+                raise
+            need = f"{num_gpus:g} GPU(s)" if num_gpus else "1 CPU"
+            raise JobError(
+                f"the cluster did not start {concurrency} embedder(s) of {need} each within "
+                f"{start_timeout_s:g} s (`ray status` shows what is free); add nodes or raise "
+                "--ray-start-timeout, then run the same command again"
+            ) from exc
     return job.finish(started)
 
 

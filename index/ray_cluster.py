@@ -1,8 +1,14 @@
-"""Joining the Ray cluster a bulk job runs on (``--ray ADDRESS`` of the image job and the backfill)."""
+"""Joining the Ray cluster a bulk job runs on (``--ray ADDRESS`` of the image job and the
+backfill), and the actor pool its model or writer stage runs in."""
 
 from __future__ import annotations
 
-__all__ = ["connect"]
+from typing import Any
+
+__all__ = ["ACTOR_START_TIMEOUT_S", "actor_pool", "connect", "is_actor_start_timeout", "start_actors_first"]
+
+#: How long a job waits for its whole actor pool before the first batch (``--ray-start-timeout``).
+ACTOR_START_TIMEOUT_S = 120.0
 
 
 def connect(address: str) -> None:
@@ -20,3 +26,34 @@ def connect(address: str) -> None:
         start_local_ray(include_dashboard=False)
     else:
         ray.init(address=address)
+
+
+def actor_pool(size: int) -> Any:
+    """A fixed pool of ``size`` actors, each handed one batch at a time. Ray Data's default (two in
+    flight per actor, data locality first) lets the actor beside the driver take every batch of a
+    short job while the others start; one at a time sends each batch to whichever actor is free."""
+    import ray
+
+    return ray.data.ActorPoolStrategy(size=size, max_tasks_in_flight_per_actor=1)
+
+
+def start_actors_first(dataset: Any, timeout_s: float) -> None:
+    """Make ``dataset``'s actor stages wait until every actor of their pools has started before the
+    first batch, failing after ``timeout_s`` (see :func:`is_actor_start_timeout`) instead of
+    running on the actors that fit or waiting forever on a pool the cluster cannot place."""
+    if timeout_s <= 0:
+        raise ValueError(f"--ray-start-timeout must be positive, got {timeout_s:g}")
+    dataset.context.wait_for_min_actors_s = timeout_s
+
+
+def is_actor_start_timeout(exc: BaseException) -> bool:
+    """Whether ``exc``, or an exception it was raised from, is Ray Data's timeout waiting for an
+    actor pool to start (:func:`start_actors_first`)."""
+    import ray
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ray.exceptions.GetTimeoutError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

@@ -1,7 +1,10 @@
 """Run the Ray Data image job on a local two-node ``ray.cluster_utils.Cluster`` (a subprocess of the
 test: the test process already hosts the sidecar's Ray instance, and a process joins one Ray cluster).
 
-``python -m tests.ray_image_job DATABASE_URL MANIFEST SECTION CONFIG`` prints the job report as JSON.
+``python -m tests.ray_image_job DATABASE_URL MANIFEST SECTION CONFIG`` runs the job twice: first
+asking for one GPU per embedder, which the CPU-only cluster cannot place, with a short start timeout;
+then as the CLI does. It prints the second job's report as JSON, with the live nodes and what the
+first one raised (``unplaceable``).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from index.image_jobs import JobOptions
+from index.image_jobs import JobError, JobOptions
 from index.image_jobs_ray import run_ray_image_job
 from index.settings import MediaSettings
 from schema import create_pool
@@ -26,10 +29,17 @@ async def _run(url: str, manifest: Path, section: str, config: Path, address: st
     try:
         rejects = manifest.with_suffix(".rejects.jsonl")  # beside the test's manifest, not in the cwd
         options = JobOptions(section, projects=(1,), batch_size=4, media=MEDIA, rejects=rejects)
+        try:
+            await run_ray_image_job(
+                pool, manifest, options, address=address, config=config, num_gpus=1, start_timeout_s=2
+            )
+            unplaceable = "no error"
+        except JobError as exc:
+            unplaceable = str(exc)
         report = await run_ray_image_job(pool, manifest, options, address=address, config=config)
     finally:
         await pool.close()
-    return report.as_dict()
+    return {"unplaceable": unplaceable, **report.as_dict()}
 
 
 def main() -> None:

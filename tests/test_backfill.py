@@ -332,7 +332,8 @@ async def test_a_ray_backfill_on_two_nodes_resumes_and_gives_the_drains_rows(
 ) -> None:
     """``mnemo backfill --section --ray``: two writer actors, one per node of a real two-node
     cluster, embed and COPY; a run killed after its first batch committed is resumed by it, and
-    the result is the drain's rows and vectors, every record exactly once."""
+    the result is the drain's rows and vectors, every record exactly once. Before it, a run asking
+    for more writers than the cluster can place stops loudly, naming them, and writes nothing."""
     await _queue_section(db_pool, "oh1", range(1, 13))
     await _queue_section(db_pool, "oh2", range(1, 13))
     async with SidecarClient(sidecar_url) as client:
@@ -365,11 +366,13 @@ async def test_a_ray_backfill_on_two_nodes_resumes_and_gives_the_drains_rows(
     out, _ = await proc.communicate()
     text = out.decode()
     ran = json.loads(text.strip().splitlines()[-1])
-    assert proc.returncode == 0 and ran == {"exit": 0, "nodes": 2}, text
+    assert proc.returncode == 0 and (ran["exit"], ran["nodes"]) == (0, 2), text
+    assert ran["unplaceable"]["exit"] == 3, ran
+    assert "did not start 3 writer(s) of 1 CPU(s) each within 2 s" in ran["unplaceable"]["said"], ran
     report = json.loads(text[: text.rindex("\n", 0, len(text.rstrip()))])
     assert report["resumed"] and report["backfill_id"] == run["backfill_id"]
     assert (report["copied"], report["rejected"], report["completed_in_queue"]) == (12, 0, 12)
-    # The 8 records left pending went through both nodes' writers.
+    # The 8 records left pending (none by the unplaceable run) went through both nodes' writers.
     assert sum(report["records_by_node"].values()) == 8 and len(report["records_by_node"]) == 2
     assert await db_pool.fetchval("SELECT count(*) FROM rag_index_queue") == 0
     by_drain, by_backfill = await _rows(db_pool, TEXT_MODEL, "oh1"), await _rows(db_pool, TEXT_MODEL, "oh2")

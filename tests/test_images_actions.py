@@ -418,6 +418,8 @@ async def test_ray_data_job_writes_the_same_rows_as_the_single_machine_job(
         assert proc.returncode == 0
         report = json.loads(out.decode().strip().splitlines()[-1])
         assert report["nodes"] == 2
+        # The first job, asking for a GPU per embedder on a CPU-only cluster, stopped before any row.
+        assert "did not start 2 embedder(s) of 1 GPU(s) each within 2 s" in report["unplaceable"], report
         assert (report["embedded"], report["rejected"], report["rows_written"]) == (5, 1, 5)
         assert (single.embedded, single.rejected) == (5, 1)
         partition = await get_partition(pool, IMAGE_MODEL)
