@@ -21,7 +21,6 @@ and the coded error ``rag.generation_failed`` (503).
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from aiohttp import web
 
 from index.chunker import estimate_tokens
 from index.search import Scope
+from inference.json_out import dumps
 
 from .citations import citations, validate_markers
 from .context import ActionContext, Args, AskServices, query_error
@@ -218,8 +218,10 @@ async def run_ask(ctx: ActionContext, args: Args) -> tuple[str, Any]:
 # -- streaming (stream: true) --------------------------------------------------------------------------
 
 
-def _event(name: str, data: Any) -> bytes:
-    return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
+def sse_event(name: str, data: Any) -> bytes:
+    """One server-sent event: ``data`` as one line of JSON (the gateway's one encoder, so the frames
+    are strict JSON like its answers: a non-finite number is ``null``, a newline is escaped)."""
+    return b"event: " + name.encode() + b"\ndata: " + dumps(data) + b"\n\n"
 
 
 async def stream_ask(request: web.Request, ctx: ActionContext, args: Args) -> web.StreamResponse:
@@ -235,22 +237,22 @@ async def stream_ask(request: web.Request, ctx: ActionContext, args: Args) -> we
     if prepared.request is None:
         services.metrics.ask_outcomes.labels(prepared.msg).inc()
         envelope = {"ok": True, "request_id": rid, "msg": prepared.msg, "data": _answer(prepared)}
-        await response.write(_event("done", envelope))
+        await response.write(sse_event("done", envelope))
         await response.write_eof()
         return response
     parts: list[str] = []
     try:
         async for delta in services.provider.stream(prepared.request):
             parts.append(delta)
-            await response.write(_event("delta", {"text": delta}))
+            await response.write(sse_event("delta", {"text": delta}))
     except GenerationFailed as exc:
         services.metrics.ask_outcomes.labels("generation_failed").inc()
         log.warning("streamed generation failed: %s", exc)
-        await response.write(_event("error", ApiError("rag.generation_failed").body(rid)))
+        await response.write(sse_event("error", ApiError("rag.generation_failed").body(rid)))
         await response.write_eof()
         return response
     services.metrics.ask_outcomes.labels(OK).inc()
     msg, data = finish(services, prepared, Generation("".join(parts), services.provider.model))
-    await response.write(_event("done", {"ok": True, "request_id": rid, "msg": msg, "data": data}))
+    await response.write(sse_event("done", {"ok": True, "request_id": rid, "msg": msg, "data": data}))
     await response.write_eof()
     return response

@@ -17,7 +17,6 @@ Transports: stdio (an MCP client starts ``mnemo mcp``) and streamable HTTP
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -26,6 +25,8 @@ import uvicorn
 from aiohttp import web
 from mcp.server import Server
 from mcp.server.stdio import stdio_server
+
+from inference.json_out import dumps
 
 from .action_specs import ACTIONS, run_action
 from .app import create_engine
@@ -67,8 +68,9 @@ def principal_from_token(settings: GatewaySettings, token: str | None) -> Princi
         raise McpStartupError(f"RAG_MCP_TOKEN is not a valid token: {exc.message}") from exc
 
 
-def _result(payload: dict[str, Any], *, error: bool = False) -> types.CallToolResult:
-    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+def tool_result(payload: dict[str, Any], *, error: bool = False) -> types.CallToolResult:
+    """A tool's answer: ``payload`` as structured content and as its JSON text."""
+    text = dumps(payload).decode()  # the gateway's one encoder: strict JSON, as its answers
     return types.CallToolResult(
         content=[types.TextContent(type="text", text=text)], structured_content=payload, is_error=error
     )
@@ -94,12 +96,12 @@ def build_mcp_server(app: web.Application, principal: Principal) -> Server:
             context = action_context(app, principal)
             msg, data = await run_action(context, settings, params.name, params.arguments or {})
         except ApiError as exc:
-            return _result({"error": exc.body("mcp")["error"]}, error=True)
+            return tool_result({"error": exc.body("mcp")["error"]}, error=True)
         except Exception as exc:  # never a stack trace to the model; the log keeps it
-            return _result(
+            return tool_result(
                 {"error": unexpected_failure(exc, f"MCP tool {params.name}").body("mcp")["error"]}, error=True
             )
-        return _result({"msg": msg, "data": data})
+        return tool_result({"msg": msg, "data": data})
 
     return Server(
         "mnemo",

@@ -1,5 +1,5 @@
-"""Response bodies (``inference.json_out.dumps``, orjson: the gateway's, the sidecar's, its client's requests)
-say what json.dumps said."""
+"""Response bodies (``inference.json_out.dumps``, orjson: the gateway's answers, server-sent events and MCP
+tool texts, the sidecar's answers, its client's requests) say what json.dumps said, as strict JSON."""
 
 import json
 import math
@@ -79,3 +79,27 @@ def test_a_lone_surrogate_is_written_escaped_not_raised() -> None:
     body = dumps({"reason": "bad byte \udc80 here", "name": "é"})
     assert body == b'{"reason":"bad byte \\udc80 here","name":"\\u00e9"}'
     assert json.loads(body) == {"reason": "bad byte \udc80 here", "name": "é"}
+
+
+def _strict(text: str | bytes) -> object:
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_server_sent_event_is_one_strict_json_line() -> None:
+    from gateway.ask import sse_event
+
+    frame = sse_event("delta", {"text": "line one\nline two «é»", "score": math.nan})
+    head, data, end = frame.split(b"\n", 2)
+    assert (head, end) == (b"event: delta", b"\n")  # a raw newline in the data would end the event
+    assert data.startswith(b"data: ")
+    assert _strict(data[len(b"data: ") :]) == {"text": "line one\nline two «é»", "score": None}
+
+
+def test_an_mcp_tool_text_is_strict_json() -> None:
+    from gateway.mcp import tool_result
+
+    result = tool_result({"ok": True, "data": [{"score": math.inf, "text": "«é»"}]})
+    assert _strict(result.content[0].text) == {"ok": True, "data": [{"score": None, "text": "«é»"}]}
