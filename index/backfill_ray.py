@@ -84,6 +84,24 @@ class BackfillWriter:
         self.backfill_id = backfill_id
         self.node = ray.get_runtime_context().get_node_id()
 
+    def __del__(self) -> None:
+        """Ray Data drops its last reference when the job is done with the actor: the sidecar session
+        and the pool's connections are closed, not cut with the process (PostgreSQL would log each
+        as an unexpected EOF, and aiohttp warns of the unclosed session)."""
+        loop = getattr(self, "loop", None)
+        if loop is None or loop.is_closed():
+            return
+        try:
+            loop.run_until_complete(self._close())
+        finally:
+            loop.close()
+
+    async def _close(self) -> None:
+        if hasattr(self, "client"):
+            await self.client.close()
+        if hasattr(self, "pool"):
+            await self.pool.close()
+
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         keys = [(str(t), int(i)) for t, i in zip(batch["section_tipo"], batch["section_id"], strict=True)]
         rows = self.loop.run_until_complete(
