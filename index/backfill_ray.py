@@ -9,10 +9,8 @@ The job: the driver reads the pending record keys, then
 
 1. ``ray.data.from_items`` spreads them over the cluster in batches of ``--batch`` records;
 2. ``map_batches(BackfillWriter)`` runs ``writers`` actors. The job waits (``start_timeout_s``)
-   until every one of them is placed and started, then hands each writer one batch at a time, so
-   batches go to whichever writer is free on whatever node (Ray Data's default of two in flight,
-   with data locality, lets the writer beside the driver take every batch of a small run while
-   the others start). Each one holds, for its life, a
+   until every one of them is placed and started (else the writer beside the driver, up first,
+   could take every batch of a short run while the others start). Each one holds, for its life, a
    PostgreSQL pool, a sidecar client and an :class:`index.indexer.Indexer`; per batch it reads
    and chunks the records in the actor (as the drain does), embeds them through the sidecar, and
    writes them with binary COPY (:func:`index.backfill.embed_and_copy`). So chunking, embedding
