@@ -41,6 +41,7 @@ from .partitions import ModelPartition
 from .ray_cluster import (
     ACTOR_START_TIMEOUT_S,
     actor_pool,
+    check_start_timeout,
     connect,
     is_actor_start_timeout,
     start_actors_first,
@@ -131,8 +132,7 @@ class RayEmbedStep:
             raise ValueError(f"--ray-writers must be at least 1, got {self.writers}")
         if self.cpus_per_writer <= 0:
             raise ValueError(f"CPUs per writer must be positive, got {self.cpus_per_writer}")
-        if self.start_timeout_s <= 0:
-            raise ValueError(f"--ray-start-timeout must be positive, got {self.start_timeout_s:g}")
+        check_start_timeout(self.start_timeout_s)  # before the run opens its shadow, not in the job
 
     async def __call__(
         self,

@@ -34,6 +34,7 @@ from .images import ImageRejected, PreparedImage, prepare_file
 from .ray_cluster import (
     ACTOR_START_TIMEOUT_S,
     actor_pool,
+    check_start_timeout,
     connect,
     is_actor_start_timeout,
     start_actors_first,
@@ -143,6 +144,10 @@ async def run_ray_image_job(
     ``start_timeout_s`` says the cluster could not place them."""
     import ray
 
+    try:
+        check_start_timeout(start_timeout_s)  # before the manifest is read, not when the job starts
+    except ValueError as exc:
+        raise JobError(str(exc)) from exc
     started = time.perf_counter()
     spec = _model_spec(options, config)
     job = ImageJob(pool, None, options)  # no sidecar: the vectors come from the actors

@@ -3,9 +3,17 @@ backfill), and the actor pool its model or writer stage runs in."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-__all__ = ["ACTOR_START_TIMEOUT_S", "actor_pool", "connect", "is_actor_start_timeout", "start_actors_first"]
+__all__ = [
+    "ACTOR_START_TIMEOUT_S",
+    "actor_pool",
+    "check_start_timeout",
+    "connect",
+    "is_actor_start_timeout",
+    "start_actors_first",
+]
 
 #: How long a job waits for its whole actor pool before the first batch (``--ray-start-timeout``).
 ACTOR_START_TIMEOUT_S = 120.0
@@ -43,9 +51,16 @@ def start_actors_first(dataset: Any, timeout_s: float) -> None:
     """Make ``dataset``'s actor stages wait until every actor of their pools has started before the
     first batch, failing after ``timeout_s`` (see :func:`is_actor_start_timeout`) instead of
     running on the actors that fit or waiting forever on a pool the cluster cannot place."""
-    if timeout_s <= 0:
-        raise ValueError(f"--ray-start-timeout must be positive, got {timeout_s:g}")
-    dataset.context.wait_for_min_actors_s = timeout_s
+    dataset.context.wait_for_min_actors_s = check_start_timeout(timeout_s)
+
+
+def check_start_timeout(timeout_s: float) -> float:
+    """``timeout_s`` if it is a positive, finite number of seconds, else ``ValueError``. Ray Data
+    reads any value that is not above 0, NaN included, as "do not wait" (and infinity fails its
+    ``ray.get``), so a bad value would silently bring back the start this wait exists to prevent."""
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise ValueError(f"--ray-start-timeout must be a positive number of seconds, got {timeout_s:g}")
+    return timeout_s
 
 
 def is_actor_start_timeout(exc: BaseException) -> bool:

@@ -386,6 +386,21 @@ async def test_a_ray_backfill_on_two_nodes_resumes_and_gives_the_drains_rows(
         np.testing.assert_allclose(row["embedding"].to_numpy(), other["embedding"].to_numpy(), atol=1e-5)
 
 
+@pytest.mark.parametrize("seconds", [0.0, -1.0, float("nan"), float("inf")])
+def test_a_start_timeout_that_is_not_a_positive_number_of_seconds_is_refused_up_front(seconds: float) -> None:
+    # Ray Data reads 0, a negative or NaN as "do not wait": it would silently start on the actors
+    # that fit. The backfill refuses it when the step is built, before its run opens a shadow.
+    from index.backfill_ray import RayEmbedStep
+    from index.ray_cluster import check_start_timeout
+    from index.settings import SidecarClientSettings
+
+    with pytest.raises(ValueError, match="--ray-start-timeout must be a positive number of seconds"):
+        check_start_timeout(seconds)
+    with pytest.raises(ValueError, match="--ray-start-timeout"):
+        RayEmbedStep("local", "postgresql://unused", SidecarClientSettings(), start_timeout_s=seconds)
+    assert check_start_timeout(2.5) == 2.5
+
+
 def test_the_hnsw_estimate_is_the_vector_plus_the_graph() -> None:
     # 384 x 4 + 8 bytes of vector, 96 + 32 x 16 + ceil(256 / 15) bytes of graph per row.
     assert shadow.hnsw_build_bytes(100_000, 384, "vector") == 100_000 * (1544 + 96 + 512 + 18)
