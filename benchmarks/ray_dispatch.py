@@ -15,6 +15,8 @@ cost) with the passes' spread, and how many batches each actor took.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import functools
 import json
 import os
 import time
@@ -25,7 +27,7 @@ import numpy as np
 
 from index.ray_cluster import actor_pool, start_actors_first
 
-from .measure import ratio, spread
+from .measure import alternating_passes, ratio, spread
 
 __all__ = ["run"]
 
@@ -66,19 +68,20 @@ def run(*, batches: int = 100, actors: int = 2, work_s: float = 0.2, passes: int
     """Alternate the two variants ``passes`` times each (A B, then B A, ...) on a local Ray."""
     import ray
 
+    variants = {
+        name: functools.partial(
+            asyncio.to_thread, _pass, batches, actors, work_s, one_in_flight=name == "one_in_flight"
+        )
+        for name in ("one_in_flight", "pool")
+    }
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         _pass(4, actors, 0.0, one_in_flight=True)  # warm-up: worker processes, imports
-        seconds: dict[str, list[float]] = {"one_in_flight": [], "pool": []}
-        taken: dict[str, list[list[int]]] = {"one_in_flight": [], "pool": []}
-        for i in range(passes):
-            order = ["one_in_flight", "pool"] if i % 2 == 0 else ["pool", "one_in_flight"]
-            for name in order:
-                wall, counts = _pass(batches, actors, work_s, one_in_flight=name == "one_in_flight")
-                seconds[name].append(wall)
-                taken[name].append(counts)
+        runs = asyncio.run(alternating_passes(variants, passes))
     finally:
         ray.shutdown()
+    seconds = {name: [p[name][0] for p in runs] for name in variants}
+    taken = {name: [p[name][1] for p in runs] for name in variants}
     ratios = [ratio(a, b) for a, b in zip(seconds["one_in_flight"], seconds["pool"], strict=True)]
     ideal = batches * work_s / actors
     return {
