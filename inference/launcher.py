@@ -80,28 +80,7 @@ def running_sidecar(
     from .serve_app import build_app
 
     port = port or free_port(host)
-    started_ray = joined = False
-    if address is not None:
-        if ray.is_initialized():
-            raise RuntimeError(
-                f"this process is already a Ray driver: it cannot join the cluster at {address}"
-            )
-        opt_out_of_ray_usage_stats()
-        # The cluster is the operator's: no resources or object store are sized from here.
-        ray.init(address=address, log_to_driver=log_to_driver, configure_logging=False, **_DRIVER)
-        joined = True
-    elif not ray.is_initialized():
-        opt_out_of_ray_usage_stats()
-        carry_loop_setting_to_ray()
-        start_local_ray(
-            include_dashboard=False,
-            num_cpus=None if num_cpus is None else max(1, round(num_cpus)),
-            object_store_memory=object_store_mb * 1024 * 1024,
-            log_to_driver=log_to_driver,  # replica logs on this process's stderr (the CLI wants them)
-            configure_logging=False,
-            **_DRIVER,
-        )
-        started_ray = True
+    started_ray, joined = _attach_ray(address, num_cpus, object_store_mb, log_to_driver)
     try:
         # A cluster whose Serve already runs (its proxies included) keeps its options.
         serve.start(proxy_location="Disabled")
@@ -119,15 +98,55 @@ def running_sidecar(
         wait_ready(url, max(1.0, deadline - time.monotonic()))
         yield url
     finally:
-        if started_ray:
-            with contextlib.suppress(Exception):
-                serve.shutdown()
-            ray.shutdown()
-        else:
-            with contextlib.suppress(Exception):
-                serve.delete(app_name)
-            if joined:
-                ray.shutdown()  # disconnects this driver; the cluster and its Serve keep running
+        _detach_ray(app_name, started_ray=started_ray, joined=joined)
+
+
+def _attach_ray(
+    address: str | None, num_cpus: float | None, object_store_mb: int, log_to_driver: bool
+) -> tuple[bool, bool]:
+    """Make this process a Ray driver: join the cluster at ``address``, start a local instance, or
+    keep the one it already drives. Returns ``(started_ray, joined)``: what :func:`_detach_ray` undoes."""
+    import ray
+
+    if address is not None:
+        if ray.is_initialized():
+            raise RuntimeError(
+                f"this process is already a Ray driver: it cannot join the cluster at {address}"
+            )
+        opt_out_of_ray_usage_stats()
+        # The cluster is the operator's: no resources or object store are sized from here.
+        ray.init(address=address, log_to_driver=log_to_driver, configure_logging=False, **_DRIVER)
+        return False, True
+    if ray.is_initialized():
+        return False, False
+    opt_out_of_ray_usage_stats()
+    carry_loop_setting_to_ray()
+    start_local_ray(
+        include_dashboard=False,
+        num_cpus=None if num_cpus is None else max(1, round(num_cpus)),
+        object_store_memory=object_store_mb * 1024 * 1024,
+        log_to_driver=log_to_driver,  # replica logs on this process's stderr (the CLI wants them)
+        configure_logging=False,
+        **_DRIVER,
+    )
+    return True, False
+
+
+def _detach_ray(app_name: str, *, started_ray: bool, joined: bool) -> None:
+    """Undo :func:`_attach_ray`: Serve and Ray stop only when this call started them; otherwise the
+    application is deleted, and a joined cluster keeps running (this driver only disconnects)."""
+    import ray
+    from ray import serve
+
+    if started_ray:
+        with contextlib.suppress(Exception):
+            serve.shutdown()
+        ray.shutdown()
+        return
+    with contextlib.suppress(Exception):
+        serve.delete(app_name)
+    if joined:
+        ray.shutdown()
 
 
 def _deploy(app: object, app_name: str, timeout_s: float) -> None:
