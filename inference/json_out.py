@@ -11,7 +11,7 @@ orjson writes a body in a twentieth of the standard library's time (32 bge-m3 ve
   where both refuse (an object no JSON encoder knows), json.dumps's ``TypeError`` is raised;
 - a NaN or an infinity is ``null``, where json.dumps wrote a bare ``NaN`` (not JSON: no strict client
   parses it). A service whose numbers must never be null says so before it encodes: the sidecar
-  refuses a model's non-finite output with a coded 500 (``inference.api``).
+  refuses a model's non-finite output with a coded 500 (``inference.responses``).
 """
 
 from __future__ import annotations

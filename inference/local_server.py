@@ -7,7 +7,7 @@ Two uses of one :func:`create_app`:
   proxy in between: one process parses HTTP and bundles ``/embed`` calls, where the proxy path
   costs two processes and two hops per request (``mnemo bench --full --suite sidecar``, 2 cores:
   0.80 of infinity-emb's 1-item throughput at concurrency 16 through the proxy, 1.08 with this front).
-- **In-process** (``ModelService`` through :class:`~inference.api.LocalBackend`): for machines where
+- **In-process** (``ModelService`` through :class:`~inference.backends.LocalBackend`): for machines where
   Ray is not wanted and for tests that need to hold a model in a given state.
 
 Slow clients: aiohttp's keep-alive timer runs from the moment a connection opens and again after each

@@ -108,7 +108,7 @@ _GONE_RETRIES = 2
 
 
 class HandleBackend:
-    """Adapts a Serve ``DeploymentHandle`` to :class:`~inference.api.Backend`, unwrapping Ray's errors.
+    """Adapts a Serve ``DeploymentHandle`` to :class:`~inference.backends.Backend`, unwrapping Ray's errors.
 
     ``/embed`` calls that arrive while others are in flight travel to the replica together
     (:class:`~inference.coalesce.CallCoalescer`): one Ray round trip per bundle, not per request.
