@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from inference.settings import sidecar_api_key_setting
 from schema.settings import SettingsError, setting
 
 from .media_urls import AllowedBase, MediaNotAllowed, parse_allowed_base
@@ -20,11 +21,7 @@ class SidecarClientSettings:
         "http://127.0.0.1:8001",
         "Base URL of the inference sidecar (`mnemo sidecar`). Every component that embeds uses it.",
     )
-    sidecar_api_key: str | None = setting(
-        "RAG_SIDECAR_API_KEY",
-        None,
-        "Bearer key for the sidecar. When set on the sidecar, every route but health requires it.",
-    )
+    sidecar_api_key: str | None = sidecar_api_key_setting()
     text_model: str | None = setting(
         "RAG_TEXT_MODEL",
         None,

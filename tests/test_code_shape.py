@@ -6,7 +6,8 @@
 - No import cycle among the modules of a package, counting every import (inside functions and
   under ``TYPE_CHECKING`` too, so a cycle cannot hide behind either).
 - The layers hold: ``schema <- index <- gateway``, ``inference`` alone, ``benchmarks`` on top; the
-  gateway and ingestion reach ``inference`` only through its public modules (:data:`INFERENCE_PUBLIC`).
+  gateway and ingestion reach ``inference`` only through its public modules (:data:`INFERENCE_PUBLIC`),
+  and ``schema`` only for the settings mechanism (``inference.settings``).
 - The gateway imports its own code and the other packages at module level (``gateway/commands.py``
   stays light on purpose; FAISS loads lazily).
 
@@ -107,11 +108,11 @@ def _reads_environment(node: ast.AST) -> bool:
 
 # Settings modules read the environment; the launchers set Ray's own variables for child processes.
 ENVIRONMENT_READERS = {
+    "inference/settings.py",  # the one mechanism (load_settings) and the sidecar's settings
     "schema/settings.py",
     "index/settings.py",
     "gateway/settings.py",
-    "inference/config.py",  # the sidecar's settings (SidecarSettings) and ${VAR} expansion
-    "inference/eventloop.py",  # RAG_UVLOOP, read before the loop the other settings load on exists
+    "inference/config.py",  # sets Ray's own variables (RAY_*) before ray.init, reads no RAG_* itself
     "benchmarks/settings.py",
 }
 
@@ -154,16 +155,19 @@ INFERENCE_PUBLIC = frozenset(
         "inference.images",
         "inference.eventloop",
         "inference.ray_local",
+        "inference.settings",
     }
 )
 # First-party packages each package may import (itself included); benchmarks may import any.
 LAYERS: Mapping[str, frozenset[str]] = {
-    "schema": frozenset({"schema"}),
+    "schema": frozenset({"schema", "inference"}),  # SCHEMA_FROM_INFERENCE alone
     "inference": frozenset({"inference"}),
     "index": frozenset({"schema", "index", "inference"}),
     "gateway": frozenset({"schema", "index", "gateway", "inference"}),
     "benchmarks": frozenset(PACKAGES),
 }
+# The one module of ``inference`` the bottom layer uses: the settings mechanism every package shares.
+SCHEMA_FROM_INFERENCE = "inference.settings"
 # Modules that may import more of ``inference`` than its public surface, and why.
 INFERENCE_INSIDERS = {
     "index.image_jobs_ray": "DESIGN 1: a Ray Data job loads the encoder code directly in its actors",
@@ -296,6 +300,8 @@ def test_imports_follow_the_layers() -> None:
                     and module not in INFERENCE_INSIDERS
                 ):
                     offenders.append(f"{module} imports {name}, not one of inference's public modules")
+                elif top == "inference" and package == "schema" and name != SCHEMA_FROM_INFERENCE:
+                    offenders.append(f"{module} imports {name}: schema takes only {SCHEMA_FROM_INFERENCE}")
     assert not offenders, offenders
 
 
