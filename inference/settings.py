@@ -146,7 +146,7 @@ class Declaration:
     owner: str  # "package.module.Class"
     field: str
     type: str
-    default: str  # as an operator would write it in the environment ("" when unset)
+    default: str | None  # as an operator would write it in the environment (None: unset)
     meaning: str
     tradeoff: str
 
@@ -169,8 +169,6 @@ def _type_name(annotation: Any) -> str:
 
 def _env_text(value: Any) -> str:
     """``value`` as the environment spells it (the inverse of :func:`_parse`)."""
-    if value is None:
-        return ""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, tuple):
@@ -204,7 +202,7 @@ def declarations(cls: type) -> list[Declaration]:
                 owner=f"{cls.__module__}.{cls.__qualname__}",
                 field=field.name,
                 type=_type_name(hints[field.name]),
-                default=_env_text(default),
+                default=None if default is None else _env_text(default),
                 meaning=meaning,
                 tradeoff=tradeoff,
             )

@@ -1,7 +1,8 @@
 """Rules about the code's shape that a review would otherwise have to catch by eye.
 
 - Every error code the gateway or ingestion can raise has a status in the gateway's one table.
-- The environment is read only in settings modules (configuration is read once, at start).
+- The environment is read only in settings modules (configuration is read once, at start), and no
+  ``RAG_*`` variable by name anywhere: each through its ``setting(...)`` declaration.
 - The CLI root imports no package: each registers its commands through the entry-point group.
 - No import cycle among the modules of a package, counting every import (inside functions and
   under ``TYPE_CHECKING`` too, so a cycle cannot hide behind either).
@@ -125,6 +126,48 @@ def test_the_environment_is_read_only_in_settings_modules() -> None:
             continue
         offenders += [f"{relative}:{n.lineno}" for n in ast.walk(tree) if _reads_environment(n)]
     assert not offenders, f"os.environ / os.getenv outside settings modules: {offenders}"
+
+
+def _is_os_environ(node: ast.AST) -> bool:
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr in ("environ", "getenv")
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "os"
+    )
+
+
+def _reads_a_rag_variable_by_name(node: ast.AST, any_mapping: bool) -> bool:
+    """``os.environ["RAG_X"]``, ``os.getenv("RAG_X")``, ``os.environ.get("RAG_X")``; with
+    ``any_mapping``, ``env.get("RAG_X")`` on any mapping too (in a settings module, ``env`` is the
+    environment): a read that bypasses the declarations, where ``load_settings`` reads each
+    declared variable through its field."""
+
+    def rag(key: ast.AST) -> bool:
+        return isinstance(key, ast.Constant) and isinstance(key.value, str) and key.value.startswith("RAG_")
+
+    if isinstance(node, ast.Call) and node.args and rag(node.args[0]):
+        func = node.func
+        if _is_os_environ(func):  # os.getenv("RAG_X")
+            return True
+        if isinstance(func, ast.Attribute) and func.attr in ("get", "pop", "setdefault"):
+            return any_mapping or _is_os_environ(func.value)
+    if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and rag(node.slice):
+        return any_mapping or _is_os_environ(node.value)
+    return False
+
+
+def test_no_rag_variable_is_read_by_name() -> None:
+    """Settings modules included: every ``RAG_*`` variable is read through its ``setting(...)``
+    declaration, so the settings catalog (docs/configuration.md) lists whatever the code reads."""
+    offenders = []
+    for path, tree in _modules(*PACKAGES):
+        relative = str(path.relative_to(REPO_ROOT))
+        in_settings = relative in ENVIRONMENT_READERS
+        offenders += [
+            f"{relative}:{n.lineno}" for n in ast.walk(tree) if _reads_a_rag_variable_by_name(n, in_settings)
+        ]
+    assert not offenders, f"RAG_* variables read by name instead of through a declaration: {offenders}"
 
 
 def test_the_cli_root_imports_no_package() -> None:
