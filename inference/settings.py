@@ -35,7 +35,6 @@ __all__ = [
     "configured",
     "data_dir_setting",
     "declarations",
-    "describe_settings",
     "load_settings",
     "parse_bool",
     "setting",
@@ -208,15 +207,6 @@ def declarations(cls: type) -> list[Declaration]:
             )
         )
     return out
-
-
-def describe_settings(cls: type) -> list[tuple[str, str, str]]:
-    """(env var, default, help) for every field."""
-    rows = []
-    for field in dataclasses.fields(cls):
-        default = field.default if field.default is not dataclasses.MISSING else ""
-        rows.append((field.metadata["env"], "" if default is None else str(default), field.metadata["help"]))
-    return rows
 
 
 # -- declarations more than one settings class binds ------------------------------------------------
