@@ -81,11 +81,13 @@ class IngestSettings:
         "RAG_INGEST_BACKOFF_CAP",
         1800.0,
         "Upper bound in seconds of the 2^attempts-minutes retry delay of a failing record.",
+        tradeoff="Lower retries a failing record sooner, for more load from records that keep failing.",
     )
     outage_pause: float = setting(
         "RAG_INGEST_OUTAGE_PAUSE",
         15.0,
         "Seconds the drain loop pauses after the sidecar is unreachable before it tries again.",
+        tradeoff="Shorter resumes sooner once the sidecar is back, for more failed attempts while it is down.",
     )
     batch_records: int = setting(
         "RAG_INGEST_BATCH_RECORDS",
@@ -169,12 +171,14 @@ class MediaSettings:
         "RAG_THUMBNAIL_PX",
         192,
         "Longest side of the thumbnails Mnemo makes when the archive gives no `thumb_url`.",
+        tradeoff="Larger looks sharper in result lists, for more bytes stored and sent per thumbnail.",
     )
     image_max_pixels: int = setting(
         "RAG_IMAGE_MAX_PIXELS",
         40_000_000,
         "Largest image (width x height, read from the header before decoding) accepted; "
         "decompression bombs stop here.",
+        tradeoff="Raise it for very large scans, for more memory per decode; lower refuses more images.",
     )
     image_max_bytes: int = setting(
         "RAG_IMAGE_MAX_BYTES",
