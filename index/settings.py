@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SidecarClientSettings:
+    """How ingestion, the gateway and the jobs reach the inference sidecar, and which of its models they use."""
+
     sidecar_url: str = setting(
         "RAG_SIDECAR_URL",
         "http://127.0.0.1:8001",

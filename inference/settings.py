@@ -220,8 +220,10 @@ def data_dir_setting() -> Any:
     return setting(
         "RAG_DATA_DIR",
         Path(".mnemo"),
-        "Where embedded state lives (`pg/` holds the embedded database, `models/` the offline profile's "
-        "tiny models). Reused across restarts.",
+        "Where embedded state lives, reused across restarts: `pg/` holds the embedded database, `models/` "
+        "the offline profile's tiny models.",
+        tradeoff="Point it at a persistent disk with room for the embedded database (which `RAG_DATABASE_URL` "
+        "replaces).",
     )
 
 
@@ -230,8 +232,9 @@ def sidecar_api_key_setting() -> Any:
     return setting(
         "RAG_SIDECAR_API_KEY",
         None,
-        "Bearer key for the sidecar. When set on the sidecar, every route but health requires it; "
-        "its clients (gateway, drain, jobs) send it.",
+        "Bearer key for the sidecar: when set on the sidecar, every route but health requires it, and its "
+        "clients (gateway, drain, jobs) send it.",
+        tradeoff="Set it as soon as the sidecar's port is reachable from anything but the gateway.",
     )
 
 
