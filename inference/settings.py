@@ -90,6 +90,8 @@ def _parse(name: str, raw: str, annotation: Any) -> Any:
         except ValueError as exc:
             raise SettingsError(f"{name}={raw!r} is not a number") from exc
     if annotation is Path:
+        if not raw.strip():  # Path("") is the working directory: never what an empty value meant
+            raise SettingsError(f"{name} is empty: unset it, or name a directory")
         return Path(raw).expanduser()
     if origin is tuple:
         return tuple(part.strip() for part in raw.split(",") if part.strip())

@@ -20,6 +20,7 @@ from gateway.settings_catalog import (
     generated_files,
     stale_files,
 )
+from inference.config import ConfigError, config_from_dict
 from inference.settings import declarations
 from schema.settings import DatabaseSettings, SettingsError, load_settings, setting
 
@@ -41,6 +42,16 @@ def test_environment_then_overrides() -> None:
 
 def test_empty_url_means_unset() -> None:
     assert load_settings(DatabaseSettings, {"RAG_DATABASE_URL": ""}).database_url is None
+
+
+def test_an_empty_directory_is_refused_not_read_as_the_working_directory() -> None:
+    with pytest.raises(SettingsError, match="RAG_DATA_DIR is empty: unset it, or name a directory"):
+        load_settings(DatabaseSettings, {"RAG_DATA_DIR": " "})
+    with pytest.raises(ConfigError, match="RAG_MODELS_DIR is empty"):
+        config_from_dict(
+            {"models": [{"id": "a", "kind": "text", "weights": "${RAG_MODELS_DIR}/a"}]},
+            environ={"RAG_MODELS_DIR": ""},
+        )
 
 
 @pytest.mark.parametrize("env", [{"RAG_DB_POOL_SIZE": "many"}, {"RAG_DB_POOL_SIZE": "0"}])
