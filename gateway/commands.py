@@ -152,6 +152,25 @@ async def _mcp(args: argparse.Namespace) -> int:
     return 0
 
 
+def _settings_docs(args: argparse.Namespace) -> int:
+    """Write the configuration reference and the sample env file from the settings catalog, or
+    (``--check``) say which committed ones are out of date."""
+    from .settings_catalog import DOCS_DIR, REGENERATE, stale_files, write_files
+
+    docs_dir = args.docs_dir or DOCS_DIR
+    if args.check:
+        stale = stale_files(docs_dir)
+        for path in stale:
+            print(
+                f"mnemo settings docs: {path} differs from the settings catalog: run `{REGENERATE}`",
+                file=sys.stderr,
+            )
+        return 1 if stale else 0
+    for path in write_files(docs_dir):
+        print(f"wrote {path}")
+    return 0
+
+
 def _add_gateway_flags(p: argparse.ArgumentParser) -> None:
     add_database_flags(p)
     p.add_argument("--host", default=None, help="listen address (env RAG_GATEWAY_HOST, default 127.0.0.1)")
@@ -200,3 +219,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--ttl", type=float, default=3600.0, help="seconds until expiry (default 3600)")
     p.add_argument("--private-key", default=None, help="PEM private key file: sign RS256 instead of HS256")
     p.set_defaults(run=_token)
+
+    p = subparsers.add_parser("settings", help="the settings catalog: every RAG_* variable Mnemo reads")
+    actions = p.add_subparsers(dest="settings_action", metavar="ACTION", required=True)
+    docs = actions.add_parser(
+        "docs", help="write docs/configuration.md and docs/mnemo.env.example from the settings catalog"
+    )
+    docs.add_argument(
+        "--docs-dir",
+        type=Path,
+        default=None,
+        help="where to write them (default: docs, from the repository root)",
+    )
+    docs.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 naming any file out of date"
+    )
+    docs.set_defaults(run=_settings_docs)

@@ -80,6 +80,7 @@ class AskSettings:
         "RAG_ASK_RERANK",
         True,
         "Rerank `ask` candidates with the sidecar's cross-encoder unless the request says `rerank: false`.",
+        tradeoff="Off saves a sidecar call per `ask`, for a less precise passage order.",
     )
     rerank_depth: int = setting(
         "RAG_RERANK_DEPTH",
@@ -92,56 +93,81 @@ class AskSettings:
         "RAG_RERANK_TIMEOUT",
         5.0,
         "Seconds a rerank may take; slower or failing, the fused order is used (`reranked: false`).",
+        tradeoff="Lower bounds `ask`'s latency under a slow sidecar, for more answers in fused order.",
     )
     expand_neighbours: int = setting(
         "RAG_EXPAND_NEIGHBOURS",
         1,
         "Chunks taken on each side of a passage by `expand: neighbours`.",
+        tradeoff="More gives each passage more of its surroundings, for more of the token budget.",
     )
     expand_parent_chunks: int = setting(
         "RAG_EXPAND_PARENT_CHUNKS",
         12,
         "Most chunks `expand: parent` gathers from a passage's parent section (nearest first).",
+        tradeoff="More gathers more of a long section, for more of the token budget.",
     )
     provider: str = setting(
         "RAG_LLM_PROVIDER",
         "extractive",
         "`extractive` (offline: sentence selection with the text model, no language model) or `openai` "
         "(any OpenAI-compatible chat-completions server at `RAG_LLM_ENDPOINT`).",
+        tradeoff="`openai` writes answers with a language model; `extractive` needs none and sends nothing off the host.",
     )
     llm_endpoint: str | None = setting(
         "RAG_LLM_ENDPOINT",
         None,
         "Base URL of the OpenAI-compatible server (`.../v1`); `/chat/completions` is appended.",
+        tradeoff="Set it with `RAG_LLM_PROVIDER=openai`; a host that is not local makes generation external egress.",
     )
-    llm_model: str | None = setting("RAG_LLM_MODEL", None, "Model name sent to the chat-completions server.")
+    llm_model: str | None = setting(
+        "RAG_LLM_MODEL",
+        None,
+        "Model name sent to the chat-completions server.",
+        tradeoff="Name what the server serves: a larger model answers better, slower and at more cost.",
+    )
     llm_api_key: str | None = setting(
-        "RAG_LLM_API_KEY", None, "Bearer key for the chat-completions server (unset: no Authorization)."
+        "RAG_LLM_API_KEY",
+        None,
+        "Bearer key for the chat-completions server (unset: no Authorization).",
+        tradeoff="Set it for a server that requires a key; keep it out of files under version control.",
     )
     llm_temperature: float = setting(
-        "RAG_LLM_TEMPERATURE", 0.1, "Sampling temperature: low keeps answers close to the passages."
+        "RAG_LLM_TEMPERATURE",
+        0.1,
+        "Sampling temperature: low keeps answers close to the passages.",
+        tradeoff="Higher varies the wording more and strays further from the passages.",
     )
     llm_timeout: float = setting(
         "RAG_LLM_TIMEOUT",
         60.0,
         "Seconds a generation may take before `rag.generation_failed`; streaming applies it per chunk.",
+        tradeoff="Lower fails sooner on a stalled server; too low cuts off a slow model's long answers.",
     )
     llm_max_output_tokens: int = setting(
-        "RAG_LLM_MAX_OUTPUT_TOKENS", 512, "Upper bound of generated tokens (`max_tokens`)."
+        "RAG_LLM_MAX_OUTPUT_TOKENS",
+        512,
+        "Upper bound of generated tokens (`max_tokens`).",
+        tradeoff="More allows longer answers, for latency and cost per call.",
     )
     llm_system_prompt: str | None = setting(
         "RAG_LLM_SYSTEM_PROMPT",
         None,
         "System prompt when the section descriptor has none (unset: the built-in grounded-citation prompt).",
+        tradeoff="Set it to change the tone or citation style of every section that has no prompt of its own.",
     )
     llm_locality: str = setting(
         "RAG_LLM_LOCALITY",
         "auto",
         "`auto` (loopback and `RAG_LOCAL_PROVIDER_HOSTS` are local, anything else external), `local` or "
         "`external`: say `external` for a loopback proxy or tunnel to a hosted API.",
+        tradeoff="`external` makes the egress rules apply to a local address that forwards elsewhere.",
     )
     extractive_sentences: int = setting(
-        "RAG_EXTRACTIVE_SENTENCES", 3, "Sentences the extractive provider puts in an answer."
+        "RAG_EXTRACTIVE_SENTENCES",
+        3,
+        "Sentences the extractive provider puts in an answer.",
+        tradeoff="More covers more of the passages, for a longer, less focused answer.",
     )
     allow_external_default: bool = setting(
         "RAG_ALLOW_EXTERNAL_PROVIDER_DEFAULT",
@@ -154,6 +180,7 @@ class AskSettings:
         (),
         "Comma-separated sections whose text never goes to an external generator, including text they "
         "contribute to another section's group document.",
+        tradeoff="List the sections whose text must never leave the host, whatever their descriptors say.",
     )
     local_hosts: tuple[str, ...] = setting(
         "RAG_LOCAL_PROVIDER_HOSTS",
@@ -196,7 +223,12 @@ class McpSettings:
         "Bearer JWT fixing the MCP server's principal for its lifetime (verified like the gateway's; "
         "missing or invalid refuses to start). Ignored with `RAG_AUTH=off` (admin).",
     )
-    host: str = setting("RAG_MCP_HOST", "127.0.0.1", "Interface of `mnemo mcp --transport http`.")
+    host: str = setting(
+        "RAG_MCP_HOST",
+        "127.0.0.1",
+        "Interface of `mnemo mcp --transport http`.",
+        tradeoff="`0.0.0.0` serves other hosts; every caller then acts as `RAG_MCP_TOKEN`'s principal.",
+    )
     port: int = setting("RAG_MCP_PORT", 8090, "TCP port of `mnemo mcp --transport http`.")
 
 
@@ -204,8 +236,15 @@ class McpSettings:
 class GatewaySettings:
     """Everything the gateway reads at start. Compose with :func:`load_gateway_settings`."""
 
-    host: str = setting("RAG_GATEWAY_HOST", "127.0.0.1", "Interface the gateway listens on.")
-    port: int = setting("RAG_GATEWAY_PORT", 8080, "TCP port of the gateway.")
+    host: str = setting(
+        "RAG_GATEWAY_HOST",
+        "127.0.0.1",
+        "Interface the gateway listens on.",
+        tradeoff="`0.0.0.0` serves other hosts (behind a reverse proxy or a load balancer).",
+    )
+    port: int = setting(
+        "RAG_GATEWAY_PORT", 8080, "TCP port of the gateway.", tradeoff="Change it when the port is taken."
+    )
     enabled: bool = setting(
         "RAG_ENABLED",
         True,
@@ -233,6 +272,7 @@ class GatewaySettings:
         "RAG_JWT_SECRET",
         None,
         "HS256 shared secret (at least 32 bytes; shorter is refused at start).",
+        tradeoff="Set it, or `RAG_JWT_PUBLIC_KEY`, for `RAG_AUTH=jwt`; whoever holds a shared secret can issue tokens.",
     )
     jwt_public_key: str | None = setting(
         "RAG_JWT_PUBLIC_KEY",
@@ -240,11 +280,22 @@ class GatewaySettings:
         "RS256 public key: PEM text or a path to a PEM file. Lets an identity provider keep the private key.",
     )
     jwt_audience: str | None = setting(
-        "RAG_JWT_AUDIENCE", None, "Required `aud` claim when set (tokens for other services are refused)."
+        "RAG_JWT_AUDIENCE",
+        None,
+        "Required `aud` claim when set (tokens for other services are refused).",
+        tradeoff="Set it when one identity provider issues tokens for several services.",
     )
-    jwt_issuer: str | None = setting("RAG_JWT_ISSUER", None, "Required `iss` claim when set.")
+    jwt_issuer: str | None = setting(
+        "RAG_JWT_ISSUER",
+        None,
+        "Required `iss` claim when set.",
+        tradeoff="Set it to refuse tokens from any other identity provider.",
+    )
     jwt_leeway: float = setting(
-        "RAG_JWT_LEEWAY", 30.0, "Seconds of clock skew tolerated on `exp`/`nbf`; larger trusts clocks less."
+        "RAG_JWT_LEEWAY",
+        30.0,
+        "Seconds of clock skew tolerated on `exp`/`nbf`; larger trusts clocks less.",
+        tradeoff="Larger accepts tokens from hosts with skewed clocks, and expired tokens for that much longer.",
     )
     max_body_bytes: int = setting(
         "RAG_MAX_BODY_BYTES",
@@ -256,6 +307,7 @@ class GatewaySettings:
         64,
         "Requests served at once; beyond it the gateway answers 429 `service.overloaded` with "
         "`Retry-After` (health, readiness and metrics are never refused).",
+        tradeoff="Higher queues more work in the gateway and the database (longer waits under load); lower sheds load sooner.",
     )
     idle_timeout: float = setting(
         "RAG_GATEWAY_IDLE_TIMEOUT",
@@ -268,6 +320,7 @@ class GatewaySettings:
         "RAG_GATEWAY_BODY_TIMEOUT",
         30.0,
         "Seconds a client has to send a request body once its headers arrived (408 `request.timeout`).",
+        tradeoff="Lower frees connections held by slow uploads sooner; too low refuses large record batches on slow links.",
     )
     metrics_token: str | None = setting(
         "RAG_METRICS_TOKEN",
@@ -280,6 +333,7 @@ class GatewaySettings:
         1024,
         "Query vectors kept in an LRU cache (per caller, model and normalized query: one user's "
         "queries never speed up another's); 0 disables it.",
+        tradeoff="Larger saves sidecar calls on repeated queries, for the memory of each cached vector.",
     )
     hnsw_ef_search: int = setting(
         "RAG_HNSW_EF_SEARCH",
@@ -290,6 +344,7 @@ class GatewaySettings:
         "RAG_HNSW_MAX_SCAN_TUPLES",
         20000,
         "Upper bound of tuples an iterative HNSW scan visits when filters reject candidates.",
+        tradeoff="Higher keeps recall under selective filters, for slower worst-case queries.",
     )
     dense_exact_max_rows: int = setting(
         "RAG_DENSE_EXACT_MAX_ROWS",
@@ -301,7 +356,10 @@ class GatewaySettings:
         "0: always HNSW.",
     )
     rrf_k: int = setting(
-        "RAG_RRF_K", 60, "Reciprocal Rank Fusion constant k: larger flattens the advantage of top ranks."
+        "RAG_RRF_K",
+        60,
+        "Reciprocal Rank Fusion constant k: larger flattens the advantage of top ranks.",
+        tradeoff="Lower favours each leg's top hits; higher lets agreement across the legs count more.",
     )
     fusion: str = setting(
         "RAG_FUSION",
@@ -315,6 +373,7 @@ class GatewaySettings:
         "RAG_FUSION_WEIGHTS",
         "dense=1,lexical=1,sparse=1",
         "Per-leg weights of the fusion (`mnemo eval --tune` reports cross-validated values for a data set).",
+        tradeoff="Raise a leg's weight where it proves better on your queries (`mnemo eval --tune` measures it).",
     )
     lexical_stats_ttl: float = setting(
         "RAG_LEXICAL_STATS_TTL",
@@ -368,6 +427,7 @@ class GatewaySettings:
         "On CPU, an unfiltered search (an admin, no section or group) over a partition with more vectors "
         "than this goes to pgvector's HNSW, which beats a flat scan there; filtered searches stay on the "
         "cache at any size. 0: the cache serves every search.",
+        tradeoff="Raise it where the flat scan measures faster than HNSW on your CPU.",
     )
     faiss_packed_scope_rows: int = setting(
         "RAG_FAISS_PACKED_SCOPE_ROWS",
@@ -375,12 +435,14 @@ class GatewaySettings:
         "A filtered search whose scope permits at most this many cached vectors runs over a contiguous "
         "copy of just those vectors, kept until the next change is applied (at 1M vectors a 1% scope: "
         "5.1 ms against 15.2 through the bitmap over every slot, at recall 1.0). 0: every scope uses the bitmap.",
+        tradeoff="Higher packs larger scopes (faster filtered searches), for more memory and more copies to rebuild after changes.",
     )
     faiss_packed_bytes: int = setting(
         "RAG_FAISS_PACKED_BYTES",
         256 * 1024**2,
         "Memory the packed scope copies may hold together, beside `RAG_FAISS_MAX_BYTES` (least recently "
         "used dropped first; a 1% scope of 1M vectors at 384 dimensions is 15 MiB).",
+        tradeoff="More keeps more scopes packed, for memory beside the cache's own.",
     )
     faiss_threads: int = setting(
         "RAG_FAISS_THREADS",
@@ -390,7 +452,10 @@ class GatewaySettings:
         "per search only spin against the database on a small machine.",
     )
     shutdown_timeout: float = setting(
-        "RAG_SHUTDOWN_TIMEOUT", 30.0, "Seconds SIGTERM waits for in-flight requests before closing."
+        "RAG_SHUTDOWN_TIMEOUT",
+        30.0,
+        "Seconds SIGTERM waits for in-flight requests before closing.",
+        tradeoff="Longer lets slow requests (`ask`) finish during a deploy, for slower restarts.",
     )
     log_format: str = setting("RAG_LOG_FORMAT", "json", "`json` (one object per line) or `text`.")
     database: DatabaseSettings = dataclasses.field(default_factory=DatabaseSettings)

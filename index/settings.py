@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from inference.settings import sidecar_api_key_setting
 from schema.settings import SettingsError, setting
 
 from .media_urls import AllowedBase, MediaNotAllowed, parse_allowed_base
@@ -15,16 +16,14 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SidecarClientSettings:
+    """How ingestion, the gateway and the jobs reach the inference sidecar, and which of its models they use."""
+
     sidecar_url: str = setting(
         "RAG_SIDECAR_URL",
         "http://127.0.0.1:8001",
         "Base URL of the inference sidecar (`mnemo sidecar`). Every component that embeds uses it.",
     )
-    sidecar_api_key: str | None = setting(
-        "RAG_SIDECAR_API_KEY",
-        None,
-        "Bearer key for the sidecar. When set on the sidecar, every route but health requires it.",
-    )
+    sidecar_api_key: str | None = sidecar_api_key_setting()
     text_model: str | None = setting(
         "RAG_TEXT_MODEL",
         None,
@@ -84,11 +83,13 @@ class IngestSettings:
         "RAG_INGEST_BACKOFF_CAP",
         1800.0,
         "Upper bound in seconds of the 2^attempts-minutes retry delay of a failing record.",
+        tradeoff="Lower retries a failing record sooner, for more load from records that keep failing.",
     )
     outage_pause: float = setting(
         "RAG_INGEST_OUTAGE_PAUSE",
         15.0,
         "Seconds the drain loop pauses after the sidecar is unreachable before it tries again.",
+        tradeoff="Shorter resumes sooner once the sidecar is back, for more failed attempts while it is down.",
     )
     batch_records: int = setting(
         "RAG_INGEST_BATCH_RECORDS",
@@ -172,12 +173,14 @@ class MediaSettings:
         "RAG_THUMBNAIL_PX",
         192,
         "Longest side of the thumbnails Mnemo makes when the archive gives no `thumb_url`.",
+        tradeoff="Larger looks sharper in result lists, for more bytes stored and sent per thumbnail.",
     )
     image_max_pixels: int = setting(
         "RAG_IMAGE_MAX_PIXELS",
         40_000_000,
         "Largest image (width x height, read from the header before decoding) accepted; "
         "decompression bombs stop here.",
+        tradeoff="Raise it for very large scans, for more memory per decode; lower refuses more images.",
     )
     image_max_bytes: int = setting(
         "RAG_IMAGE_MAX_BYTES",

@@ -11,6 +11,8 @@ surface (``tests/test_code_shape.py`` holds them to it):
 - ``inference.net``: free ports and readiness waits for the processes ``mnemo up`` starts;
 - ``inference.images``: safe image decoding (byte, pixel and decompression-bomb limits);
 - ``inference.eventloop``: the event loop every service runs on (uvloop unless ``RAG_UVLOOP=off``);
+- ``inference.settings``: the settings mechanism every package declares its ``RAG_*`` variables with
+  (``schema.settings`` re-exports it), and the sidecar's own settings;
 - ``inference.ray_local``: a local Ray start that is tried again when its raylet registers late
   (the sidecar's, and the bulk jobs' ``--ray local``);
 - ``inference.config`` and ``inference.encoders``, for the bulk image job's Ray Data actors alone,

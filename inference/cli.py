@@ -12,12 +12,18 @@ __all__ = ["register"]
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .config import SidecarSettings, load_config
+    from .config import load_config
     from .launcher import example_requests, running_sidecar
     from .serve_app import default_config_path
+    from .settings import SidecarSettings, load_settings
 
-    settings = SidecarSettings.load(
-        config=args.config, host=args.host, port=args.port, num_cpus=args.num_cpus, ray_address=args.address
+    settings = load_settings(
+        SidecarSettings,
+        config=args.config,
+        host=args.host,
+        port=args.port,
+        num_cpus=args.num_cpus,
+        ray_address=args.address,
     )
     config = load_config(settings.config or default_config_path())
     stop = threading.Event()

@@ -7,7 +7,7 @@ A config file lists the models to serve and the request limits::
     models:
       - id: bge-m3
         kind: text                 # text | image_text | rerank
-        weights: ${RAG_MODELS_DIR:-/models}/bge-m3
+        weights: ${RAG_MODELS_DIR}/bge-m3
         pooling: cls
         sparse: true
         ...
@@ -16,6 +16,11 @@ A config file lists the models to serve and the request limits::
 Python package), or a hub id already in the local Hugging Face cache. ``build: <recipe>`` makes a tiny
 seeded model at that path on first start (offline profile and tests only; the id must say so). Nothing
 is ever downloaded: a model whose weights are missing is a :class:`ModelWeightsMissing` naming the path.
+
+``${RAG_MODELS_DIR}`` and ``${RAG_DATA_DIR}`` expand to the settings of
+:class:`~inference.settings.ModelFilesSettings`: the environment's value, else the default declared
+there, so a config file carries no second default (``${VAR:-default}`` is refused) and names no
+variable the settings catalog does not declare.
 """
 
 from __future__ import annotations
@@ -27,11 +32,12 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import yaml
 
 from .eventloop import ray_environment
+from .settings import ModelFilesSettings, SettingsError, declarations, load_settings
 
 __all__ = [
     "ConfigError",
@@ -39,7 +45,6 @@ __all__ = [
     "ModelSpec",
     "ModelWeightsMissing",
     "SidecarConfig",
-    "SidecarSettings",
     "load_config",
     "resolve_weights",
 ]
@@ -49,7 +54,7 @@ AUTOSCALING_KEYS = frozenset(
     {"min_replicas", "max_replicas", "target_ongoing_requests", "upscale_delay_s", "downscale_delay_s"}
 )
 KINDS = ("text", "image_text", "rerank")
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:-[^}]*)?\}")
 
 
 class ConfigError(ValueError):
@@ -221,13 +226,35 @@ class SidecarConfig:
         }
 
 
-def _expand(value: Any, environ: Mapping[str, str]) -> Any:
+def file_variables(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What a config's ``${RAG_...}`` references expand to: each variable of
+    :class:`~inference.settings.ModelFilesSettings`, from ``environ`` or its declared default."""
+    values = load_settings(ModelFilesSettings, environ)
+    return {d.env: str(getattr(values, d.field)) for d in declarations(ModelFilesSettings)}
+
+
+def _expand(value: Any, variables: Mapping[str, str], source: str) -> Any:
     if isinstance(value, str):
-        return _ENV_REF.sub(lambda m: environ.get(m.group(1)) or (m.group(2) or ""), value)
+
+        def substitute(match: re.Match[str]) -> str:
+            name, inline_default = match.group(1), match.group(2)
+            if inline_default is not None:
+                raise ConfigError(
+                    f"{source}: write ${{{name}}}, not ${{{name}{inline_default}}}: its default is the one "
+                    f"declared in inference.settings (see docs/configuration.md)"
+                )
+            if name not in variables:
+                raise ConfigError(
+                    f"{source}: ${{{name}}} is not a variable a model config may name "
+                    f"(declared: {', '.join(sorted(variables))})"
+                )
+            return variables[name]
+
+        return _ENV_REF.sub(substitute, value)
     if isinstance(value, list):
-        return [_expand(v, environ) for v in value]
+        return [_expand(v, variables, source) for v in value]
     if isinstance(value, dict):
-        return {k: _expand(v, environ) for k, v in value.items()}
+        return {k: _expand(v, variables, source) for k, v in value.items()}
     return value
 
 
@@ -245,8 +272,12 @@ def _build_dataclass(cls: type, raw: Mapping[str, Any], where: str) -> Any:
 def config_from_dict(
     data: Mapping[str, Any], *, source: str = "<inline>", environ: Mapping[str, str] | None = None
 ) -> SidecarConfig:
-    """Validate a parsed config (``${VAR:-default}`` references expanded from ``environ``)."""
-    data = _expand(dict(data), os.environ if environ is None else environ)
+    """Validate a parsed config (``${RAG_...}`` references expanded from ``environ``, else their defaults)."""
+    try:
+        variables = file_variables(environ)
+    except SettingsError as exc:
+        raise ConfigError(f"{source}: {exc}") from exc
+    data = _expand(dict(data), variables, source)
     if not isinstance(data.get("models"), list) or not data["models"]:
         raise ConfigError(f"{source}: 'models' must be a non-empty list")
     specs = []
@@ -316,68 +347,6 @@ def resolve_weights(spec: ModelSpec) -> Path:
                 f"model {spec.id!r}: {location!r} is neither a directory nor a hub id in the local cache"
             ) from exc
     raise ModelWeightsMissing(f"model {spec.id!r}: weights not found at {path.resolve()}")
-
-
-@dataclasses.dataclass(frozen=True)
-class SidecarSettings:
-    """Process settings for ``mnemo sidecar``: read once at start; CLI flags override the environment."""
-
-    config: Path | None = None  # RAG_SIDECAR_CONFIG (default: the offline profile)
-    host: str = "127.0.0.1"  # RAG_SIDECAR_HOST
-    port: int = 8001  # RAG_SIDECAR_PORT
-    api_key: str | None = None  # RAG_SIDECAR_API_KEY
-    num_cpus: float | None = None  # RAG_SIDECAR_NUM_CPUS (Ray's CPU count; default: all cores)
-    object_store_mb: int = 256  # RAG_SIDECAR_OBJECT_STORE_MB
-    # The ingress's HTTP front (aiohttp) against slow or idle clients. The keep-alive timeout closes
-    # a connection with no complete request head that long after it opened or after its last answer
-    # (an idle client and one sending its headers byte by byte alike); request_timeout_s bounds the
-    # rest of a request, body upload included (408 request_timeout).
-    request_timeout_s: float = 120.0  # RAG_SIDECAR_REQUEST_TIMEOUT
-    keep_alive_timeout_s: int = 30  # RAG_SIDECAR_KEEP_ALIVE_TIMEOUT
-    # An existing Ray cluster to deploy onto (``ray://host:10001`` or ``host:6379``) instead of
-    # starting a local instance; num_cpus and object_store_mb are then the cluster's own.
-    ray_address: str | None = None  # RAG_RAY_ADDRESS
-
-    ENV: ClassVar[dict[str, str]] = {
-        "config": "RAG_SIDECAR_CONFIG",
-        "host": "RAG_SIDECAR_HOST",
-        "port": "RAG_SIDECAR_PORT",
-        "api_key": "RAG_SIDECAR_API_KEY",
-        "num_cpus": "RAG_SIDECAR_NUM_CPUS",
-        "object_store_mb": "RAG_SIDECAR_OBJECT_STORE_MB",
-        "request_timeout_s": "RAG_SIDECAR_REQUEST_TIMEOUT",
-        "keep_alive_timeout_s": "RAG_SIDECAR_KEEP_ALIVE_TIMEOUT",
-        "ray_address": "RAG_RAY_ADDRESS",
-    }
-
-    @classmethod
-    def load(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> SidecarSettings:
-        env = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        for name, var in cls.ENV.items():
-            if overrides.get(name) is not None:
-                values[name] = overrides[name]
-            elif env.get(var, "") != "":
-                values[name] = env[var]
-        try:
-            if "config" in values:
-                values["config"] = Path(values["config"])
-            if "port" in values:
-                values["port"] = int(values["port"])
-            if "num_cpus" in values:
-                values["num_cpus"] = float(values["num_cpus"])
-            if "object_store_mb" in values:
-                values["object_store_mb"] = int(values["object_store_mb"])
-            if "request_timeout_s" in values:
-                values["request_timeout_s"] = float(values["request_timeout_s"])
-            if "keep_alive_timeout_s" in values:
-                values["keep_alive_timeout_s"] = int(values["keep_alive_timeout_s"])
-        except ValueError as exc:
-            raise ConfigError(f"sidecar settings: {exc}") from exc
-        settings = cls(**values)
-        if not (settings.request_timeout_s > 0 and settings.keep_alive_timeout_s > 0):
-            raise ConfigError("RAG_SIDECAR_REQUEST_TIMEOUT and RAG_SIDECAR_KEEP_ALIVE_TIMEOUT must be > 0")
-        return settings
 
 
 def carry_loop_setting_to_ray() -> None:

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import os
 import sys
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, TypeVar
+
+from .settings import LoopSettings, SettingsError, load_settings
 
 __all__ = [
     "UVLOOP_ENV",
@@ -34,8 +35,7 @@ __all__ = [
     "use_uvloop",
 ]
 
-UVLOOP_ENV = "RAG_UVLOOP"
-_CHOICES = ("auto", "on", "off")
+UVLOOP_ENV = "RAG_UVLOOP"  # declared in inference.settings.LoopSettings
 
 T = TypeVar("T")
 
@@ -46,16 +46,16 @@ class LoopSettingError(ValueError):
 
 def use_uvloop(environ: Mapping[str, str] | None = None) -> bool:
     """Whether ``RAG_UVLOOP`` (in ``environ``, default the process's) selects uvloop here."""
-    raw = (os.environ if environ is None else environ).get(UVLOOP_ENV, "auto")
-    setting = raw.strip().lower() or "auto"
-    if setting not in _CHOICES:
-        raise LoopSettingError(f"{UVLOOP_ENV} must be one of {', '.join(_CHOICES)}, not {raw!r}")
+    try:
+        choice = load_settings(LoopSettings, environ).choice
+    except SettingsError as exc:
+        raise LoopSettingError(str(exc)) from exc
     installed = importlib.util.find_spec("uvloop") is not None
-    if setting == "on" and not installed:
+    if choice == "on" and not installed:
         raise LoopSettingError(
             f"{UVLOOP_ENV}=on but the uvloop package is not installed (pip install uvloop)"
         )
-    return setting != "off" and installed
+    return choice != "off" and installed
 
 
 def loop_factory(environ: Mapping[str, str] | None = None) -> Callable[[], asyncio.AbstractEventLoop] | None:

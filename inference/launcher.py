@@ -59,7 +59,7 @@ def running_sidecar(
     ``port=0`` picks a free port. ``ready_timeout_s`` bounds the start as a whole (deploy, model
     loads, warm-up, the front answering): past it :class:`SidecarStartTimeout` names what Serve
     was still waiting for, instead of blocking as Serve's own deploy wait does. ``request_timeout_s`` and ``keep_alive_timeout_s`` go to the
-    ingress's HTTP front (see :class:`~inference.config.SidecarSettings`). Missing weights fail before Ray starts (:class:`ModelWeightsMissing`
+    ingress's HTTP front (see :class:`~inference.settings.SidecarSettings`). Missing weights fail before Ray starts (:class:`ModelWeightsMissing`
     naming the path); a model that fails to load or warm up fails here too.
 
     Where Ray runs: ``address`` (``mnemo sidecar --address``, ``RAG_RAY_ADDRESS``) joins an existing

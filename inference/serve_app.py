@@ -30,9 +30,10 @@ from starlette.responses import Response
 
 from .api import SidecarAPI, read_body
 from .coalesce import CallCoalescer
-from .config import Limits, ModelSpec, SidecarConfig, SidecarSettings, config_from_dict, load_config
+from .config import Limits, ModelSpec, SidecarConfig, config_from_dict, load_config
 from .errors import NotReady, Overloaded, SidecarApiError
 from .local_server import start_front
+from .settings import SidecarSettings, load_settings
 
 __all__ = ["HandleBackend", "Ingress", "ModelDeployment", "app_builder", "build_app", "deployment_name"]
 
@@ -282,7 +283,7 @@ def build_app(
     on a cluster the address is bound where the caller expects it.
     """
     if api_key is None:
-        api_key = SidecarSettings.load().api_key
+        api_key = load_settings(SidecarSettings).api_key
     limits = config.to_dict()["limits"]
     handles = {}
     for spec in config.models:
@@ -323,7 +324,7 @@ def build_app(
 
 def app_builder(args: dict[str, str]) -> serve.Application:
     """Entry point for ``serve run`` / ``serve deploy``: ``args["config"]`` is the model config path."""
-    path = args.get("config") or SidecarSettings.load().config or default_config_path()
+    path = args.get("config") or load_settings(SidecarSettings).config or default_config_path()
     return build_app(load_config(path))
 
 

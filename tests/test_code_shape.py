@@ -1,12 +1,14 @@
 """Rules about the code's shape that a review would otherwise have to catch by eye.
 
 - Every error code the gateway or ingestion can raise has a status in the gateway's one table.
-- The environment is read only in settings modules (configuration is read once, at start).
+- The environment is read only in settings modules (configuration is read once, at start), and no
+  ``RAG_*`` variable by name anywhere: each through its ``setting(...)`` declaration.
 - The CLI root imports no package: each registers its commands through the entry-point group.
 - No import cycle among the modules of a package, counting every import (inside functions and
   under ``TYPE_CHECKING`` too, so a cycle cannot hide behind either).
 - The layers hold: ``schema <- index <- gateway``, ``inference`` alone, ``benchmarks`` on top; the
-  gateway and ingestion reach ``inference`` only through its public modules (:data:`INFERENCE_PUBLIC`).
+  gateway and ingestion reach ``inference`` only through its public modules (:data:`INFERENCE_PUBLIC`),
+  and ``schema`` only for the settings mechanism (``inference.settings``).
 - The gateway imports its own code and the other packages at module level (``gateway/commands.py``
   stays light on purpose; FAISS loads lazily).
 
@@ -107,11 +109,11 @@ def _reads_environment(node: ast.AST) -> bool:
 
 # Settings modules read the environment; the launchers set Ray's own variables for child processes.
 ENVIRONMENT_READERS = {
+    "inference/settings.py",  # the one mechanism (load_settings) and the sidecar's settings
     "schema/settings.py",
     "index/settings.py",
     "gateway/settings.py",
-    "inference/config.py",  # the sidecar's settings (SidecarSettings) and ${VAR} expansion
-    "inference/eventloop.py",  # RAG_UVLOOP, read before the loop the other settings load on exists
+    "inference/config.py",  # sets Ray's own variables (RAY_*) before ray.init, reads no RAG_* itself
     "benchmarks/settings.py",
 }
 
@@ -124,6 +126,48 @@ def test_the_environment_is_read_only_in_settings_modules() -> None:
             continue
         offenders += [f"{relative}:{n.lineno}" for n in ast.walk(tree) if _reads_environment(n)]
     assert not offenders, f"os.environ / os.getenv outside settings modules: {offenders}"
+
+
+def _is_os_environ(node: ast.AST) -> bool:
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr in ("environ", "getenv")
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "os"
+    )
+
+
+def _reads_a_rag_variable_by_name(node: ast.AST, any_mapping: bool) -> bool:
+    """``os.environ["RAG_X"]``, ``os.getenv("RAG_X")``, ``os.environ.get("RAG_X")``; with
+    ``any_mapping``, ``env.get("RAG_X")`` on any mapping too (in a settings module, ``env`` is the
+    environment): a read that bypasses the declarations, where ``load_settings`` reads each
+    declared variable through its field."""
+
+    def rag(key: ast.AST) -> bool:
+        return isinstance(key, ast.Constant) and isinstance(key.value, str) and key.value.startswith("RAG_")
+
+    if isinstance(node, ast.Call) and node.args and rag(node.args[0]):
+        func = node.func
+        if _is_os_environ(func):  # os.getenv("RAG_X")
+            return True
+        if isinstance(func, ast.Attribute) and func.attr in ("get", "pop", "setdefault"):
+            return any_mapping or _is_os_environ(func.value)
+    if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and rag(node.slice):
+        return any_mapping or _is_os_environ(node.value)
+    return False
+
+
+def test_no_rag_variable_is_read_by_name() -> None:
+    """Settings modules included: every ``RAG_*`` variable is read through its ``setting(...)``
+    declaration, so the settings catalog (docs/configuration.md) lists whatever the code reads."""
+    offenders = []
+    for path, tree in _modules(*PACKAGES):
+        relative = str(path.relative_to(REPO_ROOT))
+        in_settings = relative in ENVIRONMENT_READERS
+        offenders += [
+            f"{relative}:{n.lineno}" for n in ast.walk(tree) if _reads_a_rag_variable_by_name(n, in_settings)
+        ]
+    assert not offenders, f"RAG_* variables read by name instead of through a declaration: {offenders}"
 
 
 def test_the_cli_root_imports_no_package() -> None:
@@ -154,16 +198,19 @@ INFERENCE_PUBLIC = frozenset(
         "inference.images",
         "inference.eventloop",
         "inference.ray_local",
+        "inference.settings",
     }
 )
 # First-party packages each package may import (itself included); benchmarks may import any.
 LAYERS: Mapping[str, frozenset[str]] = {
-    "schema": frozenset({"schema"}),
+    "schema": frozenset({"schema", "inference"}),  # SCHEMA_FROM_INFERENCE alone
     "inference": frozenset({"inference"}),
     "index": frozenset({"schema", "index", "inference"}),
     "gateway": frozenset({"schema", "index", "gateway", "inference"}),
     "benchmarks": frozenset(PACKAGES),
 }
+# The one module of ``inference`` the bottom layer uses: the settings mechanism every package shares.
+SCHEMA_FROM_INFERENCE = "inference.settings"
 # Modules that may import more of ``inference`` than its public surface, and why.
 INFERENCE_INSIDERS = {
     "index.image_jobs_ray": "DESIGN 1: a Ray Data job loads the encoder code directly in its actors",
@@ -296,6 +343,8 @@ def test_imports_follow_the_layers() -> None:
                     and module not in INFERENCE_INSIDERS
                 ):
                     offenders.append(f"{module} imports {name}, not one of inference's public modules")
+                elif top == "inference" and package == "schema" and name != SCHEMA_FROM_INFERENCE:
+                    offenders.append(f"{module} imports {name}: schema takes only {SCHEMA_FROM_INFERENCE}")
     assert not offenders, offenders
 
 

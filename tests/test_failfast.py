@@ -19,10 +19,11 @@ import pytest
 import ray
 
 from benchmarks.faults import live_replicas, replica_killed_under_load
-from inference.config import ConfigError, SidecarConfig, SidecarSettings, config_from_dict
+from inference.config import ConfigError, SidecarConfig, config_from_dict
 from inference.errors import ErrorCode
 from inference.launcher import SidecarStartTimeout, running_sidecar
 from inference.serve_app import deployment_name
+from inference.settings import SidecarSettings, load_settings
 from inference.tiny import build_tiny_model
 
 MODEL = "failfast-tiny-xlmr-random"
@@ -124,10 +125,12 @@ def test_the_replica_wait_is_a_positive_number_of_seconds(wait: object) -> None:
 
 
 def test_the_cluster_address_comes_from_the_flag_or_rag_ray_address() -> None:
-    assert SidecarSettings.load(environ={}).ray_address is None  # default: a local Ray instance
+    assert load_settings(SidecarSettings, {}).ray_address is None  # default: a local Ray instance
     assert (
-        SidecarSettings.load(environ={"RAG_RAY_ADDRESS": "ray://head:10001"}).ray_address
+        load_settings(SidecarSettings, {"RAG_RAY_ADDRESS": "ray://head:10001"}).ray_address
         == "ray://head:10001"
     )
-    flag = SidecarSettings.load(environ={"RAG_RAY_ADDRESS": "ray://head:10001"}, ray_address="10.0.0.2:6379")
+    flag = load_settings(
+        SidecarSettings, {"RAG_RAY_ADDRESS": "ray://head:10001"}, ray_address="10.0.0.2:6379"
+    )
     assert flag.ray_address == "10.0.0.2:6379"

@@ -187,6 +187,27 @@ def test_config_validation_and_shipped_profiles(tmp_path: Path) -> None:
         config_from_dict({"models": [{"id": "a", "kind": "text", "weights": "/x", "max_queued_items": 4}]})
 
 
+def test_config_variables_expand_to_the_declared_settings() -> None:
+    from inference.settings import ModelFilesSettings, declarations
+
+    repo = Path(__file__).resolve().parent.parent
+    declared = {d.env: d.default for d in declarations(ModelFilesSettings)}
+    production = load_config(repo / "inference" / "models.yaml", environ={})
+    assert production.model("bge-m3").weights == f"{declared['RAG_MODELS_DIR']}/bge-m3"
+    offline = load_config(repo / "inference" / "models.offline.yaml", environ={})
+    assert (
+        offline.model("tiny-siglip-random").weights == f"{declared['RAG_DATA_DIR']}/models/tiny-siglip-random"
+    )
+
+    def weights(ref: str) -> dict[str, object]:
+        return {"models": [{"id": "a", "kind": "text", "weights": f"{ref}/a"}]}
+
+    with pytest.raises(ConfigError, match=r"write \$\{RAG_MODELS_DIR\}, not \$\{RAG_MODELS_DIR:-/x\}"):
+        config_from_dict(weights("${RAG_MODELS_DIR:-/x}"), environ={})
+    with pytest.raises(ConfigError, match=r"\$\{RAG_WEIGHTS\} is not a variable a model config may name"):
+        config_from_dict(weights("${RAG_WEIGHTS}"), environ={"RAG_WEIGHTS": "/w"})
+
+
 def test_sidecar_start_fails_fast_naming_missing_weights(tmp_path: Path) -> None:
     import ray
 
