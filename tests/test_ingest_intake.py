@@ -207,15 +207,14 @@ async def test_a_delete_needs_no_descriptor_but_a_valid_tipo(db_pool: asyncpg.Po
     assert info.value.field == "section_tipo"
 
 
-def test_every_ingest_setting_is_documented_in_the_readme() -> None:
-    from pathlib import Path
-
+def test_every_ingest_setting_is_documented() -> None:
     from index.settings import IngestSettings
     from schema.settings import describe_settings
+    from tests.test_docs import documentation_text
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    docs = documentation_text()
     for env, _default, help_text in describe_settings(IngestSettings):
-        assert help_text and f"`{env}`" in readme, f"{env} missing from the README settings table"
+        assert help_text and f"`{env}`" in docs, f"{env} missing from the docs (docs/configuration.md)"
 
 
 def test_every_intake_code_is_in_the_gateways_error_table_as_a_client_error() -> None:

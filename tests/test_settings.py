@@ -5,6 +5,8 @@ from pathlib import Path
 import pytest
 
 from schema.settings import DatabaseSettings, SettingsError, describe_settings, load_settings
+from tests.conftest import REPO_ROOT
+from tests.test_docs import documentation_text
 
 
 def test_defaults_without_environment() -> None:
@@ -32,22 +34,21 @@ def test_bad_values_are_named(env: dict[str, str]) -> None:
         load_settings(DatabaseSettings, env)
 
 
-def test_every_setting_is_documented_in_the_readme() -> None:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+def test_every_setting_is_documented() -> None:
+    docs = documentation_text()
     for env, _default, help_text in describe_settings(DatabaseSettings):
         assert help_text
-        assert f"`{env}`" in readme, f"{env} missing from README settings table"
+        assert f"`{env}`" in docs, f"{env} missing from the docs (docs/configuration.md)"
 
 
-def test_every_rag_variable_the_code_reads_is_in_the_readme() -> None:
+def test_every_rag_variable_the_code_reads_is_documented() -> None:
     import re
 
-    root = Path(__file__).resolve().parent.parent
-    readme = (root / "README.md").read_text()
+    docs = documentation_text()
     named = set()
     for package in ("schema", "inference", "index", "gateway", "benchmarks"):
-        for source in (root / package).rglob("*.py"):
+        for source in (REPO_ROOT / package).rglob("*.py"):
             named |= set(re.findall(r'"(RAG_[A-Z0-9_]+)"', source.read_text()))
     assert len(named) > 10, "the scan found the settings"
-    missing = sorted(v for v in named if f"`{v}`" not in readme)
-    assert not missing, f"settings missing from the README table: {missing}"
+    missing = sorted(v for v in named if f"`{v}`" not in docs)
+    assert not missing, f"settings missing from the docs (docs/configuration.md): {missing}"
