@@ -10,6 +10,7 @@ subcommand path, its ``--options`` and, where the parser lists them, the options
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from gateway.cli import build_parser
+from gateway.up import DEMO_EXAMPLES
 from tests.conftest import REPO_ROOT
 
 README = REPO_ROOT / "README.md"
@@ -38,6 +40,8 @@ _MNEMO = re.compile(r"(?:^|(?<=[\s(;|&])|(?<=bin/))mnemo\s+(\S.*)")
 _SHELL_END = re.compile(r"\s[|;&>]|\)|\s#")
 _OPTION = re.compile(r"(?<![\w-])--[A-Za-z][\w-]*")
 _LITERAL = re.compile(r"[a-z0-9][a-z0-9_.-]*")  # an option value written out, not a placeholder
+# A tour request in the README: `api "$ADMIN" '{...}'` with a token `make up` prints.
+_TOUR_REQUEST = re.compile(r"""^api "\$(ADMIN|RESEARCHER)"\s+'(\{.*\})'$""")
 
 
 def documentation_pages() -> list[Path]:
@@ -221,6 +225,26 @@ def test_the_readme_opens_with_the_two_commands() -> None:
         elif first_block:
             break
     assert first_block == TWO_COMMANDS, "DESIGN.md section 2: the README opens with `make up` and `make test`"
+
+
+def test_the_tour_shows_requests_make_up_prints() -> None:
+    """The README's requests under the demo tokens are ones `mnemo up` prints (gateway.up's
+    DEMO_EXAMPLES), which tests/test_demo.py runs against the loaded demo: so they keep working."""
+    printed = {(e.token_var, e.action, json.dumps(e.options, sort_keys=True)) for e in DEMO_EXAMPLES}
+    shown = []
+    for block in blocks(README):
+        match = _TOUR_REQUEST.match(block.text) if block.fenced else None
+        if match:
+            body = json.loads(match.group(2))
+            assert body["dd_api"] == "dd_rag_api", block.where()
+            shown.append(
+                (block.where(), (match.group(1), body["action"], json.dumps(body["options"], sort_keys=True)))
+            )
+    assert shown, "the README's tour shows no request under $ADMIN or $RESEARCHER"
+    unknown = [where for where, request in shown if request not in printed]
+    assert not unknown, (
+        f"README requests that `mnemo up` does not print (and test_demo does not run): {unknown}"
+    )
 
 
 def test_every_docs_page_is_linked_from_the_readme() -> None:
