@@ -8,6 +8,7 @@ the app; :func:`load_gateway_settings` builds all three from one environment.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -251,6 +252,14 @@ class GatewaySettings:
         8 * 1024 * 1024,
         "Largest request body accepted (413 beyond). Record batches need room; smaller limits abuse.",
     )
+    workers: int = setting(
+        "RAG_GATEWAY_WORKERS",
+        0,
+        "Gateway processes serving the port (`mnemo gateway --workers`); 0: one per core. Each is one "
+        "event loop on one core; all share the database and on-disk indexes, while in-process caches "
+        "(the FAISS cache, the in-memory lexical index) are built once per worker. 1 serves in the "
+        "command's own process.",
+    )
     max_concurrency: int = setting(
         "RAG_GATEWAY_MAX_CONCURRENCY",
         64,
@@ -430,6 +439,7 @@ class GatewaySettings:
             ("RAG_RRF_K", self.rrf_k, 0),
             ("RAG_SIMILAR_SEED_CHUNKS", self.similar_seed_chunks, 1),
             ("RAG_GATEWAY_MAX_CONCURRENCY", self.max_concurrency, 1),
+            ("RAG_GATEWAY_WORKERS", self.workers, 0),
             ("RAG_CHARACTERIZE_TOP_K", self.characterize_top_k, 1),
         ):
             if value < low:
@@ -497,3 +507,9 @@ def env_settings_rows() -> list[tuple[str, str, str]]:
             default = "" if field.default is None else str(field.default)
             rows.append((field.metadata["env"], default, field.metadata["help"]))
     return rows
+
+
+def worker_environment(metrics_dir: Path) -> dict[str, str]:
+    """The environment of a ``mnemo gateway --workers N`` worker: this process's, plus
+    prometheus_client's multi-process folder, which it reads from the environment only."""
+    return {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
