@@ -187,8 +187,11 @@ async def gateway_process(
     (a git worktree of another commit, for an A/B of a code change); None runs this one. The caller
     may signal or stop the process itself.
     """
-    extra = {"RAG_TEXT_MODEL": text_model} if text_model else {}
-    environ = child_environment(RAG_JWT_SECRET=secret, RAG_LOG_FORMAT="json", RAG_AUTH="jwt", **extra, **env)
+    # One process unless asked (RAG_GATEWAY_WORKERS in ``env``): the suites read the CPU time of
+    # the process they measure, and the workers of `--workers N` are its children. The setting,
+    # not the flag, so a tree from before the flag (levers' @TREE) starts the same way.
+    extra = {"RAG_GATEWAY_WORKERS": "1"} | ({"RAG_TEXT_MODEL": text_model} if text_model else {}) | env
+    environ = child_environment(RAG_JWT_SECRET=secret, RAG_LOG_FORMAT="json", RAG_AUTH="jwt", **extra)
     argv = ["-m", "gateway.cli", "gateway", "--database-url", database_url, "--sidecar-url", sidecar_url]
     async with serving_subprocess(argv, log, environ, what="the gateway", cwd=source) as (url, proc):
         yield GatewayProcess(url, proc, log)

@@ -13,7 +13,9 @@ import dataclasses
 import hmac
 import logging
 import signal
+import socket
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -266,10 +268,10 @@ async def metrics(request: web.Request) -> web.Response:
     return response
 
 
-def _add_engine(app: web.Application, settings: GatewaySettings) -> None:
+def _add_engine(app: web.Application, settings: GatewaySettings, metrics: Metrics | None = None) -> None:
     """The resources every action runs on: database pool, sidecar clients, retrieval, ask services."""
     app[SETTINGS_KEY] = settings
-    app[METRICS_KEY] = Metrics()
+    app[METRICS_KEY] = metrics or Metrics()
     app.cleanup_ctx.append(_database_ctx)
     app.cleanup_ctx.append(_sidecar_ctx)
     app.cleanup_ctx.append(_retriever_ctx)
@@ -286,8 +288,11 @@ def create_engine(settings: GatewaySettings) -> web.Application:
     return app
 
 
-def create_app(settings: GatewaySettings, *, database_url: str | None = None) -> web.Application:
-    """The gateway app. ``database_url`` overrides the configured database (tests, eval)."""
+def create_app(
+    settings: GatewaySettings, *, database_url: str | None = None, metrics_dir: Path | None = None
+) -> web.Application:
+    """The gateway app. ``database_url`` overrides the configured database (tests, eval).
+    ``metrics_dir``: the multi-process metrics folder of a worker of ``mnemo gateway --workers N``."""
     if database_url is not None:
         settings = dataclasses.replace(
             settings, database=dataclasses.replace(settings.database, database_url=database_url)
@@ -297,7 +302,7 @@ def create_app(settings: GatewaySettings, *, database_url: str | None = None) ->
         client_max_size=settings.max_body_bytes,
         handler_args=handler_args(settings),
     )
-    _add_engine(app, settings)
+    _add_engine(app, settings, Metrics(multiprocess_dir=metrics_dir))
     setup_auth(app, settings)
     app.router.add_post("/api/v1/json", json_api)
     app.router.add_get("/healthz", healthz)
@@ -318,8 +323,12 @@ async def serve(
     shutdown_timeout: float = 30.0,
     stop: asyncio.Event | None = None,
     started: asyncio.Event | None = None,
+    sock: socket.socket | None = None,
 ) -> None:
-    """Serve until SIGTERM/SIGINT (or ``stop`` is set), then drain in-flight requests and close."""
+    """Serve until SIGTERM/SIGINT (or ``stop`` is set), then drain in-flight requests and close.
+
+    ``sock``: a listening socket to accept on instead of binding ``host:port``: the one that every
+    worker of ``mnemo gateway --workers N`` shares (:mod:`gateway.workers`)."""
     loop = asyncio.get_running_loop()
     installed = []
     if stop is None:  # the process's own server: signals stop it
@@ -333,7 +342,7 @@ async def serve(
     runner = GatewayRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port)
+        site = web.TCPSite(runner, host, port) if sock is None else web.SockSite(runner, sock)
         await site.start()
         event_loop = loop_name(loop)
         log.info(

@@ -94,21 +94,31 @@ def _gateway_settings(args: argparse.Namespace, **overrides: Any):  # -> Gateway
 async def _serve_gateway(args: argparse.Namespace) -> int:
     from .app import create_app, serve
     from .logs import configure_logging
+    from .workers import ListenError, WorkerStartError, serve_workers, worker_count
 
     try:
-        settings = _gateway_settings(args)
+        settings = _gateway_settings(args, workers=args.workers)
     except SettingsError as exc:
         print(f"mnemo gateway: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_format, args.log_level)
-    app = create_app(settings)
-    await serve(app, settings.host, settings.port, shutdown_timeout=settings.shutdown_timeout)
+    count = worker_count(settings.workers)
+    if count == 1:  # the command's own process serves: no supervisor, no metric files
+        app = create_app(settings)
+        await serve(app, settings.host, settings.port, shutdown_timeout=settings.shutdown_timeout)
+        return 0
+    try:
+        await serve_workers(settings, count, args.log_level)
+    except (ListenError, WorkerStartError) as exc:
+        print(f"mnemo gateway: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
 async def _up(args: argparse.Namespace) -> int:
     from .logs import configure_logging
     from .up import SidecarStartError, jwt_secret, run_up
+    from .workers import ListenError, WorkerStartError
 
     try:
         # The secret may come from <data dir>/jwt_secret, so it is not required up front.
@@ -125,7 +135,7 @@ async def _up(args: argparse.Namespace) -> int:
         return await run_up(
             args, settings, own_sidecar=not (args.sidecar_url or configured("RAG_SIDECAR_URL"))
         )
-    except SidecarStartError as exc:
+    except (SidecarStartError, ListenError, WorkerStartError) as exc:
         print(f"mnemo up: {exc}", file=sys.stderr, flush=True)
         return 1
 
@@ -178,6 +188,25 @@ def _add_gateway_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sidecar-url", default=None, help="inference sidecar URL (env RAG_SIDECAR_URL)")
 
 
+def _add_workers_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--workers",
+        type=_workers,
+        default=None,
+        help="gateway processes on the one port, 0 = one per core (env RAG_GATEWAY_WORKERS, default 0)",
+    )
+
+
+def _workers(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"--workers {raw!r}: a whole number, 0 for one per core")
+    return value
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "up", help="start the database, sidecar and gateway, load the demo collection, print tokens"
@@ -187,6 +216,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = subparsers.add_parser("gateway", help="serve the dd_rag_api gateway (POST /api/v1/json)")
     _add_gateway_flags(p)
+    _add_workers_flag(p)
     p.set_defaults(run=command(_serve_gateway, "mnemo gateway"))
 
     p = subparsers.add_parser(

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from schema.read_pool import ReplicaStatus
@@ -37,7 +39,11 @@ class _LegTimer:
 
 
 class Metrics:
-    def __init__(self) -> None:
+    """``multiprocess_dir``: this process is one worker of ``mnemo gateway --workers N``
+    (:mod:`gateway.workers`); :meth:`render` then sums every worker's metric files in that folder."""
+
+    def __init__(self, multiprocess_dir: Path | None = None) -> None:
+        self.multiprocess_dir = multiprocess_dir
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "mnemo_gateway_requests",
@@ -123,8 +129,29 @@ class Metrics:
         self.registry.register(_ReadReplicaCollector(status))
 
     def render(self) -> tuple[bytes, str]:
-        """The exposition text and its content type."""
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        """The exposition text and its content type: this process's metrics, or, in a worker, every
+        worker's counters and histograms summed (gauges per worker, label ``pid``) beside what this
+        worker's collectors compute at scrape time."""
+        if self.multiprocess_dir is None:
+            return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        workers = CollectorRegistry()
+        MultiProcessCollector(workers, path=str(self.multiprocess_dir))
+        summed = generate_latest(workers)
+        # The metric objects of this registry are already in the files; only what is computed
+        # at scrape time (collectors of families not in the files) is this worker's own.
+        in_files = {family.name for family in workers.collect()}
+        return summed + generate_latest(_FamiliesExcept(self.registry, in_files)), CONTENT_TYPE_LATEST
+
+
+class _FamiliesExcept:
+    """A registry's families other than ``names``, as ``generate_latest`` reads a collector."""
+
+    def __init__(self, registry: CollectorRegistry, names: set[str]) -> None:
+        self._registry = registry
+        self._names = names
+
+    def collect(self) -> Iterator[Any]:
+        return (family for family in self._registry.collect() if family.name not in self._names)
 
 
 class _ReadReplicaCollector(Collector):

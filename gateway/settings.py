@@ -8,6 +8,7 @@ the app; :func:`load_gateway_settings` builds all three from one environment.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -302,6 +303,15 @@ class GatewaySettings:
         8 * 1024 * 1024,
         "Largest request body accepted (413 beyond). Record batches need room; smaller limits abuse.",
     )
+    workers: int = setting(
+        "RAG_GATEWAY_WORKERS",
+        0,
+        "Gateway processes sharing the port (`mnemo gateway --workers`, `mnemo up`); 0 is one per core, "
+        "1 serves in the command's own process.",
+        tradeoff="Each worker is one event loop on one core, sharing the database and on-disk indexes; "
+        "what a worker builds in its heap (the FAISS cache, the in-memory lexical index) is built once "
+        "per worker, so fewer workers where those caches are large and memory is short.",
+    )
     max_concurrency: int = setting(
         "RAG_GATEWAY_MAX_CONCURRENCY",
         64,
@@ -495,6 +505,7 @@ class GatewaySettings:
             ("RAG_RRF_K", self.rrf_k, 0),
             ("RAG_SIMILAR_SEED_CHUNKS", self.similar_seed_chunks, 1),
             ("RAG_GATEWAY_MAX_CONCURRENCY", self.max_concurrency, 1),
+            ("RAG_GATEWAY_WORKERS", self.workers, 0),
             ("RAG_CHARACTERIZE_TOP_K", self.characterize_top_k, 1),
         ):
             if value < low:
@@ -562,3 +573,9 @@ def env_settings_rows() -> list[tuple[str, str, str]]:
             default = "" if field.default is None else str(field.default)
             rows.append((field.metadata["env"], default, field.metadata["help"]))
     return rows
+
+
+def worker_environment(metrics_dir: Path) -> dict[str, str]:
+    """The environment of a ``mnemo gateway --workers N`` worker: this process's, plus
+    prometheus_client's multi-process folder, which it reads from the environment only."""
+    return {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}

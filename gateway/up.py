@@ -17,21 +17,22 @@ import dataclasses
 import json
 import secrets
 import shlex
+import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import asyncpg
 import psutil
-from aiohttp import web
 
 from index import queue
 from index.demo import load_demo
 from inference.net import ProcessExited, await_ready, free_port, log_tail, stop_process
+from schema.database import create_pool
 
-from .app import create_app, serve
 from .auth import issue_token
-from .resources import DATABASE_URL_KEY, POOL_KEY
 from .settings import GatewaySettings
+from .workers import serving_workers, worker_count
 
 # The researcher reads the oral histories and the coin catalogue, whose cards also draw on the
 # mint register (contributor numisdata6/numisdata16), so numisdata6 is granted too; not mus1, and
@@ -154,8 +155,7 @@ def examples(url: str, admin: str, researcher: str) -> str:
     return "\n".join(lines)
 
 
-async def _wait_for_drain(app: web.Application, timeout_s: float = 900.0) -> dict:
-    pool = app[POOL_KEY]
+async def _wait_for_drain(pool: asyncpg.Pool, timeout_s: float = 900.0) -> dict:
     stats = None
     for _ in range(int(timeout_s / 0.5)):
         stats = await queue.stats(pool, max_attempts=5)
@@ -168,10 +168,16 @@ async def _wait_for_drain(app: web.Application, timeout_s: float = 900.0) -> dic
 async def run_up(args: argparse.Namespace, settings: GatewaySettings, *, own_sidecar: bool) -> int:
     """Start everything, load the demo, print tokens and examples, serve until stopped.
 
-    ``own_sidecar``: start a sidecar with the offline profile (no sidecar URL was configured).
+    ``own_sidecar``: start a sidecar with the offline profile (no sidecar URL was configured). The
+    gateway runs as ``mnemo gateway --workers N`` does (:mod:`gateway.workers`; ``RAG_GATEWAY_WORKERS``,
+    one per core by default).
     """
     secret = settings.jwt_secret
     assert secret is not None  # the command resolved it (configured or kept in the data dir)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     stack = contextlib.AsyncExitStack()
     async with stack:
         if not own_sidecar:
@@ -189,29 +195,23 @@ async def run_up(args: argparse.Namespace, settings: GatewaySettings, *, own_sid
         settings = dataclasses.replace(
             settings, sidecar=dataclasses.replace(settings.sidecar, sidecar_url=sidecar_url)
         )
-        app = create_app(settings)
-        started = asyncio.Event()
-        server = asyncio.create_task(
-            serve(
-                app, settings.host, settings.port, shutdown_timeout=settings.shutdown_timeout, started=started
-            )
-        )
-        waiter = asyncio.create_task(started.wait())
-        await asyncio.wait({server, waiter}, return_when=asyncio.FIRST_COMPLETED)
-        if server.done():
-            waiter.cancel()
-            server.result()  # raises why it could not start
-            return 1
+        count = worker_count(settings.workers)
+        supervisor = await stack.enter_async_context(serving_workers(settings, count, "WARNING"))
+        database_url = supervisor.settings.database.database_url
         url = f"http://{settings.host}:{settings.port}"
         data_dir = settings.database.data_dir.resolve()
         where = (
             "external server" if settings.database.database_url else f"embedded, data in {data_dir / 'pg'}"
         )
-        print(f"  database  {app[DATABASE_URL_KEY]}  ({where}; migrations applied)", flush=True)
-        print(f"  gateway   {url}", flush=True)
-        queued = await load_demo(app[POOL_KEY])
-        print(f"  demo      {queued} records queued; indexing...", flush=True)
-        stats = await _wait_for_drain(app)
+        print(f"  database  {database_url}  ({where}; migrations applied)", flush=True)
+        print(f"  gateway   {url}  ({count} worker{'s' if count > 1 else ''})", flush=True)
+        pool = await create_pool(database_url, max_size=2)
+        try:
+            queued = await load_demo(pool)
+            print(f"  demo      {queued} records queued; indexing...", flush=True)
+            stats = await _wait_for_drain(pool)
+        finally:
+            await pool.close()
         print(f"  demo      indexed (queue: {stats})", flush=True)
         admin = issue_token(secret=secret, sub="admin", projects=None, admin=True)
         researcher = issue_token(
@@ -220,6 +220,8 @@ async def run_up(args: argparse.Namespace, settings: GatewaySettings, *, own_sid
         print("", flush=True)
         print(examples(url, admin, researcher), flush=True)
         print("\nCtrl-C stops everything started here.", flush=True)
-        await server  # returns after SIGINT/SIGTERM and the graceful drain
+        await supervisor.watch(stop)  # returns after SIGINT/SIGTERM; leaving stops the workers gracefully
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.remove_signal_handler(sig)
     print("Mnemo stopped.", flush=True)
     return 0

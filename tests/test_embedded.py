@@ -114,7 +114,7 @@ def test_mnemo_up_serves_the_stack_and_stops_everything_on_ctrl_c(tmp_path: Path
         output = "".join(lines)
         assert "migrations applied" in output and f"embedded, data in {data_dir / 'pg'}" in output, output
         assert _postgres_processes(data_dir / "pg"), "the database is running while `up` runs"
-        assert f"gateway   http://127.0.0.1:{port}" in output
+        assert f"gateway   http://127.0.0.1:{port}  ({os.cpu_count() or 1} worker" in output, output
         assert "indexed" in output
         tokens = dict(re.findall(r"export (ADMIN|RESEARCHER)=(\S+)", output))
         assert set(tokens) == {"ADMIN", "RESEARCHER"}, output
