@@ -13,7 +13,7 @@ The job: the driver reads the pending record keys, then
    could take every batch of a short run while the others start). Each one holds, for its life, a
    PostgreSQL pool, a sidecar client and an :class:`index.indexer.Indexer`; per batch it reads
    and chunks the records in the actor (as the drain does), embeds them through the sidecar, and
-   writes them with binary COPY (:func:`index.backfill.embed_and_copy`). So chunking, embedding
+   writes them with binary COPY (:func:`index.backfill_copy.embed_and_copy`). So chunking, embedding
    calls and COPY all run on as many processes, on as many nodes, as there are writers;
 3. the driver streams the writers' per-batch counts into the progress bar.
 
@@ -35,7 +35,8 @@ import numpy as np
 
 from inference.client import ModelInfo
 
-from .backfill import BackfillOptions, Progress, Source, embed_and_copy, records_done
+from .backfill_copy import embed_and_copy, records_done
+from .backfill_types import BackfillOptions, Progress, Source
 from .indexer import Indexer
 from .partitions import ModelPartition
 from .ray_cluster import (
@@ -115,7 +116,7 @@ class BackfillWriter:
 
 @dataclass
 class RayEmbedStep:
-    """:class:`index.backfill.EmbedStep` on the Ray cluster at ``address`` (``"local"`` starts
+    """:class:`index.backfill_copy.EmbedStep` on the Ray cluster at ``address`` (``"local"`` starts
     one here). ``writers`` actors of ``cpus_per_writer`` CPUs each embed and COPY in parallel.
     After a run, ``records_by_node`` says how many records each node's writers wrote."""
 

@@ -45,7 +45,13 @@ _PHASE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 class IngestMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
-        r = self.registry
+        # Three families, registered in this order (the order /metrics lists them in).
+        self._queue_metrics(self.registry)
+        self._drain_metrics(self.registry)
+        self._worker_metrics(self.registry)
+
+    def _queue_metrics(self, r: CollectorRegistry) -> None:
+        """The queue's gauges, and whether the drain reaches the sidecar."""
         self.queue = Gauge(
             "mnemo_ingest_queue_records",
             "Queued records by state: pending (= ready + blocked), ready, blocked (backing off), "
@@ -64,6 +70,10 @@ class IngestMetrics:
             "1 when the last drain pass reached the sidecar, 0 while the drain is paused by an outage.",
             registry=r,
         )
+        self.sidecar_available.set(1)
+
+    def _drain_metrics(self, r: CollectorRegistry) -> None:
+        """What the drain passes did, how long their phases took, and whether the loop runs."""
         self.records = Counter(
             "mnemo_ingest_records",
             "Records processed by the drain, by outcome (indexed, deleted, failed, parked, superseded).",
@@ -102,7 +112,9 @@ class IngestMetrics:
             buckets=_PHASE_BUCKETS,
             registry=r,
         )
-        self.sidecar_available.set(1)
+
+    def _worker_metrics(self, r: CollectorRegistry) -> None:
+        """The live drain workers sharing the queue (every process and host), per worker."""
         self.workers = Gauge(
             "mnemo_ingest_drain_workers",
             "Drain workers with a recent heartbeat, in every process and host sharing the queue, "

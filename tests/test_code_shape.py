@@ -11,6 +11,8 @@
   and ``schema`` only for the settings mechanism (``inference.settings``).
 - The gateway imports its own code and the other packages at module level (``gateway/commands.py``
   stays light on purpose; FAISS loads lazily).
+- Size bars (issue 46): no product module over :data:`MAX_MODULE_LINES` lines and no product
+  function over :data:`MAX_FUNCTION_LINES` (``end_lineno - lineno + 1``, decorators not counted).
 
 ``python -m tests.test_code_shape`` prints each package's import cycles and its imports of other
 packages: the graph these rules check.
@@ -360,6 +362,51 @@ def test_the_gateway_imports_its_code_at_module_level() -> None:
             if not any(name.startswith(prefix) for prefix in GATEWAY_LAZY_IMPORTS.get(module, ())):
                 offenders.append(f"{path.relative_to(REPO_ROOT)}:{line} imports {name} inside a function")
     assert not offenders, offenders
+
+
+# Issue 46's bars, over the product packages (benchmarks and tests are tools around the product).
+PRODUCT_PACKAGES = ("schema", "inference", "index", "gateway")
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 80
+
+
+def size_offences(where: str, source: str, tree: ast.Module) -> list[str]:
+    """Where ``source`` (parsed as ``tree``) is over a bar: the module, and each function or
+    method (nested ones too), each with its line count."""
+    offences = []
+    lines = len(source.splitlines())
+    if lines > MAX_MODULE_LINES:
+        offences.append(f"{where}: {lines} lines (bar {MAX_MODULE_LINES})")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            assert node.end_lineno is not None
+            length = node.end_lineno - node.lineno + 1
+            if length > MAX_FUNCTION_LINES:
+                offences.append(
+                    f"{where}:{node.lineno} {node.name}: {length} lines (bar {MAX_FUNCTION_LINES})"
+                )
+    return offences
+
+
+def test_the_size_bars_count_modules_and_nested_functions() -> None:
+    """A decorated function counts from its ``def``; a nested one counts alone and inside its outer."""
+    lines = ["@decorated", "def outer() -> None:", "    def inner() -> None:"]
+    lines += [f"        x{i} = {i}" for i in range(MAX_FUNCTION_LINES)]  # inner: 81 lines, outer: 82
+    lines += ["", "", "async def fits() -> None:", "    pass"]
+    lines += [""] * (MAX_MODULE_LINES + 1 - len(lines))
+    source = "\n".join(lines) + "\n"
+    assert size_offences("m.py", source, ast.parse(source)) == [
+        f"m.py: {MAX_MODULE_LINES + 1} lines (bar {MAX_MODULE_LINES})",
+        f"m.py:2 outer: {MAX_FUNCTION_LINES + 2} lines (bar {MAX_FUNCTION_LINES})",
+        f"m.py:3 inner: {MAX_FUNCTION_LINES + 1} lines (bar {MAX_FUNCTION_LINES})",
+    ]
+
+
+def test_no_product_module_or_function_is_over_its_size_bar() -> None:
+    offences = []
+    for path, tree in _modules(*PRODUCT_PACKAGES):
+        offences += size_offences(str(path.relative_to(REPO_ROOT)), path.read_text(encoding="utf-8"), tree)
+    assert not offences, "split by job (issue 46):\n" + "\n".join(offences)
 
 
 def describe_imports(edges_of: tuple[str, ...] = ()) -> str:
