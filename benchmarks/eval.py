@@ -38,8 +38,8 @@ from gateway.auth import Principal
 from gateway.fusion import collapse
 from gateway.retrieval import LegResults, Retriever, over_fetch
 from gateway.settings import FUSION_METHODS, LEGS, GatewaySettings
+from index.hits import Scope
 from index.lexical_index import LexicalConfig, LexicalIndex
-from index.search import Scope
 
 log = logging.getLogger(__name__)
 

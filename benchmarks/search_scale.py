@@ -130,7 +130,7 @@ def visibility_scopes() -> dict[str, Any]:
     """The admin's scope (nothing filtered) and a researcher's per visibility of the store."""
     from gateway.acl import pushdown
     from gateway.auth import Principal
-    from index.search import Scope
+    from index.hits import Scope
 
     return {"admin": Scope()} | {
         share: Scope(acl=pushdown(Principal("r", frozenset({project}), {SECTION: 1})))
@@ -142,7 +142,7 @@ async def exact_top10(
     pool: Any, partition: Any, probes: np.ndarray
 ) -> dict[str, list[list[tuple[Any, float]]]]:
     """Per visibility, each probe's exact top 10 as ``(key, distance)``: the truth recall is judged by."""
-    from index.search import dense_search
+    from index.dense_leg import dense_search
 
     out: dict[str, list[list[tuple[Any, float]]]] = {}
     async with pool.acquire() as conn:

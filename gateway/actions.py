@@ -13,8 +13,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from index.hits import Scope
 from index.neighbours import document_window
-from index.search import Scope
 from index.sections import SectionStore
 
 from . import options as opt

@@ -21,7 +21,7 @@ from aiohttp import web
 from index.cache_metrics import CacheMetrics
 from index.lexical_index import LexicalConfig, LexicalIndex
 from index.lexical_metrics import LexicalMetrics
-from index.search import read_session_settings
+from index.read_settings import read_session_settings
 from index.sections import SectionStore
 from inference.eventloop import loop_name
 from schema.database import create_pool, open_database

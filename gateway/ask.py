@@ -29,7 +29,7 @@ from typing import Any
 from aiohttp import web
 
 from index.chunker import estimate_tokens
-from index.search import Scope
+from index.hits import Scope
 from inference.json_out import dumps
 
 from .citations import citations, validate_markers

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from index.hits import ChunkHit
 from index.neighbours import document_window, parent_chunks
-from index.search import ChunkHit
 
 from .acl import chunk_readable
 from .auth import Principal

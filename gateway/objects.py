@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from index.hits import ChunkHit, Scope
 from index.partitions import ModelPartition
-from index.search import ChunkHit, Scope
 from index.sections import SectionStore
 from inference.client import ModelInfo
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from index.search import ChunkHit
+from index.hits import ChunkHit
 
 from .expand import Expanded
 from .locator import chunk_id

@@ -35,23 +35,14 @@ from typing import TYPE_CHECKING, TypeVar
 import asyncpg
 import numpy as np
 
+from index.bm25 import CorpusStats
+from index.dense_leg import dense_search, may_read_exactly, reads_exactly, seed_chunks
+from index.hits import ChunkHit, ChunkKey, Scope, scope_key
 from index.lexical_index import LexicalIndex
+from index.lexical_leg import lexical_search, sparse_search
 from index.lru import Lru
 from index.models import ModelNotServed, resolve_model
 from index.partitions import ModelPartition, get_partition, serving_model
-from index.search import (
-    ChunkHit,
-    ChunkKey,
-    CorpusStats,
-    Scope,
-    dense_search,
-    lexical_search,
-    may_read_exactly,
-    reads_exactly,
-    scope_key,
-    seed_chunks,
-    sparse_search,
-)
 from index.sections import SectionStore
 from inference.client import EmbedResult, ModelInfo, SidecarClient, SidecarError, SidecarRejected
 
@@ -374,7 +365,7 @@ class Retriever:
         self, scope: Scope, conn: asyncpg.Connection, partition: ModelPartition, vector: np.ndarray, fetch: int,
         modality: str,
     ) -> bool:  # fmt: skip
-        """:func:`index.search.reads_exactly` with ``RAG_DENSE_EXACT_MAX_ROWS``, remembered: a scope is
+        """:func:`index.dense_leg.reads_exactly` with ``RAG_DENSE_EXACT_MAX_ROWS``, remembered: a scope is
         asked once per partition and minute (the record a similar search excludes does not count),
         so the estimate's round trip is rare."""
         scope = replace(scope, exclude_record=None)

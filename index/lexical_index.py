@@ -42,6 +42,7 @@ from dataclasses import dataclass, field, replace
 import asyncpg
 import numpy as np
 
+from .bm25 import BM25_B, BM25_K1, Bm25Plan, bm25_idf, bm25_plan, bm25_score_sql, query_terms, scored_terms
 from .change_feed import (
     KEY_COLUMNS,
     RowKey,
@@ -53,28 +54,12 @@ from .change_feed import (
     row_key,
 )
 from .feed_follower import FeedFollower
+from .hits import ChunkHit, Scope, chunk_from_row, hit_columns, identity_order, scope_key
 from .lexical_metrics import LexicalMetrics
 from .lru import Lru
 from .partitions import ModelPartition
-from .search import (
-    BM25_B,
-    BM25_K1,
-    CUSTOM_PLANS,
-    Bm25Plan,
-    ChunkHit,
-    Scope,
-    bm25_idf,
-    bm25_plan,
-    bm25_score_sql,
-    chunk_from_row,
-    fetch_with_local_settings,
-    hit_columns,
-    identity_order,
-    query_terms,
-    scope_key,
-    scope_where,
-    scored_terms,
-)
+from .read_settings import CUSTOM_PLANS, fetch_with_local_settings
+from .scope_sql import scope_where
 
 log = logging.getLogger(__name__)
 

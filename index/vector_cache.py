@@ -17,7 +17,7 @@ How it stays correct (the invariants the tests pin):
   If pending keys crowd the cache's top candidates, the search widens; when it
   still cannot prove an exact top-k it says so and pgvector serves the query.
 - **Scopes.** A scope's bitmap comes from the same SQL push-down the legs use
-  (:func:`index.search.scope_where`), is cached per scope (LRU), and is
+  (:func:`index.scope_sql.scope_where`), is cached per scope (LRU), and is
   updated from the feed for just the changed keys.
 - **Small scopes packed.** A scope of few slots is searched over a contiguous copy of its
   vectors (:mod:`index.packed_scopes`), valid only while no change has been applied since.
@@ -56,20 +56,12 @@ from .change_feed import (
 )
 from .faiss_backend import FlatIndex, GpuFlatIndex, gpu_available, limit_cpu_threads
 from .feed_follower import FeedFollower
+from .hits import ChunkHit, Scope, chunk_from_row, hit_columns, identity_order, scope_key
 from .lru import Lru
 from .packed_scopes import PackedScope, PackedScopes
 from .partitions import ModelPartition
-from .search import (
-    CUSTOM_PLANS,
-    ChunkHit,
-    Scope,
-    chunk_from_row,
-    fetch_with_local_settings,
-    hit_columns,
-    identity_order,
-    scope_key,
-    scope_where,
-)
+from .read_settings import CUSTOM_PLANS, fetch_with_local_settings
+from .scope_sql import scope_where
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from gateway.locator import chunk_id, parse_chunk_id
 from gateway.providers import DEFAULT_SYSTEM_PROMPT, is_local_endpoint, passage_sentences
 from gateway.retrieval import Ranked
 from gateway.settings import load_gateway_settings
-from index.search import ChunkHit
+from index.hits import ChunkHit
 from schema.settings import SettingsError
 
 SECRET = {"RAG_JWT_SECRET": "s" * 40}

@@ -20,8 +20,9 @@ from gateway.acl import pushdown
 from gateway.auth import Principal
 from gateway.retrieval import Retriever
 from gateway.settings import load_gateway_settings
-from index import search
-from index.search import Scope, dense_search, exact_scan_rows
+from index import dense_leg
+from index.dense_leg import dense_search, exact_scan_rows
+from index.hits import Scope
 
 DIM = 16
 N = 5_000
@@ -96,7 +97,7 @@ async def test_the_benchmarks_raw_legs_take_the_gateways_path(
     where the gateway does, decided once per scope, and an unscoped one by HNSW."""
     ran: list[bool] = []
     estimates: list[Scope] = []
-    search_dense, estimate = search.dense_search, search.exact_scan_rows
+    search_dense, estimate = dense_leg.dense_search, dense_leg.exact_scan_rows
 
     async def recorded(*args, exact: bool = False, **kwargs):
         ran.append(exact)
@@ -106,8 +107,8 @@ async def test_the_benchmarks_raw_legs_take_the_gateways_path(
         estimates.append(scope)
         return await estimate(conn, partition, vector, scope, limit, modality)
 
-    monkeypatch.setattr(search, "dense_search", recorded)
-    monkeypatch.setattr(search, "exact_scan_rows", counted)
+    monkeypatch.setattr(dense_leg, "dense_search", recorded)
+    monkeypatch.setattr(dense_leg, "exact_scan_rows", counted)
     raw = RawLegs(db_pool, partition, ["chunk"], vectors[:4], limit=10)
     for scope, exact in [(_researcher(3), True), (_researcher(1), False), (Scope(), False)]:
         raw.scope = scope

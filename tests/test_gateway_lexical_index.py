@@ -10,7 +10,9 @@ import pytest
 from gateway.acl import pushdown
 from gateway.auth import Principal
 from gateway.context import RETRIEVER_KEY
-from index.search import CorpusStats, Scope, lexical_search
+from index.bm25 import CorpusStats
+from index.hits import Scope
+from index.lexical_leg import lexical_search
 from tests.fixtures.gateway import running_gateway, token
 from tests.test_gateway_vector_cache import QUERIES, RESEARCHER, _readyz, _wait_ready
 

@@ -11,8 +11,9 @@ import pytest
 from gateway.acl import pushdown
 from gateway.auth import Principal
 from gateway.context import RETRIEVER_KEY
+from index.dense_leg import dense_search
 from index.faiss_backend import gpu_available
-from index.search import Scope, dense_search
+from index.hits import Scope
 from tests.fixtures.gateway import Gateway, running_gateway, token
 from tests.waiting import until
 

@@ -8,7 +8,7 @@ import pytest
 from benchmarks.eval import apply_tuning
 from gateway.retrieval import Retriever
 from gateway.settings import load_gateway_settings
-from index.search import Scope
+from index.hits import Scope
 from index.sections import DescriptorError, SectionStore
 
 DESCRIPTOR = {"embed": [{"id": "doc", "contributors": ["text"]}]}

@@ -23,9 +23,10 @@ from gateway.acl import pushdown
 from gateway.auth import Principal
 from gateway.retrieval import Retriever
 from gateway.settings import load_gateway_settings
+from index.dense_leg import dense_search
+from index.hits import Scope
 from index.packed_scopes import PackedScopes
 from index.partitions import get_partition
-from index.search import Scope, dense_search
 from index.vector_cache import CacheConfig, VectorCache
 
 FETCH = 40  # the gateway's over-fetch per leg

@@ -20,8 +20,8 @@ from gateway.acl import pushdown
 from gateway.auth import Principal
 from gateway.retrieval import Retriever
 from gateway.settings import load_gateway_settings
+from index.hits import Scope
 from index.partitions import get_partition
-from index.search import Scope
 from index.vector_cache import CacheConfig, VectorCache
 
 

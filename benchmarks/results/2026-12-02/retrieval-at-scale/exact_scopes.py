@@ -27,7 +27,8 @@ async def main(stack):
     from gateway.auth import Principal
     from gateway.retrieval import Retriever
     from gateway.settings import load_gateway_settings
-    from index.search import Scope, dense_search
+    from index.dense_leg import dense_search
+    from index.hits import Scope
     from inference.client import SidecarClient
 
     dirs, _ = find_datasets(("*",))
