@@ -23,7 +23,9 @@ from .context import ActionContext, Args, query_error
 from .errors import ApiError
 from .objects import object_dict
 from .passages import chunk_view, hit, passage, provenance, rerank_flags
-from .retrieval import EmbeddingUnavailable, QueryRejected, Ranked, SeedNotFound
+from .query_embedding import EmbeddingUnavailable, QueryRejected
+from .ranking import Ranked
+from .retrieval import SeedNotFound
 
 __all__ = [
     "NO_GROUPS",

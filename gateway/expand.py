@@ -15,7 +15,8 @@ from index.neighbours import document_window, parent_chunks
 
 from .acl import chunk_readable
 from .auth import Principal
-from .retrieval import Ranked, Retriever
+from .ranking import Ranked
+from .retrieval import Retriever
 
 __all__ = ["Expanded", "expand_passages", "unexpanded"]
 

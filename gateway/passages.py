@@ -12,7 +12,7 @@ from index.hits import ChunkHit
 
 from .expand import Expanded
 from .locator import chunk_id
-from .retrieval import Ranked
+from .ranking import Ranked
 
 __all__ = ["SNIPPET_CHARS", "chunk_view", "hit", "passage", "provenance", "rerank_flags", "snippet"]
 

@@ -44,10 +44,9 @@ async def main(url: str, probes: np.ndarray) -> None:
     )
     packed = cache.packed
     cached, plain = (
-        Retriever(pool, client=None, settings=settings),
+        Retriever(pool, client=None, settings=settings, vector_cache=cache),
         Retriever(pool, client=None, settings=settings),
     )
-    cached.vector_cache = cache
 
     async def packed_leg(q, scope):
         cache.packed = packed

@@ -30,8 +30,9 @@ async def main(url: str, probes: np.ndarray) -> None:
     partition = await get_partition(pool, BENCH_MODEL)
     cache = VectorCache(pool, url, CacheConfig(mode="cpu", threads=1))
     await cache.load(partition)
-    retriever = Retriever(pool, client=None, settings=load_gateway_settings({}, auth="off"))
-    retriever.vector_cache = cache
+    retriever = Retriever(
+        pool, client=None, settings=load_gateway_settings({}, auth="off"), vector_cache=cache
+    )
     scopes = {
         "admin": Scope(),
         "1%": Scope(acl=pushdown(Principal("r", frozenset({VISIBILITY_PROJECT["1%"]}), {SECTION: 1}))),
