@@ -14,11 +14,11 @@ import hmac
 import logging
 import signal
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from index.cache_metrics import CacheMetrics
+from index.cache_partition import CacheConfig  # configuration only: FAISS loads with the cache
 from index.lexical_engine import LexicalEngine
 from index.lexical_index import LexicalConfig, LexicalIndex
 from index.lexical_metrics import LexicalMetrics
@@ -55,9 +55,6 @@ from .server import GatewayRunner, concurrency_middleware, handler_args
 from .settings import GatewaySettings
 from .thumbnails import setup_thumbnails
 
-if TYPE_CHECKING:  # the cache's module is imported only when a cache is configured
-    from index.vector_cache import CacheConfig
-
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 5.0  # a readiness probe answers promptly, even when a dependency hangs
@@ -85,8 +82,6 @@ async def _sidecar_ctx(app: web.Application) -> AsyncIterator[None]:
 def vector_cache_config(settings: GatewaySettings) -> CacheConfig:
     """The FAISS cache's configuration from the gateway's ``RAG_FAISS_*`` settings (one definition:
     the gateway and the benchmarks that run its cache in-process build it here)."""
-    from index.vector_cache import CacheConfig
-
     return CacheConfig(
         mode=settings.faiss_cache,
         max_bytes=settings.faiss_max_bytes,

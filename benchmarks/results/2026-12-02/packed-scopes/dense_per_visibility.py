@@ -23,11 +23,12 @@ from gateway.acl import pushdown
 from gateway.auth import Principal
 from gateway.retrieval import Retriever
 from gateway.settings import load_gateway_settings
+from index.cache_partition import CacheConfig
 from index.dense_leg import dense_search
 from index.hits import Scope
 from index.packed_scopes import PackedScopes
 from index.partitions import get_partition
-from index.vector_cache import CacheConfig, VectorCache
+from index.vector_cache import VectorCache
 
 FETCH = 40  # the gateway's over-fetch per leg
 

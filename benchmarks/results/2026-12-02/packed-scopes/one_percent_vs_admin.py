@@ -20,9 +20,10 @@ from gateway.acl import pushdown
 from gateway.auth import Principal
 from gateway.retrieval import Retriever
 from gateway.settings import load_gateway_settings
+from index.cache_partition import CacheConfig
 from index.hits import Scope
 from index.partitions import get_partition
-from index.vector_cache import CacheConfig, VectorCache
+from index.vector_cache import VectorCache
 
 
 async def main(url: str, probes: np.ndarray) -> None:
