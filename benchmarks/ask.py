@@ -149,7 +149,7 @@ async def run_ask_benchmark(
                 sessions[name] = EvalSession(dataset, db.pool, client, retriever, section_for(name))
                 await sessions[name].ingest()
             ingest_s = time.perf_counter() - started
-            provider = build_provider(settings.ask, retriever)
+            provider = build_provider(settings.ask, client, retriever.text_model)
             reranker = Reranker(client, settings.sidecar.rerank_model, settings.ask.rerank_timeout, metrics)
             passages = PassageServices.configured(reranker, settings.ask)
             services = AskServices(settings.ask, provider, SectionStore(db.pool), metrics)
@@ -171,7 +171,9 @@ async def run_ask_benchmark(
                 # Evenly spaced over the sorted ids, so a small sample spans many paragraphs.
                 ordered = sorted(session.dataset.queries)
                 qids = ordered[:: max(1, len(ordered) // questions)][:questions]
-                await retriever.warm_queries(ANONYMOUS_ADMIN, [session.dataset.queries[q] for q in qids])
+                await retriever.queries.warm_queries(
+                    ANONYMOUS_ADMIN, [session.dataset.queries[q] for q in qids]
+                )
                 for rerank in (False, True):
                     # Out of scope once per set: the gate refuses before the reranker runs.
                     other = "" if rerank else section_for(OUT_OF_SCOPE)

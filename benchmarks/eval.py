@@ -36,10 +36,11 @@ import asyncpg
 
 from gateway.auth import Principal
 from gateway.fusion import collapse
-from gateway.retrieval import LegResults, Retriever, over_fetch
+from gateway.legs import LegResults, over_fetch
+from gateway.retrieval import Retriever
 from gateway.settings import FUSION_METHODS, LEGS, GatewaySettings
+from index.hits import Scope
 from index.lexical_index import LexicalConfig, LexicalIndex
-from index.search import Scope
 
 log = logging.getLogger(__name__)
 
@@ -249,12 +250,12 @@ class EvalSession:
             text_model=self.retriever.settings.sidecar.text_model,
             max_wait=max_wait,
         )
-        self.retriever.stats.invalidate()
+        self.retriever.legs.stats.invalidate()
         return report
 
     async def fetch_legs(self, *, concurrency: int = 4) -> None:
         """Every query's legs at ``limit`` 100 (each leg over-fetching ``max(limit * 4, 20)``)."""
-        await self.retriever.warm_queries(EVAL_PRINCIPAL, list(self.dataset.queries.values()))
+        await self.retriever.queries.warm_queries(EVAL_PRINCIPAL, list(self.dataset.queries.values()))
         scope = Scope(section_tipos=(self.section_tipo,))
         gate = asyncio.Semaphore(concurrency)
 
@@ -386,20 +387,20 @@ async def eval_session(
             sidecar.sidecar_url, api_key=sidecar.sidecar_api_key, timeout=sidecar.sidecar_timeout
         ) as client,
     ):
-        session = EvalSession(
-            dataset, db.pool, client, Retriever(db.pool, client, settings), section_for(dataset.name)
-        )
+        # The gateway's in-memory lexical leg (RAG_LEXICAL_INDEX), loaded after the ingest (cold until
+        # then: the SQL leg answers); its hits are counted in lexical.metrics (the SQL leg answers
+        # whatever it declines).
         lexical: LexicalIndex | None = None
+        if settings.lexical_index != "off":
+            lexical = LexicalIndex(db.pool, db.url, LexicalConfig(mode=settings.lexical_index))
+        retriever = Retriever(db.pool, client, settings, lexical_engine=lexical)
+        session = EvalSession(dataset, db.pool, client, retriever, section_for(dataset.name))
         try:
             await session.ingest()
-            if settings.lexical_index != "off":
-                # The gateway's in-memory lexical leg (RAG_LEXICAL_INDEX), built after the ingest; its
-                # hits are counted in lexical.metrics (the SQL leg answers whatever it declines).
-                lexical = LexicalIndex(db.pool, db.url, LexicalConfig(mode=settings.lexical_index))
-                partition = await session.retriever.partition((await session.retriever.text_model()).id)
+            if lexical is not None:
+                partition = await retriever.partition((await retriever.text_model()).id)
                 if partition is not None:
                     await lexical.load(partition)
-                session.retriever.lexical_index = lexical
             yield session
         finally:
             if lexical is not None:

@@ -91,9 +91,11 @@ def _recall(got: Sequence[Any], exact: Sequence[Any]) -> float:
 async def _one_size(url: str, n: int, queries: int, seconds: float) -> dict[str, Any]:
     from gateway.acl import pushdown
     from gateway.auth import Principal
-    from index.search import Scope, dense_search
+    from index.cache_partition import CacheConfig
+    from index.dense_leg import dense_search
+    from index.hits import Scope
     from index.store import EmbeddingRow, upsert_rows
-    from index.vector_cache import CacheConfig, VectorCache
+    from index.vector_cache import VectorCache
     from schema import create_pool
 
     pool = await create_pool(url, max_size=40)

@@ -244,7 +244,7 @@ async def gateway_read_pool(database_url: str) -> Any:
     reset query, sessions opened with the legs' settings. :class:`RawLegs` on it runs the SQL the
     gateway runs, in as many round trips."""
     from gateway.settings import GatewaySettings
-    from index.search import read_session_settings
+    from index.read_settings import read_session_settings
     from schema import create_pool
 
     defaults = GatewaySettings()
@@ -260,14 +260,15 @@ class RawLegs:
     The gateway's over-fetch (``max(limit * 4, 20)``) and scope; no HTTP, JSON, fusion or gate.
 
     A scoped dense leg takes the gateway's path too: exact where the gateway's default
-    ``RAG_DENSE_EXACT_MAX_ROWS`` sends the scope (:func:`index.search.reads_exactly`, decided once
+    ``RAG_DENSE_EXACT_MAX_ROWS`` sends the scope (:func:`index.dense_leg.reads_exactly`, decided once
     per scope as the gateway remembers it), HNSW otherwise. Without it the baseline of a 10% caller
     was an HNSW scan while the gateway read the scope's 10,000 rows exactly, and the suite put that
     difference on the gateway (2.9x its "own cost" at 100k chunks, 2026-12-03)."""
 
     def __init__(self, pool: Any, partition: Any, texts: Sequence[str], vectors: np.ndarray, limit: int):
         from gateway.settings import GatewaySettings
-        from index.search import CorpusStats, Scope
+        from index.bm25 import CorpusStats
+        from index.hits import Scope
 
         self.pool, self.partition, self.texts, self.vectors = pool, partition, texts, vectors
         self.fetch = max(limit * 4, 20)
@@ -277,7 +278,7 @@ class RawLegs:
         self._exact: dict[Any, bool] = {}  # scope_key -> the exact path's decision
 
     async def dense(self, i: int) -> None:
-        from index.search import dense_search
+        from index.dense_leg import dense_search
 
         vector = self.vectors[i % len(self.vectors)]
         async with self.pool.acquire() as conn:
@@ -285,7 +286,8 @@ class RawLegs:
             await dense_search(conn, self.partition, vector, self.scope, self.fetch, exact=exact)
 
     async def _reads_exactly(self, conn: Any, vector: np.ndarray) -> bool:
-        from index.search import reads_exactly, scope_key
+        from index.dense_leg import reads_exactly
+        from index.hits import scope_key
 
         key = scope_key(self.scope)
         if key not in self._exact:
@@ -295,7 +297,7 @@ class RawLegs:
         return self._exact[key]
 
     async def lexical(self, i: int) -> None:
-        from index.search import lexical_search
+        from index.lexical_leg import lexical_search
 
         async with self.pool.acquire() as conn:
             await lexical_search(

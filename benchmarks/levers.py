@@ -69,8 +69,8 @@ async def run_levers(
     import aiohttp
 
     from gateway.auth import issue_token
+    from index.hits import Scope
     from index.models import resolve_model
-    from index.search import Scope
     from inference.client import SidecarClient
 
     from .gateway import gateway_process, gateway_read_pool, load_corpus, load_queries, load_sentences

@@ -13,7 +13,7 @@ Queries: the data sets' own (a sample) plus generated ones over the store's voca
 mixed (2-12 words, half common). Then, all in the same run, one caller, ``k`` = 40 (the gateway's
 over-fetch for ``limit`` 10):
 
-- **SQL leg**: :func:`index.search.lexical_search` (statistics cached, warm), admin and 1% ACL;
+- **SQL leg**: :func:`index.lexical_leg.lexical_search` (statistics cached, warm), admin and 1% ACL;
 - **index leg**: :meth:`index.lexical_index.LexicalIndex.search`, the whole leg (plan, in-memory
   top-k, the re-read of the hits' rows scored in SQL), admin and 1% ACL;
 - **index core**: the in-memory part alone (plan + top-k slots), what a search engine returns;
@@ -228,8 +228,10 @@ async def measure_lexical(
 
     from gateway.acl import pushdown
     from gateway.auth import Principal
+    from index.bm25 import CorpusStats, query_terms, scored_terms
+    from index.hits import Scope
     from index.lexical_index import LexicalConfig, LexicalIndex
-    from index.search import CorpusStats, Scope, lexical_search, query_terms, scored_terms
+    from index.lexical_leg import lexical_search
     from index.text import fold
 
     n = len(texts)

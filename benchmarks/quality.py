@@ -69,7 +69,7 @@ async def exact_dense_runs(session: EvalSession) -> dict[str, list[str]]:
     records, inverse = np.unique(record_of, return_inverse=True)
     runs = {}
     for qid, text in session.dataset.queries.items():
-        cached = session.retriever.cache.get(model.id, text, owner=EVAL_PRINCIPAL.sub)  # type: ignore[attr-defined]
+        cached = session.retriever.queries.cache.get(model.id, text, owner=EVAL_PRINCIPAL.sub)  # type: ignore[attr-defined]
         assert cached is not None, "queries are embedded once, by the retrieval run"
         sims = vectors @ cached.dense
         best = np.full(len(records), -np.inf, dtype=np.float32)

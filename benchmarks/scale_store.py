@@ -37,7 +37,7 @@ import psutil
 from gateway.settings import GatewaySettings
 from index import store
 from index.partitions import ModelPartition, ensure_partition
-from index.search import fetch_with_local_settings, hnsw_scan_settings
+from index.read_settings import fetch_with_local_settings, hnsw_scan_settings
 from index.shadow import hnsw_build_bytes
 from inference.client import SidecarClient
 from schema import create_pool

@@ -130,7 +130,7 @@ def visibility_scopes() -> dict[str, Any]:
     """The admin's scope (nothing filtered) and a researcher's per visibility of the store."""
     from gateway.acl import pushdown
     from gateway.auth import Principal
-    from index.search import Scope
+    from index.hits import Scope
 
     return {"admin": Scope()} | {
         share: Scope(acl=pushdown(Principal("r", frozenset({project}), {SECTION: 1})))
@@ -142,7 +142,7 @@ async def exact_top10(
     pool: Any, partition: Any, probes: np.ndarray
 ) -> dict[str, list[list[tuple[Any, float]]]]:
     """Per visibility, each probe's exact top 10 as ``(key, distance)``: the truth recall is judged by."""
-    from index.search import dense_search
+    from index.dense_leg import dense_search
 
     out: dict[str, list[list[tuple[Any, float]]]] = {}
     async with pool.acquire() as conn:
@@ -168,12 +168,13 @@ async def measure_dense_recall(
     ``exact`` (:func:`exact_top10`).
 
     The leg as the gateway runs it without the FAISS cache:
-    :meth:`gateway.retrieval.Retriever.hnsw_search` at each ``RAG_HNSW_EF_SEARCH`` (other settings at
+    :meth:`gateway.legs.RetrievalLegs.hnsw_search` at each ``RAG_HNSW_EF_SEARCH`` (other settings at
     their defaults, so a small scope may be answered exactly, as ``RAG_DENSE_EXACT_MAX_ROWS``
-    decides) for :func:`gateway.retrieval.over_fetch` candidates; its first 10 are judged.
+    decides) for :func:`gateway.legs.over_fetch` candidates; its first 10 are judged.
     Tie-aware: a hit whose distance reaches the 10th exact one counts.
     """
-    from gateway.retrieval import Retriever, over_fetch
+    from gateway.legs import over_fetch
+    from gateway.retrieval import Retriever
     from gateway.settings import load_gateway_settings
 
     legs = {
@@ -190,7 +191,7 @@ async def measure_dense_recall(
                 recalls, times = [], []
                 for q, truth in zip(probes, exact[label], strict=True):
                     start = time.perf_counter()
-                    hits = await leg.hnsw_search(conn, partition, q, scope, over_fetch(LIMIT))
+                    hits = await leg.legs.hnsw_search(conn, partition, q, scope, over_fetch(LIMIT))
                     times.append(time.perf_counter() - start)
                     recalls.append(_recall(hits, truth))
                 out[label][ef] = {
@@ -204,7 +205,7 @@ async def measure_dense_cache(
     pool: Any, url: str, partition: Any, probes: np.ndarray, exact: dict[str, Any], windows: int
 ) -> dict[str, Any]:
     """The dense leg as a gateway with ``RAG_FAISS_CACHE=cpu`` runs it
-    (:meth:`gateway.retrieval.Retriever.dense_leg`, the cache's defaults), beside the gateway's
+    (:meth:`gateway.legs.RetrievalLegs.dense_leg`, the cache's defaults), beside the gateway's
     default (no cache: pgvector).
 
     - the cache's load time, vectors and bytes, and the process RSS its load added;
@@ -214,14 +215,14 @@ async def measure_dense_cache(
       ``windows`` interleaved windows, with and without the cache; each window's p50 ratio.
     """
     from gateway.app import vector_cache_config
-    from gateway.retrieval import Retriever, over_fetch
+    from gateway.legs import over_fetch
+    from gateway.retrieval import Retriever
     from gateway.settings import load_gateway_settings
     from index.vector_cache import VectorCache
 
     settings = load_gateway_settings({"RAG_FAISS_CACHE": "cpu"}, auth="off")
     cache = VectorCache(pool, url, vector_cache_config(settings))
-    cached = Retriever(pool, client=None, settings=settings)
-    cached.vector_cache = cache
+    cached = Retriever(pool, client=None, settings=settings, vector_cache=cache)
     plain = Retriever(pool, client=None, settings=load_gateway_settings({}, auth="off"))
     fetch = over_fetch(LIMIT)
     scopes = visibility_scopes()
@@ -273,7 +274,7 @@ async def measure_dense_cache(
 
 def _dense_leg_of(retriever: Any, partition: Any, scope: Any, fetch: int) -> Any:
     async def leg(q: np.ndarray) -> Any:
-        return await retriever.dense_leg(partition, q, scope, fetch)
+        return await retriever.legs.dense_leg(partition, q, scope, fetch)
 
     return leg
 

@@ -284,7 +284,7 @@ async def _measure_size(
 
     from gateway.acl import pushdown
     from gateway.auth import Principal, issue_token
-    from index.search import Scope
+    from index.hits import Scope
 
     from .gateway import SECTION, cache_ready, gateway_read_pool, load_corpus
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from index.search import AclPushdown, ChunkHit, Scope
+from index.hits import AclPushdown, ChunkHit, Scope
 
 from .auth import Principal
 

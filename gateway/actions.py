@@ -13,8 +13,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from index.hits import Scope
 from index.neighbours import document_window
-from index.search import Scope
 from index.sections import SectionStore
 
 from . import options as opt
@@ -23,7 +23,9 @@ from .context import ActionContext, Args, query_error
 from .errors import ApiError
 from .objects import object_dict
 from .passages import chunk_view, hit, passage, provenance, rerank_flags
-from .retrieval import EmbeddingUnavailable, QueryRejected, Ranked, SeedNotFound
+from .query_embedding import EmbeddingUnavailable, QueryRejected
+from .ranking import Ranked
+from .retrieval import SeedNotFound
 
 __all__ = [
     "NO_GROUPS",

@@ -16,14 +16,15 @@ import signal
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from index.cache_metrics import CacheMetrics
+from index.cache_partition import CacheConfig  # configuration only: FAISS loads with the cache
+from index.lexical_engine import LexicalEngine
 from index.lexical_index import LexicalConfig, LexicalIndex
 from index.lexical_metrics import LexicalMetrics
-from index.search import read_session_settings
+from index.read_settings import read_session_settings
 from index.sections import SectionStore
 from inference.eventloop import loop_name
 from schema.database import create_pool, open_database
@@ -56,9 +57,6 @@ from .server import GatewayRunner, concurrency_middleware, handler_args
 from .settings import GatewaySettings
 from .thumbnails import setup_thumbnails
 
-if TYPE_CHECKING:  # the cache's module is imported only when a cache is configured
-    from index.vector_cache import CacheConfig
-
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 5.0  # a readiness probe answers promptly, even when a dependency hangs
@@ -83,47 +81,9 @@ async def _sidecar_ctx(app: web.Application) -> AsyncIterator[None]:
         await client.close()
 
 
-async def _retriever_ctx(app: web.Application) -> AsyncIterator[None]:
-    """The retrieval engines (text, and image beside it), with their own sidecar client: one quick
-    retry, then a 503 for the caller."""
-    settings = app[SETTINGS_KEY]
-    # Its own pool of read connections, released without asyncpg's reset query: every leg and
-    # seed read leaves no session state (SET LOCAL only), and the reset cost a round trip plus
-    # RESET ALL / CLOSE ALL / UNLISTEN on the server per leg (issue 15). Their sessions open with
-    # the legs' settings, so a leg is one round trip, not three (issue 27). Writes, the drain's
-    # advisory lock and the cache's listener stay on the main pool.
-    session = read_session_settings(settings.hnsw_ef_search, settings.hnsw_max_scan_tuples)
-    primary_reads = await create_pool(
-        app[DATABASE_URL_KEY], max_size=settings.database.pool_size, reset_session=False, session=session
-    )
-    # RAG_DATABASE_READ_URL: a streaming replica serves these reads while it is up and fresh.
-    reads = ReadPool(
-        primary_reads,
-        settings.database.read_url,
-        max_size=settings.database.pool_size,
-        session=session,
-        max_lag_s=settings.database.read_max_lag,
-        check_interval_s=settings.database.read_check_interval,
-    )
-    await reads.start()
-    app[READ_POOL_KEY] = reads
-    app[METRICS_KEY].watch_read_pool(reads.status)
-    client = settings.sidecar.client(max_retries=1)
-    retriever = Retriever(reads, client, settings, app[METRICS_KEY])
-    app[RETRIEVER_KEY] = retriever
-    app[OBJECTS_KEY] = ObjectRetriever(retriever)
-    try:
-        yield
-    finally:
-        await client.close()
-        await reads.close()
-
-
 def vector_cache_config(settings: GatewaySettings) -> CacheConfig:
     """The FAISS cache's configuration from the gateway's ``RAG_FAISS_*`` settings (one definition:
     the gateway and the benchmarks that run its cache in-process build it here)."""
-    from index.vector_cache import CacheConfig
-
     return CacheConfig(
         mode=settings.faiss_cache,
         max_bytes=settings.faiss_max_bytes,
@@ -158,46 +118,88 @@ async def _vector_cache_ctx(app: web.Application) -> AsyncIterator[None]:
         CacheMetrics(app[METRICS_KEY].registry),
     )
     app[VECTOR_CACHE_KEY] = cache
-    app[RETRIEVER_KEY].vector_cache = cache
     await cache.start()
     try:
         yield
     finally:
-        app[RETRIEVER_KEY].vector_cache = None
         await cache.stop()
 
 
 async def _lexical_index_ctx(app: web.Application) -> AsyncIterator[None]:
-    """The in-memory lexical index: loads in the background (the SQL leg serves until a partition is ready)."""
+    """The lexical engine (``RAG_LEXICAL_INDEX``; today the in-memory index): loads in the background
+    (the SQL leg serves until a partition is ready)."""
     settings = app[SETTINGS_KEY]
     if settings.lexical_index == "off":
         yield
         return
-    index = LexicalIndex(
+    engine: LexicalEngine = LexicalIndex(
         app[POOL_KEY],
         app[DATABASE_URL_KEY],
         LexicalConfig(mode=settings.lexical_index),
         LexicalMetrics(app[METRICS_KEY].registry),
     )
-    app[LEXICAL_INDEX_KEY] = index
-    app[RETRIEVER_KEY].lexical_index = index
-    await index.start()
+    app[LEXICAL_INDEX_KEY] = engine
+    await engine.start()
     try:
         yield
     finally:
-        app[RETRIEVER_KEY].lexical_index = None
-        await index.stop()
+        await engine.stop()
+
+
+async def _retriever_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The retrieval engines (text, and image beside it), with their own sidecar client: one quick
+    retry, then a 503 for the caller."""
+    settings = app[SETTINGS_KEY]
+    # Its own pool of read connections, released without asyncpg's reset query: every leg and
+    # seed read leaves no session state (SET LOCAL only), and the reset cost a round trip plus
+    # RESET ALL / CLOSE ALL / UNLISTEN on the server per leg (issue 15). Their sessions open with
+    # the legs' settings, so a leg is one round trip, not three (issue 27). Writes, the drain's
+    # advisory lock and the cache's listener stay on the main pool.
+    session = read_session_settings(settings.hnsw_ef_search, settings.hnsw_max_scan_tuples)
+    primary_reads = await create_pool(
+        app[DATABASE_URL_KEY], max_size=settings.database.pool_size, reset_session=False, session=session
+    )
+    # RAG_DATABASE_READ_URL: a streaming replica serves these reads while it is up and fresh.
+    reads = ReadPool(
+        primary_reads,
+        settings.database.read_url,
+        max_size=settings.database.pool_size,
+        session=session,
+        max_lag_s=settings.database.read_max_lag,
+        check_interval_s=settings.database.read_check_interval,
+    )
+    await reads.start()
+    app[READ_POOL_KEY] = reads
+    app[METRICS_KEY].watch_read_pool(reads.status)
+    client = settings.sidecar.client(max_retries=1)
+    # Built with the cache and the lexical engine (their contexts come first); both may still be
+    # loading, and pgvector and the SQL leg serve until a partition is ready.
+    retriever = Retriever(
+        reads,
+        client,
+        settings,
+        app[METRICS_KEY],
+        vector_cache=app.get(VECTOR_CACHE_KEY),
+        lexical_engine=app.get(LEXICAL_INDEX_KEY),
+    )
+    app[RETRIEVER_KEY] = retriever
+    app[OBJECTS_KEY] = ObjectRetriever(retriever)
+    try:
+        yield
+    finally:
+        await client.close()
+        await reads.close()
 
 
 async def _ask_ctx(app: web.Application) -> AsyncIterator[None]:
     """The passage steps (the reranker, on the retriever's sidecar client; expansion) and ask's
     generator and section store."""
     settings = app[SETTINGS_KEY]
-    retriever = app[RETRIEVER_KEY]
+    queries = app[RETRIEVER_KEY].queries
     reranker = Reranker(
-        retriever.client, settings.sidecar.rerank_model, settings.ask.rerank_timeout, app[METRICS_KEY]
+        queries.client, settings.sidecar.rerank_model, settings.ask.rerank_timeout, app[METRICS_KEY]
     )
-    provider = build_provider(settings.ask, retriever)
+    provider = build_provider(settings.ask, queries.client, queries.text_model)
     app[PASSAGES_KEY] = PassageServices.configured(reranker, settings.ask)
     app[ASK_KEY] = AskServices(settings.ask, provider, SectionStore(app[POOL_KEY]), app[METRICS_KEY])
     try:
@@ -274,9 +276,10 @@ def _add_engine(app: web.Application, settings: GatewaySettings, metrics: Metric
     app[METRICS_KEY] = metrics or Metrics()
     app.cleanup_ctx.append(_database_ctx)
     app.cleanup_ctx.append(_sidecar_ctx)
-    app.cleanup_ctx.append(_retriever_ctx)
+    # The cache and the lexical engine before the retriever, which is built with them.
     app.cleanup_ctx.append(_vector_cache_ctx)
     app.cleanup_ctx.append(_lexical_index_ctx)
+    app.cleanup_ctx.append(_retriever_ctx)
     app.cleanup_ctx.append(_ask_ctx)
 
 

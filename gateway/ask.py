@@ -29,7 +29,7 @@ from typing import Any
 from aiohttp import web
 
 from index.chunker import estimate_tokens
-from index.search import Scope
+from index.hits import Scope
 from inference.json_out import dumps
 
 from .citations import citations, validate_markers
@@ -39,7 +39,8 @@ from .errors import ApiError, request_id
 from .expand import Expanded, unexpanded
 from .passages import provenance
 from .providers import DEFAULT_SYSTEM_PROMPT, Generation, GenerationFailed, GenerationRequest
-from .retrieval import EmbeddingUnavailable, QueryRejected, Ranked
+from .query_embedding import EmbeddingUnavailable, QueryRejected
+from .ranking import Ranked
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from index.search import ChunkHit
+from index.hits import ChunkHit
 
 from .locator import chunk_id, record_locator
 

@@ -22,9 +22,11 @@ from .expand import Expanded, expand_passages
 from .metrics import Metrics
 from .objects import ObjectRetriever
 from .providers import Provider
+from .query_embedding import EmbeddingUnavailable, QueryRejected
+from .ranking import Ranked
 from .rerank import Reranker
 from .resources import POOL_KEY
-from .retrieval import EmbeddingUnavailable, QueryRejected, Ranked, Retriever
+from .retrieval import Retriever
 from .settings import AskSettings
 
 __all__ = [

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from index.search import ChunkHit
+from index.hits import ChunkHit
 
 __all__ = ["passage_sections", "restricted_sections", "section_allows_external"]
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from index.hits import ChunkHit
 from index.neighbours import document_window, parent_chunks
-from index.search import ChunkHit
 
 from .acl import chunk_readable
 from .auth import Principal
-from .retrieval import Ranked, Retriever
+from .ranking import Ranked
+from .retrieval import Retriever
 
 __all__ = ["Expanded", "expand_passages", "unexpanded"]
 

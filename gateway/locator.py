@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from index.search import ChunkHit, ChunkKey
+from index.hits import ChunkHit, ChunkKey
 from index.validation import GROUP_ID_PATTERN, LANG_PATTERN, TIPO_PATTERN
 
 __all__ = ["CHUNK_ID_PATTERN", "chunk_id", "parse_chunk_id", "record_locator"]

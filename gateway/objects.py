@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from index.hits import ChunkHit, Scope
 from index.partitions import ModelPartition
-from index.search import ChunkHit, Scope
 from index.sections import SectionStore
 from inference.client import ModelInfo
 
@@ -45,7 +45,8 @@ from .acl import gate, pushdown
 from .auth import Principal
 from .characterize import Vote, categorical_vote, date_summary
 from .fusion import rrf
-from .retrieval import EmbeddingUnavailable, Retriever, SeedNotFound
+from .query_embedding import EmbeddingUnavailable
+from .retrieval import Retriever, SeedNotFound
 
 __all__ = ["ObjectHit", "ObjectRetriever", "object_dict"]
 
@@ -102,7 +103,9 @@ class ObjectRetriever:
     async def image_model(self) -> ModelInfo:
         """The image-text model (``RAG_IMAGE_MODEL`` or the sidecar's first); unavailable -> 503."""
         if self._model is None:
-            self._model = await self.base.resolve_model("image_text", self.settings.sidecar.image_model)
+            self._model = await self.base.queries.resolve_model(
+                "image_text", self.settings.sidecar.image_model
+            )
         return self._model
 
     async def partition(self) -> ModelPartition | None:
@@ -111,15 +114,17 @@ class ObjectRetriever:
     async def _dense(
         self, partition: ModelPartition, vector: np.ndarray, scope: Scope, fetch: int
     ) -> list[ChunkHit]:
-        return await self.base.timed(
-            "image_dense", lambda conn: self.base.hnsw_search(conn, partition, vector, scope, fetch, "image")
+        return await self.base.legs.timed(
+            "image_dense",
+            lambda conn: self.base.legs.hnsw_search(conn, partition, vector, scope, fetch, "image"),
         )
 
     async def _lexical(
         self, partition: ModelPartition, query: str, scope: Scope, fetch: int
     ) -> list[ChunkHit]:
-        return await self.base.timed(
-            "image_lexical", lambda conn: self.base.lexical(conn, partition, query, scope, fetch, "image")
+        return await self.base.legs.timed(
+            "image_lexical",
+            lambda conn: self.base.legs.lexical(conn, partition, query, scope, fetch, "image"),
         )
 
     async def compare_scope(self, section_tipo: str) -> tuple[str, ...]:
@@ -195,7 +200,7 @@ class ObjectRetriever:
         self, principal: Principal, query: str, sections: tuple[str, ...] | None, limit: int
     ) -> list[ObjectHit]:
         """Objects whose images best match a text, through the image-text model's text tower."""
-        vector = await self.base.embed_image_query(await self.image_model(), query)
+        vector = await self.base.queries.embed_image_query(await self.image_model(), query)
         partition = await self.partition()
         if partition is None:
             return []

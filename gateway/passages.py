@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from index.search import ChunkHit
+from index.hits import ChunkHit
 
 from .expand import Expanded
 from .locator import chunk_id
-from .retrieval import Ranked
+from .ranking import Ranked
 
 __all__ = ["SNIPPET_CHARS", "chunk_view", "hit", "passage", "provenance", "rerank_flags", "snippet"]
 

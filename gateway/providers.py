@@ -29,6 +29,9 @@ import numpy as np
 from index.sentences import sentence_spans
 from index.stopwords import strip_stopwords
 from index.text import fold
+from inference.client import ModelInfo, SidecarClient
+
+from .settings import AskSettings
 
 __all__ = [
     "DEFAULT_SYSTEM_PROMPT",
@@ -297,8 +300,12 @@ class OpenAIProvider:
 # -- construction from settings ----------------------------------------------------------------------
 
 
-def build_provider(settings: Any, retriever: Any) -> Provider:
-    """The configured generator (``settings``: AskSettings; ``retriever``: the gateway's Retriever)."""
+def build_provider(
+    settings: AskSettings, client: SidecarClient, text_model: Callable[[], Awaitable[ModelInfo]]
+) -> Provider:
+    """The configured generator. The extractive one embeds sentences on ``client`` with the text
+    model ``text_model`` resolves at each answer (the retrieval's own, so sentence and query vectors
+    share its space, a model-change swap included)."""
     if settings.provider == "openai":
         return OpenAIProvider(
             settings.llm_endpoint,
@@ -312,9 +319,8 @@ def build_provider(settings: Any, retriever: Any) -> Provider:
         )
 
     async def embed(texts: Sequence[str]) -> tuple[str, np.ndarray]:
-        # The retrieval's own text model, so sentence and query vectors share its space.
-        model = await retriever.text_model()
-        result = await retriever.client.embed(model.id, texts, truncate=True)
+        model = await text_model()
+        result = await client.embed(model.id, texts, truncate=True)
         return model.id, np.asarray(result.embeddings, dtype=np.float32)
 
     return ExtractiveProvider(embed, settings.extractive_sentences)

@@ -17,7 +17,7 @@ from index.models import resolve_model
 from inference.client import SidecarClient
 
 from .metrics import Metrics
-from .retrieval import Ranked
+from .ranking import Ranked
 
 log = logging.getLogger(__name__)
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import asyncpg
 from aiohttp import web
 
+from index.lexical_engine import LexicalEngine
 from inference.client import SidecarClient
 from schema.read_pool import ReadPool
 
@@ -24,8 +25,6 @@ from .settings import GatewaySettings
 
 if TYPE_CHECKING:  # FAISS loads only when the app builds a cache
     from index.vector_cache import VectorCache
-
-from index.lexical_index import LexicalIndex
 
 POOL_KEY: web.AppKey[asyncpg.Pool] = web.AppKey("pool", asyncpg.Pool)
 SIDECAR_KEY: web.AppKey[SidecarClient] = web.AppKey("sidecar", SidecarClient)
@@ -36,8 +35,8 @@ DATABASE_URL_KEY: web.AppKey[str] = web.AppKey("database_url", str)
 READ_POOL_KEY: web.AppKey[ReadPool] = web.AppKey("read_pool", ReadPool)
 # The FAISS cache, present unless RAG_FAISS_CACHE=off.
 VECTOR_CACHE_KEY: web.AppKey[VectorCache] = web.AppKey("vector_cache")
-# The in-memory lexical index, present when RAG_LEXICAL_INDEX=memory.
-LEXICAL_INDEX_KEY: web.AppKey[LexicalIndex] = web.AppKey("lexical_index", LexicalIndex)
+# The lexical engine (the in-memory index with RAG_LEXICAL_INDEX=memory), present unless it is off.
+LEXICAL_INDEX_KEY: web.AppKey[LexicalEngine] = web.AppKey("lexical_index", LexicalEngine)
 
 # Per-request state.
 REQUEST_ID_KEY: web.RequestKey[str] = web.RequestKey("request_id", str)

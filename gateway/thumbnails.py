@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from index.hits import ChunkHit
 from index.image_rows import IMAGE_LANG
 from index.image_store import get_thumbnail, image_projects
-from index.search import ChunkHit
 from index.validation import FieldError, parse_id
 
 from .acl import chunk_readable

@@ -10,10 +10,10 @@ How it stays correct (the invariants the tests pin):
 
 - **Same scores.** Corpus statistics (chunk count, mean ``lexical_length``, document frequency per
   term, over the query's section scope) are counted exactly from the live postings, and the query
-  plan is the SQL leg's (:func:`index.search.bm25_plan`). The index only *selects* candidates: their
+  plan is the SQL leg's (:func:`index.bm25.bm25_plan`). The index only *selects* candidates: their
   rows are re-read from the store and scored there by the SQL leg's own expression
-  (:func:`index.search.bm25_score_sql`), so scores and tie order are the SQL leg's.
-- **Exact ACL push-down.** The scope and ACL filter is the legs' own SQL (:func:`index.search.scope_where`),
+  (:func:`index.bm25.bm25_score_sql`), so scores and tie order are the SQL leg's.
+- **Exact ACL push-down.** The scope and ACL filter is the legs' own SQL (:func:`index.scope_sql.scope_where`),
   evaluated once per distinct *access class* of chunks (section, component, view, projects and the
   ACL arrays of migration 0013: a handful of rows, however many chunks) and cached per scope. A
   candidate is selected only when its class passes, so ``limit`` is never starved by a post-filter.
@@ -41,6 +41,7 @@ from dataclasses import dataclass, replace
 import asyncpg
 import numpy as np
 
+from .bm25 import Bm25Plan, bm25_idf, bm25_plan, bm25_score_sql, query_terms, scored_terms
 from .change_feed import (
     KEY_COLUMNS,
     RowKey,
@@ -52,27 +53,13 @@ from .change_feed import (
     row_key,
 )
 from .feed_follower import FeedFollower
+from .hits import ChunkHit, Scope, chunk_from_row, hit_columns, identity_order, scope_key
 from .lexical_metrics import LexicalMetrics
 from .lru import Lru
 from .partition_lexicon import ROW_COLUMNS, SCOPE_CACHE_SIZE, PartitionLexicon
 from .partitions import ModelPartition
-from .search import (
-    CUSTOM_PLANS,
-    Bm25Plan,
-    ChunkHit,
-    Scope,
-    bm25_idf,
-    bm25_plan,
-    bm25_score_sql,
-    chunk_from_row,
-    fetch_with_local_settings,
-    hit_columns,
-    identity_order,
-    query_terms,
-    scope_key,
-    scope_where,
-    scored_terms,
-)
+from .read_settings import CUSTOM_PLANS, fetch_with_local_settings
+from .scope_sql import scope_where
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ These return rows as they are stored; the gateway's ACL gate checks each one.
 
 from __future__ import annotations
 
+from .hits import _COLUMNS, _IDENTITY_ORDER, ChunkHit, ChunkKey, Executor, _chunk
 from .partitions import ModelPartition
-from .search import _COLUMNS, _IDENTITY_ORDER, ChunkHit, ChunkKey, Executor, _chunk
 
 __all__ = ["document_window", "parent_chunks"]
 

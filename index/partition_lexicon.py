@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 import asyncpg
 import numpy as np
 
+from .bm25 import BM25_B, BM25_K1, Bm25Plan
 from .change_feed import RowKey, Watermark, row_key
 from .lru import Lru
 from .partitions import ModelPartition
-from .search import BM25_B, BM25_K1, Bm25Plan
 
 __all__ = ["ROW_COLUMNS", "SCOPE_CACHE_SIZE", "PartitionLexicon"]
 
@@ -479,7 +479,7 @@ class PartitionLexicon:
 
 def _summand(weight: float, tfs: np.ndarray, lengths: np.ndarray, avgdl: float) -> np.ndarray:
     """One term's BM25 summand in chunks of ``lengths`` holding it ``tfs`` times: the one formula
-    of the index (the SQL leg's :func:`index.search.bm25_score_sql`), in float64."""
+    of the index (the SQL leg's :func:`index.bm25.bm25_score_sql`), in float64."""
     # weight * tf / (tf + k1 * (1 - b + b * length / avgdl)), in place on two arrays: this runs
     # over every posting a search admits, where each temporary is a pass over memory.
     tf = tfs.astype(np.float64)

@@ -17,7 +17,7 @@ How it stays correct (the invariants the tests pin):
   If pending keys crowd the cache's top candidates, the search widens; when it
   still cannot prove an exact top-k it says so and pgvector serves the query.
 - **Scopes.** A scope's bitmap comes from the same SQL push-down the legs use
-  (:func:`index.search.scope_where`), is cached per scope (LRU), and is
+  (:func:`index.scope_sql.scope_where`), is cached per scope (LRU), and is
   updated from the feed for just the changed keys.
 - **Small scopes packed.** A scope of few slots is searched over a contiguous copy of its
   vectors (:mod:`index.packed_scopes`), valid only while no change has been applied since.
@@ -32,21 +32,19 @@ from __future__ import annotations
 
 import asyncio
 import io
-import itertools
 import logging
-import struct
 import time
 from collections import deque
-from collections.abc import Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 
 import asyncpg
 import numpy as np
 
 from .cache_metrics import CacheMetrics
+from .cache_partition import CacheConfig, PartitionCache, normalized, unfiltered
 from .change_feed import (
     KEY_COLUMNS,
-    Change,
     RowKey,
     Watermark,
     candidates_params,
@@ -56,227 +54,23 @@ from .change_feed import (
 )
 from .faiss_backend import FlatIndex, GpuFlatIndex, gpu_available, limit_cpu_threads
 from .feed_follower import FeedFollower
+from .hits import ChunkHit, Scope, chunk_from_row, hit_columns, identity_order, scope_key
 from .lru import Lru
 from .packed_scopes import PackedScope, PackedScopes
 from .partitions import ModelPartition
-from .search import (
-    CUSTOM_PLANS,
-    ChunkHit,
-    Scope,
-    chunk_from_row,
-    fetch_with_local_settings,
-    hit_columns,
-    identity_order,
-    scope_key,
-    scope_where,
-)
+from .pg_copy import parse_copy
+from .read_settings import CUSTOM_PLANS, fetch_with_local_settings
+from .scope_sql import scope_where
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CacheConfig", "CacheUnavailable", "PartitionCache", "VectorCache"]
+__all__ = ["CacheUnavailable", "VectorCache"]
 
-MODES = ("off", "auto", "cpu", "cuda")
 MAX_SEARCH_BATCH = 64  # concurrent searches answered by one scan of a partition
-ScopeKey = Hashable
-# Content versions come from one counter, so a partition cached anew never repeats an old one's.
-_CONTENT_VERSIONS = itertools.count()
 
 
 class CacheUnavailable(RuntimeError):
     """``cuda`` was asked for and this process has no GPU-enabled FAISS or no GPU."""
-
-
-@dataclass(frozen=True)
-class CacheConfig:
-    """How the cache runs (built by the gateway from its settings)."""
-
-    mode: str = "auto"
-    max_bytes: int = 2 * 1024**3
-    load_batch: int = 50_000
-    fp16_min_vectors: int = 1_000_000  # on GPU, store fp16 from this many vectors on
-    scope_cache_size: int = 32
-    # Scopes of at most this many permitted vectors are searched over a packed copy of their vectors
-    # (index.packed_scopes), all copies together within packed_max_bytes. 0 turns packing off.
-    packed_scope_rows: int = 20_000
-    packed_max_bytes: int = 256 * 1024**2
-    # On CPU an unfiltered scope (an admin, no section or group) over more vectors than this goes to
-    # pgvector's HNSW: a flat scan reads every vector per query (~150 MB per 100k x 384) and loses
-    # to HNSW under concurrency (0.27x at 100k, 32 callers), while HNSW keeps full recall when
-    # nothing is filtered. Filtered scopes stay on the cache at any size: that is where HNSW's
-    # recall and plans fall apart. 0: the cache serves every scope.
-    cpu_broad_scan_max: int = 50_000
-    poll_s: float = 5.0  # safety net: catch up this often even without a notification
-    threads: int = (
-        1  # CPU threads per search (FAISS OpenMP and the BLAS of batched scans); 0 = library default
-    )
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"cache mode {self.mode!r}: use one of {MODES}")
-        if self.threads < 0:
-            raise ValueError("threads must be >= 0")
-
-
-@dataclass
-class PartitionCache:
-    """One partition's cached vectors: slots, keys, liveness, scope bitmaps, watermark."""
-
-    partition: ModelPartition
-    index: FlatIndex
-    state: str = "loading"  # loading | ready | over_budget | failed
-    watermark: Watermark = field(default_factory=lambda: Watermark(0, 0))
-    version: int = 0  # bumped whenever the watermark moves (scope bitmaps built before are suspect)
-    # Changed when applying changes starts and when it ends: a packed scope copy taken at another
-    # content version may disagree with the index (index.packed_scopes).
-    content: int = field(default_factory=lambda: next(_CONTENT_VERSIONS))
-    slot_of: dict[RowKey, int] = field(default_factory=dict)
-    key_of: list[RowKey | None] = field(default_factory=list)
-    record_slots: dict[tuple[str, int], set[int]] = field(default_factory=dict)
-    alive: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
-    free: list[int] = field(default_factory=list)
-    scopes: Lru[ScopeKey, tuple[Scope, np.ndarray]] = field(
-        default_factory=lambda: Lru(CacheConfig.scope_cache_size)
-    )
-    applying: bool = False
-    load_seconds: float | None = None
-    # Searches waiting for the batcher: (query, k, permitted slots, the caller's future).
-    waiting: list[tuple[np.ndarray, int, np.ndarray, asyncio.Future[np.ndarray]]] = field(
-        default_factory=list
-    )
-    batching: bool = False
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-    @property
-    def live(self) -> int:
-        return int(self.alive.sum())
-
-    def _grow(self, n: int) -> None:
-        if n > len(self.alive):
-            self.alive = np.concatenate([self.alive, np.zeros(n - len(self.alive), dtype=bool)])
-            self.key_of.extend([None] * (n - len(self.key_of)))
-
-    def _forget(self, key: RowKey) -> int | None:
-        slot = self.slot_of.pop(key, None)
-        if slot is not None:
-            self.alive[slot] = False
-            self.key_of[slot] = None
-            self.free.append(slot)
-            slots = self.record_slots.get(key[:2])
-            if slots is not None:
-                slots.discard(slot)
-                if not slots:
-                    del self.record_slots[key[:2]]
-        return slot
-
-    def plan(self, changes: Sequence[Change]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
-        """Slot assignments for a batch: (rewrite slots, their vectors, appended vectors, new slots).
-
-        Deletes take effect at once (a dead slot is never searched); new slots
-        stay dead until :meth:`publish`, after their vectors are in the index.
-        """
-        self.content = next(_CONTENT_VERSIONS)
-        rewrite: list[int] = []
-        rewrite_vecs: list[np.ndarray] = []
-        append: list[np.ndarray] = []
-        fresh: list[int] = []
-        for change in changes:
-            if change.vector is None:
-                self._forget(change.key)
-                continue
-            vec = _normalized(change.vector)
-            slot = self.slot_of.get(change.key)
-            if slot is None:
-                if self.free:
-                    slot = self.free.pop()
-                    rewrite.append(slot)
-                    rewrite_vecs.append(vec)
-                else:
-                    slot = len(self.key_of)
-                    self._grow(slot + 1)
-                    append.append(vec)
-                self.slot_of[change.key] = slot
-                self.key_of[slot] = change.key
-                self.record_slots.setdefault(change.key[:2], set()).add(slot)
-                fresh.append(slot)
-            else:
-                rewrite.append(slot)
-                rewrite_vecs.append(vec)
-        d = self.partition.dimension
-        return (
-            np.asarray(rewrite, dtype=np.int64),
-            np.asarray(rewrite_vecs, dtype=np.float32).reshape(-1, d),
-            np.asarray(append, dtype=np.float32).reshape(-1, d),
-            fresh,
-        )
-
-    def publish(self, fresh: list[int], watermark: Watermark, *, applied: bool) -> None:
-        """Make ``fresh`` slots searchable and move the watermark (``applied``: changes were applied)."""
-        self.alive[fresh] = True
-        self.watermark = watermark
-        self.version += 1
-        if applied:
-            self.content = next(_CONTENT_VERSIONS)
-
-
-def _unfiltered(scope: Scope) -> bool:
-    """No ACL, section or group filter: every live slot is permitted (an excluded record aside)."""
-    return scope.acl is None and scope.section_tipos is None and scope.group is None
-
-
-def _normalized(vector: np.ndarray) -> np.ndarray:
-    norm = float(np.linalg.norm(vector))
-    return vector / norm if norm > 0 else vector
-
-
-# -- binary COPY ----------------------------------------------------------------------------------
-
-_COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
-
-
-def parse_copy(data: bytes, dimension: int) -> tuple[list[RowKey], np.ndarray]:
-    """Rows of a binary COPY of ``(section_tipo, section_id, component_tipo, lang, view, chunk_index,
-    embedding)`` as keys and an (n, dimension) float32 array (pgvector's binary ``vector``:
-    int16 dim, int16 unused, dim big-endian float4)."""
-    if not data.startswith(_COPY_SIGNATURE):
-        raise ValueError("not a binary COPY stream")
-    (ext,) = struct.unpack_from(">i", data, 15)
-    pos = 19 + ext
-    keys: list[RowKey] = []
-    offsets: list[int] = []
-    unpack_i, unpack_h, unpack_q = (
-        struct.Struct(">i").unpack_from,
-        struct.Struct(">h").unpack_from,
-        struct.Struct(">q").unpack_from,
-    )
-    while True:
-        (nfields,) = unpack_h(data, pos)
-        pos += 2
-        if nfields == -1:
-            break
-        fields: list[tuple[int, int]] = []
-        for _ in range(nfields):
-            (length,) = unpack_i(data, pos)
-            fields.append((pos + 4, length))
-            pos += 4 + max(length, 0)
-        (p0, l0), (p1, _), (p2, l2), (p3, l3), (p4, l4), (p5, _), (p6, _) = fields
-        keys.append(
-            (
-                data[p0 : p0 + l0].decode(),
-                unpack_q(data, p1)[0],
-                data[p2 : p2 + l2].decode(),
-                data[p3 : p3 + l3].decode(),
-                data[p4 : p4 + l4].decode(),
-                unpack_i(data, p5)[0],
-            )
-        )
-        (dim,) = unpack_h(data, p6)
-        if dim != dimension:
-            raise ValueError(f"stored vector has {dim} dimensions, the partition {dimension}")
-        offsets.append(p6 + 4)
-    vectors = np.empty((len(offsets), dimension), dtype=np.float32)
-    for i, off in enumerate(offsets):
-        vectors[i] = np.frombuffer(data, dtype=">f4", count=dimension, offset=off)
-    return keys, vectors
 
 
 # -- the cache ------------------------------------------------------------------------------------
@@ -582,7 +376,7 @@ class VectorCache(FeedFollower):
 
     async def _mask(self, conn: asyncpg.Connection, pc: PartitionCache, scope: Scope) -> np.ndarray:
         """The slots the scope (without its excluded record) permits, from cache or built once."""
-        if _unfiltered(scope):
+        if unfiltered(scope):
             return pc.alive
         key = scope_key(scope)
         hit = pc.scopes.get(key)
@@ -609,7 +403,7 @@ class VectorCache(FeedFollower):
     def _broad_on_cpu(self, pc: PartitionCache, scope: Scope) -> bool:
         """An unfiltered scope over a partition HNSW serves better on CPU (see ``cpu_broad_scan_max``)."""
         limit = self.config.cpu_broad_scan_max
-        return self.device == "cpu" and limit > 0 and _unfiltered(scope) and pc.index.ntotal > limit
+        return self.device == "cpu" and limit > 0 and unfiltered(scope) and pc.index.ntotal > limit
 
     async def search(
         self,
@@ -632,11 +426,11 @@ class VectorCache(FeedFollower):
         watermark = pc.watermark  # captured before the bitmap: what the bitmap may rely on
         unexcluded = replace(scope, exclude_record=None)
         mask = await self._mask(conn, pc, unexcluded)
-        query = _normalized(np.asarray(vector, dtype=np.float32))
+        query = normalized(np.asarray(vector, dtype=np.float32))
         excluded = np.zeros(0, dtype=np.int64)
         if scope.exclude_record is not None:
             excluded = np.fromiter(pc.record_slots.get(tuple(scope.exclude_record), ()), dtype=np.int64)
-        packed = None if _unfiltered(unexcluded) else await self._packed(pc, unexcluded, mask)
+        packed = None if unfiltered(unexcluded) else await self._packed(pc, unexcluded, mask)
         if packed is not None:
             permitted = packed.permitted(excluded)
 
@@ -775,5 +569,5 @@ class VectorCache(FeedFollower):
         if not present:
             return {}
         vectors = pc.index.vectors(np.asarray([s for _, s in present], dtype=np.int64))
-        scores = vectors @ _normalized(np.asarray(vector, dtype=np.float32))
+        scores = vectors @ normalized(np.asarray(vector, dtype=np.float32))
         return {k: float(s) for (k, _), s in zip(present, scores, strict=True)}

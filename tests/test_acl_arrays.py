@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 
 from gateway.acl import gate, pushdown
 from gateway.auth import Principal
+from index.dense_leg import dense_search
+from index.hits import ChunkHit, Scope
 from index.partitions import ModelPartition, ensure_partition
-from index.search import ChunkHit, Scope, dense_search
 from index.store import EmbeddingRow, upsert_rows
 
 SECTIONS = ["oh1", "rsc1", "fill1"]

@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 
 from gateway.acl import chunk_readable, contributors_readable, gate, pushdown
 from gateway.auth import Principal
+from index.dense_leg import dense_search
+from index.hits import ChunkHit, Scope
 from index.partitions import get_partition
-from index.search import ChunkHit, Scope, dense_search
 from schema import create_pool
 from tests.fixtures.gateway import TEXT_MODEL
 

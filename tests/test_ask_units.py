@@ -10,9 +10,9 @@ from gateway.egress import passage_sections, restricted_sections
 from gateway.expand import Expanded
 from gateway.locator import chunk_id, parse_chunk_id
 from gateway.providers import DEFAULT_SYSTEM_PROMPT, is_local_endpoint, passage_sentences
-from gateway.retrieval import Ranked
+from gateway.ranking import Ranked
 from gateway.settings import load_gateway_settings
-from index.search import ChunkHit
+from index.hits import ChunkHit
 from schema.settings import SettingsError
 
 SECRET = {"RAG_JWT_SECRET": "s" * 40}

@@ -40,15 +40,17 @@ from index.backfill import (
     embed_and_copy,
     run_backfill,
 )
+from index.cache_partition import CacheConfig
 from index.change_feed import KEY_COLUMNS
+from index.dense_leg import dense_search
 from index.drain import drain_once
+from index.hits import Scope
 from index.indexer import Indexer
 from index.intake import enqueue_records
 from index.partitions import ensure_partition, get_partition, serving_model
-from index.search import Scope, dense_search
 from index.sections import SectionStore
 from index.store import EmbeddingRow, copy_rows
-from index.vector_cache import CacheConfig, VectorCache
+from index.vector_cache import VectorCache
 from inference.client import SidecarClient
 from tests.conftest import REPO_ROOT
 from tests.fixtures.gateway import running_gateway

@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 from index import store
+from index.bm25 import CorpusStats, scored_terms
+from index.hits import Scope
+from index.lexical_leg import lexical_search
 from index.partitions import ensure_partition
-from index.search import CorpusStats, Scope, lexical_search, scored_terms
 from index.stopwords import STOPWORDS
 
 # Plain English with no stop word of any language the query side knows, so bm25s's tokenizer

@@ -15,13 +15,14 @@ import pytest
 
 from benchmarks.gateway import RawLegs
 from benchmarks.lexical import SECTION, populate
-from gateway import retrieval
+from gateway import legs
 from gateway.acl import pushdown
 from gateway.auth import Principal
 from gateway.retrieval import Retriever
 from gateway.settings import load_gateway_settings
-from index import search
-from index.search import Scope, dense_search, exact_scan_rows
+from index import dense_leg
+from index.dense_leg import dense_search, exact_scan_rows
+from index.hits import Scope
 
 DIM = 16
 N = 5_000
@@ -62,30 +63,30 @@ async def test_a_small_scope_is_answered_exactly_once_decided_and_a_large_one_by
     db_pool, partition, vectors, monkeypatch
 ) -> None:
     asked: list[Scope] = []
-    decide = retrieval.reads_exactly
+    decide = legs.reads_exactly
 
     async def counted(conn, partition, vector, scope, limit, max_rows, modality="text"):
         asked.append(scope)
         return await decide(conn, partition, vector, scope, limit, max_rows, modality)
 
-    monkeypatch.setattr(retrieval, "reads_exactly", counted)
+    monkeypatch.setattr(legs, "reads_exactly", counted)
     retriever = _retriever(db_pool)
     narrow = _researcher(3)
     async with db_pool.acquire() as conn:
         for q in vectors[:20:4]:
-            got = await retriever.hnsw_search(conn, partition, q, narrow, 40)
+            got = await retriever.legs.hnsw_search(conn, partition, q, narrow, 40)
             exact = await dense_search(conn, partition, q, narrow, 40, exact=True)
             assert [h.key for h in got] == [h.key for h in exact]
         assert len(asked) == 1  # decided once for the scope, then cached
         similar = Scope(acl=narrow.acl, exclude_record=(SECTION, 100))
-        assert await retriever._reads_exactly(similar, conn, partition, vectors[0], 40, "text")
+        assert await retriever.legs.reads_exactly(similar, conn, partition, vectors[0], 40, "text")
         assert len(asked) == 1  # the record a similar search excludes does not make a new scope
-        assert not await retriever._reads_exactly(Scope(), conn, partition, vectors[0], 40, "text")
-        assert not await retriever._reads_exactly(_researcher(1), conn, partition, vectors[0], 40, "text")
+        assert not await retriever.legs.reads_exactly(Scope(), conn, partition, vectors[0], 40, "text")
+        assert not await retriever.legs.reads_exactly(_researcher(1), conn, partition, vectors[0], 40, "text")
         assert len(asked) == 2  # unscoped: never asked; the 100% researcher: asked, too many rows
 
         off = _retriever(db_pool, RAG_DENSE_EXACT_MAX_ROWS="0")
-        assert not await off._reads_exactly(narrow, conn, partition, vectors[0], 40, "text")
+        assert not await off.legs.reads_exactly(narrow, conn, partition, vectors[0], 40, "text")
         assert len(asked) == 2
 
 
@@ -96,7 +97,7 @@ async def test_the_benchmarks_raw_legs_take_the_gateways_path(
     where the gateway does, decided once per scope, and an unscoped one by HNSW."""
     ran: list[bool] = []
     estimates: list[Scope] = []
-    search_dense, estimate = search.dense_search, search.exact_scan_rows
+    search_dense, estimate = dense_leg.dense_search, dense_leg.exact_scan_rows
 
     async def recorded(*args, exact: bool = False, **kwargs):
         ran.append(exact)
@@ -106,8 +107,8 @@ async def test_the_benchmarks_raw_legs_take_the_gateways_path(
         estimates.append(scope)
         return await estimate(conn, partition, vector, scope, limit, modality)
 
-    monkeypatch.setattr(search, "dense_search", recorded)
-    monkeypatch.setattr(search, "exact_scan_rows", counted)
+    monkeypatch.setattr(dense_leg, "dense_search", recorded)
+    monkeypatch.setattr(dense_leg, "exact_scan_rows", counted)
     raw = RawLegs(db_pool, partition, ["chunk"], vectors[:4], limit=10)
     for scope, exact in [(_researcher(3), True), (_researcher(1), False), (Scope(), False)]:
         raw.scope = scope

@@ -16,8 +16,8 @@ import aiohttp
 import pytest
 
 from gateway.context import RETRIEVER_KEY, query_error
-from gateway.retrieval import EmbeddingUnavailable, QueryRejected
-from index.search import Scope
+from gateway.query_embedding import EmbeddingUnavailable, QueryRejected
+from index.hits import Scope
 from index.validation import FieldError, parse_id
 from tests.fixtures.gateway import (
     ADMIN,

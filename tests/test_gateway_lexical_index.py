@@ -10,7 +10,10 @@ import pytest
 from gateway.acl import pushdown
 from gateway.auth import Principal
 from gateway.context import RETRIEVER_KEY
-from index.search import CorpusStats, Scope, lexical_search
+from gateway.resources import LEXICAL_INDEX_KEY
+from index.bm25 import CorpusStats
+from index.hits import Scope
+from index.lexical_leg import lexical_search
 from tests.fixtures.gateway import running_gateway, token
 from tests.test_gateway_vector_cache import QUERIES, RESEARCHER, _readyz, _wait_ready
 
@@ -25,13 +28,14 @@ async def test_the_index_serves_the_lexical_leg_exactly(corpus_database_url: str
         lexical = await _wait_ready(on, "lexical_index")
         assert lexical["mode"] == "memory" and lexical["listening"] and lexical["running"]
         assert (await _readyz(off))["lexical_index"] == {"mode": "off", "running": False}
-        assert off.app[RETRIEVER_KEY].lexical_index is None
+        assert off.app[RETRIEVER_KEY].legs.lexical_engine is None
         retriever = on.app[RETRIEVER_KEY]
+        assert retriever.legs.lexical_engine is on.app[LEXICAL_INDEX_KEY]  # built with the app's engine
         for query in QUERIES:
             for principal in (RESEARCHER, Principal("root", None, {}, admin=True)):
                 scope = Scope(acl=pushdown(principal))
                 legs = await retriever.query_legs(principal, query, scope, 20, legs=("lexical",))
-                model_id, _ = await retriever.embed_query(principal, query)
+                model_id, _ = await retriever.queries.embed_query(principal, query)
                 partition = await retriever.partition(model_id)
                 sql = await lexical_search(
                     retriever.pool, partition, query, scope, 20, stats=CorpusStats(ttl=0)

@@ -6,7 +6,8 @@ import pytest
 
 from gateway.auth import Principal
 from gateway.context import RETRIEVER_KEY
-from index.search import Scope, read_session_settings
+from index.hits import Scope
+from index.read_settings import read_session_settings
 from schema import session_settings
 from tests.fixtures.gateway import Gateway, running_gateway
 

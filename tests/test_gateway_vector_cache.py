@@ -11,8 +11,10 @@ import pytest
 from gateway.acl import pushdown
 from gateway.auth import Principal
 from gateway.context import RETRIEVER_KEY
+from gateway.resources import VECTOR_CACHE_KEY
+from index.dense_leg import dense_search
 from index.faiss_backend import gpu_available
-from index.search import Scope, dense_search
+from index.hits import Scope
 from tests.fixtures.gateway import Gateway, running_gateway, token
 from tests.waiting import until
 
@@ -50,13 +52,14 @@ async def test_cache_serves_the_dense_leg_exactly(corpus_database_url: str, side
         # auto caches on a GPU only (on CPU the flat scan was slower than HNSW at every size measured)
         if not gpu_available():
             assert (await _readyz(auto))["faiss"] == {"mode": "auto", "running": False}
-            assert auto.app[RETRIEVER_KEY].vector_cache is None
+            assert auto.app[RETRIEVER_KEY].legs.vector_cache is None
         retriever = on.app[RETRIEVER_KEY]
+        assert retriever.legs.vector_cache is on.app[VECTOR_CACHE_KEY]  # built with the app's cache
         for query in QUERIES:
             for principal in (RESEARCHER, Principal("root", None, {}, admin=True)):
                 scope = Scope(acl=pushdown(principal))
                 legs = await retriever.query_legs(principal, query, scope, 20, legs=("dense",))
-                model_id, vector = await retriever.embed_query(principal, query)
+                model_id, vector = await retriever.queries.embed_query(principal, query)
                 partition = await retriever.partition(model_id)
                 async with retriever.pool.acquire() as conn:
                     exact = await dense_search(conn, partition, vector.dense, scope, 20, exact=True)

@@ -14,9 +14,12 @@ import asyncpg
 import numpy as np
 import pytest
 
+from index.bm25 import CorpusStats
+from index.dense_leg import dense_search
+from index.hits import ChunkHit, JsonMeta, Scope
+from index.lexical_leg import lexical_search
 from index.neighbours import document_window
 from index.partitions import ensure_partition
-from index.search import ChunkHit, CorpusStats, JsonMeta, Scope, dense_search, lexical_search
 from index.store import EmbeddingRow, copy_rows
 
 DIM = 8

@@ -14,10 +14,12 @@ from hypothesis import strategies as st
 
 from gateway.acl import pushdown
 from gateway.auth import Principal
+from index.bm25 import CorpusStats
+from index.hits import Scope
 from index.lexical_index import LexicalConfig, LexicalIndex
+from index.lexical_leg import lexical_search
 from index.lexical_metrics import LexicalMetrics
 from index.partitions import ModelPartition, ensure_partition
-from index.search import CorpusStats, Scope, lexical_search
 from index.store import EmbeddingRow, delete_record, upsert_rows
 from tests.test_bm25 import DOCS
 from tests.test_vector_cache import COMPONENTS, CONTRIBUTORS, SECTIONS, _scope, principals, scopes

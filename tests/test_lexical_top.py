@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from index import partition_lexicon
+from index.bm25 import BM25_B, BM25_K1, Bm25Plan, bm25_idf, bm25_plan
 from index.partition_lexicon import PartitionLexicon
 from index.partitions import ModelPartition
-from index.search import BM25_B, BM25_K1, Bm25Plan, bm25_idf, bm25_plan
 
 VOCAB = [f"w{i}" for i in range(300)]
 ZIPF = [1 / (i + 1) for i in range(len(VOCAB))]

@@ -15,8 +15,9 @@ import numpy as np
 
 from gateway.acl import pushdown
 from gateway.auth import Principal
+from index.dense_leg import dense_search
+from index.hits import Scope
 from index.partitions import ensure_partition
-from index.search import Scope, dense_search
 from index.store import EmbeddingRow, copy_rows
 
 DIM = 8

@@ -8,7 +8,7 @@ import pytest
 from benchmarks.eval import apply_tuning
 from gateway.retrieval import Retriever
 from gateway.settings import load_gateway_settings
-from index.search import Scope
+from index.hits import Scope
 from index.sections import DescriptorError, SectionStore
 
 DESCRIPTOR = {"embed": [{"id": "doc", "contributors": ["text"]}]}
@@ -26,7 +26,7 @@ async def test_apply_stores_the_tuned_fusion_and_the_retriever_uses_it(db_pool: 
     await sections.put("sec_a", DESCRIPTOR)
     await sections.put("sec_b", DESCRIPTOR)
     retriever = _retriever(db_pool)
-    assert await retriever.section_fusion(Scope(section_tipos=("sec_a",))) == (None, None)
+    assert await retriever.fusion.for_scope(Scope(section_tipos=("sec_a",))) == (None, None)
 
     await apply_tuning(db_pool, "sec_a", TUNED, "adi")
     stored = await sections.get("sec_a")
@@ -34,15 +34,15 @@ async def test_apply_stores_the_tuned_fusion_and_the_retriever_uses_it(db_pool: 
     assert stored["retrieval"]["tuned_on"] == {"dataset": "adi", "cross_validated": {"ndcg@10": 0.5}}
     assert stored["embed"][0]["contributors"] == ["text"]  # the rest of the descriptor is kept
 
-    assert await retriever.section_fusion(Scope(section_tipos=("sec_a",))) == (
+    assert await retriever.fusion.for_scope(Scope(section_tipos=("sec_a",))) == (
         "rrf",
         {"dense": 1.0, "lexical": 0.25},
     )
     # Sections that disagree, or no section scope: the settings' fusion.
-    assert await retriever.section_fusion(Scope(section_tipos=("sec_a", "sec_b"))) == (None, None)
-    assert await retriever.section_fusion(Scope()) == (None, None)
+    assert await retriever.fusion.for_scope(Scope(section_tipos=("sec_a", "sec_b"))) == (None, None)
+    assert await retriever.fusion.for_scope(Scope()) == (None, None)
     await apply_tuning(db_pool, "sec_b", TUNED, "adi")
-    assert (await retriever.section_fusion(Scope(section_tipos=("sec_a", "sec_b"))))[0] == "rrf"
+    assert (await retriever.fusion.for_scope(Scope(section_tipos=("sec_a", "sec_b"))))[0] == "rrf"
 
 
 async def test_apply_to_a_section_without_descriptor_is_refused(db_pool: asyncpg.Pool) -> None:
@@ -57,4 +57,4 @@ async def test_a_descriptor_cannot_carry_negative_weights(db_pool: asyncpg.Pool)
 
 async def test_an_unusable_stored_fusion_is_ignored(db_pool: asyncpg.Pool) -> None:
     await SectionStore(db_pool).put("sec_d", {**DESCRIPTOR, "retrieval": {"fusion": "magic", "weights": {}}})
-    assert await _retriever(db_pool).section_fusion(Scope(section_tipos=("sec_d",))) == (None, None)
+    assert await _retriever(db_pool).fusion.for_scope(Scope(section_tipos=("sec_d",))) == (None, None)

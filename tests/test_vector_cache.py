@@ -18,12 +18,15 @@ from hypothesis import strategies as st
 from gateway.acl import pushdown
 from gateway.auth import Principal
 from index.cache_metrics import CacheMetrics
+from index.cache_partition import CacheConfig
 from index.change_feed import Watermark, changes_since, current_watermark
+from index.dense_leg import dense_search
+from index.hits import Scope
 from index.packed_scopes import PackedScopes
 from index.partitions import ModelPartition, ensure_partition
-from index.search import Scope, dense_search
+from index.pg_copy import parse_copy
 from index.store import EmbeddingRow, delete_record, upsert_rows
-from index.vector_cache import CacheConfig, VectorCache, parse_copy
+from index.vector_cache import VectorCache
 from tests.waiting import until
 
 MODEL = "cache-test-16"

@@ -17,9 +17,9 @@ import time
 import numpy as np
 
 sys.path.insert(0, ".")
+from index.bm25 import bm25_idf, bm25_plan
 from index.lexical_index import PartitionLexicon
 from index.partitions import ModelPartition
-from index.search import bm25_idf, bm25_plan
 
 # The previous top() and _scratch(), verbatim from git, under other names and scratch arrays.
 old_src = subprocess.run(
@@ -37,7 +37,7 @@ body = (
 ns = {}
 exec(
     "from __future__ import annotations\nfrom collections.abc import Sequence\nimport numpy as np\n"
-    "from index.lexical_index import _grown, _sorted_unique\nfrom index.search import BM25_B, BM25_K1, Bm25Plan\n"
+    "from index.lexical_index import _grown, _sorted_unique\nfrom index.bm25 import BM25_B, BM25_K1, Bm25Plan\n"
     "class Old:\n" + body,
     ns,
 )

@@ -23,10 +23,12 @@ from gateway.acl import pushdown
 from gateway.auth import Principal
 from gateway.retrieval import Retriever
 from gateway.settings import load_gateway_settings
+from index.cache_partition import CacheConfig
+from index.dense_leg import dense_search
+from index.hits import Scope
 from index.packed_scopes import PackedScopes
 from index.partitions import get_partition
-from index.search import Scope, dense_search
-from index.vector_cache import CacheConfig, VectorCache
+from index.vector_cache import VectorCache
 
 FETCH = 40  # the gateway's over-fetch per leg
 
@@ -43,10 +45,9 @@ async def main(url: str, probes: np.ndarray) -> None:
     )
     packed = cache.packed
     cached, plain = (
-        Retriever(pool, client=None, settings=settings),
+        Retriever(pool, client=None, settings=settings, vector_cache=cache),
         Retriever(pool, client=None, settings=settings),
     )
-    cached.vector_cache = cache
 
     async def packed_leg(q, scope):
         cache.packed = packed

@@ -20,9 +20,10 @@ from gateway.acl import pushdown
 from gateway.auth import Principal
 from gateway.retrieval import Retriever
 from gateway.settings import load_gateway_settings
+from index.cache_partition import CacheConfig
+from index.hits import Scope
 from index.partitions import get_partition
-from index.search import Scope
-from index.vector_cache import CacheConfig, VectorCache
+from index.vector_cache import VectorCache
 
 
 async def main(url: str, probes: np.ndarray) -> None:
@@ -30,8 +31,9 @@ async def main(url: str, probes: np.ndarray) -> None:
     partition = await get_partition(pool, BENCH_MODEL)
     cache = VectorCache(pool, url, CacheConfig(mode="cpu", threads=1))
     await cache.load(partition)
-    retriever = Retriever(pool, client=None, settings=load_gateway_settings({}, auth="off"))
-    retriever.vector_cache = cache
+    retriever = Retriever(
+        pool, client=None, settings=load_gateway_settings({}, auth="off"), vector_cache=cache
+    )
     scopes = {
         "admin": Scope(),
         "1%": Scope(acl=pushdown(Principal("r", frozenset({VISIBILITY_PROJECT["1%"]}), {SECTION: 1}))),

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, ".")
-import index.search as search
+import index.dense_leg as dense_leg
 from benchmarks.acl_shares import VISIBILITY_PROJECT
 from benchmarks.gateway import gateway_read_pool, load_queries, mixed_vectors
 from benchmarks.lexical import SECTION, populate
@@ -48,13 +48,14 @@ async def main(stack):
     print(f"built {N} in {time.perf_counter() - t:.0f} s", flush=True)
     from gateway.acl import pushdown
     from gateway.auth import Principal
-    from index.search import Scope, dense_search
+    from index.dense_leg import dense_search
+    from index.hits import Scope
 
     scopes = {"admin": Scope()} | {
         s: Scope(acl=pushdown(Principal("r", frozenset({p}), {SECTION: 1})))
         for s, p in VISIBILITY_PROJECT.items()
     }
-    real = search.fetch_with_local_settings
+    real = dense_leg.fetch_with_local_settings
     explain = {"on": False}
 
     async def spy(conn, settings, query, params):
@@ -63,7 +64,7 @@ async def main(stack):
             print("\n".join(r[0] for r in plan), flush=True)
         return await real(conn, settings, query, params)
 
-    search.fetch_with_local_settings = spy
+    dense_leg.fetch_with_local_settings = spy
     async with pool.acquire() as conn:
         for label, scope in scopes.items():
             print(f"=== {label}", flush=True)

@@ -1,4 +1,4 @@
-"""The dense leg through Retriever.hnsw_search at 1M chunks, per visibility: RAG_DENSE_EXACT_MAX_ROWS
+"""The dense leg through RetrievalLegs.hnsw_search at 1M chunks, per visibility: RAG_DENSE_EXACT_MAX_ROWS
 at its default against 0 (always HNSW), interleaved per query; recall@10 against exact search.
 From the repository root: python exact_scopes.py CHUNKS (output: exact-scopes-1m.md)"""
 
@@ -27,7 +27,8 @@ async def main(stack):
     from gateway.auth import Principal
     from gateway.retrieval import Retriever
     from gateway.settings import load_gateway_settings
-    from index.search import Scope, dense_search
+    from index.dense_leg import dense_search
+    from index.hits import Scope
     from inference.client import SidecarClient
 
     dirs, _ = find_datasets(("*",))
@@ -62,7 +63,7 @@ async def main(stack):
                 for i, (q, truth) in enumerate(zip(probes, exact, strict=True)):
                     for name in list(legs) if (i + rep) % 2 == 0 else list(legs)[::-1]:
                         t0 = time.perf_counter()
-                        hits = await legs[name].hnsw_search(conn, part, q, scope, 40)
+                        hits = await legs[name].legs.hnsw_search(conn, part, q, scope, 40)
                         times[name].append(time.perf_counter() - t0)
                         if rep == 0:
                             recall[name].append(

@@ -23,10 +23,14 @@ from benchmarks.measure import interleaved_windows, percentile, window_ratios
 from benchmarks.stack import BENCH_MODEL, open_stack
 from gateway.acl import pushdown
 from gateway.auth import Principal
+from index.bm25 import CorpusStats
+from index.cache_partition import CacheConfig
+from index.dense_leg import dense_search
+from index.hits import Scope
 from index.lexical_index import LexicalConfig, LexicalIndex
+from index.lexical_leg import lexical_search
 from index.partitions import ensure_partition
-from index.search import CorpusStats, Scope, dense_search, lexical_search
-from index.vector_cache import CacheConfig, VectorCache
+from index.vector_cache import VectorCache
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
 LAYOUTS = {

@@ -22,7 +22,11 @@ from benchmarks.stack import BENCH_MODEL, open_stack
 from gateway.acl import pushdown
 from gateway.auth import Principal
 from gateway.settings import GatewaySettings
-from index.search import CorpusStats, Scope, _dense_query, dense_search, lexical_search, read_session_settings
+from index.bm25 import CorpusStats
+from index.dense_leg import _dense_query, dense_search
+from index.hits import Scope
+from index.lexical_leg import lexical_search
+from index.read_settings import read_session_settings
 from schema import create_pool
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
