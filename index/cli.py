@@ -20,6 +20,7 @@ from typing import Any
 from inference.eventloop import command, run
 from schema.cli import add_database_flags, database_settings, stop_signal
 
+from . import lexical_cli
 from .ray_cluster import ACTOR_START_TIMEOUT_S
 
 # `mnemo drain --once` exit status when the sidecar is unreachable (EX_TEMPFAIL: try again later).
@@ -514,6 +515,7 @@ async def _reconcile(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    lexical_cli.register(subparsers)  # mnemo lexical (the Tantivy indexes)
     p = subparsers.add_parser("drain", help="index queued records (a loop, or --once for cron)")
     p.add_argument("--once", action="store_true", help="work until no queued record is ready, then exit")
     p.add_argument(

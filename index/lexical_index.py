@@ -32,7 +32,6 @@ and counted in ``mnemo_lexical_searches``.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Hashable, Iterable, Iterator, Sequence
@@ -42,6 +41,7 @@ from dataclasses import dataclass, field, replace
 import asyncpg
 import numpy as np
 
+from .access_classes import LEXICAL_ROW_COLUMNS, AccessClass, access_class, permitted_classes
 from .change_feed import (
     KEY_COLUMNS,
     RowKey,
@@ -88,15 +88,7 @@ MAX_SCORE_MIN_POSTINGS = 4_096
 PRUNE_MARGIN = 1e-7  # relative slack on every cut, far above float rounding, far below a score gap
 LOOKUP_COST = 16  # a binary search per slot against a scan per posting: the break-even ratio
 ScopeKey = Hashable
-# What the scope and ACL push-down reads of a chunk besides its key: its access class.
-AccessClass = tuple[str, str, str, tuple[int, ...], tuple[str, ...] | None, tuple[str, ...] | None]
 Postings = tuple[np.ndarray, np.ndarray, np.ndarray]  # one term's slots, term frequencies, chunk lengths
-
-# The columns (alias e) the index reads of a row, after its key: the BM25 length, the access
-# class, and the tsvector's lexemes with their position counts (the SQL leg's tf), in one order.
-_ROW_COLUMNS = """e.lexical_length, e.projects, e.acl_pairs, e.acl_sections,
-       ARRAY(SELECT u.lexeme FROM unnest(e.lexical) u) AS lexemes,
-       ARRAY(SELECT coalesce(array_length(u.positions, 1), 1) FROM unnest(e.lexical) u) AS tfs"""
 
 
 @dataclass(frozen=True)
@@ -228,7 +220,7 @@ class PartitionLexicon:
         return code
 
     def apply(self, rows: Sequence[asyncpg.Record]) -> tuple[int, int]:
-        """Apply rows read with :data:`_ROW_COLUMNS` after their key: each key's old slot dies, a
+        """Apply rows read with :data:`LEXICAL_ROW_COLUMNS` after their key: each key's old slot dies, a
         present row (non-NULL length) takes a new one. Returns (upserts, deletes)."""
         self.df_cache.clear()
         lexemes: list[str] = []
@@ -261,14 +253,7 @@ class PartitionLexicon:
             self.section = _grown(self.section, slot + 1)
             self.klass = _grown(self.klass, slot + 1)
             self.key_of.extend([None] * (len(self.alive) - len(self.key_of)))
-        access: AccessClass = (
-            key[0],
-            key[2],
-            key[4],
-            tuple(row["projects"] or ()),
-            None if row["acl_pairs"] is None else tuple(row["acl_pairs"]),
-            None if row["acl_sections"] is None else tuple(row["acl_sections"]),
-        )
+        access = access_class(key, row)
         klass = self._code(self.class_code, access)
         if klass == len(self.classes):
             self.classes.append(access)
@@ -657,7 +642,7 @@ class LexicalIndex(FeedFollower):
             where += f" AND (e.model, {cols}) > ($1, {marks})"
             args = [partition.model, *after]
         return await conn.fetch(
-            f"""SELECT {cols}, {_ROW_COLUMNS} FROM {partition.table} e WHERE {where}
+            f"""SELECT {cols}, {LEXICAL_ROW_COLUMNS} FROM {partition.table} e WHERE {where}
                 ORDER BY e.model, {cols} LIMIT {int(self.config.load_batch)}""",
             *args,
         )
@@ -682,7 +667,7 @@ class LexicalIndex(FeedFollower):
         async with lexicon.lock:
             async with self.pool.acquire() as conn:
                 rows, watermark, lags = await changed_rows(
-                    conn, lexicon.partition, lexicon.watermark, _ROW_COLUMNS
+                    conn, lexicon.partition, lexicon.watermark, LEXICAL_ROW_COLUMNS
                 )
             upserts, deletes = lexicon.apply(rows)
             lexicon.watermark = watermark
@@ -723,31 +708,11 @@ class LexicalIndex(FeedFollower):
         have = 0 if known is None else len(known)
         upto = len(lexicon.classes)
         if known is None or have < upto:
-            rows = [
-                {
-                    "id": i,
-                    "modality": "text",
-                    "section_tipo": c[0],
-                    "component_tipo": c[1],
-                    "view": c[2],
-                    "projects": list(c[3]),
-                    "acl_pairs": None if c[4] is None else list(c[4]),
-                    "acl_sections": None if c[5] is None else list(c[5]),
-                }
-                for i, c in enumerate(lexicon.classes[have:upto], start=have)
-            ]
-            where, params = scope_where(scope, [json.dumps(rows)])
-            ids = await conn.fetch(
-                f"""SELECT e.id FROM jsonb_to_recordset($1::jsonb) AS e(
-                        id int, modality text, section_tipo text, component_tipo text, view text,
-                        projects int[], acl_pairs text[], acl_sections text[])
-                    WHERE {where}""",
-                *params,
-            )
+            ids = await permitted_classes(conn, lexicon.classes[have:upto], scope, have)
             grown = np.zeros(upto, dtype=bool)
             if known is not None:
                 grown[:have] = known
-            grown[[r["id"] for r in ids]] = True
+            grown[ids] = True
             known = grown
         lexicon.scopes.put(key, known)
         return known
