@@ -21,6 +21,9 @@ How a search stays the SQL leg's answer:
   statistics: scores and order are the SQL leg's, a deleted row or a revoked ACL is never served
   (the index can only hide a row, never reveal one), and a row written after the watermark is found.
 
+Behind: when the store holds more than ``max_behind`` changes past the watermark (the writer is
+stopped or far behind), the SQL leg serves, counted as ``behind``.
+
 What is not exact: when more than ``overfetch * limit`` rows match, Tantivy's top may miss a row
 the SQL leg's exact BM25 ranks in the top ``limit`` (``benchmarks/tantivy_recall.py`` measures
 how often). A partition without an index (never built, or missing) and image rows go to the SQL
@@ -33,6 +36,7 @@ import asyncio
 import json
 import logging
 import os
+import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -77,10 +81,14 @@ class TantivyConfig:
     # exact top (Tantivy ranks by its own BM25) and costs a longer re-read.
     overfetch: int = 4
     scope_cache_size: int = 256
+    # Every change after the index's watermark is re-read by every search: past this many (the
+    # writer stopped or far behind) the SQL leg serves instead, counted as `behind`.
+    max_behind: int = 10_000
+    head_check_s: float = 1.0  # how long the store's latest change number is taken as current
 
     def __post_init__(self) -> None:
-        if self.overfetch < 1:
-            raise ValueError("tantivy lexical engine: overfetch must be at least 1")
+        if self.overfetch < 1 or self.max_behind < 0 or self.head_check_s < 0:
+            raise ValueError("tantivy lexical engine: overfetch >= 1, max_behind >= 0, head_check_s >= 0")
 
 
 @dataclass
@@ -119,6 +127,7 @@ class TantivyLexical:
         self.metrics = metrics or LexicalMetrics()
         self.schema = lexical_schema()
         self.readers: dict[str, _Reader] = {}
+        self._heads: dict[str, tuple[float, int]] = {}  # partition -> (when read, the store's latest seq)
 
     async def start(self) -> None:
         """Nothing to load: each partition's index opens on its first search."""
@@ -177,6 +186,18 @@ class TantivyLexical:
             reader.scopes.put(key, (len(ids), allowed))
         return allowed
 
+    async def behind(self, conn: asyncpg.Connection, partition: ModelPartition, reader: _Reader) -> int:
+        """Changes the store holds past the reader's watermark (the store's head read at most every
+        ``head_check_s``)."""
+        now = time.monotonic()
+        seen = self._heads.get(partition.partition)
+        if seen is None or now - seen[0] >= self.config.head_check_s:
+            head = await conn.fetchval(
+                "SELECT coalesce(max(seq), 0) FROM rag_embedding_changes WHERE model = $1", partition.model
+            )
+            seen = self._heads[partition.partition] = (now, int(head))
+        return max(0, seen[1] - reader.state.watermark.seq)
+
     # -- search ------------------------------------------------------------------------------------
 
     def _query(
@@ -230,6 +251,9 @@ class TantivyLexical:
             self.metrics.searches.labels("cold").inc()
             return None
         watermark = reader.state.watermark  # the index holds at least this: every later change is re-read
+        if await self.behind(conn, partition, reader) > self.config.max_behind:
+            self.metrics.searches.labels("behind").inc()
+            return None
         terms = scored_terms(await query_terms(conn, query))
         if not terms:
             self.metrics.searches.labels("hit").inc()
@@ -288,6 +312,9 @@ class TantivyLexical:
                     "folder": r.folder.name,
                     "seq": r.state.watermark.seq,
                     "documents": r.state.documents,
+                    "behind": None
+                    if name not in self._heads
+                    else max(0, self._heads[name][1] - r.state.watermark.seq),
                 }
                 for name, r in self.readers.items()
             },

@@ -304,3 +304,20 @@ async def test_two_reader_processes_see_each_commit(built, database_url) -> None
             assert r.stdin is not None
             r.stdin.close()
             assert await r.wait() == 0
+
+
+async def test_an_index_too_far_behind_the_store_leaves_the_sql_leg_serving(built) -> None:
+    pool, partition, writer, root = built
+    metrics = LexicalMetrics()
+    engine = _engine(root, TantivyConfig(max_behind=2, head_check_s=0), metrics)
+    assert await _search(engine, pool, partition, "archive", Scope(), 5)
+    rng = random.Random(4)
+    for record in (201, 202, 203):  # three changes the writer has not applied
+        await _write(pool, partition, _rows(rng, record, 1))
+    async with pool.acquire() as conn:
+        assert await engine.search(conn, partition, "archive", Scope(), 5) is None
+    assert metrics.searches.labels("behind")._value.get() == 1
+    assert engine.status()["partitions"][partition.partition]["behind"] == 3  # type: ignore[index]
+    await writer.sync()
+    assert await _search(engine, pool, partition, "archive", Scope(), 5)
+    assert engine.status()["partitions"][partition.partition]["behind"] == 0  # type: ignore[index]
