@@ -23,6 +23,8 @@ from index.lexical_index import LexicalConfig, LexicalIndex
 from index.lexical_metrics import LexicalMetrics
 from index.search import read_session_settings
 from index.sections import SectionStore
+from index.tantivy_lexical import MODE as TANTIVY_LEXICAL_MODE
+from index.tantivy_lexical import TantivyLexical
 from inference.eventloop import loop_name
 from schema.database import create_pool, open_database
 from schema.read_pool import ReadPool
@@ -171,12 +173,16 @@ async def _lexical_index_ctx(app: web.Application) -> AsyncIterator[None]:
     if settings.lexical_index == "off":
         yield
         return
-    index = LexicalIndex(
-        app[POOL_KEY],
-        app[DATABASE_URL_KEY],
-        LexicalConfig(mode=settings.lexical_index),
-        LexicalMetrics(app[METRICS_KEY].registry),
-    )
+    metrics = LexicalMetrics(app[METRICS_KEY].registry)
+    if settings.lexical_index == TANTIVY_LEXICAL_MODE:
+        # Read only, with the SQL leg's statistics (the same plan, so the same scores); the writer is
+        # `mnemo lexical follow`.
+        root = settings.ingest.lexical_root(settings.database.data_dir)
+        index = TantivyLexical(root, app[RETRIEVER_KEY].stats, metrics=metrics)
+    else:
+        index = LexicalIndex(
+            app[POOL_KEY], app[DATABASE_URL_KEY], LexicalConfig(mode=settings.lexical_index), metrics
+        )
     app[LEXICAL_INDEX_KEY] = index
     app[RETRIEVER_KEY].lexical_index = index
     await index.start()

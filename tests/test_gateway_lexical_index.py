@@ -10,11 +10,26 @@ import pytest
 from gateway.acl import pushdown
 from gateway.auth import Principal
 from gateway.context import RETRIEVER_KEY
+from gateway.retrieval import Retriever
 from index.search import CorpusStats, Scope, lexical_search
 from tests.fixtures.gateway import running_gateway, token
 from tests.test_gateway_vector_cache import QUERIES, RESEARCHER, _readyz, _wait_ready
 
 pytestmark = pytest.mark.ray
+
+
+async def assert_lexical_leg_is_the_sql_legs(retriever: Retriever, k: int = 20) -> None:
+    """The gateway's lexical leg (whichever engine serves it) answers every test query with the SQL
+    leg's rows, scores and order, for a researcher and an administrator."""
+    for query in QUERIES:
+        for principal in (RESEARCHER, Principal("root", None, {}, admin=True)):
+            scope = Scope(acl=pushdown(principal))
+            legs = await retriever.query_legs(principal, query, scope, k, legs=("lexical",))
+            model_id, _ = await retriever.embed_query(principal, query)
+            partition = await retriever.partition(model_id)
+            sql = await lexical_search(retriever.pool, partition, query, scope, k, stats=CorpusStats(ttl=0))
+            assert [h.key for h in legs.lists["lexical"]] == [h.key for h in sql]
+            assert [h.score for h in legs.lists["lexical"]] == pytest.approx([h.score for h in sql], rel=1e-9)
 
 
 async def test_the_index_serves_the_lexical_leg_exactly(corpus_database_url: str, sidecar_url: str) -> None:
@@ -26,20 +41,7 @@ async def test_the_index_serves_the_lexical_leg_exactly(corpus_database_url: str
         assert lexical["mode"] == "memory" and lexical["listening"] and lexical["running"]
         assert (await _readyz(off))["lexical_index"] == {"mode": "off", "running": False}
         assert off.app[RETRIEVER_KEY].lexical_index is None
-        retriever = on.app[RETRIEVER_KEY]
-        for query in QUERIES:
-            for principal in (RESEARCHER, Principal("root", None, {}, admin=True)):
-                scope = Scope(acl=pushdown(principal))
-                legs = await retriever.query_legs(principal, query, scope, 20, legs=("lexical",))
-                model_id, _ = await retriever.embed_query(principal, query)
-                partition = await retriever.partition(model_id)
-                sql = await lexical_search(
-                    retriever.pool, partition, query, scope, 20, stats=CorpusStats(ttl=0)
-                )
-                assert [h.key for h in legs.lists["lexical"]] == [h.key for h in sql]
-                assert [h.score for h in legs.lists["lexical"]] == pytest.approx(
-                    [h.score for h in sql], rel=1e-9
-                )
+        await assert_lexical_leg_is_the_sql_legs(on.app[RETRIEVER_KEY])
         researcher = token("r", projects=[9], fill1=1, oh1=1)
         for query in QUERIES:
             got = await on.ok("semantic_search", {"query": query, "limit": 10}, bearer=researcher)
