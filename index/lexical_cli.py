@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -48,13 +49,18 @@ async def _partitions(pool: Any, model: str | None) -> list[Any]:
 
 
 async def _follow(args: argparse.Namespace) -> int:
+    from .tantivy_files import WriterLocked
     from .tantivy_writer import LexicalWriter
 
     root = _root(args)
     async with _pool(args) as (pool, url):
         writer = LexicalWriter(pool, url, root)
         with stop_signal() as stop:
-            await writer.start()
+            try:
+                await writer.start()
+            except WriterLocked as exc:
+                print(f"mnemo lexical follow: {exc}", file=sys.stderr)
+                return 1
             print(f"lexical writer: following the change feed into {root}; Ctrl-C stops it", flush=True)
             try:
                 await stop.wait()
@@ -67,6 +73,7 @@ async def _follow(args: argparse.Namespace) -> int:
 async def _rebuild(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from .tantivy_files import WriterLocked
     from .tantivy_writer import LexicalWriter
 
     root = _root(args)
@@ -79,7 +86,11 @@ async def _rebuild(args: argparse.Namespace) -> int:
                     partition.model,
                 )
                 with tqdm(total=total, unit="row", desc=partition.partition, disable=args.no_progress) as bar:
-                    built = await writer.rebuild(partition, bar.update)
+                    try:
+                        built = await writer.rebuild(partition, bar.update)
+                    except WriterLocked as exc:
+                        print(f"mnemo lexical rebuild: {exc}", file=sys.stderr)
+                        return 1
                 print(f"{partition.partition}: {built.committed.documents} documents in {built.folder}")
         finally:
             await writer.stop()

@@ -7,6 +7,7 @@ folder per model partition::
     <root>/<partition>/v-<n>/                 a Tantivy index (meta.json + segment files)
     <root>/<partition>/v-<n>/watermark.json  what that index holds: the feed watermark, the classes
     <root>/<partition>/writer.lock            held (flock) by the one writer of the partition
+    <root>/writer.lock                        held by a running follower (one per lexical folder)
 
 A document is one stored row: its key (stored, raw), its record (raw: a search may exclude it), its
 section (raw: the scope's section filter), its access class (an indexed fast u64: the principal's
@@ -48,6 +49,7 @@ __all__ = [
     "key_text",
     "lexical_schema",
     "new_folder",
+    "partition_folder",
     "read_state",
     "record_text",
     "swap_in",
@@ -206,17 +208,17 @@ def swap_in(root: Path, partition: ModelPartition, folder: Path) -> Path | None:
 
 
 @contextlib.contextmanager
-def writer_lock(root: Path, partition: ModelPartition) -> Iterator[None]:
-    """Hold the partition's writer lock (released when the process dies, however it dies)."""
-    base = partition_folder(root, partition)
-    base.mkdir(parents=True, exist_ok=True)
-    fd = os.open(base / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+def writer_lock(folder: Path) -> Iterator[None]:
+    """Hold the writer lock of ``folder`` (a partition's, or the lexical folder's for a whole
+    follower); released when the process dies, however it dies."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise WriterLocked(
-                f"another writer holds {base / LOCK_FILE} (a running `mnemo lexical follow` or rebuild): "
+                f"another writer holds {folder / LOCK_FILE} (a running `mnemo lexical follow` or rebuild): "
                 "one writer per index"
             ) from None
         yield

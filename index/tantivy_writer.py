@@ -39,6 +39,7 @@ from .tantivy_files import (
     key_text,
     lexical_schema,
     new_folder,
+    partition_folder,
     read_state,
     swap_in,
     write_state,
@@ -160,8 +161,14 @@ class LexicalWriter(FeedFollower):
     def _lock(self, partition: ModelPartition) -> None:
         """Take the partition's writer lock once per writer (held until :meth:`stop`)."""
         if partition.partition not in self._locked:
-            self._locks.enter_context(writer_lock(self.root, partition))
+            self._locks.enter_context(writer_lock(partition_folder(self.root, partition)))
             self._locked.add(partition.partition)
+
+    async def start(self, *, listen: bool = True) -> None:
+        """Take the lexical folder's follower lock (a second follower fails here, loudly), then load
+        every partition in the background and follow the feed."""
+        self._locks.enter_context(writer_lock(self.root))
+        await super().start(listen=listen)
 
     async def load(self, partition: ModelPartition) -> PartitionWriter:
         """Open the partition's current index and resume from its watermark; build it when there is none."""

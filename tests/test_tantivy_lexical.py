@@ -156,11 +156,23 @@ async def test_a_restart_resumes_from_the_watermark(built, database_url) -> None
 
 
 async def test_the_writer_lock_admits_one_writer(built, database_url) -> None:
-    pool, partition, _writer, root = built
+    pool, partition, _writer, root = built  # holds the partition's lock
     from index.tantivy_files import WriterLocked
 
     with pytest.raises(WriterLocked, match="one writer per index"):
         await LexicalWriter(pool, database_url, root).rebuild(partition)
+    rebuild = await _process(
+        _cli("rebuild", "--no-progress", database_url=database_url, root=root), stderr=asyncio.subprocess.PIPE
+    )
+    _out, err = await rebuild.communicate()
+    assert rebuild.returncode == 1 and b"one writer per index" in err  # a line, not a traceback
+    first = LexicalWriter(pool, database_url, root / "other")
+    await first.start(listen=False)
+    try:
+        with pytest.raises(WriterLocked, match="one writer per index"):
+            await LexicalWriter(pool, database_url, root / "other").start(listen=False)
+    finally:
+        await first.stop()
 
 
 async def test_a_missing_index_and_image_rows_go_to_the_sql_leg(db_pool, tmp_path) -> None:
