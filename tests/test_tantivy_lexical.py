@@ -260,6 +260,12 @@ async def test_a_writer_killed_mid_work_reopens_and_catches_up(db_pool, database
     assert status.returncode == 0
     row = json.loads(out)["partitions"][partition.partition]
     assert row["behind"] == 0 and row["documents"] == len(await _store_keys(db_pool, partition))
+    # A rebuild from the store builds a new folder, swaps it in, removes the old one: same rows.
+    old = current_folder(tmp_path, partition)
+    rebuild = await _process(_cli("rebuild", "--no-progress", database_url=database_url, root=tmp_path))
+    assert await rebuild.wait() == 0
+    assert current_folder(tmp_path, partition) != old and old is not None and not old.exists()
+    await _assert_index_matches_store(db_pool, partition, tmp_path)
 
 
 _READER = """
