@@ -168,7 +168,8 @@ async def _vector_cache_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _lexical_index_ctx(app: web.Application) -> AsyncIterator[None]:
-    """The in-memory lexical index: loads in the background (the SQL leg serves until a partition is ready)."""
+    """The lexical engine: the in-memory index (loads in the background; the SQL leg serves until a
+    partition is ready) or the Tantivy indexes on disk (opened read-only on first search)."""
     settings = app[SETTINGS_KEY]
     if settings.lexical_index == "off":
         yield
@@ -178,13 +179,14 @@ async def _lexical_index_ctx(app: web.Application) -> AsyncIterator[None]:
         # Read only, with the SQL leg's statistics (the same plan, so the same scores); the writer is
         # `mnemo lexical follow`.
         root = settings.ingest.lexical_root(settings.database.data_dir)
-        index = TantivyLexical(root, app[RETRIEVER_KEY].stats, metrics=metrics)
+        index: LexicalIndex | TantivyLexical = TantivyLexical(root, app[RETRIEVER_KEY].stats, metrics=metrics)
     else:
         index = LexicalIndex(
             app[POOL_KEY], app[DATABASE_URL_KEY], LexicalConfig(mode=settings.lexical_index), metrics
         )
-    app[LEXICAL_INDEX_KEY] = index
-    app[RETRIEVER_KEY].lexical_index = index
+    # Typed for the in-memory index until the lexical-engine Protocol (index/lexical_engine.py) lands.
+    app[LEXICAL_INDEX_KEY] = index  # type: ignore[assignment]
+    app[RETRIEVER_KEY].lexical_index = index  # type: ignore[assignment]
     await index.start()
     try:
         yield
