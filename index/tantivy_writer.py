@@ -196,19 +196,13 @@ class LexicalWriter(FeedFollower):
         start = time.perf_counter()
         folder = new_folder(self.root, partition)
         built = await asyncio.to_thread(PartitionWriter.open, folder, partition, self.config.heap_bytes)
-        async with self.pool.acquire() as conn:
-            # Read before any row: whatever commits during the build is replayed by the follower.
-            watermark = await current_watermark(conn, partition)
-            after: RowKey | None = None
-            while True:
-                rows = await _rows_after(conn, partition, after, self.config.build_batch)
-                if not rows:
-                    break
-                await asyncio.to_thread(built.apply, rows)
-                if progress is not None:
-                    progress(len(rows))
-                after = row_key(rows[-1])
-        await asyncio.to_thread(built.commit, IndexState(watermark))
+        try:
+            await self._build(built, progress)
+        except BaseException:
+            # A failed or cancelled build leaves nothing behind: the current index stays as it was.
+            await asyncio.to_thread(built.close)
+            await asyncio.to_thread(shutil.rmtree, folder, True)
+            raise
         old = self.partitions.get(partition.partition)
         if old is not None:
             await asyncio.to_thread(old.close)
@@ -230,6 +224,23 @@ class LexicalWriter(FeedFollower):
         )
         self.notify(partition.model)
         return built
+
+    async def _build(self, built: PartitionWriter, progress: Callable[[int], None] | None) -> None:
+        """Index every text row of the store into ``built`` (keyset batches) and commit."""
+        partition = built.partition
+        async with self.pool.acquire() as conn:
+            # Read before any row: whatever commits during the build is replayed by the follower.
+            watermark = await current_watermark(conn, partition)
+            after: RowKey | None = None
+            while True:
+                rows = await _rows_after(conn, partition, after, self.config.build_batch)
+                if not rows:
+                    break
+                await asyncio.to_thread(built.apply, rows)
+                if progress is not None:
+                    progress(len(rows))
+                after = row_key(rows[-1])
+        await asyncio.to_thread(built.commit, IndexState(watermark))
 
     async def sync(self, models: Iterable[str] | None = None) -> int:
         """Apply, commit and stamp every change after each partition's watermark; returns the keys applied."""

@@ -339,3 +339,17 @@ async def test_an_index_too_far_behind_the_store_leaves_the_sql_leg_serving(buil
     await writer.sync()
     assert await _search(engine, pool, partition, "archive", Scope(), 5)
     assert engine.status()["partitions"][partition.partition]["behind"] == 0  # type: ignore[index]
+
+
+async def test_a_failed_rebuild_leaves_the_current_index_as_it_was(built) -> None:
+    pool, partition, writer, root = built
+    before = current_folder(root, partition)
+
+    def interrupted(_rows: int) -> None:
+        raise OSError("disk full")  # as a build failing midway
+
+    with pytest.raises(OSError, match="disk full"):
+        await writer.rebuild(partition, interrupted)
+    assert current_folder(root, partition) == before
+    assert sorted(p.name for p in (root / partition.partition).glob("v-*")) == [before.name]  # type: ignore[union-attr]
+    await _assert_index_matches_store(pool, partition, root)
