@@ -127,7 +127,10 @@ class TantivyLexical:
         self.metrics = metrics or LexicalMetrics()
         self.schema = lexical_schema()
         self.readers: dict[str, _Reader] = {}
-        self._heads: dict[str, tuple[float, int]] = {}  # partition -> (when read, the store's latest seq)
+        self._heads: dict[str, tuple[float, int]] = {}
+        self._missing: set[str] = (
+            set()
+        )  # partitions searched without an index (the SQL leg served)  # partition -> (when read, the store's latest seq)
 
     async def start(self) -> None:
         """Nothing to load: each partition's index opens on its first search."""
@@ -249,7 +252,9 @@ class TantivyLexical:
         reader = await self.reader(partition)
         if reader is None:
             self.metrics.searches.labels("cold").inc()
+            self._missing.add(partition.partition)
             return None
+        self._missing.discard(partition.partition)
         watermark = reader.state.watermark  # the index holds at least this: every later change is re-read
         if await self.behind(conn, partition, reader) > self.config.max_behind:
             self.metrics.searches.labels("behind").inc()
@@ -301,21 +306,17 @@ class TantivyLexical:
         )
 
     def status(self) -> dict[str, object]:
-        """The /readyz detail: the folder, and per partition held open its watermark and size."""
-        return {
-            "mode": MODE,
-            "running": True,
-            "root": str(self.root),
-            "partitions": {
-                name: {
-                    "state": "ready",
-                    "folder": r.folder.name,
-                    "seq": r.state.watermark.seq,
-                    "documents": r.state.documents,
-                    "behind": None
-                    if name not in self._heads
-                    else max(0, self._heads[name][1] - r.state.watermark.seq),
-                }
-                for name, r in self.readers.items()
-            },
-        }
+        """The /readyz detail: the folder, and per partition searched so far its state (``ready``:
+        its folder, watermark, documents and changes behind the store, ``behind`` past
+        ``max_behind``; ``missing``: no index, the SQL leg serves it)."""
+        partitions: dict[str, object] = {name: {"state": "missing"} for name in self._missing}
+        for name, r in self.readers.items():
+            behind = None if name not in self._heads else max(0, self._heads[name][1] - r.state.watermark.seq)
+            partitions[name] = {
+                "state": "behind" if behind is not None and behind > self.config.max_behind else "ready",
+                "folder": r.folder.name,
+                "seq": r.state.watermark.seq,
+                "documents": r.state.documents,
+                "behind": behind,
+            }
+        return {"mode": MODE, "running": True, "root": str(self.root), "partitions": partitions}

@@ -184,6 +184,7 @@ async def test_a_missing_index_and_image_rows_go_to_the_sql_leg(db_pool, tmp_pat
         assert await engine.search(conn, partition, "archive", Scope(), 5, modality="image") is None
     assert metrics.searches.labels("cold")._value.get() == 1
     assert metrics.searches.labels("image")._value.get() == 1
+    assert engine.status()["partitions"] == {partition.partition: {"state": "missing"}}
 
 
 async def _store_keys(pool: asyncpg.Pool, partition: ModelPartition) -> list[list]:
@@ -335,6 +336,7 @@ async def test_an_index_too_far_behind_the_store_leaves_the_sql_leg_serving(buil
     async with pool.acquire() as conn:
         assert await engine.search(conn, partition, "archive", Scope(), 5) is None
     assert metrics.searches.labels("behind")._value.get() == 1
+    assert engine.status()["partitions"][partition.partition]["state"] == "behind"  # type: ignore[index]
     assert engine.status()["partitions"][partition.partition]["behind"] == 3  # type: ignore[index]
     await writer.sync()
     assert await _search(engine, pool, partition, "archive", Scope(), 5)
