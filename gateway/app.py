@@ -19,6 +19,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from index.bm25 import CorpusStats
 from index.cache_metrics import CacheMetrics
 from index.cache_partition import CacheConfig  # configuration only: FAISS loads with the cache
 from index.lexical_engine import LexicalEngine
@@ -26,6 +27,8 @@ from index.lexical_index import LexicalConfig, LexicalIndex
 from index.lexical_metrics import LexicalMetrics
 from index.read_settings import read_session_settings
 from index.sections import SectionStore
+from index.tantivy_lexical import MODE as TANTIVY_LEXICAL_MODE
+from index.tantivy_lexical import TantivyLexical
 from inference.eventloop import loop_name
 from schema.database import create_pool, open_database
 from schema.read_pool import ReadPool
@@ -43,6 +46,7 @@ from .openapi import openapi
 from .providers import build_provider
 from .rerank import Reranker
 from .resources import (
+    CORPUS_STATS_KEY,
     DATABASE_URL_KEY,
     LEXICAL_INDEX_KEY,
     METRICS_KEY,
@@ -126,18 +130,23 @@ async def _vector_cache_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _lexical_index_ctx(app: web.Application) -> AsyncIterator[None]:
-    """The lexical engine (``RAG_LEXICAL_INDEX``; today the in-memory index): loads in the background
-    (the SQL leg serves until a partition is ready)."""
+    """The lexical engine (``RAG_LEXICAL_INDEX``): the in-memory index (loads in the background; the
+    SQL leg serves until a partition is ready) or the Tantivy indexes on disk (opened read-only on
+    first search; their writer is ``mnemo lexical follow``)."""
     settings = app[SETTINGS_KEY]
     if settings.lexical_index == "off":
         yield
         return
-    engine: LexicalEngine = LexicalIndex(
-        app[POOL_KEY],
-        app[DATABASE_URL_KEY],
-        LexicalConfig(mode=settings.lexical_index),
-        LexicalMetrics(app[METRICS_KEY].registry),
-    )
+    metrics = LexicalMetrics(app[METRICS_KEY].registry)
+    engine: LexicalEngine
+    if settings.lexical_index == TANTIVY_LEXICAL_MODE:
+        # With the SQL leg's own statistics: the same plan, so the same scores.
+        root = settings.ingest.lexical_root(settings.database.data_dir)
+        engine = TantivyLexical(root, app[CORPUS_STATS_KEY], metrics=metrics)
+    else:
+        engine = LexicalIndex(
+            app[POOL_KEY], app[DATABASE_URL_KEY], LexicalConfig(mode=settings.lexical_index), metrics
+        )
     app[LEXICAL_INDEX_KEY] = engine
     await engine.start()
     try:
@@ -181,6 +190,7 @@ async def _retriever_ctx(app: web.Application) -> AsyncIterator[None]:
         app[METRICS_KEY],
         vector_cache=app.get(VECTOR_CACHE_KEY),
         lexical_engine=app.get(LEXICAL_INDEX_KEY),
+        corpus_stats=app[CORPUS_STATS_KEY],
     )
     app[RETRIEVER_KEY] = retriever
     app[OBJECTS_KEY] = ObjectRetriever(retriever)
@@ -274,6 +284,7 @@ def _add_engine(app: web.Application, settings: GatewaySettings, metrics: Metric
     """The resources every action runs on: database pool, sidecar clients, retrieval, ask services."""
     app[SETTINGS_KEY] = settings
     app[METRICS_KEY] = metrics or Metrics()
+    app[CORPUS_STATS_KEY] = CorpusStats(ttl=settings.lexical_stats_ttl)
     app.cleanup_ctx.append(_database_ctx)
     app.cleanup_ctx.append(_sidecar_ctx)
     # The cache and the lexical engine before the retriever, which is built with them.

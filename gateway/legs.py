@@ -70,13 +70,15 @@ class RetrievalLegs:
         *,
         vector_cache: VectorCache | None = None,
         lexical_engine: LexicalEngine | None = None,
+        corpus_stats: CorpusStats | None = None,
     ) -> None:
         self.pool = pool
         self.settings = settings
         self.metrics = metrics
         self.vector_cache = vector_cache
         self.lexical_engine = lexical_engine
-        self.stats = CorpusStats(ttl=settings.lexical_stats_ttl)  # the SQL lexical leg's IDF
+        # The SQL lexical leg's IDF (the app shares one with its lexical engine's re-read).
+        self.stats = corpus_stats or CorpusStats(ttl=settings.lexical_stats_ttl)
         # (partition, modality, scope) -> (when decided, whether the dense leg reads it exactly)
         self._exact_scopes: Lru[Hashable, tuple[float, bool]] = Lru(EXACT_DECISIONS_KEPT)
 

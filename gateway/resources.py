@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import asyncpg
 from aiohttp import web
 
+from index.bm25 import CorpusStats
 from index.lexical_engine import LexicalEngine
 from inference.client import SidecarClient
 from schema.read_pool import ReadPool
@@ -37,6 +38,8 @@ READ_POOL_KEY: web.AppKey[ReadPool] = web.AppKey("read_pool", ReadPool)
 VECTOR_CACHE_KEY: web.AppKey[VectorCache] = web.AppKey("vector_cache")
 # The lexical engine (the in-memory index with RAG_LEXICAL_INDEX=memory), present unless it is off.
 LEXICAL_INDEX_KEY: web.AppKey[LexicalEngine] = web.AppKey("lexical_index", LexicalEngine)
+# The SQL lexical leg's corpus statistics (IDF), shared by the legs and the Tantivy engine's re-read.
+CORPUS_STATS_KEY: web.AppKey[CorpusStats] = web.AppKey("corpus_stats", CorpusStats)
 
 # Per-request state.
 REQUEST_ID_KEY: web.RequestKey[str] = web.RequestKey("request_id", str)
@@ -48,6 +51,7 @@ ALLOWED_METHODS_KEY: web.RequestKey[Collection[str]] = web.RequestKey("allowed_m
 __all__ = [
     "ACTION_KEY",
     "ALLOWED_METHODS_KEY",
+    "CORPUS_STATS_KEY",
     "DATABASE_URL_KEY",
     "ERROR_CODE_KEY",
     "METRICS_KEY",

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import asyncpg
 
+from index.bm25 import CorpusStats
 from index.dense_leg import seed_chunks
 from index.hits import ChunkHit, Scope
 from index.lexical_engine import LexicalEngine
@@ -64,13 +65,19 @@ class Retriever:
         *,
         vector_cache: VectorCache | None = None,
         lexical_engine: LexicalEngine | None = None,
+        corpus_stats: CorpusStats | None = None,
     ) -> None:
         self.pool = pool
         self.settings = settings
         self.metrics = metrics or Metrics()
         self.queries = QueryEmbedder(pool, client, settings, self.metrics)
         self.legs = RetrievalLegs(
-            pool, settings, self.metrics, vector_cache=vector_cache, lexical_engine=lexical_engine
+            pool,
+            settings,
+            self.metrics,
+            vector_cache=vector_cache,
+            lexical_engine=lexical_engine,
+            corpus_stats=corpus_stats,
         )
         self.fusion = SectionFusion(pool, settings.lexical_stats_ttl)
         self._partitions: dict[str, ModelPartition] = {}

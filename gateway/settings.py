@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from index.lexical_index import MODES as LEXICAL_INDEX_MODES
+from index.lexical_index import MODES as MEMORY_LEXICAL_MODES
 from index.settings import IngestSettings, MediaSettings, SidecarClientSettings
+from index.tantivy_lexical import MODE as TANTIVY_LEXICAL_MODE
 from schema.settings import DatabaseSettings, SettingsError, load_settings, setting
 
+LEXICAL_INDEX_MODES = (*MEMORY_LEXICAL_MODES, TANTIVY_LEXICAL_MODE)
 LEGS = ("dense", "lexical", "sparse")
 FAISS_MODES = ("off", "auto", "cpu", "cuda")
 FUSION_METHODS = ("dbsf", "minmax", "rrf")
@@ -397,8 +399,11 @@ class GatewaySettings:
         "Where the lexical leg searches: `off` (BM25 in SQL over the GIN index, as before) or `memory` "
         "(an exact in-memory BM25 index per partition in the gateway's process, built from the store at "
         "start and fed by the change feed; same scores and order as the SQL leg, for the memory of the "
-        "postings). A partition still loading, image rows and an unprovable answer go to the SQL leg, "
-        "counted in `mnemo_lexical_searches`.",
+        "postings), or `tantivy` (the Tantivy indexes under `RAG_LEXICAL_DIR`, written by `mnemo lexical "
+        "follow` and opened read-only by every gateway process; Tantivy selects candidates, PostgreSQL "
+        "re-reads and scores them as the SQL leg, with the current ACL). A partition still loading or "
+        "without an index, image rows and an unprovable answer go to the SQL leg, counted in "
+        "`mnemo_lexical_searches`.",
     )
     similar_seed_chunks: int = setting(
         "RAG_SIMILAR_SEED_CHUNKS",

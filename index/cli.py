@@ -17,6 +17,7 @@ from .cli_drain import register_drain
 from .cli_ingest import register_ingest
 from .cli_queue import register_queue
 from .cli_sections import register_reconcile, register_sections
+from .lexical_cli import register as register_lexical
 
 # In the order `mnemo --help` lists them.
 COMMAND_GROUPS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
@@ -26,6 +27,7 @@ COMMAND_GROUPS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     register_queue,
     register_sections,
     register_reconcile,
+    register_lexical,  # mnemo lexical: the Tantivy indexes' one writer, rebuild, status
 )
 
 

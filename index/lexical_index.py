@@ -32,7 +32,6 @@ and counted in ``mnemo_lexical_searches``.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Iterable, Sequence
@@ -41,6 +40,7 @@ from dataclasses import dataclass, replace
 import asyncpg
 import numpy as np
 
+from .access_classes import LEXICAL_ROW_COLUMNS, permitted_classes
 from .bm25 import Bm25Plan, bm25_idf, bm25_plan, bm25_score_sql, query_terms, scored_terms
 from .change_feed import (
     KEY_COLUMNS,
@@ -56,7 +56,7 @@ from .feed_follower import FeedFollower
 from .hits import ChunkHit, Scope, chunk_from_row, hit_columns, identity_order, scope_key
 from .lexical_metrics import LexicalMetrics
 from .lru import Lru
-from .partition_lexicon import ROW_COLUMNS, SCOPE_CACHE_SIZE, PartitionLexicon
+from .partition_lexicon import SCOPE_CACHE_SIZE, PartitionLexicon
 from .partitions import ModelPartition
 from .read_settings import CUSTOM_PLANS, fetch_with_local_settings
 from .scope_sql import scope_where
@@ -158,7 +158,7 @@ class LexicalIndex(FeedFollower):
             where += f" AND (e.model, {cols}) > ($1, {marks})"
             args = [partition.model, *after]
         return await conn.fetch(
-            f"""SELECT {cols}, {ROW_COLUMNS} FROM {partition.table} e WHERE {where}
+            f"""SELECT {cols}, {LEXICAL_ROW_COLUMNS} FROM {partition.table} e WHERE {where}
                 ORDER BY e.model, {cols} LIMIT {int(self.config.load_batch)}""",
             *args,
         )
@@ -183,7 +183,7 @@ class LexicalIndex(FeedFollower):
         async with lexicon.lock:
             async with self.pool.acquire() as conn:
                 rows, watermark, lags = await changed_rows(
-                    conn, lexicon.partition, lexicon.watermark, ROW_COLUMNS
+                    conn, lexicon.partition, lexicon.watermark, LEXICAL_ROW_COLUMNS
                 )
             upserts, deletes = lexicon.apply(rows)
             lexicon.watermark = watermark
@@ -224,31 +224,11 @@ class LexicalIndex(FeedFollower):
         have = 0 if known is None else len(known)
         upto = len(lexicon.classes)
         if known is None or have < upto:
-            rows = [
-                {
-                    "id": i,
-                    "modality": "text",
-                    "section_tipo": c[0],
-                    "component_tipo": c[1],
-                    "view": c[2],
-                    "projects": list(c[3]),
-                    "acl_pairs": None if c[4] is None else list(c[4]),
-                    "acl_sections": None if c[5] is None else list(c[5]),
-                }
-                for i, c in enumerate(lexicon.classes[have:upto], start=have)
-            ]
-            where, params = scope_where(scope, [json.dumps(rows)])
-            ids = await conn.fetch(
-                f"""SELECT e.id FROM jsonb_to_recordset($1::jsonb) AS e(
-                        id int, modality text, section_tipo text, component_tipo text, view text,
-                        projects int[], acl_pairs text[], acl_sections text[])
-                    WHERE {where}""",
-                *params,
-            )
+            ids = await permitted_classes(conn, lexicon.classes[have:upto], scope, have)
             grown = np.zeros(upto, dtype=bool)
             if known is not None:
                 grown[:have] = known
-            grown[[r["id"] for r in ids]] = True
+            grown[ids] = True
             known = grown
         lexicon.scopes.put(key, known)
         return known

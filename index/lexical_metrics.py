@@ -40,7 +40,8 @@ class LexicalMetrics:
             "mnemo_lexical_searches",
             "Lexical searches with the index on, by outcome: hit (served by the index), cold (partition "
             "still loading), failed (its load failed), image (image rows: not indexed), fallback (the "
-            "index could not prove an exact answer). Every outcome but hit is served by the SQL leg.",
+            "index could not prove an exact answer), behind (the on-disk Tantivy index is too far behind the store). "
+            "Every outcome but hit is served by the SQL leg.",
             ("result",),
             registry=r,
         )

@@ -18,12 +18,13 @@ from dataclasses import dataclass, field
 import asyncpg
 import numpy as np
 
+from .access_classes import AccessClass, access_class
 from .bm25 import BM25_B, BM25_K1, Bm25Plan
 from .change_feed import RowKey, Watermark, row_key
 from .lru import Lru
 from .partitions import ModelPartition
 
-__all__ = ["ROW_COLUMNS", "SCOPE_CACHE_SIZE", "PartitionLexicon"]
+__all__ = ["SCOPE_CACHE_SIZE", "PartitionLexicon"]
 
 DF_CACHE_SIZE = 65_536  # (term, section scope) document frequencies kept between writes
 # MaxScore top-k (PartitionLexicon._top_max_score): tried when a query's terms hold at least this
@@ -33,15 +34,8 @@ PRUNE_MARGIN = 1e-7  # relative slack on every cut, far above float rounding, fa
 LOOKUP_COST = 16  # a binary search per slot against a scan per posting: the break-even ratio
 ScopeKey = Hashable
 # What the scope and ACL push-down reads of a chunk besides its key: its access class.
-AccessClass = tuple[str, str, str, tuple[int, ...], tuple[str, ...] | None, tuple[str, ...] | None]
 Postings = tuple[np.ndarray, np.ndarray, np.ndarray]  # one term's slots, term frequencies, chunk lengths
 SCOPE_CACHE_SIZE = 256  # section scopes' slot masks kept per partition (LexicalConfig's default)
-
-# The columns (alias e) the index reads of a row, after its key: the BM25 length, the access
-# class, and the tsvector's lexemes with their position counts (the SQL leg's tf), in one order.
-ROW_COLUMNS = """e.lexical_length, e.projects, e.acl_pairs, e.acl_sections,
-       ARRAY(SELECT u.lexeme FROM unnest(e.lexical) u) AS lexemes,
-       ARRAY(SELECT coalesce(array_length(u.positions, 1), 1) FROM unnest(e.lexical) u) AS tfs"""
 
 
 def _grown(array: np.ndarray, n: int) -> np.ndarray:
@@ -157,7 +151,7 @@ class PartitionLexicon:
         return code
 
     def apply(self, rows: Sequence[asyncpg.Record]) -> tuple[int, int]:
-        """Apply rows read with :data:`ROW_COLUMNS` after their key: each key's old slot dies, a
+        """Apply rows read with :data:`index.access_classes.LEXICAL_ROW_COLUMNS` after their key: each key's old slot dies, a
         present row (non-NULL length) takes a new one. Returns (upserts, deletes)."""
         self.df_cache.clear()
         lexemes: list[str] = []
@@ -190,14 +184,7 @@ class PartitionLexicon:
             self.section = _grown(self.section, slot + 1)
             self.klass = _grown(self.klass, slot + 1)
             self.key_of.extend([None] * (len(self.alive) - len(self.key_of)))
-        access: AccessClass = (
-            key[0],
-            key[2],
-            key[4],
-            tuple(row["projects"] or ()),
-            None if row["acl_pairs"] is None else tuple(row["acl_pairs"]),
-            None if row["acl_sections"] is None else tuple(row["acl_sections"]),
-        )
+        access = access_class(key, row)
         klass = self._code(self.class_code, access)
         if klass == len(self.classes):
             self.classes.append(access)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from inference.settings import sidecar_api_key_setting
@@ -122,6 +123,17 @@ class IngestSettings:
         1000,
         "Most records one `POST /v1/records` body (or one ingest batch) may hold; more is a 413.",
     )
+    lexical_dir: Path | None = setting(
+        "RAG_LEXICAL_DIR",
+        None,
+        "Where the lexical leg's Tantivy indexes live (one folder per model partition), written by "
+        "`mnemo lexical follow` and read by every gateway process with `RAG_LEXICAL_INDEX=tantivy`. "
+        "Unset: `lexical/` under `RAG_DATA_DIR`. Local disk: every reader memory-maps it.",
+    )
+
+    def lexical_root(self, data_dir: Path) -> Path:
+        """The lexical folder: ``RAG_LEXICAL_DIR``, else ``lexical`` under the data folder."""
+        return self.lexical_dir if self.lexical_dir is not None else data_dir / "lexical"
 
     def validate(self) -> None:
         if self.drain_interval <= 0:

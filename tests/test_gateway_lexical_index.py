@@ -11,6 +11,7 @@ from gateway.acl import pushdown
 from gateway.auth import Principal
 from gateway.context import RETRIEVER_KEY
 from gateway.resources import LEXICAL_INDEX_KEY
+from gateway.retrieval import Retriever
 from index.bm25 import CorpusStats
 from index.hits import Scope
 from index.lexical_leg import lexical_search
@@ -18,6 +19,20 @@ from tests.fixtures.gateway import running_gateway, token
 from tests.test_gateway_vector_cache import QUERIES, RESEARCHER, _readyz, _wait_ready
 
 pytestmark = pytest.mark.ray
+
+
+async def assert_lexical_leg_is_the_sql_legs(retriever: Retriever, k: int = 20) -> None:
+    """The gateway's lexical leg (whichever engine serves it) answers every test query with the SQL
+    leg's rows, scores and order, for a researcher and an administrator."""
+    for query in QUERIES:
+        for principal in (RESEARCHER, Principal("root", None, {}, admin=True)):
+            scope = Scope(acl=pushdown(principal))
+            legs = await retriever.query_legs(principal, query, scope, k, legs=("lexical",))
+            model_id, _ = await retriever.queries.embed_query(principal, query)
+            partition = await retriever.partition(model_id)
+            sql = await lexical_search(retriever.pool, partition, query, scope, k, stats=CorpusStats(ttl=0))
+            assert [h.key for h in legs.lists["lexical"]] == [h.key for h in sql]
+            assert [h.score for h in legs.lists["lexical"]] == pytest.approx([h.score for h in sql], rel=1e-9)
 
 
 async def test_the_index_serves_the_lexical_leg_exactly(corpus_database_url: str, sidecar_url: str) -> None:
@@ -31,19 +46,7 @@ async def test_the_index_serves_the_lexical_leg_exactly(corpus_database_url: str
         assert off.app[RETRIEVER_KEY].legs.lexical_engine is None
         retriever = on.app[RETRIEVER_KEY]
         assert retriever.legs.lexical_engine is on.app[LEXICAL_INDEX_KEY]  # built with the app's engine
-        for query in QUERIES:
-            for principal in (RESEARCHER, Principal("root", None, {}, admin=True)):
-                scope = Scope(acl=pushdown(principal))
-                legs = await retriever.query_legs(principal, query, scope, 20, legs=("lexical",))
-                model_id, _ = await retriever.queries.embed_query(principal, query)
-                partition = await retriever.partition(model_id)
-                sql = await lexical_search(
-                    retriever.pool, partition, query, scope, 20, stats=CorpusStats(ttl=0)
-                )
-                assert [h.key for h in legs.lists["lexical"]] == [h.key for h in sql]
-                assert [h.score for h in legs.lists["lexical"]] == pytest.approx(
-                    [h.score for h in sql], rel=1e-9
-                )
+        await assert_lexical_leg_is_the_sql_legs(retriever)
         researcher = token("r", projects=[9], fill1=1, oh1=1)
         for query in QUERIES:
             got = await on.ok("semantic_search", {"query": query, "limit": 10}, bearer=researcher)

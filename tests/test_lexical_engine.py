@@ -10,9 +10,10 @@ import pytest
 
 from index.lexical_engine import LexicalEngine
 from index.lexical_index import LexicalIndex
+from index.tantivy_lexical import TantivyLexical
 
 MEMBERS = ("start", "stop", "status", "search")
-ENGINES = [LexicalIndex]  # an engine that implements the Protocol joins this list
+ENGINES = [LexicalIndex, TantivyLexical]  # an engine that implements the Protocol joins this list
 
 
 def _accepts(implementation: inspect.Signature, contract: inspect.Signature) -> list[str]:

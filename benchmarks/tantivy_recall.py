@@ -1,0 +1,223 @@
+"""How often Tantivy's own BM25, over PostgreSQL's lexemes, selects the SQL leg's exact top k.
+
+``python -m benchmarks.tantivy_recall --out DIR`` loads each shared data set's corpus
+(``../shared/datasets``) as one partition (one chunk per document, as :mod:`benchmarks.lexical`
+loads its corpus), builds its Tantivy index with the writer (:mod:`index.tantivy_writer`), and runs
+the data set's queries through the Tantivy engine (:mod:`index.tantivy_lexical`) and the SQL leg,
+for an administrator and for a researcher who sees 1% of the chunks (the classes filter inside the
+query). The engine's hits are the SQL leg's rows with the SQL leg's scores; what can differ is which
+rows: Tantivy ranks its ``overfetch * k`` candidates by its own BM25 (its statistics over the whole
+index, field lengths quantized to a byte, k1 1.2 against the SQL leg's 1.5), and a row it ranks
+below them is missed. Recall@k = the share of the SQL leg's top k the engine returns; ``exact`` =
+the share of queries whose top k is the SQL leg's, in order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .acl_shares import VISIBILITY_PROJECT
+from .datasets import find_datasets
+from .gateway import gateway_read_pool
+from .lexical import SECTION, build_corpus, dataset_queries, populate
+from .measure import percentile
+from .report import Headline, SuiteResult, Table, write_report
+from .stack import BenchStack, open_stack
+
+__all__ = ["run_recall"]
+
+OVERFETCH = (1, 2, 4, 8)
+KS = (10, 40)  # the limit asked of the gateway, and the lexical leg's over-fetch for it (max(4 * 10, 20))
+
+
+def _corpus(folder: Path) -> tuple[list[str], list[str]]:
+    docs = [json.loads(line) for line in (folder / "corpus.jsonl").read_text().splitlines() if line.strip()]
+    texts = [" ".join(p for p in (d.get("title"), d.get("text")) if p) for d in docs]
+    queries = [
+        json.loads(line)["text"] for line in (folder / "queries.jsonl").read_text().splitlines() if line
+    ]
+    return texts, queries
+
+
+async def _dataset(stack: BenchStack, folder: Path, max_queries: int) -> dict[str, Any]:
+    texts, queries = _corpus(folder)
+    return await _measure(stack, folder.name, texts, queries[:max_queries])
+
+
+async def _measure(stack: BenchStack, name: str, texts: list[str], queries: list[str]) -> dict[str, Any]:
+    from gateway.acl import pushdown
+    from gateway.auth import Principal
+    from index.bm25 import CorpusStats, query_terms, scored_terms
+    from index.hits import Scope
+    from index.lexical_index import LexicalConfig, LexicalIndex
+    from index.lexical_leg import lexical_search
+    from index.tantivy_lexical import TantivyConfig, TantivyLexical
+    from index.tantivy_writer import LexicalWriter
+
+    url = await stack.fresh_database(f"recall_{name.replace('-', '_')}")
+    pool = await gateway_read_pool(url)
+    scopes = {
+        "admin": Scope(),
+        "1%": Scope(acl=pushdown(Principal("r", frozenset({VISIBILITY_PROJECT["1%"]}), {SECTION: 1}))),
+    }
+    try:
+        partition = await populate(pool, texts, model=f"recall-{name}")
+        with tempfile.TemporaryDirectory(prefix="mnemo-tantivy-recall-") as root:
+            writer = LexicalWriter(pool, url, Path(root))
+            await writer.rebuild(partition)
+            await writer.stop()
+            stats = CorpusStats(ttl=3600)
+            engines = {f: TantivyLexical(Path(root), stats, TantivyConfig(overfetch=f)) for f in OVERFETCH}
+            memory = LexicalIndex(pool, url, LexicalConfig())
+            await memory.load(partition)
+            rows: dict[str, Any] = {}
+            times: dict[str, list[float]] = {}
+            order = random.Random(1)
+            for scope_name, scope in scopes.items():
+                for k in KS:
+                    found = {f: 0 for f in OVERFETCH}
+                    exact = {f: 0 for f in OVERFETCH}
+                    wanted = asked = 0
+                    async with pool.acquire() as conn:
+                        for query in queries:
+                            # The SQL leg and the Tantivy engine share the statistics cache: counted
+                            # first, untimed, so no leg pays the query's document frequencies.
+                            terms = list(scored_terms(await query_terms(conn, query)))
+                            await stats.idf(conn, partition, terms, scope.section_tipos)
+                            # Every leg once per query, in a shuffled order (none always runs first).
+                            legs: dict[str, Any] = {
+                                "sql": None,
+                                "memory": memory,
+                                **{f"x{f}": e for f, e in engines.items()},
+                            }
+                            answers: dict[str, list[Any]] = {}
+                            for leg in order.sample(list(legs), len(legs)):
+                                start = time.perf_counter()
+                                if legs[leg] is None:
+                                    hits = await lexical_search(conn, partition, query, scope, k, stats=stats)
+                                else:
+                                    hits = await legs[leg].search(conn, partition, query, scope, k)
+                                times.setdefault(leg, []).append(time.perf_counter() - start)
+                                assert hits is not None, f"{leg} should serve a loaded partition"
+                                answers[leg] = [h.key for h in hits]
+                            truth = answers["sql"]
+                            if not truth:
+                                continue
+                            asked += 1
+                            wanted += len(truth)
+                            for f in OVERFETCH:
+                                found[f] += len(set(answers[f"x{f}"]) & set(truth))
+                                exact[f] += answers[f"x{f}"] == truth
+                    rows[f"{scope_name}@{k}"] = {
+                        "queries": asked,
+                        "recall": {f: found[f] / max(wanted, 1) for f in OVERFETCH},
+                        "exact": {f: exact[f] / max(asked, 1) for f in OVERFETCH},
+                    }
+            await memory.stop()
+        latency = {
+            leg: {"p50_ms": percentile(t, 50) * 1e3, "p99_ms": percentile(t, 99) * 1e3}
+            for leg, t in times.items()
+        }
+        return {"chunks": len(texts), "queries": len(queries), "rows": rows, "latency": latency}
+    finally:
+        await pool.close()
+
+
+async def run_recall(stack: BenchStack, names: Sequence[str], max_queries: int, zipf: int) -> dict[str, Any]:
+    """Each data set's corpus and queries; with ``zipf``, also :func:`benchmarks.lexical.build_corpus`
+    of that many chunks (the data sets' sentences, then Zipfian text) under the data sets' queries."""
+    folders, missing = find_datasets(tuple(names))
+    if missing:
+        raise SystemExit(f"data sets not found: {', '.join(missing)}")
+    try:
+        result = {folder.name: await _dataset(stack, folder, max_queries) for folder in folders}
+        if zipf:
+            queries = random.Random(0).sample(dataset_queries(), max_queries)
+            result[f"zipf-{zipf}"] = await _measure(stack, f"zipf_{zipf}", build_corpus(zipf), queries)
+        return result
+    finally:
+        await stack.drop_created()
+
+
+def as_suite(result: dict[str, Any]) -> SuiteResult:
+    head = ["data set", "chunks", "scope@k", "queries"]
+    head += [f"recall x{f}" for f in OVERFETCH] + [f"exact x{f}" for f in OVERFETCH]
+    body = []
+    for name, data in result.items():
+        for cell, row in data["rows"].items():
+            if not row["queries"]:
+                continue  # the scope sees none of the chunks any query matches
+            body.append(
+                [name, data["chunks"], cell, row["queries"]]
+                + [f"{row['recall'][f]:.3f}" for f in OVERFETCH]
+                + [f"{row['exact'][f]:.3f}" for f in OVERFETCH]
+            )
+    legs = ["sql", "memory", *(f"x{f}" for f in OVERFETCH)]
+    timing = [
+        [
+            name,
+            data["chunks"],
+            *(f"{data['latency'][leg]['p50_ms']:.2f} / {data['latency'][leg]['p99_ms']:.2f}" for leg in legs),
+        ]
+        for name, data in result.items()
+    ]
+    worst = min(
+        (row["recall"][4] for data in result.values() for row in data["rows"].values() if row["queries"]),
+        default=float("nan"),
+    )
+    headlines = [Headline("lowest recall@k, Tantivy candidates x4", worst, "", "the SQL leg (exact)", 1.0)]
+    notes = [
+        "Recall@k of the Tantivy engine's top k against the SQL leg's exact BM25 top k, per candidate "
+        "over-fetch (x1: k candidates; the engine's default is x4). exact: the share of queries whose "
+        "top k is the SQL leg's, in order. Scores of every hit are the SQL leg's by construction.",
+    ]
+    return SuiteResult(
+        suite="tantivy-recall",
+        headlines=headlines,
+        tables=[
+            Table("recall against the SQL leg", head, body),
+            Table(
+                "lexical leg latency, p50 / p99 ms (every scope and k; one caller; legs shuffled per query)",
+                ["data set", "chunks", "SQL leg", "in-memory index", *(f"tantivy x{f}" for f in OVERFETCH)],
+                timing,
+            ),
+        ],
+        figures=result,
+        notes=notes,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.tantivy_recall", description=__doc__.splitlines()[0]
+    )
+    p.add_argument("--datasets", default="*", help="data set names, comma-separated (default: every one)")
+    p.add_argument("--max-queries", type=int, default=300, help="queries per data set at most")
+    p.add_argument("--zipf", type=int, default=0, help="also a corpus of this many chunks (0: none)")
+    p.add_argument("--database-url", default=None, help="a PostgreSQL server to use (default: embedded)")
+    p.add_argument("--out", type=Path, required=True, help="report folder (results.json, REPORT.md)")
+    args = p.parse_args(argv)
+    names = [n.strip() for n in args.datasets.split(",") if n.strip()]
+    with (
+        tempfile.TemporaryDirectory(prefix="mnemo-bench-recall-") as work,
+        open_stack(Path(work), database=True, sidecar=False, database_url=args.database_url) as stack,
+    ):
+        result = asyncio.run(run_recall(stack, names, args.max_queries, args.zipf))
+    report = write_report(
+        args.out, [as_suite(result)], {"suite": "tantivy-recall", "datasets": names, "zipf": args.zipf}
+    )
+    print(report.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

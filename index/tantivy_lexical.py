@@ -1,0 +1,309 @@
+"""The lexical leg on Tantivy on disk: a read-only engine every gateway process opens.
+
+The indexes are written by one writer (:mod:`index.tantivy_writer`, ``mnemo lexical follow``) under
+the lexical folder (layout in :mod:`index.tantivy_files`); a gateway only reads them, memory-mapped.
+
+How a search stays the SQL leg's answer:
+
+- **Fresh reader.** Each search checks (two system calls) whether the partition's ``current`` link
+  or its watermark file changed; if so it reads the watermark file *first*, then reloads the index,
+  so the index it searches holds at least what that watermark says.
+- **Candidates from Tantivy.** The query's scored terms (PostgreSQL's own parse,
+  :func:`index.bm25.query_terms`) as one boolean query: any *selective* term must match (the SQL
+  leg's match set, :func:`index.bm25.bm25_plan`), the common ones only add to the score, each
+  boosted by its query frequency; the scope's permitted access classes (evaluated by the legs' own
+  SQL over the classes the watermark file lists) and sections filter inside the query, so a narrow
+  scope is never starved by a post-filter. Tantivy ranks by its own BM25 (its statistics, its
+  quantized lengths): it only *selects*, ``overfetch`` times ``limit`` candidates.
+- **Scores and ACL from PostgreSQL.** The candidates plus every key changed after the watermark
+  are re-read from the store through the scope's SQL filter and the plan's match set, and scored
+  by the SQL leg's own expression (:func:`index.bm25.bm25_score_sql`) with the SQL leg's corpus
+  statistics: scores and order are the SQL leg's, a deleted row or a revoked ACL is never served
+  (the index can only hide a row, never reveal one), and a row written after the watermark is found.
+
+Behind: when the store holds more than ``max_behind`` changes past the watermark (the writer is
+stopped or far behind), the SQL leg serves, counted as ``behind``.
+
+What is not exact: when more than ``overfetch * limit`` rows match, Tantivy's top may miss a row
+the SQL leg's exact BM25 ranks in the top ``limit`` (``benchmarks/tantivy_recall.py`` measures
+how often). A partition without an index (never built, or missing) and image rows go to the SQL
+leg, counted in ``mnemo_lexical_searches``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import asyncpg
+import tantivy
+
+from .access_classes import permitted_classes
+from .bm25 import Bm25Plan, CorpusStats, bm25_plan, bm25_score_sql, query_terms, scored_terms
+from .change_feed import RowKey, Watermark, candidates_params, candidates_sql
+from .hits import ChunkHit, Scope, chunk_from_row, hit_columns, identity_order, scope_key
+from .lexical_metrics import LexicalMetrics
+from .lru import Lru
+from .partitions import ModelPartition
+from .read_settings import CUSTOM_PLANS, fetch_with_local_settings
+from .scope_sql import scope_where
+from .tantivy_files import STATE_FILE, IndexState, current_folder, lexical_schema, read_state, record_text
+
+log = logging.getLogger(__name__)
+
+__all__ = ["MODE", "TantivyConfig", "TantivyLexical"]
+
+MODE = "tantivy"  # RAG_LEXICAL_INDEX value that selects this engine
+
+
+@dataclass(frozen=True)
+class TantivyConfig:
+    # Candidates asked of Tantivy per result (at least limit + 8): more finds more of the SQL leg's
+    # exact top (Tantivy ranks by its own BM25) and costs a longer re-read.
+    overfetch: int = 4
+    scope_cache_size: int = 256
+    # Every change after the index's watermark is re-read by every search: past this many (the
+    # writer stopped or far behind) the SQL leg serves instead, counted as `behind`.
+    max_behind: int = 10_000
+    head_check_s: float = 1.0  # how long the store's latest change number is taken as current
+
+    def __post_init__(self) -> None:
+        if self.overfetch < 1 or self.max_behind < 0 or self.head_check_s < 0:
+            raise ValueError("tantivy lexical engine: overfetch >= 1, max_behind >= 0, head_check_s >= 0")
+
+
+@dataclass
+class _Reader:
+    """One partition's open index and the watermark file it was opened at."""
+
+    folder: Path
+    index: tantivy.Index
+    state: IndexState
+    stamp: tuple[int, int]  # the watermark file's inode and mtime when it was read
+    # Per scope: the permitted class ids among the first n of state.classes (n = how many were evaluated).
+    scopes: Lru[Hashable, tuple[int, list[int]]] = field(default_factory=lambda: Lru(256))
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+class TantivyLexical:
+    """The lexical leg from the on-disk Tantivy indexes (read only); None from search: the SQL leg serves."""
+
+    def __init__(
+        self,
+        root: Path,
+        stats: CorpusStats,
+        config: TantivyConfig | None = None,
+        metrics: LexicalMetrics | None = None,
+    ) -> None:
+        self.root = root
+        self.stats = stats  # the SQL leg's corpus statistics: the same plan, so the same scores
+        self.config = config or TantivyConfig()
+        self.metrics = metrics or LexicalMetrics()
+        self.schema = lexical_schema()
+        self.readers: dict[str, _Reader] = {}
+        self._heads: dict[str, tuple[float, int]] = {}
+        self._missing: set[str] = (
+            set()
+        )  # partitions searched without an index (the SQL leg served)  # partition -> (when read, the store's latest seq)
+
+    async def start(self) -> None:
+        """Nothing to load: each partition's index opens on its first search."""
+
+    async def stop(self) -> None:
+        self.readers.clear()
+
+    # -- readers -----------------------------------------------------------------------------------
+
+    def _open(self, partition: ModelPartition, folder: Path, stamp: tuple[int, int]) -> _Reader | None:
+        state = read_state(folder)  # first: the index opened after it holds at least this much
+        if state is None:
+            return None
+        index = tantivy.Index.open(str(folder))
+        return _Reader(folder, index, state, stamp, Lru(self.config.scope_cache_size))
+
+    async def reader(self, partition: ModelPartition) -> _Reader | None:
+        """The partition's reader, reopened or reloaded when the writer committed or a rebuild swapped."""
+        folder = current_folder(self.root, partition)
+        if folder is None:
+            self.readers.pop(partition.partition, None)
+            return None
+        stamp = _stamp(folder / STATE_FILE)
+        if stamp is None:
+            return None
+        held = self.readers.get(partition.partition)
+        if held is not None and held.folder == folder and held.stamp == stamp:
+            return held
+        if held is not None and held.folder == folder:
+            state = read_state(folder)
+            if state is None:
+                return None
+            await asyncio.to_thread(held.index.reload)
+            if state.classes != held.state.classes:
+                held.scopes = Lru(self.config.scope_cache_size)
+            held.state, held.stamp = state, stamp
+            return held
+        opened = await asyncio.to_thread(self._open, partition, folder, stamp)
+        if opened is None:
+            return None
+        self.readers[partition.partition] = opened
+        return opened
+
+    async def _allowed(self, conn: asyncpg.Connection, reader: _Reader, scope: Scope) -> list[int] | None:
+        """The class ids the scope (without its excluded record) permits; None: every class."""
+        scope = replace(scope, exclude_record=None)
+        if scope == Scope():
+            return None
+        key = scope_key(scope)
+        ids = list(reader.state.classes)
+        evaluated, allowed = reader.scopes.get(key) or (0, [])
+        if evaluated < len(ids):
+            classes = [reader.state.classes[i] for i in ids[evaluated:]]
+            positions = await permitted_classes(conn, classes, scope, evaluated)
+            allowed = [*allowed, *(ids[p] for p in positions)]
+            reader.scopes.put(key, (len(ids), allowed))
+        return allowed
+
+    async def behind(self, conn: asyncpg.Connection, partition: ModelPartition, reader: _Reader) -> int:
+        """Changes the store holds past the reader's watermark (the store's head read at most every
+        ``head_check_s``)."""
+        now = time.monotonic()
+        seen = self._heads.get(partition.partition)
+        if seen is None or now - seen[0] >= self.config.head_check_s:
+            head = await conn.fetchval(
+                "SELECT coalesce(max(seq), 0) FROM rag_embedding_changes WHERE model = $1", partition.model
+            )
+            seen = self._heads[partition.partition] = (now, int(head))
+        return max(0, seen[1] - reader.state.watermark.seq)
+
+    # -- search ------------------------------------------------------------------------------------
+
+    def _query(
+        self, plan: Bm25Plan, terms: dict[str, int], scope: Scope, allowed: list[int] | None
+    ) -> tantivy.Query:
+        def term(t: str) -> tantivy.Query:
+            return tantivy.Query.boost_query(tantivy.Query.term_query(self.schema, "lex", t), float(terms[t]))
+
+        def only(query: tantivy.Query) -> tantivy.Query:  # a filter: must match, adds nothing
+            return tantivy.Query.const_score_query(query, 0.0)
+
+        selective = set(plan.selective)
+        should = tantivy.Occur.Should
+        clauses = [
+            (tantivy.Occur.Must, tantivy.Query.boolean_query([(should, term(t)) for t in plan.selective]))
+        ]
+        clauses += [(should, term(t)) for t in plan.terms if t not in selective]
+        if allowed is not None:
+            clauses.append(
+                (tantivy.Occur.Must, only(tantivy.Query.term_set_query(self.schema, "klass", allowed)))
+            )
+        if scope.section_tipos is not None:
+            sections = tantivy.Query.term_set_query(self.schema, "section", list(scope.section_tipos))
+            clauses.append((tantivy.Occur.Must, only(sections)))
+        if scope.exclude_record is not None:
+            record = tantivy.Query.term_query(self.schema, "record", record_text(*scope.exclude_record))
+            clauses.append((tantivy.Occur.MustNot, record))
+        return tantivy.Query.boolean_query(clauses)
+
+    def _top(self, reader: _Reader, query: tantivy.Query, fetch: int) -> list[RowKey]:
+        searcher = reader.index.searcher()
+        hits = searcher.search(query, fetch).hits
+        return [tuple(json.loads(searcher.doc(address)["key"][0])) for _score, address in hits]  # type: ignore[misc]
+
+    async def search(
+        self,
+        conn: asyncpg.Connection,
+        partition: ModelPartition,
+        query: str,
+        scope: Scope,
+        limit: int,
+        *,
+        modality: str = "text",
+    ) -> list[ChunkHit] | None:
+        """The lexical top-``limit`` for ``scope`` scored by the SQL leg, or None: use the SQL leg."""
+        if modality != "text":
+            self.metrics.searches.labels("image").inc()
+            return None
+        reader = await self.reader(partition)
+        if reader is None:
+            self.metrics.searches.labels("cold").inc()
+            self._missing.add(partition.partition)
+            return None
+        self._missing.discard(partition.partition)
+        watermark = reader.state.watermark  # the index holds at least this: every later change is re-read
+        if await self.behind(conn, partition, reader) > self.config.max_behind:
+            self.metrics.searches.labels("behind").inc()
+            return None
+        terms = scored_terms(await query_terms(conn, query))
+        if not terms:
+            self.metrics.searches.labels("hit").inc()
+            return []
+        corpus, idf = await self.stats.idf(conn, partition, list(terms), scope.section_tipos)
+        plan = bm25_plan(terms, idf, corpus.df, corpus.n, corpus.avgdl)
+        if plan is None:
+            self.metrics.searches.labels("hit").inc()
+            return []
+        allowed = await self._allowed(conn, reader, scope)
+        keys: list[RowKey] = []
+        if allowed is None or allowed:
+            tq = self._query(plan, terms, scope, allowed)
+            fetch = max(limit * self.config.overfetch, limit + 8)
+            keys = await asyncio.to_thread(self._top, reader, tq, fetch)
+        rows = await self.reread(conn, partition, plan, scope, keys, watermark, limit)
+        self.metrics.searches.labels("hit").inc()
+        return [chunk_from_row(r, float(r["score"])) for r in rows]
+
+    async def reread(
+        self,
+        conn: asyncpg.Connection,
+        partition: ModelPartition,
+        plan: Bm25Plan,
+        scope: Scope,
+        keys: Sequence[RowKey],
+        watermark: Watermark,
+        limit: int,
+    ) -> list[asyncpg.Record]:
+        """The candidates plus every key changed after the watermark, through the scope's SQL filter
+        and the plan's match set, scored by the SQL leg's expression, in its order, cut to ``limit``."""
+        where, params = scope_where(scope, [plan.terms, plan.weights, plan.tsquery, plan.avgdl])
+        ctes, source = candidates_sql(len(params) + 1, partition.table)
+        sql = f"""
+            WITH {ctes}
+            SELECT {hit_columns()}, s.score
+            FROM {source}
+            CROSS JOIN LATERAL ({bm25_score_sql("$1", "$2", "$4")}) s
+            WHERE {where} AND e.lexical @@ $3::tsquery
+            ORDER BY s.score DESC, {identity_order()}
+            LIMIT {int(limit)}"""
+        # Custom plans, as the in-memory engine's re-read (see index.lexical_index.LexicalIndex.reread).
+        return await fetch_with_local_settings(
+            conn, CUSTOM_PLANS, sql, [*params, *candidates_params(keys, partition.model, watermark)]
+        )
+
+    def status(self) -> dict[str, object]:
+        """The /readyz detail: the folder, and per partition searched so far its state (``ready``:
+        its folder, watermark, documents and changes behind the store, ``behind`` past
+        ``max_behind``; ``missing``: no index, the SQL leg serves it)."""
+        partitions: dict[str, object] = {name: {"state": "missing"} for name in self._missing}
+        for name, r in self.readers.items():
+            behind = None if name not in self._heads else max(0, self._heads[name][1] - r.state.watermark.seq)
+            partitions[name] = {
+                "state": "behind" if behind is not None and behind > self.config.max_behind else "ready",
+                "folder": r.folder.name,
+                "seq": r.state.watermark.seq,
+                "documents": r.state.documents,
+                "behind": behind,
+            }
+        return {"mode": MODE, "running": True, "root": str(self.root), "partitions": partitions}
