@@ -28,6 +28,7 @@ from schema.database import create_pool, open_database
 from schema.read_pool import ReadPool
 
 from .auth import setup_auth
+from .budgets import BUDGETS_KEY, Budgets
 from .console import setup_console
 from .context import ASK_KEY, OBJECTS_KEY, PASSAGES_KEY, RETRIEVER_KEY, AskServices, PassageServices
 from .dispatch import json_api
@@ -69,6 +70,12 @@ async def _database_ctx(app: web.Application) -> AsyncIterator[None]:
         app[POOL_KEY] = db.pool
         app[DATABASE_URL_KEY] = db.url
         yield
+
+
+async def _budgets_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The budget ledger (on the main pool: its reservations write) and the fairness limiter."""
+    app[BUDGETS_KEY] = Budgets.configured(app[POOL_KEY], app[SETTINGS_KEY].budgets, app[METRICS_KEY])
+    yield
 
 
 async def _sidecar_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -271,6 +278,7 @@ def _add_engine(app: web.Application, settings: GatewaySettings) -> None:
     app[SETTINGS_KEY] = settings
     app[METRICS_KEY] = Metrics()
     app.cleanup_ctx.append(_database_ctx)
+    app.cleanup_ctx.append(_budgets_ctx)
     app.cleanup_ctx.append(_sidecar_ctx)
     app.cleanup_ctx.append(_retriever_ctx)
     app.cleanup_ctx.append(_vector_cache_ctx)

@@ -71,6 +71,7 @@ def _token(args: argparse.Namespace) -> int:
         projects=args.projects,
         perms=dict(args.perm),
         admin=args.admin,
+        grants=args.grant,
         ttl=args.ttl,
         audience=settings.jwt_audience or None,
         issuer=settings.jwt_issuer or None,
@@ -197,6 +198,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="TIPO=LEVEL or SECTION/COMPONENT=LEVEL (repeatable), e.g. --perm oh1=1 --perm oh1/oh23=0",
     )
     p.add_argument("--admin", action="store_true", help="an admin token (reads everything)")
+    p.add_argument(
+        "--grant",
+        choices=("ask",),
+        action="append",
+        default=[],
+        help="a capability beyond reading (repeatable): ask lets the token call ask (RAG_ASK_GRANT)",
+    )
     p.add_argument("--ttl", type=float, default=3600.0, help="seconds until expiry (default 3600)")
     p.add_argument("--private-key", default=None, help="PEM private key file: sign RS256 instead of HS256")
     p.set_defaults(run=_token)

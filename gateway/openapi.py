@@ -64,6 +64,12 @@ _ERROR_ENVELOPE = {
                 "message": {"type": "string"},
                 "label_key": {"type": "string"},
                 "retryable": {"type": "boolean"},
+                # budget_exhausted and rate_limited (gateway.budgets): the wait, and what was spent
+                "retry_after": {"type": "integer"},
+                "meter": {"type": "string"},
+                "used": {"type": "integer"},
+                "limit": {"type": ["integer", "null"]},
+                "reset_at": {"type": "string", "format": "date-time"},
             },
         },
     },
