@@ -224,8 +224,8 @@ class Ledger:
     async def set_limit(self, principal: str, meter: str, max_units: int | None) -> None:
         """Give ``principal`` its own limit on ``meter`` (None: unlimited) in place of its role's."""
         _check(principal, meter)
-        if max_units is not None and max_units < 0:
-            raise ValueError("a limit is >= 0 (or None: unlimited)")
+        if max_units is not None and not 0 <= max_units < 2**63:
+            raise ApiError.invalid_options("limit: an integer >= 0, or null for unlimited")
         await self._pool.execute(
             """
             INSERT INTO rag_budget_overrides (principal, meter, max_units) VALUES ($1, $2, $3)

@@ -4,8 +4,14 @@ test against a pure model of the rules), 64 concurrent reservations, overrides, 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -213,3 +219,44 @@ def test_limits_are_parsed_strictly() -> None:
             parse_limits(bad)
     with pytest.raises(SettingsError):
         BudgetSettings(ask_grant="sometimes").validate()
+
+
+_MAIN = "import sys; from gateway.cli import main; sys.exit(main())"
+
+
+def _mnemo_budgets(*args: str, database_url: str) -> subprocess.CompletedProcess[str]:
+    """``mnemo budgets ...`` as an operator runs it (this checkout's code, in a subprocess)."""
+    root = Path(__file__).resolve().parent.parent
+    return subprocess.run(
+        [sys.executable, "-c", _MAIN, "budgets", *args, "--database-url", database_url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+
+
+async def test_mnemo_budgets_set_show_reset(database_url: str, db_pool: asyncpg.Pool) -> None:
+    budgets = _budgets(db_pool, "user.ask=5", Clock(time.time()), window=86400)
+    await Metering(budgets, Principal(sub="carol")).reserve("ask", 2)
+    run = _mnemo_budgets(
+        "set", "--principal", "carol", "--meter", "ask", "--limit", "7", database_url=database_url
+    )
+    assert run.returncode == 0 and "carol ask: 7 per window" in run.stdout, run.stderr
+    shown = _mnemo_budgets("show", "--principal", "carol", "--json", database_url=database_url)
+    assert shown.returncode == 0, shown.stderr
+    rows = json.loads(shown.stdout)
+    assert [(r["meter"], r["used"], r["limit"], r["override"]) for r in rows] == [("ask", 2, 7, True)]
+    table = _mnemo_budgets("show", database_url=database_url)
+    assert "carol" in table.stdout and "7*" in table.stdout
+    assert _mnemo_budgets("reset", "--principal", "carol", database_url=database_url).returncode == 0
+    assert await _ledger(db_pool, "carol") == {}
+    bad = _mnemo_budgets(
+        "set", "--principal", "carol", "--meter", "ask", "--limit", "-1", database_url=database_url
+    )
+    assert bad.returncode == 2 and "limit" in bad.stderr and "Traceback" not in bad.stderr
+    back = _mnemo_budgets(
+        "set", "--principal", "carol", "--meter", "ask", "--default", database_url=database_url
+    )
+    assert back.returncode == 0 and await db_pool.fetchval("SELECT count(*) FROM rag_budget_overrides") == 0
