@@ -28,7 +28,7 @@ from schema.database import create_pool, open_database
 from schema.read_pool import ReadPool
 
 from .auth import setup_auth
-from .budgets import BUDGETS_KEY, Budgets
+from .budgets import BUDGETS_KEY, Budgets, setup_budget_routes
 from .console import setup_console
 from .context import ASK_KEY, OBJECTS_KEY, PASSAGES_KEY, RETRIEVER_KEY, AskServices, PassageServices
 from .dispatch import json_api
@@ -313,6 +313,7 @@ def create_app(settings: GatewaySettings, *, database_url: str | None = None) ->
     app.router.add_get("/metrics", metrics)
     setup_intake(app)
     setup_thumbnails(app)
+    setup_budget_routes(app)
     app.router.add_get("/openapi.json", openapi)
     setup_console(app)
     return app
