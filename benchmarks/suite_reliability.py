@@ -680,6 +680,14 @@ async def run_suite(stack: BenchStack, plan: ReliabilityPlan) -> SuiteResult:
                     ingest_record=_mixed_record,
                 ),
             )
+        if plan.mixed_callers > 0:  # issue 45: one principal's flood, another's steady calls
+            from .flood import flood_figure
+
+            await _attempt(
+                mixed,
+                "flood",
+                flood_figure(gateway.url, secret, _TEXTS, seconds=plan.mixed_seconds, perms={"oh1": 1}),
+            )
         result = {**await asyncio.to_thread(_run, gateway.url, stack.sidecar_url, secret, plan), **mixed}
     if plan.sigterm_callers > 0:
         from .faults import sigterm_under_load
