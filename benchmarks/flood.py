@@ -223,7 +223,13 @@ async def metering_cost(
 
 def render(result: dict[str, Any]) -> str:
     flood, cost = result.get("flood", {}), result.get("metering", {})
-    lines = [f"# Budgets and fairness ({result['chunks']:,} chunks, {result['model']})", ""]
+    fair = result.get("fair", {})
+    lines = [
+        f"# Budgets and fairness ({result['chunks']:,} chunks, {result['model']})",
+        "",
+        f"Fairness limiter: RAG_FAIR_RATE={fair.get('rate')}, RAG_FAIR_CONCURRENCY={fair.get('concurrency')}.",
+        "",
+    ]
     if "b_p99_ratio" in flood:
         lo, hi = flood["b_p99_ratio_spread"]
         lines += [
@@ -280,7 +286,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         out["model"] = model.id
         queries = load_queries(args.queries)
         secret = secrets.token_urlsafe(48)
-        env = {"RAG_FAISS_CACHE": "off"}
+        env = {
+            "RAG_FAISS_CACHE": "off",
+            "RAG_FAIR_RATE": str(args.fair_rate),
+            "RAG_FAIR_CONCURRENCY": str(args.fair_concurrency),
+        }
         async with (
             gateway_process(
                 url, stack.sidecar_url, secret, args.work / "budgets-on.log", text_model=model.id, **env
@@ -295,7 +305,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 **env,
             ) as off,
         ):
+            out["fair"] = {"rate": args.fair_rate, "concurrency": args.fair_concurrency}
             try:
+                if args.skip_metering:
+                    raise RuntimeError("skipped (--skip-metering)")
                 out["metering"] = await metering_cost(
                     on.url, off.url, secret, queries, requests=args.requests, pairs=args.pairs
                 )
@@ -328,6 +341,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     both.add_argument("--pairs", type=int, default=4)
     both.add_argument("--seconds", type=float, default=8.0, help="each flood window")
     both.add_argument("--sidecar-url", default=None)
+    both.add_argument("--fair-rate", type=float, default=20.0, help="RAG_FAIR_RATE of the metered gateway")
+    both.add_argument(
+        "--fair-concurrency", type=int, default=8, help="RAG_FAIR_CONCURRENCY of the metered gateway"
+    )
+    both.add_argument("--skip-metering", action="store_true", help="the flood figure only")
     both.add_argument("--work", type=Path, default=Path(".mnemo/bench-budgets"))
     both.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
