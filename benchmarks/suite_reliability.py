@@ -169,7 +169,9 @@ def _run(gateway_url: str, sidecar_url: str, secret: str, plan: ReliabilityPlan)
     from gateway.auth import issue_token
 
     admin = issue_token(secret=secret, sub="bench-admin", projects=None, admin=True)
-    restricted = issue_token(secret=secret, sub="bench-alice", projects=[1], perms={"oh1": 1, "oh1/oh23": 0})
+    restricted = issue_token(
+        secret=secret, sub="bench-alice", projects=[1], perms={"oh1": 1, "oh1/oh23": 0}, grants=("ask",)
+    )
     served = {m["id"]: m for m in _get(sidecar_url + "/models")["models"]}
     budget = {"cases_per_route": plan.cases_per_route, "seconds": plan.seconds}
     # The ACL check first, on the corpus as loaded: the fuzz's valid cases replace descriptors and

@@ -41,7 +41,7 @@ VERIFIED_TOKENS = 4096  # verified tokens kept (LRU), so a caller's next request
 # A perms key is a section tipo or "section/component": the grammar ingestion stores them in. Keys
 # reach SQL as parameters, where a NUL or a lone surrogate would be a database error (a 500).
 _PERM_KEY = re.compile(CONTRIBUTOR_PATTERN)
-_UNPRINTABLE = re.compile("[\x00-\x1f\ud800-\udfff]")
+UNPRINTABLE = re.compile("[\x00-\x1f\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def _int_in(value: Any, low: int, high: int) -> bool:
 
 def _claims_to_principal(claims: Mapping[str, Any]) -> Principal:
     sub = claims.get("sub")
-    if not isinstance(sub, str) or not sub or len(sub) > MAX_SUB_CHARS or _UNPRINTABLE.search(sub):
+    if not isinstance(sub, str) or not sub or len(sub) > MAX_SUB_CHARS or UNPRINTABLE.search(sub):
         raise ApiError.invalid_token(f"The token's subject must be 1..{MAX_SUB_CHARS} characters")
     raw_projects = claims.get("projects", [])
     projects: frozenset[int] | None
@@ -127,7 +127,7 @@ def _claims_to_principal(claims: Mapping[str, Any]) -> Principal:
     if not (
         isinstance(grants, list)
         and len(grants) <= MAX_GRANTS
-        and all(isinstance(g, str) and 0 < len(g) <= 64 and not _UNPRINTABLE.search(g) for g in grants)
+        and all(isinstance(g, str) and 0 < len(g) <= 64 and not UNPRINTABLE.search(g) for g in grants)
     ):
         raise ApiError.invalid_token(
             f'The token\'s "grants" claim must be a list of at most {MAX_GRANTS} names'

@@ -51,7 +51,7 @@ from aiohttp import web
 
 from schema.database import database_unreachable
 
-from .auth import Principal, require_admin
+from .auth import MAX_SUB_CHARS, UNPRINTABLE, Principal, require_admin
 from .body import read_json
 from .errors import ApiError, envelope_ok
 from .metrics import Metrics
@@ -262,8 +262,11 @@ class Ledger:
 
 def _check(principal: str, meter: str | None) -> None:
     """Admin input at the door: a coded 400 rather than a database error."""
-    if not principal or len(principal) > 256:
-        raise ApiError.invalid_options("principal: 1..256 characters (the token's sub)")
+    # the token's sub grammar (gateway.auth): a NUL or a lone surrogate would be a database error
+    if not principal or len(principal) > MAX_SUB_CHARS or UNPRINTABLE.search(principal):
+        raise ApiError.invalid_options(
+            f"principal: 1..{MAX_SUB_CHARS} printable characters (the token's sub)"
+        )
     if meter is not None and meter not in METERS:
         raise ApiError.invalid_options(f"meter: one of {', '.join(METERS)}")
 

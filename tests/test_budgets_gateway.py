@@ -14,7 +14,7 @@ import asyncpg
 import pytest
 
 from tests.fixtures.chat_server import ChatServer, running_chat_server
-from tests.fixtures.gateway import Gateway, running_gateway, token
+from tests.fixtures.gateway import ADMIN, Gateway, running_gateway, token
 from tests.test_gateway_database_outage import DatabaseRelay, _relayed
 from tests.waiting import until
 
@@ -189,3 +189,41 @@ async def test_the_ledger_fails_closed_while_the_database_is_away_and_survives_a
         assert (status, body["error"]["code"]) == (429, "budget_exhausted")
     assert (await _used(corpus_database_url, sub))["ask"] == 2
     await relay.cut()
+
+
+async def test_the_admin_budget_routes_refuse_bad_input_with_coded_400s(
+    corpus_database_url: str, sidecar_url: str
+) -> None:
+    async with running_gateway(corpus_database_url, sidecar_url) as gw, aiohttp.ClientSession() as http:
+
+        async def post(path: str, body: Any, bearer: str = ADMIN) -> tuple[int, dict[str, Any]]:
+            async with http.post(
+                gw.url + path, json=body, headers={"Authorization": f"Bearer {bearer}"}
+            ) as r:
+                return r.status, await r.json()
+
+        for body in (
+            {"principal": "a\u0000b", "meter": "ask", "limit": 1},
+            {"principal": "x" * 300, "meter": "ask", "limit": 1},
+            {"principal": "x", "meter": "gpu_hours", "limit": 1},
+            {"principal": "x", "meter": "ask", "limit": True},
+            {"principal": "x", "meter": "ask", "limit": -1},
+            {"principal": "x", "meter": "ask", "limit": 2**63},
+            {"principal": "x", "meter": "ask"},
+            {"principal": 7, "meter": "ask", "limit": 1},
+        ):
+            status, answer = await post("/v1/budgets/limit", body)
+            # a NUL is refused by the body reader already (request.invalid_text), the rest by the route
+            assert status == 400, (body, answer)
+            assert answer["error"]["code"] in ("request.invalid_options", "request.invalid_text"), answer
+        status, answer = await post("/v1/budgets/reset", {"principal": "x", "meter": 3})
+        assert (status, answer["error"]["code"]) == (400, "request.invalid_options")
+        status, answer = await post(
+            "/v1/budgets/limit", {"principal": "x", "meter": "ask", "limit": 1}, _reader("r")
+        )
+        assert (status, answer["error"]["code"]) == (403, "auth.forbidden")
+        assert (await post("/v1/budgets/limit", {"principal": "x", "meter": "ask", "limit": None}))[0] == 200
+        shown = await gw.http("GET", "/v1/budgets?principal=x")
+        assert shown["rows"] == [
+            {**shown["rows"][0], "principal": "x", "meter": "ask", "used": 0, "limit": None, "override": True}
+        ]
