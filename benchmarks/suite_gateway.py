@@ -319,6 +319,9 @@ async def _measure_size(
                 bare = FloorCaller(http, floor)
                 await bare.warm(len(caller.texts))
                 measured: dict[str, Any] = {"faiss": faiss, **await _pair(caller, plan, plan.concurrency)}
+                if largest and cache == plan.caches[0]:  # issue 45: what metering adds, same run
+                    measured["metering"] = await _metering(url, stack.sidecar_url, secret, log, model.id, cache,
+                                                           gateway.url, caller.texts, plan)  # fmt: skip
                 # one caller at every size (the goal table's latency and CPU cells), the whole
                 # concurrency sweep at the largest; the HTTP floor beside the goal cells (one
                 # caller, the most callers)
@@ -359,6 +362,22 @@ async def _gateway(
         database_url, sidecar_url, secret, log, text_model=model, RAG_FAISS_CACHE=cache
     ) as gateway:
         yield gateway
+
+
+async def _metering(
+    url: str, sidecar_url: str, secret: str, log: Any, model: str, cache: str, metered_url: str,
+    texts: Sequence[str], plan: GatewayPlan,
+) -> dict[str, Any]:  # fmt: skip
+    """:func:`benchmarks.flood.metering_cost` against a twin gateway with ``RAG_BUDGETS=false``."""
+    from .flood import metering_cost
+    from .gateway import gateway_process
+
+    twin = log.with_name(log.stem + "-unmetered.log")
+    env = {"RAG_FAISS_CACHE": cache, "RAG_BUDGETS": "false"}
+    async with gateway_process(url, sidecar_url, secret, twin, text_model=model, **env) as unmetered:
+        return await metering_cost(
+            metered_url, unmetered.url, secret, texts, requests=plan.requests, pairs=max(2, plan.pairs)
+        )
 
 
 def _series(points: list[dict[str, Any]], x: str) -> dict[str, list[tuple[float, float]]]:

@@ -169,7 +169,9 @@ def _run(gateway_url: str, sidecar_url: str, secret: str, plan: ReliabilityPlan)
     from gateway.auth import issue_token
 
     admin = issue_token(secret=secret, sub="bench-admin", projects=None, admin=True)
-    restricted = issue_token(secret=secret, sub="bench-alice", projects=[1], perms={"oh1": 1, "oh1/oh23": 0})
+    restricted = issue_token(
+        secret=secret, sub="bench-alice", projects=[1], perms={"oh1": 1, "oh1/oh23": 0}, grants=("ask",)
+    )
     served = {m["id"]: m for m in _get(sidecar_url + "/models")["models"]}
     budget = {"cases_per_route": plan.cases_per_route, "seconds": plan.seconds}
     # The ACL check first, on the corpus as loaded: the fuzz's valid cases replace descriptors and
@@ -679,6 +681,14 @@ async def run_suite(stack: BenchStack, plan: ReliabilityPlan) -> SuiteResult:
                     section_tipo="oh1",
                     ingest_record=_mixed_record,
                 ),
+            )
+        if plan.mixed_callers > 0:  # issue 45: one principal's flood, another's steady calls
+            from .flood import flood_figure
+
+            await _attempt(
+                mixed,
+                "flood",
+                flood_figure(gateway.url, secret, _TEXTS, seconds=plan.mixed_seconds, perms={"oh1": 1}),
             )
         result = {**await asyncio.to_thread(_run, gateway.url, stack.sidecar_url, secret, plan), **mixed}
     if plan.sigterm_callers > 0:

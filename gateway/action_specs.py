@@ -20,6 +20,7 @@ from schema.read_pool import replica_lost
 from . import actions
 from . import options as opt
 from .ask import run_ask, stream_ask
+from .budgets import metered
 from .context import ActionContext, Args, Handler
 from .errors import ApiError
 from .settings import GatewaySettings
@@ -38,6 +39,9 @@ class ActionSpec:
     mcp: bool = True  # offered as an MCP tool
     stream: StreamHandler | None = None  # the server-sent-events variant (``stream: true``)
     off_answer: tuple[str, Any] | None = None  # the answer while RAG_ENABLED is off (else rag.disabled)
+    # Budget meters one call reserves a unit of (gateway.budgets); metered actions also pass the
+    # per-principal fairness limiter, as they are the ones that call the sidecar or the model.
+    meters: tuple[str, ...] = ()
 
     def read(self, options: Mapping[str, Any]) -> dict[str, Any]:
         """The options as the handler takes them; the first invalid one is a coded 400."""
@@ -56,6 +60,7 @@ class ActionSpec:
         return schema
 
 
+_QUERY = ("query_embeddings",)  # a query counts whether or not its vector came from the cache
 _TEXT = (opt.QUERY, opt.SCOPE, opt.GROUP, opt.LIMIT, opt.RERANK)
 _PASSAGES = (*_TEXT, opt.EXPAND)
 # explain (each result's rank per leg) where results are listed; ask answers in prose instead
@@ -67,16 +72,19 @@ ACTIONS: dict[str, ActionSpec] = {
         actions.semantic_search,
         _LISTED,
         "Records of the archive whose meaning best matches a query (best passage of each).",
+        meters=_QUERY,
     ),
     "retrieve": ActionSpec(
         actions.retrieve,
         _LISTED_PASSAGES,
         "Passages (chunks) best matching a query, with locators (chunk_id) for read_chunk.",
+        meters=_QUERY,
     ),
     "get_agent_context": ActionSpec(
         actions.get_agent_context,
         _LISTED_PASSAGES,
         "Permission-filtered passages to ground an agent's reasoning (same retrieval as retrieve).",
+        meters=_QUERY,
     ),
     "similar_to": ActionSpec(
         actions.similar_to,
@@ -103,6 +111,7 @@ ACTIONS: dict[str, ActionSpec] = {
         "A grounded answer with [n] citations to the archive's passages, or a refusal when nothing "
         "grounds it.",
         stream=stream_ask,
+        meters=("ask", *_QUERY),
     ),
     "similar_objects": ActionSpec(
         actions.similar_objects,
@@ -122,6 +131,7 @@ ACTIONS: dict[str, ActionSpec] = {
         actions.search_by_text_image,
         (opt.QUERY, opt.SCOPE, opt.LIMIT),
         "Object images matching a textual description (the image-text model's text tower).",
+        meters=_QUERY,
         media=True,
     ),
     "characterize_object": ActionSpec(
@@ -153,7 +163,9 @@ async def run_action(
     if off is not None:
         return off
     spec = ACTIONS[name]
-    return await handle(spec, ctx, spec.read(options))
+    args = spec.read(options)
+    async with metered(ctx.metering, spec.meters):
+        return await handle(spec, ctx, args)
 
 
 async def handle(spec: ActionSpec, ctx: ActionContext, args: Mapping[str, Any]) -> tuple[str, Any]:

@@ -34,6 +34,7 @@ from schema.database import create_pool, open_database
 from schema.read_pool import ReadPool
 
 from .auth import setup_auth
+from .budgets import BUDGETS_KEY, Budgets, setup_budget_routes
 from .console import setup_console
 from .context import ASK_KEY, OBJECTS_KEY, PASSAGES_KEY, RETRIEVER_KEY, AskServices, PassageServices
 from .dispatch import json_api
@@ -73,6 +74,12 @@ async def _database_ctx(app: web.Application) -> AsyncIterator[None]:
         app[POOL_KEY] = db.pool
         app[DATABASE_URL_KEY] = db.url
         yield
+
+
+async def _budgets_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The budget ledger (on the main pool: its reservations write) and the fairness limiter."""
+    app[BUDGETS_KEY] = Budgets.configured(app[POOL_KEY], app[SETTINGS_KEY].budgets, app[METRICS_KEY])
+    yield
 
 
 async def _sidecar_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -286,6 +293,7 @@ def _add_engine(app: web.Application, settings: GatewaySettings, metrics: Metric
     app[METRICS_KEY] = metrics or Metrics()
     app[CORPUS_STATS_KEY] = CorpusStats(ttl=settings.lexical_stats_ttl)
     app.cleanup_ctx.append(_database_ctx)
+    app.cleanup_ctx.append(_budgets_ctx)
     app.cleanup_ctx.append(_sidecar_ctx)
     # The cache and the lexical engine before the retriever, which is built with them.
     app.cleanup_ctx.append(_vector_cache_ctx)
@@ -324,6 +332,7 @@ def create_app(
     app.router.add_get("/metrics", metrics)
     setup_intake(app)
     setup_thumbnails(app)
+    setup_budget_routes(app)
     app.router.add_get("/openapi.json", openapi)
     setup_console(app)
     return app

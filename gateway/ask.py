@@ -32,6 +32,7 @@ from index.chunker import estimate_tokens
 from index.hits import Scope
 from inference.json_out import dumps
 
+from .budgets import hold_generation, settle_generation
 from .citations import citations, validate_markers
 from .context import ActionContext, Args, AskServices, query_error
 from .egress import passage_sections, restricted_sections
@@ -200,18 +201,28 @@ def finish(services: AskServices, prepared: Prepared, generation: Generation) ->
     return OK, data
 
 
+def prompt_tokens(request: GenerationRequest) -> int:
+    """The prompt's token estimate (what the budget reserves before the model reports its count)."""
+    texts = (request.system_prompt, request.query, *request.passages)
+    return sum(estimate_tokens(t) for t in texts)
+
+
 async def run_ask(ctx: ActionContext, args: Args) -> tuple[str, Any]:
     services = ctx.ask_services()
     prepared = await prepare(ctx, args)
     if prepared.request is None:
         services.metrics.ask_outcomes.labels(prepared.msg).inc()
         return prepared.msg, _answer(prepared)
+    hold = await hold_generation(
+        ctx.metering, prompt_tokens(prepared.request), services.settings.llm_max_output_tokens
+    )
     try:
         generation = await services.provider.generate(prepared.request)
     except GenerationFailed as exc:
         services.metrics.ask_outcomes.labels("generation_failed").inc()
         log.warning("generation failed: %s", exc)
-        raise ApiError("rag.generation_failed") from exc
+        raise ApiError("rag.generation_failed") from exc  # the metered call refunds what it held
+    await settle_generation(ctx.metering, hold, generation.usage, estimate_tokens(generation.text))
     services.metrics.ask_outcomes.labels(OK).inc()
     return finish(services, prepared, generation)
 
@@ -232,10 +243,17 @@ async def stream_ask(request: web.Request, ctx: ActionContext, args: Args) -> we
     services = ctx.ask_services()
     rid = request_id(request)
     prepared = await prepare(ctx, args)
+    hold = None
+    if prepared.request is not None:  # a spent token budget is still a plain JSON 429, before the stream
+        hold = await hold_generation(
+            ctx.metering, prompt_tokens(prepared.request), services.settings.llm_max_output_tokens
+        )
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     response.headers["X-Request-Id"] = rid
+    if ctx.metering is not None:
+        response.headers.update(ctx.metering.headers())
     await response.prepare(request)
-    if prepared.request is None:
+    if prepared.request is None or hold is None:
         services.metrics.ask_outcomes.labels(prepared.msg).inc()
         envelope = {"ok": True, "request_id": rid, "msg": prepared.msg, "data": _answer(prepared)}
         await response.write(sse_event("done", envelope))
@@ -249,11 +267,15 @@ async def stream_ask(request: web.Request, ctx: ActionContext, args: Args) -> we
     except GenerationFailed as exc:
         services.metrics.ask_outcomes.labels("generation_failed").inc()
         log.warning("streamed generation failed: %s", exc)
+        if ctx.metering is not None:  # the call returns normally (its error is an event): refund here
+            await ctx.metering.refund_all()
         await response.write(sse_event("error", ApiError("rag.generation_failed").body(rid)))
         await response.write_eof()
         return response
+    text = "".join(parts)
+    await settle_generation(ctx.metering, hold, {}, estimate_tokens(text))  # streams report no usage
     services.metrics.ask_outcomes.labels(OK).inc()
-    msg, data = finish(services, prepared, Generation("".join(parts), services.provider.model))
+    msg, data = finish(services, prepared, Generation(text, services.provider.model))
     await response.write(sse_event("done", {"ok": True, "request_id": rid, "msg": msg, "data": data}))
     await response.write_eof()
     return response

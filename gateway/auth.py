@@ -2,7 +2,9 @@
 
 Claims: ``sub``; ``projects`` (a list of project ids, or ``"*"`` for all);
 ``perms`` (``{"<section_tipo>": level, "<section_tipo>/<component_tipo>": level}``);
-``admin`` (reads every section and project). Tokens must carry ``exp``.
+``admin`` (reads every section and project); ``grants`` (a list of capabilities
+beyond reading: ``"ask"`` lets a non-admin call ``ask`` while
+``RAG_ASK_GRANT=required``, see :mod:`gateway.budgets`). Tokens must carry ``exp``.
 Only the algorithms a key is configured for are accepted, so ``alg: none``
 and HS256-signed-with-the-public-key tricks fail as invalid tokens.
 """
@@ -34,11 +36,12 @@ ADMIN_LEVEL = 3  # the archive's levels: 0 none, 1 read, 2 write, 3 admin
 # a token is not a place for megabytes of grants.
 MAX_CLAIM_ITEMS = 10_000
 MAX_SUB_CHARS = 256
+MAX_GRANTS = 64
 VERIFIED_TOKENS = 4096  # verified tokens kept (LRU), so a caller's next request skips the signature check
 # A perms key is a section tipo or "section/component": the grammar ingestion stores them in. Keys
 # reach SQL as parameters, where a NUL or a lone surrogate would be a database error (a 500).
 _PERM_KEY = re.compile(CONTRIBUTOR_PATTERN)
-_UNPRINTABLE = re.compile("[\x00-\x1f\ud800-\udfff]")
+UNPRINTABLE = re.compile("[\x00-\x1f\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class Principal:
     projects: frozenset[int] | None = frozenset()  # None: every project ("*")
     perms: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     admin: bool = False
+    grants: frozenset[str] = frozenset()  # capabilities beyond reading, e.g. "ask"
 
     def section_level(self, section_tipo: str) -> int:
         """The caller's level on a section (0 when not granted)."""
@@ -87,7 +91,7 @@ def _int_in(value: Any, low: int, high: int) -> bool:
 
 def _claims_to_principal(claims: Mapping[str, Any]) -> Principal:
     sub = claims.get("sub")
-    if not isinstance(sub, str) or not sub or len(sub) > MAX_SUB_CHARS or _UNPRINTABLE.search(sub):
+    if not isinstance(sub, str) or not sub or len(sub) > MAX_SUB_CHARS or UNPRINTABLE.search(sub):
         raise ApiError.invalid_token(f"The token's subject must be 1..{MAX_SUB_CHARS} characters")
     raw_projects = claims.get("projects", [])
     projects: frozenset[int] | None
@@ -119,7 +123,22 @@ def _claims_to_principal(claims: Mapping[str, Any]) -> Principal:
     admin = claims.get("admin", False)
     if not isinstance(admin, bool):
         raise ApiError.invalid_token('The token\'s "admin" claim must be a boolean')
-    return Principal(sub=sub, projects=projects, perms=MappingProxyType(dict(raw_perms)), admin=admin)
+    grants = claims.get("grants", [])
+    if not (
+        isinstance(grants, list)
+        and len(grants) <= MAX_GRANTS
+        and all(isinstance(g, str) and 0 < len(g) <= 64 and not UNPRINTABLE.search(g) for g in grants)
+    ):
+        raise ApiError.invalid_token(
+            f'The token\'s "grants" claim must be a list of at most {MAX_GRANTS} names'
+        )
+    return Principal(
+        sub=sub,
+        projects=projects,
+        perms=MappingProxyType(dict(raw_perms)),
+        admin=admin,
+        grants=frozenset(grants),
+    )
 
 
 class TokenVerifier:
@@ -241,6 +260,7 @@ def issue_token(
     projects: Sequence[int] | None = (),
     perms: Mapping[str, int] | None = None,
     admin: bool = False,
+    grants: Sequence[str] = (),
     ttl: float = 3600.0,
     audience: str | None = None,
     issuer: str | None = None,
@@ -258,6 +278,7 @@ def issue_token(
         "projects": "*" if projects is None else sorted(set(projects)),
         "perms": dict(perms or {}),
         "admin": admin,
+        "grants": sorted(set(grants)),
         "iat": issued,
         "exp": issued + int(ttl),
     }

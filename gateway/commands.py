@@ -1,4 +1,5 @@
-"""The gateway's subcommands: ``mnemo gateway``, ``mnemo token``, ``mnemo up`` (``mnemo eval`` is benchmarks').
+"""The gateway's subcommands: ``mnemo gateway``, ``mnemo token``, ``mnemo up``, ``mnemo mcp``,
+``mnemo budgets`` (``mnemo eval`` is benchmarks').
 
 Registration stays light: the aiohttp app, the database driver and the sidecar
 client are imported inside the handlers.
@@ -71,6 +72,7 @@ def _token(args: argparse.Namespace) -> int:
         projects=args.projects,
         perms=dict(args.perm),
         admin=args.admin,
+        grants=args.grant,
         ttl=args.ttl,
         audience=settings.jwt_audience or None,
         issuer=settings.jwt_issuer or None,
@@ -181,6 +183,81 @@ def _settings_docs(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _budgets(args: argparse.Namespace) -> int:
+    """``mnemo budgets show|set|reset``: the ledger's current window and per-principal limits."""
+    from schema.database import open_database
+    from schema.settings import load_settings
+
+    from .budgets import Ledger
+    from .errors import ApiError
+    from .settings import BudgetSettings
+
+    try:
+        settings = load_settings(BudgetSettings)
+    except SettingsError as exc:
+        print(f"mnemo budgets: {exc}", file=sys.stderr)
+        return 2
+    async with open_database(database_settings(args)) as db:
+        ledger = Ledger(db.pool, settings)
+        try:
+            if args.budgets_command == "set":
+                if args.default:
+                    had = await ledger.clear_limit(args.principal, args.meter)
+                    print(f"{args.principal} {args.meter}: the role's limit" + ("" if had else " (already)"))
+                else:
+                    await ledger.set_limit(args.principal, args.meter, args.limit)
+                    shown = "unlimited" if args.limit is None else str(args.limit)
+                    print(f"{args.principal} {args.meter}: {shown} per window")
+                return 0
+            if args.budgets_command == "reset":
+                rows = await ledger.reset(args.principal, args.meter)
+                print(f"{args.principal}: {rows} meter(s) of the current window reset")
+                return 0
+            rows = await ledger.show(args.principal)
+        except ApiError as exc:
+            print(f"mnemo budgets: {exc.message}", file=sys.stderr)
+            return 2
+    if args.json:
+        import json
+
+        print(json.dumps([r.as_dict() for r in rows], indent=2))
+        return 0
+    print(f"window of {settings.window} s (UTC), limits RAG_BUDGET_LIMITS={settings.limits!r}")
+    print(f"{'principal':<24} {'meter':<22} {'role':<6} {'used':>10} {'limit':>12}")
+    for r in rows:
+        limit = "unlimited" if r.limit is None else str(r.limit)
+        print(
+            f"{r.principal:<24} {r.meter:<22} {r.role:<6} {r.used:>10} {limit + ('*' if r.override else ''):>12}"
+        )
+    print(
+        "(* the principal's own limit, set with mnemo budgets set)" if any(r.override for r in rows) else ""
+    )
+    return 0
+
+
+def _add_budgets_parser(subparsers: argparse._SubParsersAction) -> None:
+    from .settings import METERS
+
+    p = subparsers.add_parser("budgets", help="show, set and reset per-principal budgets (the ledger)")
+    sub = p.add_subparsers(dest="budgets_command", required=True)
+    show = sub.add_parser("show", help="every principal's use of the current window, and the overrides")
+    show.add_argument("--principal", default=None, help="one principal (the token's sub)")
+    show.add_argument("--json", action="store_true", help="print JSON rows")
+    set_ = sub.add_parser("set", help="give one principal its own limit on one meter")
+    set_.add_argument("--principal", required=True, help="the token's sub")
+    set_.add_argument("--meter", required=True, choices=METERS)
+    limit = set_.add_mutually_exclusive_group(required=True)
+    limit.add_argument("--limit", type=int, help="units per window (>= 0)")
+    limit.add_argument("--unlimited", action="store_true", help="no limit (still counted)")
+    limit.add_argument("--default", action="store_true", help="drop the override: the role's limit applies")
+    reset = sub.add_parser("reset", help="zero one principal's use of the current window")
+    reset.add_argument("--principal", required=True, help="the token's sub")
+    reset.add_argument("--meter", choices=METERS, default=None, help="one meter (default: all)")
+    for q in (show, set_, reset):
+        add_database_flags(q)
+    p.set_defaults(run=command(_budgets, "mnemo budgets"))
+
+
 def _add_gateway_flags(p: argparse.ArgumentParser) -> None:
     add_database_flags(p)
     p.add_argument("--host", default=None, help="listen address (env RAG_GATEWAY_HOST, default 127.0.0.1)")
@@ -246,6 +323,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="TIPO=LEVEL or SECTION/COMPONENT=LEVEL (repeatable), e.g. --perm oh1=1 --perm oh1/oh23=0",
     )
     p.add_argument("--admin", action="store_true", help="an admin token (reads everything)")
+    p.add_argument(
+        "--grant",
+        choices=("ask",),
+        action="append",
+        default=[],
+        help="a capability beyond reading (repeatable): ask lets the token call ask (RAG_ASK_GRANT)",
+    )
     p.add_argument("--ttl", type=float, default=3600.0, help="seconds until expiry (default 3600)")
     p.add_argument("--private-key", default=None, help="PEM private key file: sign RS256 instead of HS256")
     p.set_defaults(run=_token)
@@ -265,3 +349,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--check", action="store_true", help="write nothing; exit 1 naming any file out of date"
     )
     docs.set_defaults(run=_settings_docs)
+
+    _add_budgets_parser(subparsers)

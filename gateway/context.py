@@ -17,6 +17,7 @@ from aiohttp import web
 from index.sections import SectionStore
 
 from .auth import Principal
+from .budgets import BUDGETS_KEY, Metering
 from .errors import ApiError
 from .expand import Expanded, expand_passages
 from .metrics import Metrics
@@ -107,6 +108,7 @@ class ActionContext:
     objects: ObjectRetriever | None = None
     passages: PassageServices | None = None
     ask: AskServices | None = None
+    metering: Metering | None = None  # this call's budget reservations (None: an app without budgets)
 
     def object_retriever(self) -> ObjectRetriever:
         if self.objects is None:
@@ -130,6 +132,7 @@ Handler = Callable[[ActionContext, Args], Awaitable[tuple[str, Any]]]
 
 def action_context(app: web.Application, principal: Principal) -> ActionContext:
     """The context of one call by ``principal`` against a started app's engines."""
+    budgets = app.get(BUDGETS_KEY)
     return ActionContext(
         principal,
         app[RETRIEVER_KEY],
@@ -137,6 +140,7 @@ def action_context(app: web.Application, principal: Principal) -> ActionContext:
         app.get(OBJECTS_KEY),
         app.get(PASSAGES_KEY),
         app.get(ASK_KEY),
+        None if budgets is None else Metering(budgets, principal),
     )
 
 

@@ -4,7 +4,8 @@ Order of checks, each a coded error: the body is a JSON object; ``dd_api`` is
 ``dd_rag_api``; ``action`` is registered; ``options`` is an object; the caller
 is authenticated (every action needs a session); the kill switches
 (``RAG_ENABLED``, then ``RAG_MEDIA_ENABLED`` for image actions); then the
-action validates its own options and runs.
+action validates its own options; a metered action then passes its grant, the
+per-principal limiter and its budget reservations (:mod:`gateway.budgets`); then it runs.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from aiohttp import web
 from .action_specs import ACTIONS, admit, handle
 from .auth import authenticate
 from .body import read_json
+from .budgets import metered
 from .context import action_context
 from .errors import ApiError, envelope_ok
 from .resources import ACTION_KEY, SETTINGS_KEY
@@ -49,7 +51,11 @@ async def json_api(request: web.Request) -> web.StreamResponse:
     spec = ACTIONS[action]
     args = spec.read(options)
     ctx = action_context(request.app, principal)
-    if spec.stream is not None and args.get("stream"):  # server-sent events instead of one body
-        return await spec.stream(request, ctx, args)
-    msg, data = await handle(spec, ctx, args)
-    return envelope_ok(request, data, msg)
+    async with metered(ctx.metering, spec.meters) as metering:
+        if spec.stream is not None and args.get("stream"):  # server-sent events instead of one body
+            return await spec.stream(request, ctx, args)
+        msg, data = await handle(spec, ctx, args)
+    response = envelope_ok(request, data, msg)
+    if metering is not None:
+        response.headers.update(metering.headers())
+    return response

@@ -89,6 +89,15 @@ ERRORS: dict[str, ErrorSpec] = {
     "auth.not_logged": ErrorSpec(401, "auth", "Authentication required"),
     "auth.invalid_token": ErrorSpec(401, "auth", "The bearer token is invalid"),
     "auth.forbidden": ErrorSpec(403, "auth", "Not allowed"),
+    "auth.ask_not_granted": ErrorSpec(
+        403, "auth", 'ask needs a grant: a token whose "grants" claim holds "ask" (gateway.budgets)'
+    ),
+    # Budgets and fairness (gateway.budgets): the caller's own limits, not the service's load.
+    # Undotted like `internal`: the category is the code.
+    "budget_exhausted": ErrorSpec(
+        429, "budget_exhausted", "This principal's budget for the window is spent", True
+    ),
+    "rate_limited": ErrorSpec(429, "rate_limited", "This principal is calling too fast; retry shortly", True),
     "rag.disabled": ErrorSpec(503, "rag", "RAG is disabled"),
     "rag.media_disabled": ErrorSpec(503, "rag", "RAG media is disabled"),
     "rag.embedding_unavailable": ErrorSpec(
@@ -107,13 +116,25 @@ ERRORS: dict[str, ErrorSpec] = {
 class ApiError(Exception):
     """A coded failure that leaves the service as a v2 envelope with the code's HTTP status."""
 
-    def __init__(self, code: str, message: str | None = None, *, retryable: bool | None = None) -> None:
+    def __init__(
+        self,
+        code: str,
+        message: str | None = None,
+        *,
+        retryable: bool | None = None,
+        retry_after: int | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
         spec = ERRORS[code]  # an unknown code is a programming error: fail loudly
         self.code = code
         self.status = spec.status
         self.category = spec.category
         self.message = message or spec.message
         self.retryable = spec.retryable if retryable is None else retryable
+        # Seconds for Retry-After (None: RETRY_AFTER_S), and what the client needs to act on
+        # (a spent budget's meter, use, limit and reset time), carried in the envelope's error.
+        self.retry_after = retry_after
+        self.details = details
         super().__init__(f"{code}: {self.message}")
 
     @property
@@ -122,17 +143,18 @@ class ApiError(Exception):
         return "error." + self.code
 
     def body(self, request_id: str) -> dict[str, Any]:
-        return {
-            "ok": False,
-            "request_id": request_id,
-            "error": {
-                "code": self.code,
-                "category": self.category,
-                "message": self.message,
-                "label_key": self.label_key,
-                "retryable": self.retryable,
-            },
+        error: dict[str, Any] = {
+            "code": self.code,
+            "category": self.category,
+            "message": self.message,
+            "label_key": self.label_key,
+            "retryable": self.retryable,
         }
+        if self.retry_after is not None:
+            error["retry_after"] = self.retry_after
+        if self.details is not None:
+            error.update(self.details)
+        return {"ok": False, "request_id": request_id, "error": error}
 
     # Named constructors for the codes handlers raise most.
     @classmethod
@@ -232,7 +254,7 @@ def error_response(request: web.BaseRequest, error: ApiError) -> web.Response:
     """The error envelope (headers and the request id only: a protocol-level request has no route)."""
     response = json_response(request, error.body(request_id(request)), status=error.status)
     if error.status == 429 or (error.status == 503 and error.retryable):
-        response.headers["Retry-After"] = str(RETRY_AFTER_S)
+        response.headers["Retry-After"] = str(error.retry_after or RETRY_AFTER_S)
     if error.status == 408:  # a client too slow to send its body does not keep the connection
         response.force_close()
     if error.code == "request.method_not_allowed":

@@ -94,6 +94,39 @@ class Metrics:
             ("outcome",),
             registry=self.registry,
         )
+        # Budgets (gateway.budgets): labelled by meter and role (user, admin), never by principal, so
+        # the series stay few however many principals call.
+        self.budget_units = Counter(
+            "mnemo_budget_units",
+            "Units charged to principals' budgets (reservations and settled excess), by meter and role.",
+            ("meter", "role"),
+            registry=self.registry,
+        )
+        self.budget_refunded_units = Counter(
+            "mnemo_budget_refunded_units",
+            "Units given back: failed calls, and calls that used less than they reserved.",
+            ("meter", "role"),
+            registry=self.registry,
+        )
+        self.budget_exhausted = Counter(
+            "mnemo_budget_exhausted",
+            "Calls refused with 429 budget_exhausted, by the meter that was spent and role.",
+            ("meter", "role"),
+            registry=self.registry,
+        )
+        self.budget_rate_limited = Counter(
+            "mnemo_budget_rate_limited",
+            "Calls shed by the per-principal fairness limiter (429 rate_limited), by role.",
+            ("role",),
+            registry=self.registry,
+        )
+        self.budget_ledger_errors = Counter(
+            "mnemo_budget_ledger_errors",
+            "Ledger operations the database did not answer (reserve: the call failed closed with a 503; "
+            "settle: the reservation stayed charged).",
+            ("operation",),
+            registry=self.registry,
+        )
 
         # Labelled children by label values, looked up once: prometheus_client's ``labels()`` checks
         # and converts its arguments and takes a lock on every call, and every request made five of

@@ -64,6 +64,12 @@ _ERROR_ENVELOPE = {
                 "message": {"type": "string"},
                 "label_key": {"type": "string"},
                 "retryable": {"type": "boolean"},
+                # budget_exhausted and rate_limited (gateway.budgets): the wait, and what was spent
+                "retry_after": {"type": "integer"},
+                "meter": {"type": "string"},
+                "used": {"type": "integer"},
+                "limit": {"type": ["integer", "null"]},
+                "reset_at": {"type": "string", "format": "date-time"},
             },
         },
     },
@@ -124,6 +130,21 @@ _REQUEST_BODIES: dict[tuple[str, str], dict[str, Any]] = {
     },
     ("/v1/sections/{section_tipo}", "put"): {"type": "object", "description": "the section's descriptor"},
     ("/v1/queue/retry", "post"): {"type": "object"},
+    ("/v1/budgets/limit", "post"): {
+        "type": "object",
+        "required": ["principal", "meter"],
+        "properties": {
+            "principal": {"type": "string"},
+            "meter": {"type": "string"},
+            "limit": {"type": ["integer", "null"], "minimum": 0},
+            "default": {"type": "boolean"},
+        },
+    },
+    ("/v1/budgets/reset", "post"): {
+        "type": "object",
+        "required": ["principal"],
+        "properties": {"principal": {"type": "string"}, "meter": {"type": "string"}},
+    },
     ("/v1/sections/{section_tipo}/reconcile", "post"): {"type": "object"},
 }
 

@@ -215,7 +215,11 @@ async def run_up(args: argparse.Namespace, settings: GatewaySettings, *, own_sid
         print(f"  demo      indexed (queue: {stats})", flush=True)
         admin = issue_token(secret=secret, sub="admin", projects=None, admin=True)
         researcher = issue_token(
-            secret=secret, sub="researcher", projects=RESEARCHER_PROJECTS, perms=RESEARCHER_PERMS
+            secret=secret,
+            sub="researcher",
+            projects=RESEARCHER_PROJECTS,
+            perms=RESEARCHER_PERMS,
+            grants=("ask",),  # the demo's researcher may ask (RAG_ASK_GRANT=required)
         )
         print("", flush=True)
         print(examples(url, admin, researcher), flush=True)

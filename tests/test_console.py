@@ -434,6 +434,54 @@ async def test_operations_for_admins(browser: WebDriver, gateway: Gateway, scree
     await in_browser(flow)
 
 
+async def test_budgets_on_the_operations_page(
+    browser: WebDriver, gateway: Gateway, screenshots: Path
+) -> None:
+    """An admin sees this window's use per principal, gives one principal its own limit (which the
+    next call meets as 429 budget_exhausted), resets its window and puts the role's limit back."""
+    sub = "budget-reader"
+    reader = token(sub, projects=[1], oh1=1)
+    assert (await gateway.call("semantic_search", {"query": "water"}, bearer=reader))[0] == 200
+
+    def set_limit(limit: str) -> None:
+        fill(browser, "#budget-principal", sub)
+        Select(browser.find_element(By.ID, "budget-meter")).select_by_value("query_embeddings")
+        fill(browser, "#budget-limit", limit)
+        browser.find_element(By.ID, "budget-set").click()
+
+    def flow() -> None:
+        sign_in(browser, gateway.url, ADMIN)
+        tab(browser, "ops")
+        wait(browser, lambda d: sub in d.find_element(By.ID, "ops-budgets").text)
+        assert "Window 86400 s (UTC)" in browser.find_element(By.ID, "ops-budget-window").text
+        set_limit("1")
+        wait(browser, lambda d: d.find_element(By.ID, "ops-budget-done").text == f"{sub} query_embeddings: 1")
+        wait(
+            browser,
+            lambda d: f"{sub} query_embeddings user 1 1 (own)" in d.find_element(By.ID, "ops-budgets").text,
+        )
+        shot(browser, screenshots, "operations-budgets")
+
+    await in_browser(flow)
+    status, body = await gateway.call("semantic_search", {"query": "water"}, bearer=reader)
+    assert (status, body["error"]["code"], body["error"]["limit"]) == (429, "budget_exhausted", 1)
+
+    def reset_and_default() -> None:
+        browser.find_element(By.ID, "budget-reset").click()
+        wait(browser, lambda d: d.find_element(By.ID, "ops-budget-done").text == f"{sub}: window reset")
+        browser.find_element(By.ID, "budget-default").click()
+        wait(
+            browser,
+            lambda d: (
+                d.find_element(By.ID, "ops-budget-done").text == f"{sub} query_embeddings: role default"
+            ),
+        )
+        assert "(own)" not in browser.find_element(By.ID, "ops-budgets").text
+
+    await in_browser(reset_and_default)
+    assert (await gateway.call("semantic_search", {"query": "water"}, bearer=reader))[0] == 200
+
+
 async def test_keyboard_and_a_phone_wide_screen(
     browser: WebDriver, gateway: Gateway, screenshots: Path
 ) -> None:
@@ -501,7 +549,7 @@ async def test_auth_off_says_admin_and_the_switch_turns_it_off(
 
 async def test_the_operations_routes_are_for_admins_only(gateway: Gateway) -> None:
     async with aiohttp.ClientSession() as s:
-        for path in ("/v1/queue/failed", "/v1/sections", "/v1/models"):
+        for path in ("/v1/queue/failed", "/v1/sections", "/v1/models", "/v1/budgets"):
             async with s.get(gateway.url + path, headers={"Authorization": f"Bearer {RESEARCHER}"}) as r:
                 assert r.status == 403 and (await r.json())["error"]["code"] == "auth.forbidden", path
             async with s.get(gateway.url + path) as r:

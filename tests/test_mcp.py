@@ -13,9 +13,10 @@ import pytest
 from mcp import Client
 
 from gateway.auth import ANONYMOUS_ADMIN
+from gateway.budgets import BUDGETS_KEY
 from gateway.mcp import McpStartupError, build_mcp_server, principal_from_token
 from gateway.resources import SETTINGS_KEY
-from tests.fixtures.gateway import Gateway, token
+from tests.fixtures.gateway import Gateway, running_gateway, token
 
 pytestmark = pytest.mark.ray
 
@@ -85,6 +86,27 @@ async def test_tool_errors_carry_the_api_error(corpus_gateway: Gateway) -> None:
             assert payload["error"]["message"] == body["error"]["message"]
         is_error, payload = await _tool(client, "read_chunk", {"chunk_id": "oh1-3/rag:card/lg-eng/0"})
         assert is_error and payload["error"]["code"] == "rag.chunk_not_found"  # project 2: as if missing
+
+
+async def test_a_spent_budget_is_an_mcp_tool_error_like_the_api(
+    corpus_database_url: str, sidecar_url: str
+) -> None:
+    sub = "mcp-spent"
+    bearer = token(sub, projects=[1], oh1=1)
+    async with running_gateway(corpus_database_url, sidecar_url, RAG_BUDGET_LIMITS="user.ask=0") as gw:
+        # the ask run is spent by the role's limit, the query embeddings by this principal's own
+        await gw.app[BUDGETS_KEY].ledger.set_limit(sub, "query_embeddings", 0)
+        status, body = await gw.call("ask", {"query": DAM}, bearer=bearer)
+        assert (status, body["error"]["code"]) == (429, "budget_exhausted")
+        server = build_mcp_server(gw.app, principal_from_token(gw.app[SETTINGS_KEY], bearer))
+        async with Client(server) as client:
+            for name, arguments, meter in (
+                ("ask", {"query": DAM}, "ask"),
+                ("retrieve", {"query": DAM}, "query_embeddings"),
+            ):
+                is_error, payload = await _tool(client, name, arguments)
+                assert is_error and payload["error"]["code"] == "budget_exhausted"
+                assert payload["error"]["meter"] == meter and payload["error"]["reset_at"]
 
 
 def test_the_principal_is_fixed_from_a_verified_token(corpus_gateway: Gateway) -> None:

@@ -1,4 +1,5 @@
-// Operations (admins): readiness, queue, failed records with a retry button, models, sections.
+// Operations (admins): readiness, queue, failed records with a retry button, models, sections,
+// and budgets (use of this window per principal and meter; set a principal's limit, reset its window).
 
 import { get, post } from "./api.js";
 import { $, clear, el, showError } from "./dom.js";
@@ -51,11 +52,59 @@ export async function refreshOps() {
       ),
     ),
     settle($("#ops-sections"), () => get("/v1/sections"), (d) => clear($("#ops-sections"), json(d.sections))),
+    settle($("#ops-budgets tbody"), () => get("/v1/budgets"), renderBudgets),
   ]);
+}
+
+function renderBudgets(d) {
+  const meter = $("#budget-meter");
+  if (!meter.options.length) d.meters.forEach((m) => meter.append(el("option", { value: m }, m)));
+  const roles = d.limits.map((l) => `${l.role}.${l.meter}=${l.limit}`).join(", ") || "none";
+  clear($("#ops-budget-window"), `Window ${d.window_s} s (UTC)${d.enabled ? "" : ", metering off"}; role limits: ${roles}`);
+  clear(
+    $("#ops-budgets tbody"),
+    d.rows.length
+      ? d.rows.map((r) =>
+          row(r.principal, r.meter, r.role, r.used, `${r.limit === null ? "unlimited" : r.limit}${r.override ? " (own)" : ""}`),
+        )
+      : row("No use in this window", "", "", "", ""),
+  );
+}
+
+// One budget change, then the table again and a line saying what was done.
+async function budgetChange(path, body, done) {
+  showError("ops", null);
+  try {
+    await post(path, body);
+    await refreshOps();
+    clear($("#ops-budget-done"), done);
+  } catch (failure) {
+    showError("ops", failure);
+  }
+}
+
+function budgetTarget() {
+  return { principal: $("#budget-principal").value.trim(), meter: $("#budget-meter").value };
 }
 
 export function setupOps() {
   $("#ops-refresh").addEventListener("click", refreshOps);
+  $("#ops-budget-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const raw = $("#budget-limit").value.trim();
+    const target = budgetTarget();
+    const limit = raw === "" ? null : Number(raw);
+    const shown = limit === null ? "unlimited" : limit;
+    budgetChange("/v1/budgets/limit", { ...target, limit }, `${target.principal} ${target.meter}: ${shown}`);
+  });
+  $("#budget-default").addEventListener("click", () => {
+    const target = budgetTarget();
+    budgetChange("/v1/budgets/limit", { ...target, default: true }, `${target.principal} ${target.meter}: role default`);
+  });
+  $("#budget-reset").addEventListener("click", () => {
+    const { principal } = budgetTarget();
+    budgetChange("/v1/budgets/reset", { principal }, `${principal}: window reset`);
+  });
   $("#ops-retry").addEventListener("click", async () => {
     showError("ops", null);
     try {

@@ -1,0 +1,262 @@
+"""Budgets' ledger rules against real PostgreSQL: reserve / settle / refund across windows (a property
+test against a pure model of the rules), 64 concurrent reservations, overrides, and the fairness limiter."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import asyncpg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gateway.auth import Principal
+from gateway.budgets import Budgets, FairLimiter, Metering, Reservation, window_of
+from gateway.errors import ApiError
+from gateway.metrics import Metrics
+from gateway.settings import BudgetSettings, parse_limits
+from schema.settings import SettingsError
+
+WINDOW = 100  # seconds: the property test crosses several windows
+
+
+class Clock:
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _budgets(pool: asyncpg.Pool, limits: str, clock: Clock, window: int = WINDOW) -> Budgets:
+    return Budgets.configured(pool, BudgetSettings(window=window, limits=limits), Metrics(), clock)
+
+
+async def _ledger(pool: asyncpg.Pool, sub: str) -> dict[tuple[str, float], int]:
+    rows = await pool.fetch(
+        "SELECT meter, window_start, used FROM rag_budget_ledger WHERE principal = $1", sub
+    )
+    return {(r["meter"], r["window_start"].timestamp()): r["used"] for r in rows if r["used"]}
+
+
+# -- the pure model ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Model:
+    """The rules, with no database: used per (meter, window start)."""
+
+    limit: int
+    used: dict[tuple[str, float], int] = field(default_factory=dict)
+
+    def reserve(self, meter: str, units: int, now: float) -> bool:
+        key = (meter, window_of(now, WINDOW)[0].timestamp())
+        if self.used.get(key, 0) + units > self.limit:
+            return False
+        self.used[key] = self.used.get(key, 0) + units
+        return True
+
+    def adjust(self, key: tuple[str, float], delta: int) -> None:
+        self.used[key] = max(0, self.used.get(key, 0) + delta)
+
+    def view(self) -> dict[tuple[str, float], int]:
+        return {k: v for k, v in self.used.items() if v}
+
+
+# reserve units on a meter; settle the nth live reservation to what was used; refund it; move the clock
+_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("reserve"), st.sampled_from(["ask", "llm_prompt_tokens"]), st.integers(0, 12)),
+        st.tuples(st.just("settle"), st.integers(0, 5), st.integers(0, 15)),
+        st.tuples(st.just("refund"), st.integers(0, 5), st.just(0)),
+        st.tuples(st.just("tick"), st.just(""), st.integers(1, 120)),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=_ops, limit=st.integers(0, 20))
+async def test_reserve_settle_refund_match_the_model_across_windows(
+    db_pool: asyncpg.Pool, ops: list[tuple[str, str, int]], limit: int
+) -> None:
+    sub = f"p-{uuid.uuid4().hex[:8]}"
+    clock = Clock()
+    budgets = _budgets(db_pool, f"user.ask={limit},user.llm_prompt_tokens={limit}", clock)
+    metering = Metering(budgets, Principal(sub=sub))
+    model = Model(limit)
+    live: list[Reservation] = []
+    for op, arg, n in ops:
+        if op == "reserve":
+            admitted = model.reserve(arg, n, clock.now)
+            try:
+                live.append(await metering.reserve(arg, n))  # type: ignore[arg-type]
+                assert admitted, "the ledger admitted what the rules refuse"
+            except ApiError as exc:
+                assert not admitted and exc.code == "budget_exhausted" and exc.status == 429
+                assert exc.details is not None and exc.details["limit"] == limit
+                assert exc.retry_after is not None and 1 <= exc.retry_after <= WINDOW
+        elif op == "settle" and live:
+            held = live.pop(int(arg) % len(live))
+            # settle's rule: the reservation's own window moves by used - reserved
+            model.adjust((held.meter, held.window_start.timestamp()), n - held.units)
+            await metering.settle(held, n)
+        elif op == "refund" and live:
+            held = live.pop(0)
+            model.adjust((held.meter, held.window_start.timestamp()), -held.units)
+            await budgets.ledger.adjust(held, -held.units)
+        elif op == "tick":
+            clock.now += n
+        assert await _ledger(db_pool, sub) == model.view()
+    # Nothing reserved ever passes the limit; only a settle's reported excess may.
+    if not any(op == "settle" for op, _, _ in ops):
+        assert all(v <= limit for v in model.view().values())
+
+
+async def test_a_refund_lands_in_the_window_it_was_reserved_in(db_pool: asyncpg.Pool) -> None:
+    clock = Clock(1_000_050.0)
+    budgets = _budgets(db_pool, "user.ask=1", clock)
+    metering = Metering(budgets, Principal(sub="midnight"))
+    await metering.reserve("ask", 1)
+    clock.now += WINDOW  # the call straddles the window's end
+    second = Metering(budgets, Principal(sub="midnight"))
+    await second.reserve("ask", 1)  # the new window has its own unit
+    await metering.refund_all()  # the old call failed: its refund must not free the new window's unit
+    with pytest.raises(ApiError) as info:
+        await Metering(budgets, Principal(sub="midnight")).reserve("ask", 1)
+    assert info.value.code == "budget_exhausted"
+
+
+async def test_64_concurrent_callers_with_a_budget_of_100_get_exactly_100(db_pool: asyncpg.Pool) -> None:
+    budgets = _budgets(db_pool, "user.ask=100", Clock(), window=86400)
+    principal = Principal(sub="crowd")
+
+    async def caller() -> tuple[int, int]:
+        served = refused = 0
+        for _ in range(3):
+            try:
+                await Metering(budgets, principal).reserve("ask", 1)
+                served += 1
+            except ApiError as exc:
+                assert exc.code == "budget_exhausted"
+                refused += 1
+        return served, refused
+
+    results = await asyncio.gather(*(caller() for _ in range(64)))
+    assert sum(s for s, _ in results) == 100
+    assert sum(r for _, r in results) == 64 * 3 - 100
+    assert list((await _ledger(db_pool, "crowd")).values()) == [100]
+
+
+async def test_overrides_replace_the_role_default_and_reset_clears_the_window(db_pool: asyncpg.Pool) -> None:
+    budgets = _budgets(db_pool, "user.ask=1", Clock())
+    ledger = budgets.ledger
+    alice = Principal(sub="alice")
+    await Metering(budgets, alice).reserve("ask", 1)
+    with pytest.raises(ApiError):
+        await Metering(budgets, alice).reserve("ask", 1)
+    await ledger.set_limit("alice", "ask", 3)
+    await Metering(budgets, alice).reserve("ask", 2)
+    rows = {r.meter: r for r in await ledger.show("alice")}
+    assert (rows["ask"].used, rows["ask"].limit, rows["ask"].override) == (3, 3, True)
+    assert await ledger.reset("alice") == 1
+    await ledger.set_limit("alice", "ask", None)  # unlimited, still counted
+    for _ in range(5):
+        await Metering(budgets, alice).reserve("ask", 1)
+    assert (await ledger.show("alice"))[0].used == 5
+    assert await ledger.clear_limit("alice", "ask") and not await ledger.clear_limit("alice", "ask")
+    with pytest.raises(ApiError):  # back to the role's 1
+        await Metering(budgets, alice).reserve("ask", 1)
+    # an admin token's role has no limit here: counted only
+    root = Principal(sub="root", admin=True)
+    for _ in range(3):
+        assert (await Metering(budgets, root).reserve("ask", 1)).limit is None  # type: ignore[union-attr]
+    with pytest.raises(ApiError) as info:
+        await ledger.set_limit("alice", "gpu_hours", 1)
+    assert info.value.code == "request.invalid_options"
+
+
+def test_the_limiter_sheds_the_flooding_principal_only() -> None:
+    now = [0.0]
+    limiter = FairLimiter(rate=2.0, burst=4, concurrency=3, clock=lambda: now[0])
+    for _ in range(3):
+        limiter.acquire("flood")
+    with pytest.raises(ApiError) as info:  # the fourth in flight
+        limiter.acquire("flood")
+    assert info.value.code == "rate_limited" and info.value.status == 429
+    limiter.acquire("steady")  # another principal is untouched
+    limiter.release("steady")
+    limiter.release("flood")
+    limiter.acquire("flood")  # the bucket's 4th token
+    limiter.release("flood")
+    with pytest.raises(ApiError) as info:  # bucket empty (4 taken, none refilled)
+        limiter.acquire("flood")
+    assert info.value.retry_after == 1
+    now[0] += 0.5  # one token back at 2/s
+    limiter.acquire("flood")
+    for _ in range(3):
+        limiter.release("flood")
+    now[0] += 10
+    limiter.prune()
+    assert limiter.active == 0  # idle, refilled principals are forgotten
+
+
+def test_limits_are_parsed_strictly() -> None:
+    assert parse_limits("user.ask=2, admin.query_embeddings=0") == {
+        ("user", "ask"): 2,
+        ("admin", "query_embeddings"): 0,
+    }
+    for bad in ("ask=2", "guest.ask=2", "user.gpu=1", "user.ask=-1", "user.ask=two"):
+        with pytest.raises(SettingsError):
+            parse_limits(bad)
+    with pytest.raises(SettingsError):
+        BudgetSettings(ask_grant="sometimes").validate()
+
+
+_MAIN = "import sys; from gateway.cli import main; sys.exit(main())"
+
+
+def _mnemo_budgets(*args: str, database_url: str) -> subprocess.CompletedProcess[str]:
+    """``mnemo budgets ...`` as an operator runs it (this checkout's code, in a subprocess)."""
+    root = Path(__file__).resolve().parent.parent
+    return subprocess.run(
+        [sys.executable, "-c", _MAIN, "budgets", *args, "--database-url", database_url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+
+
+async def test_mnemo_budgets_set_show_reset(database_url: str, db_pool: asyncpg.Pool) -> None:
+    budgets = _budgets(db_pool, "user.ask=5", Clock(time.time()), window=86400)
+    await Metering(budgets, Principal(sub="carol")).reserve("ask", 2)
+    run = _mnemo_budgets(
+        "set", "--principal", "carol", "--meter", "ask", "--limit", "7", database_url=database_url
+    )
+    assert run.returncode == 0 and "carol ask: 7 per window" in run.stdout, run.stderr
+    shown = _mnemo_budgets("show", "--principal", "carol", "--json", database_url=database_url)
+    assert shown.returncode == 0, shown.stderr
+    rows = json.loads(shown.stdout)
+    assert [(r["meter"], r["used"], r["limit"], r["override"]) for r in rows] == [("ask", 2, 7, True)]
+    table = _mnemo_budgets("show", database_url=database_url)
+    assert "carol" in table.stdout and "7*" in table.stdout
+    assert _mnemo_budgets("reset", "--principal", "carol", database_url=database_url).returncode == 0
+    assert await _ledger(db_pool, "carol") == {}
+    bad = _mnemo_budgets(
+        "set", "--principal", "carol", "--meter", "ask", "--limit", "-1", database_url=database_url
+    )
+    assert bad.returncode == 2 and "limit" in bad.stderr and "Traceback" not in bad.stderr
+    back = _mnemo_budgets(
+        "set", "--principal", "carol", "--meter", "ask", "--default", database_url=database_url
+    )
+    assert back.returncode == 0 and await db_pool.fetchval("SELECT count(*) FROM rag_budget_overrides") == 0

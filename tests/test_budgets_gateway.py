@@ -1,0 +1,229 @@
+"""Budgets on the real gateway (PostgreSQL, the Ray sidecar, a local OpenAI-compatible server):
+exactly the budget served under 64 concurrent callers, the ledger equal to the answers that succeeded
+when the model fails half the calls, the ask grant, a flood shed as its own principal's 429s, and the
+ledger across a database outage and a gateway restart (the MCP tool error: tests/test_mcp.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+from typing import Any
+
+import aiohttp
+import asyncpg
+import pytest
+
+from tests.fixtures.chat_server import ChatServer, running_chat_server
+from tests.fixtures.gateway import ADMIN, Gateway, running_gateway, token
+from tests.test_gateway_database_outage import DatabaseRelay, _relayed
+from tests.waiting import until
+
+pytestmark = pytest.mark.ray
+
+DAM = "What happened when the reservoir flooded the valley?"
+CROWD = {"RAG_FAIR_RATE": "0", "RAG_FAIR_CONCURRENCY": "0", "RAG_ASK_RERANK": "false"}
+
+
+def _reader(sub: str, **kw: Any) -> str:
+    return token(sub, projects=[1], oh1=1, rsc1=1, **kw)
+
+
+async def _used(database_url: str, sub: str) -> dict[str, int]:
+    conn = await asyncpg.connect(database_url)
+    try:
+        rows = await conn.fetch("SELECT meter, used FROM rag_budget_ledger WHERE principal = $1", sub)
+    finally:
+        await conn.close()
+    return {r["meter"]: r["used"] for r in rows}
+
+
+async def _post(
+    http: aiohttp.ClientSession, gw: Gateway, bearer: str, action: str, options: dict[str, Any]
+) -> tuple[int, dict[str, Any], Any]:
+    body = {"dd_api": "dd_rag_api", "action": action, "options": options}
+    async with http.post(
+        gw.url + "/api/v1/json", json=body, headers={"Authorization": f"Bearer {bearer}"}
+    ) as r:
+        return r.status, await r.json(), r.headers
+
+
+async def _crowd(gw: Gateway, bearer: str, callers: int, calls: int) -> list[tuple[int, dict, Any]]:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=callers)) as http:
+
+        async def caller() -> list[tuple[int, dict, Any]]:
+            return [await _post(http, gw, bearer, "ask", {"query": DAM}) for _ in range(calls)]
+
+        return [r for rs in await asyncio.gather(*(caller() for _ in range(callers))) for r in rs]
+
+
+async def test_64_concurrent_callers_with_100_ask_runs_get_exactly_100(
+    corpus_database_url: str, sidecar_url: str
+) -> None:
+    sub = "crowd-100"
+    env = {**CROWD, "RAG_BUDGET_LIMITS": "user.ask=100"}
+    async with running_gateway(corpus_database_url, sidecar_url, **env) as gw:
+        results = await _crowd(gw, _reader(sub), callers=64, calls=2)
+    served = [r for r in results if r[0] == 200]
+    refused = [r for r in results if r[0] != 200]
+    assert len(served) == 100, [r[1] for r in refused if r[0] != 429][:3]
+    assert len(refused) == 28
+    for status, body, headers in refused:
+        assert (status, body["error"]["code"]) == (429, "budget_exhausted"), body
+        error = body["error"]
+        assert (error["meter"], error["used"], error["limit"]) == ("ask", 100, 100)
+        reset_at = datetime.fromisoformat(error["reset_at"])
+        assert (reset_at.hour, reset_at.minute, reset_at.utcoffset().total_seconds()) == (
+            0,
+            0,
+            0,
+        )  # UTC midnight
+        assert int(headers["Retry-After"]) == error["retry_after"] >= 1
+    policy, state = served[0][2]["RateLimit-Policy"], served[0][2]["RateLimit"]
+    assert '"ask";q=100;w=86400' in policy and '"ask";r=' in state
+    assert sorted(int(h["RateLimit"].split("r=")[1].split(";")[0]) for _, _, h in served) == list(range(100))
+    used = await _used(corpus_database_url, sub)
+    assert used["ask"] == 100 and used["query_embeddings"] == 100
+    assert used["llm_prompt_tokens"] > 0 and used["llm_completion_tokens"] > 0  # extractive, estimated
+
+
+async def test_with_the_model_failing_half_the_calls_the_ledger_counts_the_successes(
+    corpus_database_url: str, sidecar_url: str
+) -> None:
+    sub = "crowd-half"
+    async with running_chat_server() as chat:
+        chat.mode = "alternate"
+        env = {
+            **CROWD,
+            "RAG_BUDGET_LIMITS": "user.ask=100",
+            **_openai(chat),
+            "RAG_LLM_LOCALITY": "local",
+        }
+        async with running_gateway(corpus_database_url, sidecar_url, **env) as gw:
+            results = await _crowd(gw, _reader(sub), callers=64, calls=2)
+    codes = [r[1]["error"]["code"] if r[0] != 200 else "ok" for r in results]
+    succeeded = codes.count("ok")
+    assert codes.count("rag.generation_failed") > 0 and succeeded > 0
+    assert set(codes) <= {"ok", "rag.generation_failed", "budget_exhausted"}
+    used = await _used(corpus_database_url, sub)
+    assert used["ask"] == succeeded
+    # the chat server reports 100 prompt and 20 completion tokens per answer: settled to its usage
+    assert used["llm_prompt_tokens"] == 100 * succeeded and used["llm_completion_tokens"] == 20 * succeeded
+
+
+def _openai(chat: ChatServer) -> dict[str, str]:
+    return {
+        "RAG_LLM_PROVIDER": "openai",
+        "RAG_LLM_ENDPOINT": chat.url,
+        "RAG_LLM_MODEL": "test-chat-model",
+        "RAG_LLM_TIMEOUT": "5",
+    }
+
+
+async def test_ask_needs_its_grant_before_any_retrieval(corpus_database_url: str, sidecar_url: str) -> None:
+    sub = "no-grant"
+    bare = _reader(sub, grants=())
+    async with running_gateway(corpus_database_url, sidecar_url) as gw:
+        status, body = await gw.call("ask", {"query": DAM}, bearer=bare)
+        assert (status, body["error"]["code"]) == (403, "auth.ask_not_granted"), body
+        assert await _used(corpus_database_url, sub) == {}  # nothing reserved, nothing retrieved
+        assert (await gw.call("semantic_search", {"query": DAM}, bearer=bare))[0] == 200
+        assert await _used(corpus_database_url, sub) == {"query_embeddings": 1}
+        status, body = await gw.call("read_chunk", {"chunk_id": "oh1-1/rag:card/lg-eng/0"}, bearer=bare)
+        assert await _used(corpus_database_url, sub) == {"query_embeddings": 1}  # unmetered
+    async with running_gateway(corpus_database_url, sidecar_url, RAG_ASK_GRANT="open") as gw:
+        assert (await gw.call("ask", {"query": DAM}, bearer=bare))[0] == 200
+
+
+async def test_a_flood_is_shed_as_its_own_429s_while_another_principal_is_served(
+    corpus_database_url: str, sidecar_url: str
+) -> None:
+    env = {"RAG_FAIR_RATE": "5", "RAG_FAIR_BURST": "5", "RAG_FAIR_CONCURRENCY": "2"}
+    flood, steady = _reader("flooder"), _reader("steady")
+    async with (
+        running_gateway(corpus_database_url, sidecar_url, **env) as gw,
+        aiohttp.ClientSession() as http,
+    ):
+        search = {"query": DAM, "rerank": False}
+        flooding = asyncio.gather(*(_post(http, gw, flood, "semantic_search", search) for _ in range(40)))
+        steady_results = [await _post(http, gw, steady, "semantic_search", search) for _ in range(3)]
+        flood_results = await flooding
+        assert [r[0] for r in steady_results] == [200, 200, 200]
+        shed = [r for r in flood_results if r[0] == 429]
+        assert shed and all(r[1]["error"]["code"] == "rate_limited" for r in shed)
+        assert all(int(r[2]["Retry-After"]) >= 1 for r in shed)
+        assert any(r[0] == 200 for r in flood_results)
+        async with http.get(gw.url + "/metrics") as r:
+            metrics = await r.text()
+        assert f'mnemo_budget_rate_limited_total{{role="user"}} {float(len(shed))}' in metrics
+        assert "flooder" not in metrics  # labelled by meter and role, never by principal
+
+
+async def test_the_ledger_fails_closed_while_the_database_is_away_and_survives_a_restart(
+    corpus_database_url: str, sidecar_url: str
+) -> None:
+    sub = "outage"
+    bearer = _reader(sub)
+    socket_path, database = _relayed(corpus_database_url)
+    relay = DatabaseRelay(socket_path)
+    await relay.open()
+    url = f"postgresql://postgres@127.0.0.1:{relay.port}/{database}"
+    env = {**CROWD, "RAG_BUDGET_LIMITS": "user.ask=2"}
+    async with running_gateway(url, sidecar_url, **env) as gw:
+        assert (await gw.call("ask", {"query": DAM}, bearer=bearer))[0] == 200
+        await relay.cut()
+        status, body = await gw.call("ask", {"query": DAM}, bearer=bearer)
+        assert (status, body["error"]["code"], body["error"]["retryable"]) == (
+            503,
+            "service.unavailable",
+            True,
+        )
+        await relay.open()
+
+        async def answers() -> bool:
+            return (await gw.call("semantic_search", {"query": DAM}, bearer=token("probe")))[0] == 200
+
+        await until("a metered call answered after the database came back", answers)
+    async with running_gateway(url, sidecar_url, **env) as gw:  # a new gateway: the ledger is in PostgreSQL
+        assert (await gw.call("ask", {"query": DAM}, bearer=bearer))[0] == 200
+        status, body = await gw.call("ask", {"query": DAM}, bearer=bearer)
+        assert (status, body["error"]["code"]) == (429, "budget_exhausted")
+    assert (await _used(corpus_database_url, sub))["ask"] == 2
+    await relay.cut()
+
+
+async def test_the_admin_budget_routes_refuse_bad_input_with_coded_400s(
+    corpus_database_url: str, sidecar_url: str
+) -> None:
+    async with running_gateway(corpus_database_url, sidecar_url) as gw, aiohttp.ClientSession() as http:
+
+        async def post(path: str, body: Any, bearer: str = ADMIN) -> tuple[int, dict[str, Any]]:
+            async with http.post(
+                gw.url + path, json=body, headers={"Authorization": f"Bearer {bearer}"}
+            ) as r:
+                return r.status, await r.json()
+
+        for body in (
+            {"principal": "a\u0000b", "meter": "ask", "limit": 1},
+            {"principal": "x" * 300, "meter": "ask", "limit": 1},
+            {"principal": "x", "meter": "gpu_hours", "limit": 1},
+            {"principal": "x", "meter": "ask", "limit": True},
+            {"principal": "x", "meter": "ask", "limit": -1},
+            {"principal": "x", "meter": "ask", "limit": 2**63},
+            {"principal": "x", "meter": "ask"},
+            {"principal": 7, "meter": "ask", "limit": 1},
+        ):
+            status, answer = await post("/v1/budgets/limit", body)
+            # a NUL is refused by the body reader already (request.invalid_text), the rest by the route
+            assert status == 400, (body, answer)
+            assert answer["error"]["code"] in ("request.invalid_options", "request.invalid_text"), answer
+        status, answer = await post("/v1/budgets/reset", {"principal": "x", "meter": 3})
+        assert (status, answer["error"]["code"]) == (400, "request.invalid_options")
+        status, answer = await post(
+            "/v1/budgets/limit", {"principal": "x", "meter": "ask", "limit": 1}, _reader("r")
+        )
+        assert (status, answer["error"]["code"]) == (403, "auth.forbidden")
+        assert (await post("/v1/budgets/limit", {"principal": "x", "meter": "ask", "limit": None}))[0] == 200
+        shown = await gw.http("GET", "/v1/budgets?principal=x")
+        assert shown["rows"] == [
+            {**shown["rows"][0], "principal": "x", "meter": "ask", "used": 0, "limit": None, "override": True}
+        ]
