@@ -34,7 +34,8 @@ from schema.database import create_pool, open_database
 from schema.read_pool import ReadPool
 
 from .auth import setup_auth
-from .budgets import BUDGETS_KEY, Budgets, setup_budget_routes
+from .budget_routes import setup_budget_routes
+from .budgets import BUDGETS_KEY, Budgets
 from .console import setup_console
 from .context import ASK_KEY, OBJECTS_KEY, PASSAGES_KEY, RETRIEVER_KEY, AskServices, PassageServices
 from .dispatch import json_api

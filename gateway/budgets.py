@@ -27,11 +27,8 @@ unreachable database gives every route); unmetered reads (``read_chunk``,
 database after a served call leaves the reservation charged (the safe side),
 with a warning and ``mnemo_budget_ledger_errors``.
 
-Fairness (:class:`FairLimiter`): a per-principal token bucket and concurrency
-bound, in front of every metered action (they are the ones that call the
-sidecar or the language model), sheds a flooding principal with its own 429
-``rate_limited`` while other principals' calls go through untouched. It lives
-in the gateway's process: with several workers each holds its own buckets.
+Fairness (:class:`gateway.fairness.FairLimiter`) sheds a flooding principal with
+its own 429s before any metered call; the admin routes are :mod:`gateway.budget_routes`.
 """
 
 from __future__ import annotations
@@ -51,11 +48,11 @@ from aiohttp import web
 
 from schema.database import database_unreachable
 
-from .auth import MAX_SUB_CHARS, UNPRINTABLE, Principal, require_admin
-from .body import read_json
-from .errors import ApiError, envelope_ok
+from .auth import MAX_SUB_CHARS, UNPRINTABLE, Principal
+from .budget_settings import METERS, ROLES, BudgetSettings
+from .errors import ApiError
+from .fairness import FairLimiter
 from .metrics import Metrics
-from .settings import METERS, ROLES, BudgetSettings
 
 __all__ = [
     "ASK_GRANT",
@@ -63,14 +60,12 @@ __all__ = [
     "METERS",
     "ROLES",
     "Budgets",
-    "FairLimiter",
     "Ledger",
     "LedgerRow",
     "Metering",
     "Reservation",
     "metered",
     "role_of",
-    "setup_budget_routes",
     "window_of",
 ]
 
@@ -282,80 +277,6 @@ def exhausted(meter: str, used: int, limit: int | None, reset_at: datetime, now:
     )
 
 
-# -- fairness ------------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Bucket:
-    tokens: float
-    stamp: float
-    in_flight: int = 0
-
-
-class FairLimiter:
-    """Per-principal token bucket (``rate``/s, ``burst``) and in-flight bound (``concurrency``).
-
-    In-memory, one event loop: no locks needed. A principal's state is forgotten once it has nothing
-    in flight and its bucket has refilled (at its last release, or by :meth:`prune` once the map
-    holds :data:`PRUNE_AT` principals), so the map holds only recently active principals.
-    """
-
-    PRUNE_AT = 4096
-
-    def __init__(
-        self, rate: float, burst: int, concurrency: int, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.rate, self.burst, self.concurrency = rate, burst, concurrency
-        self._clock = clock
-        self._buckets: dict[str, _Bucket] = {}
-
-    @property
-    def active(self) -> int:
-        return len(self._buckets)
-
-    def acquire(self, key: str) -> None:
-        """Admit one call for ``key`` or raise 429 ``rate_limited`` (with how long to wait)."""
-        now = self._clock()
-        bucket = self._buckets.get(key)
-        if bucket is None and len(self._buckets) >= self.PRUNE_AT:
-            self.prune()
-        if bucket is None:
-            bucket = self._buckets[key] = _Bucket(float(self.burst), now)
-        elif self.rate > 0:
-            bucket.tokens = min(float(self.burst), bucket.tokens + (now - bucket.stamp) * self.rate)
-            bucket.stamp = now
-        if self.concurrency and bucket.in_flight >= self.concurrency:
-            raise ApiError(
-                "rate_limited",
-                f"This principal already has {bucket.in_flight} calls in flight (the most allowed)",
-                retry_after=1,
-            )
-        if self.rate > 0:
-            if bucket.tokens < 1.0:
-                wait = max(1, math.ceil((1.0 - bucket.tokens) / self.rate))
-                raise ApiError(
-                    "rate_limited", f"This principal is above {self.rate:g} calls/s", retry_after=wait
-                )
-            bucket.tokens -= 1.0
-        bucket.in_flight += 1
-
-    def release(self, key: str) -> None:
-        bucket = self._buckets[key]
-        bucket.in_flight -= 1
-        if self._idle(bucket, self._clock()):
-            del self._buckets[key]
-
-    def prune(self) -> None:
-        """Forget every principal with nothing in flight and a full bucket (it would start afresh)."""
-        now = self._clock()
-        for key in [k for k, b in self._buckets.items() if self._idle(b, now)]:
-            del self._buckets[key]
-
-    def _idle(self, bucket: _Bucket, now: float) -> bool:
-        full = self.rate <= 0 or bucket.tokens + (now - bucket.stamp) * self.rate >= self.burst
-        return bucket.in_flight == 0 and full
-
-
 # -- one call's metering -------------------------------------------------------------------------------
 
 
@@ -554,71 +475,3 @@ async def settle_generation(
 
 
 # -- the admin routes (the console's operations page) --------------------------------------------------
-
-
-async def budgets_show(request: web.Request) -> web.Response:
-    """The current window's use per principal and meter (``?principal=`` for one), with the limits."""
-    require_admin(request)
-    budgets = request.app[BUDGETS_KEY]
-    principal = request.query.get("principal") or None
-    rows = await budgets.ledger.show(principal)
-    return envelope_ok(
-        request,
-        {
-            "window_s": budgets.settings.window,
-            "enabled": budgets.settings.enabled,
-            "meters": list(METERS),
-            "limits": [
-                {"role": role, "meter": meter, "limit": limit}
-                for (role, meter), limit in sorted(budgets.ledger.role_limits.items())
-            ],
-            "rows": [r.as_dict() for r in rows],
-        },
-    )
-
-
-async def budgets_limit(request: web.Request) -> web.Response:
-    """``{"principal", "meter", "limit": N | null}`` sets that principal's own limit (null: unlimited);
-    ``{"principal", "meter", "default": true}`` drops it (its role's limit applies again)."""
-    require_admin(request)
-    body = await read_json(request)
-    if not isinstance(body, dict):
-        raise ApiError.invalid_request("the body must be an object")
-    principal, meter = _text(body, "principal"), _text(body, "meter")
-    ledger = request.app[BUDGETS_KEY].ledger
-    if body.get("default") is True:
-        return envelope_ok(request, {"cleared": await ledger.clear_limit(principal, meter)})
-    if "limit" not in body:
-        raise ApiError.invalid_options('limit: give a number, null (unlimited) or "default": true')
-    limit = body["limit"]
-    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)):
-        raise ApiError.invalid_options("limit: an integer >= 0, or null for unlimited")
-    await ledger.set_limit(principal, meter, limit)
-    return envelope_ok(request, {"principal": principal, "meter": meter, "limit": limit})
-
-
-async def budgets_reset(request: web.Request) -> web.Response:
-    """``{"principal", "meter"?}``: zero that principal's use of the current window."""
-    require_admin(request)
-    body = await read_json(request)
-    if not isinstance(body, dict):
-        raise ApiError.invalid_request("the body must be an object")
-    meter = body.get("meter")
-    reset = await request.app[BUDGETS_KEY].ledger.reset(
-        _text(body, "principal"), None if meter is None else _text(body, "meter")
-    )
-    return envelope_ok(request, {"reset": reset})
-
-
-def _text(body: Mapping[str, Any], name: str) -> str:
-    value = body.get(name)
-    if not isinstance(value, str):
-        raise ApiError.invalid_options(f"{name}: a string")
-    return value
-
-
-def setup_budget_routes(app: web.Application) -> None:
-    """The admin-only budget routes under ``/v1/budgets``."""
-    app.router.add_get("/v1/budgets", budgets_show)
-    app.router.add_post("/v1/budgets/limit", budgets_limit)
-    app.router.add_post("/v1/budgets/reset", budgets_reset)

@@ -188,9 +188,9 @@ async def _budgets(args: argparse.Namespace) -> int:
     from schema.database import open_database
     from schema.settings import load_settings
 
+    from .budget_settings import BudgetSettings
     from .budgets import Ledger
     from .errors import ApiError
-    from .settings import BudgetSettings
 
     try:
         settings = load_settings(BudgetSettings)
@@ -236,7 +236,7 @@ async def _budgets(args: argparse.Namespace) -> int:
 
 
 def _add_budgets_parser(subparsers: argparse._SubParsersAction) -> None:
-    from .settings import METERS
+    from .budget_settings import METERS
 
     p = subparsers.add_parser("budgets", help="show, set and reset per-principal budgets (the ledger)")
     sub = p.add_subparsers(dest="budgets_command", required=True)

@@ -94,8 +94,18 @@ class Metrics:
             ("outcome",),
             registry=self.registry,
         )
-        # Budgets (gateway.budgets): labelled by meter and role (user, admin), never by principal, so
-        # the series stay few however many principals call.
+        self._add_budget_metrics()
+
+        # Labelled children by label values, looked up once: prometheus_client's ``labels()`` checks
+        # and converts its arguments and takes a lock on every call, and every request made five of
+        # them (issue 15). Label values come from fixed sets (actions, routes, error codes, legs).
+        self._request_children: dict[tuple[str, str], tuple[Any, Any]] = {}
+        self._leg_children: dict[str, Any] = {}
+        self._cache_children: dict[str, Any] = {}
+
+    def _add_budget_metrics(self) -> None:
+        """The budgets' counters (gateway.budgets): labelled by meter and role (user, admin), never by
+        principal, so the series stay few however many principals call."""
         self.budget_units = Counter(
             "mnemo_budget_units",
             "Units charged to principals' budgets (reservations and settled excess), by meter and role.",
@@ -127,13 +137,6 @@ class Metrics:
             ("operation",),
             registry=self.registry,
         )
-
-        # Labelled children by label values, looked up once: prometheus_client's ``labels()`` checks
-        # and converts its arguments and takes a lock on every call, and every request made five of
-        # them (issue 15). Label values come from fixed sets (actions, routes, error codes, legs).
-        self._request_children: dict[tuple[str, str], tuple[Any, Any]] = {}
-        self._leg_children: dict[str, Any] = {}
-        self._cache_children: dict[str, Any] = {}
 
     def observe_request(self, action: str, outcome: str, seconds: float) -> None:
         children = self._request_children.get((action, outcome))

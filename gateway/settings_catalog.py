@@ -20,6 +20,7 @@ import re
 from pathlib import Path
 from types import ModuleType
 
+import gateway.budget_settings
 import gateway.settings
 import index.settings
 import inference.settings
@@ -46,6 +47,7 @@ SETTINGS_MODULES: tuple[ModuleType, ...] = (
     inference.settings,
     index.settings,
     gateway.settings,
+    gateway.budget_settings,
 )
 PACKAGE_TITLES = {
     "schema": "the database",

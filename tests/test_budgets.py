@@ -19,10 +19,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.auth import Principal
-from gateway.budgets import Budgets, FairLimiter, Metering, Reservation, window_of
+from gateway.budget_settings import BudgetSettings, parse_limits
+from gateway.budgets import Budgets, Metering, Reservation, window_of
 from gateway.errors import ApiError
+from gateway.fairness import FairLimiter
 from gateway.metrics import Metrics
-from gateway.settings import BudgetSettings, parse_limits
 from schema.settings import SettingsError
 
 WINDOW = 100  # seconds: the property test crosses several windows
