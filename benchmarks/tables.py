@@ -20,7 +20,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Column", "Figure", "Source", "figure_rows", "headings", "pick", "rows"]
+from .report import Headline
+
+__all__ = ["Column", "Figure", "HeadlineRow", "Source", "figure_rows", "headings", "pick", "rows"]
 
 Source = str | Callable[[Mapping[str, Any]], Any] | int | float | bool | None
 
@@ -70,3 +72,31 @@ class Figure:
 def figure_rows(figures: Sequence[Figure], measured: Mapping[str, Any]) -> list[list[Any]]:
     """The rows ``[label, value, goal]`` of ``figures``, each read from ``measured``."""
     return [[pick(f.name, measured), pick(f.value, measured), pick(f.goal, measured)] for f in figures]
+
+
+@dataclass(frozen=True)
+class HeadlineRow:
+    """A headline declared: its name, where its value and its same-run baseline's come from, its
+    unit, the bar its ratio is read against, and where the spread of that ratio comes from."""
+
+    name: Source
+    value: Source
+    unit: str
+    baseline_name: str
+    baseline: Source
+    bar: float | None = None
+    higher_is_better: bool = True
+    spread: Source = None  # a (min, max) of the ratio over the run's windows, when measured more than once
+
+    def read(self, measured: Mapping[str, Any]) -> Headline:
+        spread = pick(self.spread, measured)
+        return Headline(
+            pick(self.name, measured),
+            pick(self.value, measured),
+            self.unit,
+            self.baseline_name,
+            pick(self.baseline, measured),
+            higher_is_better=self.higher_is_better,
+            bar=self.bar,
+            spread=None if spread is None else tuple(spread),
+        )
