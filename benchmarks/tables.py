@@ -84,7 +84,7 @@ class HeadlineRow:
     unit: str
     baseline_name: str
     baseline: Source
-    bar: float | None = None
+    bar: Source = None  # a number, or where it comes from when it depends on the measurement
     higher_is_better: bool = True
     spread: Source = None  # a (min, max) of the ratio over the run's windows, when measured more than once
 
@@ -97,6 +97,6 @@ class HeadlineRow:
             self.baseline_name,
             pick(self.baseline, measured),
             higher_is_better=self.higher_is_better,
-            bar=self.bar,
+            bar=pick(self.bar, measured),
             spread=None if spread is None else tuple(spread),
         )
