@@ -82,7 +82,7 @@ class HeadlineRow:
     name: Source
     value: Source
     unit: str
-    baseline_name: str
+    baseline_name: Source
     baseline: Source
     bar: Source = None  # a number, or where it comes from when it depends on the measurement
     higher_is_better: bool = True
@@ -94,7 +94,7 @@ class HeadlineRow:
             pick(self.name, measured),
             pick(self.value, measured),
             self.unit,
-            self.baseline_name,
+            pick(self.baseline_name, measured),
             pick(self.baseline, measured),
             higher_is_better=self.higher_is_better,
             bar=pick(self.bar, measured),
