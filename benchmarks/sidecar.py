@@ -785,7 +785,7 @@ def run_encoder_tokens_benchmark(
 
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
-    from .gpu import BGE_M3_SHAPE
+    from .gpu_models import BGE_M3_SHAPE
 
     shape: dict[str, Any] = {**BGE_M3_SHAPE, "pad_token_id": 1}
     config = XLMRobertaConfig(**{**shape, **(config_overrides or {})})
