@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .faults import (
+from .fault_store import (
     DRAIN_SECTION,
     FAULT_INGEST,
     _clean_run,

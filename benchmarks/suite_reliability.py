@@ -241,13 +241,9 @@ async def _faults(stack: BenchStack, plan: ReliabilityPlan, result: dict[str, An
     sidecar stopped mid-drain, a replica killed, a node of a two-node Ray cluster killed (and
     autoscaling there), overload."""
     from .backfill_fault import backfill_killed_mid_build
-    from .faults import (
-        drain_worker_killed,
-        postgres_stopped_mid_drain,
-        replica_killed_under_load,
-        sidecar_stopped_mid_drain,
-    )
+    from .faults import drain_worker_killed, postgres_stopped_mid_drain, sidecar_stopped_mid_drain
     from .load_held import sidecar_overload
+    from .replica_kill import replica_killed_under_load
     from .stack import bench_sidecar_config
 
     assert stack.sidecar_url is not None and stack.server_url is not None
@@ -308,7 +304,7 @@ def _one_of_two_replicas_killed() -> dict[str, Any]:
     from inference.config import SidecarConfig
     from inference.launcher import running_sidecar
 
-    from .faults import replica_killed_under_load
+    from .replica_kill import replica_killed_under_load
     from .stack import bench_sidecar_config
 
     config = bench_sidecar_config()

@@ -11,13 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.faults import (
-    drain_worker_killed,
-    postgres_stopped_mid_drain,
-    replica_killed_under_load,
-    sidecar_stopped_mid_drain,
-)
+from benchmarks.faults import drain_worker_killed, postgres_stopped_mid_drain, sidecar_stopped_mid_drain
 from benchmarks.load_held import gateway_mixed_load, sidecar_overload
+from benchmarks.replica_kill import replica_killed_under_load
 from benchmarks.suite_reliability import DESCRIPTORS, corpus_records
 from inference.config import SidecarConfig
 from schema import EmbeddedPostgres
