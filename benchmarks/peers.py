@@ -162,8 +162,8 @@ async def interleaved_pairs(
     ``calls`` maps two modes (the first is the numerator) to their callers. Each pair's ratio is
     A's items/s over B's; the result per size is the ratio of the means and the pairs' min and max.
     """
+    from .grid import load_cell
     from .measure import alternating_passes
-    from .sidecar import load_cell
 
     first, second = calls
     out = []
@@ -217,7 +217,7 @@ async def _peer_runs(
     """(the interleaved pairs at the headline cells, infinity's own grid), one HTTP session each."""
     import aiohttp
 
-    from .sidecar import SidecarCaller, headline_concurrency, load_grid
+    from .grid import SidecarCaller, headline_concurrency, load_grid
     from .stack import BENCH_MODEL
 
     # infinity's uvicorn closes a keep-alive connection idle for 5 s, and the in-process baseline
@@ -264,7 +264,8 @@ def run_infinity_peer(
 
     from inference.encoders import load_encoder
 
-    from .sidecar import bench_spec, corpus, measure_inprocess
+    from .inprocess import measure_inprocess
+    from .sidecar import bench_spec, corpus
     from .stack import BENCH_MODEL, MINILM_WEIGHTS
 
     try:

@@ -18,9 +18,10 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .grid import headline_concurrency
 from .plan import SidecarPlan
 from .report import Curve, SuiteResult, Table, format_span
-from .sidecar import BARS, headline_concurrency
+from .sidecar import BARS
 from .stack import BENCH_MODEL, LONG_MODEL, MINILM_WEIGHTS, BenchStack
 from .tables import Column, HeadlineRow, headings, pick, rows
 
@@ -73,7 +74,9 @@ def length_sweep(url: str, plan: SidecarPlan) -> dict[str, Any]:
 
     from inference.encoders import load_encoder
 
-    from .sidecar import bench_spec, http_grid, measure_inprocess
+    from .grid import http_grid
+    from .inprocess import measure_inprocess
+    from .sidecar import bench_spec
 
     served = _served(url)
     model = LONG_MODEL if LONG_MODEL in served else BENCH_MODEL
