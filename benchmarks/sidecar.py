@@ -119,6 +119,91 @@ def bar_verdicts(ratios: dict[str, float], spreads: dict[str, list[float]]) -> d
     return out
 
 
+class _Baselines:
+    """The grid's baseline: in-process batch 32 (the goal table's baseline) and, when the in-process
+    configurations were measured, the strongest one at its swept batch size; each call measures one
+    window of each and keeps them."""
+
+    def __init__(self, encoder: Any, texts: Sequence[str], configs: dict[str, Any] | None, seconds: float,
+                 sample: int) -> None:  # fmt: skip
+        self.encoder, self.texts, self.configs, self.seconds, self.sample = (
+            encoder,
+            texts,
+            configs,
+            seconds,
+            sample,
+        )
+        self.windows: list[dict[str, Any]] = []
+        self.strongest_windows: list[dict[str, Any]] = []
+
+    def __call__(self) -> dict[str, float]:
+        self.windows.append(measure_inprocess(self.encoder, self.texts, seconds=self.seconds))
+        figures = {"inprocess": float(self.windows[-1]["items_per_s"])}
+        if self.configs is not None:
+            best, overlap = self.configs["strongest"]["batch"], self.configs["strongest"]["overlap"]
+            self.strongest_windows.append(
+                measure_pipelined(
+                    self.encoder,
+                    self.texts,
+                    batch=best,
+                    seconds=self.seconds,
+                    sample=self.sample,
+                    overlap=overlap,
+                )
+            )
+            figures["strongest"] = float(self.strongest_windows[-1]["items_per_s"])
+        return figures
+
+
+def _grid_cells(
+    spec: Any,
+    encoder: Any,
+    texts: Sequence[str],
+    sidecar_url: str | None,
+    include_service: bool,
+    grid: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """The grid's cells: the Ray-free model service's (when asked), then the sidecar's over HTTP, at
+    ``sidecar_url`` or on a sidecar started here on a local Ray with this model alone."""
+    from inference.config import SidecarConfig
+
+    cells: list[dict[str, Any]] = []
+    if include_service:
+        cells += asyncio.run(_service_grid(spec, encoder, texts, **grid))
+    if sidecar_url:
+        cells += asyncio.run(http_grid(sidecar_url, spec.id, texts, **grid))
+    else:
+        from inference.launcher import running_sidecar
+
+        config = SidecarConfig(models=(spec,), source="benchmarks.sidecar")
+        with running_sidecar(config, num_cpus=os.cpu_count() or 2, object_store_mb=128, api_key="") as url:
+            cells += asyncio.run(http_grid(url, spec.id, texts, **grid))
+    return cells
+
+
+def _machine(threads: int) -> dict[str, Any]:
+    import torch
+
+    return {
+        "cpus": os.cpu_count(),
+        "torch_threads": threads,
+        "platform": platform.platform(),
+        "cuda": torch.cuda.is_available(),
+    }
+
+
+def _baseline_summary(windows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The in-process batch-32 windows taken beside the grid's cells: their mean and range."""
+    speeds = [w["items_per_s"] for w in windows]
+    return {
+        "windows": len(windows),
+        "items_per_s": sum(speeds) / len(speeds),
+        "min_items_per_s": min(speeds),
+        "max_items_per_s": max(speeds),
+        "tokens_per_s": sum(w["tokens_per_s"] for w in windows) / len(windows),
+    }
+
+
 def run_sidecar_benchmark(
     *,
     model_id: str = "all-minilm-l6-v2",
@@ -148,7 +233,7 @@ def run_sidecar_benchmark(
     """
     import torch
 
-    from inference.config import SidecarConfig, resolve_weights
+    from inference.config import resolve_weights
     from inference.encoders import load_encoder
 
     threads = torch_threads or max(1, os.cpu_count() or 1)
@@ -167,22 +252,7 @@ def run_sidecar_benchmark(
             seconds=sweep_seconds,
             sample=sweep_sample,
         )
-    windows: list[dict[str, Any]] = []
-    strongest_windows: list[dict[str, Any]] = []
-
-    def baseline() -> dict[str, float]:
-        windows.append(measure_inprocess(encoder, texts, seconds=baseline_seconds))
-        figures = {"inprocess": float(windows[-1]["items_per_s"])}
-        if configs is not None:
-            best, overlap = configs["strongest"]["batch"], configs["strongest"]["overlap"]
-            strongest_windows.append(
-                measure_pipelined(
-                    encoder, texts, batch=best, seconds=baseline_seconds, sample=sweep_sample, overlap=overlap
-                )
-            )
-            figures["strongest"] = float(strongest_windows[-1]["items_per_s"])
-        return figures
-
+    baseline = _Baselines(encoder, texts, configs, baseline_seconds, sweep_sample)
     grid = {
         "baseline": baseline,
         "concurrencies": tuple(concurrencies),
@@ -190,36 +260,14 @@ def run_sidecar_benchmark(
         "seconds": seconds_per_cell,
         "repeats": repeats,
     }
-    cells: list[dict[str, Any]] = []
-    if include_service:
-        cells += asyncio.run(_service_grid(spec, encoder, texts, **grid))
-    if sidecar_url:
-        cells += asyncio.run(http_grid(sidecar_url, model_id, texts, **grid))
-    else:
-        from inference.launcher import running_sidecar
-
-        config = SidecarConfig(models=(spec,), source="benchmarks.sidecar")
-        with running_sidecar(config, num_cpus=os.cpu_count() or 2, object_store_mb=128, api_key="") as url:
-            cells += asyncio.run(http_grid(url, model_id, texts, **grid))
-    speeds = [w["items_per_s"] for w in windows]
+    cells = _grid_cells(spec, encoder, texts, sidecar_url, include_service, grid)
     name = "{mode}_c{concurrency}_{request_size}item".format
     ratios = {name(**c): c["ratio_to_inprocess"] for c in cells}
     spreads = {name(**c): c["spread"]["ratio_to_inprocess"] for c in cells}
     result = {
         "model": model_id,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "torch_threads": threads,
-            "platform": platform.platform(),
-            "cuda": torch.cuda.is_available(),
-        },
-        "baseline": {
-            "windows": len(windows),
-            "items_per_s": sum(speeds) / len(speeds),
-            "min_items_per_s": min(speeds),
-            "max_items_per_s": max(speeds),
-            "tokens_per_s": sum(w["tokens_per_s"] for w in windows) / len(windows),
-        },
+        "machine": _machine(threads),
+        "baseline": _baseline_summary(baseline.windows),
         "repeats": repeats,
         "headline_concurrency": headline_concurrency(concurrencies),
         "cells": cells,
@@ -229,13 +277,11 @@ def run_sidecar_benchmark(
         "wall_s": time.perf_counter() - started,
     }
     if configs is not None:
-        strong = [w["items_per_s"] for w in strongest_windows]
+        strong = [w["items_per_s"] for w in baseline.strongest_windows]
         configs["strongest"]["grid_windows"] = {
-            "windows": len(strong),
-            "items_per_s": statistics.fmean(strong),
-            "min_items_per_s": min(strong),
-            "max_items_per_s": max(strong),
-        }
+            "windows": len(strong), "items_per_s": statistics.fmean(strong),
+            "min_items_per_s": min(strong), "max_items_per_s": max(strong),
+        }  # fmt: skip
         result["configurations"] = configs
     return result
 
