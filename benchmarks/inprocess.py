@@ -90,6 +90,52 @@ def measure_inprocess(encoder: Any, texts: Sequence[str], *, batch: int = 32, se
     return {"mode": "inprocess-batch32", "items_per_s": items_per_s, "tokens_per_s": tokens_per_s}
 
 
+class _Prepared:
+    """The batches of ``chunks`` in turn (cycling), each prepared for the forward pass (tokenized,
+    padded, collated) as ``(items, tokens, tensors)``: ahead, on a helper thread that keeps two ready
+    (``overlap``), or on the calling thread when asked for. A preparation's error is raised by the
+    call that would have got its batch."""
+
+    def __init__(self, encoder: Any, chunks: list[list[str]], overlap: bool) -> None:
+        self.encoder, self.chunks, self.overlap = encoder, chunks, overlap
+        self.ready: queue.Queue = queue.Queue(maxsize=2)
+        self.stop = threading.Event()
+        self.inline = itertools.count()
+        self.worker = threading.Thread(target=self._fill, name="bench-tokenize", daemon=True)
+        if overlap:
+            self.worker.start()
+
+    def _make(self, k: int) -> Any:
+        try:
+            items = self.encoder.prepare(self.chunks[k % len(self.chunks)], truncate=True)
+            return (len(items), sum(p.length for p in items), self.encoder.collate(items))
+        except Exception as exc:  # handed to the measuring thread, which raises it
+            return exc
+
+    def _fill(self) -> None:
+        for k in itertools.count():
+            job = self._make(k)
+            while not self.stop.is_set():
+                try:
+                    self.ready.put(job, timeout=0.05)
+                    break
+                except queue.Full:
+                    continue
+            if self.stop.is_set():
+                return
+
+    def next(self) -> tuple[int, int, Any]:
+        job = self.ready.get() if self.overlap else self._make(next(self.inline))
+        if isinstance(job, Exception):
+            raise job
+        return job
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.overlap:
+            self.worker.join()
+
+
 def measure_pipelined(
     encoder: Any,
     texts: Sequence[str],
@@ -114,38 +160,10 @@ def measure_pipelined(
     import torch
 
     chunks = _chunks(length_sample(encoder, texts, sample), batch)
-    ready: queue.Queue = queue.Queue(maxsize=2)
-    stop = threading.Event()
-
-    def make_job(k: int) -> Any:
-        try:
-            items = encoder.prepare(chunks[k % len(chunks)], truncate=True)
-            return (len(items), sum(p.length for p in items), encoder.collate(items))
-        except Exception as exc:  # handed to the measuring thread, which raises it
-            return exc
-
-    def tokenize() -> None:
-        for k in itertools.count():
-            job = make_job(k)
-            while not stop.is_set():
-                try:
-                    ready.put(job, timeout=0.05)
-                    break
-                except queue.Full:
-                    continue
-            if stop.is_set():
-                return
-
-    inline = itertools.count()
-    worker = threading.Thread(target=tokenize, name="bench-tokenize", daemon=True)
-    if overlap:
-        worker.start()
+    prepared = _Prepared(encoder, chunks, overlap)
 
     def run_one() -> tuple[int, int]:
-        job = ready.get() if overlap else make_job(next(inline))
-        if isinstance(job, Exception):
-            raise job
-        items, tokens, tensors = job
+        items, tokens, tensors = prepared.next()
         with torch.inference_mode():
             encoder.finish(encoder.forward(tensors), tensors)
         return items, tokens
@@ -163,9 +181,7 @@ def measure_pipelined(
             run_one()  # warm, and brings the helper thread to its pace
         items_per_s, tokens_per_s = _timed_passes(one_pass, seconds)
     finally:
-        stop.set()
-        if overlap:
-            worker.join()
+        prepared.close()
     return {
         "mode": "inprocess-strongest",
         "batch": batch,
