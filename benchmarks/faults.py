@@ -459,7 +459,6 @@ async def drain_worker_killed(
     the clean run), the seconds from the kill until the last orphaned record is indexed. Databases
     on ``server_url`` (created, then dropped). Bounded by ``deadline_s``."""
     from index.intake import enqueue_records
-    from index.partitions import get_partition
     from index.settings import IngestSettings
     from inference.client import SidecarClient
 
@@ -468,8 +467,7 @@ async def drain_worker_killed(
     # of even a short drain, and the kill lands mid-batch.
     env = {"RAG_INGEST_LEASE_SECONDS": str(lease_s), "RAG_INGEST_BATCH_RECORDS": "2"}
     batch = drain_records(records)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + deadline_s
+    deadline = asyncio.get_running_loop().time() + deadline_s
     names = ("workers_clean_run", "workers_killed_run")
     try:
         clean_pool = await _fresh_pool(server_url, names[0])
@@ -484,44 +482,9 @@ async def drain_worker_killed(
             async with drain_processes(
                 url, sidecar_url, log_dir, workers, text_model=text_model, **env
             ) as procs:
-                victim = procs[0]
-
-                async def mid_work() -> bool:  # about a third indexed, and the victim holds records
-                    left = await _queue_size(pool)
-                    return (
-                        left is not None
-                        and left <= records - records // 3
-                        and bool(await leased_by(pool, victim.pid))
-                    )
-
-                if not await _wait_for(mid_work, deadline):
-                    raise RuntimeError(
-                        f"the first drain process held no lease mid-drain; see {log_dir}/drain-0.log"
-                    )
-                victim.kill()  # SIGKILL: no handler, no release, its leases stay until they expire
-                await victim.wait()
-                killed_at = loop.time()
-                orphans = await leased_by(pool, victim.pid)
-                queued_at_kill = await _queue_size(pool)
-
-                async def orphans_indexed() -> bool:
-                    rows = await pool.fetch(
-                        "SELECT section_id FROM rag_index_queue WHERE section_id = ANY($1::bigint[])",
-                        list(orphans),
-                    )
-                    return not rows
-
-                indexed = await _wait_for(orphans_indexed, deadline)
-                orphans_indexed_at = loop.time() if indexed else None
-                drained_at = await _wait_drained(pool, deadline)
-                survivors = sum(p.returncode is None for p in procs[1:])
+                killed = await _kill_mid_drain(pool, procs, records, deadline, log_dir)
             after = await store_snapshot(pool, text_model)
-            partition = await get_partition(pool, text_model)
-            rewritten = (
-                await pool.fetchval(f"SELECT count(*) FROM {partition.table} WHERE updated_at <> created_at")
-                if partition is not None
-                else 0
-            )
+            rewritten = await _rows_rewritten(pool, text_model)
             queue_left = await _queue_size(pool)
         finally:
             await pool.close()
@@ -532,14 +495,63 @@ async def drain_worker_killed(
         "records": records,
         "workers": workers,
         "lease_s": lease_s,
-        "queued_at_kill": queued_at_kill,
-        "orphaned_records": len(orphans),
+        "queued_at_kill": killed["queued_at_kill"],
+        "orphaned_records": killed["orphaned_records"],
         "records_lost": len(comparison["records_differing"]),
         "duplicate_rows": rewritten + len(after.keys() - clean.keys()),
         **comparison,
         "queue_left": queue_left,
-        "surviving_workers": survivors,
+        "surviving_workers": killed["surviving_workers"],
+        "orphans_indexed_s": killed["orphans_indexed_s"],
+        "drained_s": killed["drained_s"],
+    }
+
+
+async def _kill_mid_drain(
+    pool: Any, procs: list[Any], records: int, deadline: float, log_dir: Path
+) -> dict[str, Any]:
+    """SIGKILL of the first drain process once about a third of ``records`` is indexed while it
+    holds leased records; then the waits for its orphaned records and for an empty queue, timed
+    from the kill. Run while the processes are up (the survivors are counted at the end)."""
+    loop = asyncio.get_running_loop()
+    victim = procs[0]
+
+    async def mid_work() -> bool:  # about a third indexed, and the victim holds records
+        left = await _queue_size(pool)
+        return left is not None and left <= records - records // 3 and bool(await leased_by(pool, victim.pid))
+
+    if not await _wait_for(mid_work, deadline):
+        raise RuntimeError(f"the first drain process held no lease mid-drain; see {log_dir}/drain-0.log")
+    victim.kill()  # SIGKILL: no handler, no release, its leases stay until they expire
+    await victim.wait()
+    killed_at = loop.time()
+    orphans = await leased_by(pool, victim.pid)
+    queued_at_kill = await _queue_size(pool)
+
+    async def orphans_indexed() -> bool:
+        rows = await pool.fetch(
+            "SELECT section_id FROM rag_index_queue WHERE section_id = ANY($1::bigint[])", list(orphans)
+        )
+        return not rows
+
+    indexed = await _wait_for(orphans_indexed, deadline)
+    orphans_indexed_at = loop.time() if indexed else None
+    drained_at = await _wait_drained(pool, deadline)
+    return {
+        "queued_at_kill": queued_at_kill,
+        "orphaned_records": len(orphans),
+        "surviving_workers": sum(p.returncode is None for p in procs[1:]),
         # from the kill until every record the killed process held is indexed (lease expiry included)
         "orphans_indexed_s": None if orphans_indexed_at is None else round(orphans_indexed_at - killed_at, 2),
         "drained_s": None if drained_at is None else round(drained_at - killed_at, 2),
     }
+
+
+async def _rows_rewritten(pool: Any, model: str) -> int:
+    """Rows of ``model``'s partition written more than once (their ``updated_at`` moved)."""
+    from index.partitions import get_partition
+
+    partition = await get_partition(pool, model)
+    if partition is None:
+        return 0
+    return await pool.fetchval(f"SELECT count(*) FROM {partition.table} WHERE updated_at <> created_at")
