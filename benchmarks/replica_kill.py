@@ -53,6 +53,86 @@ def _embed_once(conn: http.client.HTTPConnection, body: bytes) -> tuple[str, int
     return "server_error", response.status, 0.0
 
 
+class _Tally:
+    """What the callers met, shared between their threads (under one lock)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.statuses: dict[str, int] = {}
+        self.requests = {"sent": 0, "ok": 0, "failed": 0, "after_kill": 0, "failed_after_kill": 0}
+        self.first_ok_after_kill: list[float] = []
+        self.last_refusal: list[float] = []  # when a request last met something other than 200
+        self.slowest = 0.0  # the longest a request took, its retries included
+        self.after_kill_s: list[float] = []  # how long each request that finished after the kill took
+        self.coded_attempts_s: list[float] = []  # each attempt after the kill, to its coded 429/503
+
+    def attempt(self, outcome: str, status: int, took: float, after_kill: bool) -> None:
+        with self.lock:
+            if outcome == "coded" and after_kill:
+                self.coded_attempts_s.append(took)
+            key = str(status) if status else "no answer"
+            self.statuses[key] = self.statuses.get(key, 0) + 1
+            if outcome != "ok" and after_kill:
+                self.last_refusal[:] = [time.monotonic()]
+
+    def request(self, outcome: str, took: float, after_kill: bool) -> None:
+        with self.lock:
+            self.requests["sent"] += 1
+            self.requests["after_kill"] += after_kill
+            self.slowest = max(self.slowest, took)
+            if after_kill:
+                self.after_kill_s.append(took)
+            if outcome == "ok":
+                self.requests["ok"] += 1
+                if after_kill and not self.first_ok_after_kill:
+                    self.first_ok_after_kill.append(time.monotonic())
+            else:
+                self.requests["failed"] += 1
+                self.requests["failed_after_kill"] += after_kill
+
+
+def _caller(
+    address: tuple[Any, Any], body: bytes, tally: _Tally, events: tuple[threading.Event, threading.Event],
+    retry_budget: float, timeout_s: float,
+) -> None:  # fmt: skip
+    """One closed-loop caller until ``stop``: each request retried on a coded 429/503 (honouring
+    ``Retry-After``, at most 1 s apart) for up to ``retry_budget`` seconds."""
+    stop, killed = events
+    conn = http.client.HTTPConnection(*address, timeout=timeout_s)
+    try:
+        while not stop.is_set():
+            started = time.monotonic()
+            outcome = "dropped"
+            while True:
+                attempt_started = time.monotonic()
+                outcome, status, wait = _embed_once(conn, body)
+                tally.attempt(outcome, status, time.monotonic() - attempt_started, killed.is_set())
+                if outcome != "coded" or time.monotonic() - started >= retry_budget:
+                    break
+                time.sleep(min(wait, 1.0))
+            # finished after the kill (in flight at it, or sent later)
+            tally.request(outcome, time.monotonic() - started, killed.is_set())
+    finally:
+        conn.close()
+
+
+def _replaced_at(
+    deployment: str, app: str, before: list[tuple[str, str]], killed_at: float, deadline_s: float,
+    after_recovery_s: float,
+) -> float | None:  # fmt: skip
+    """When Serve ran a replica that was not there before the kill (as many as before), then
+    ``after_recovery_s`` more of load; None when not within ``deadline_s`` of the kill."""
+    replaced_at = None
+    while time.monotonic() < killed_at + deadline_s:
+        live = live_replicas(deployment, app)
+        if replaced_at is None and any(r not in before for r in live) and len(live) >= len(before):
+            replaced_at = time.monotonic()
+        if replaced_at is not None and time.monotonic() > replaced_at + after_recovery_s:
+            break
+        time.sleep(0.1)
+    return replaced_at
+
+
 def replica_killed_under_load(
     sidecar_url: str,
     model: str,
@@ -83,56 +163,9 @@ def replica_killed_under_load(
     parts = urlsplit(sidecar_url)
     retry_budget = deadline_s if retry_for_s is None else retry_for_s
     body = json.dumps({"model": model, "input": ["The reservoir flooded the valley."]}).encode()
-    stop = threading.Event()
-    killed = threading.Event()
-    lock = threading.Lock()
-    statuses: dict[str, int] = {}
-    requests = {"sent": 0, "ok": 0, "failed": 0, "after_kill": 0, "failed_after_kill": 0}
-    first_ok_after_kill: list[float] = []
-    last_refusal: list[float] = []  # when a request last met something other than 200
-    slowest = [0.0]  # the longest a request took, its retries included
-    after_kill_s: list[float] = []  # how long each request that finished after the kill took
-    coded_attempts_s: list[float] = []  # how long each attempt after the kill took to its coded 429/503
-
-    def caller() -> None:
-        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout_s)
-        try:
-            while not stop.is_set():
-                started = time.monotonic()
-                outcome = "dropped"
-                while True:
-                    attempt_started = time.monotonic()
-                    outcome, status, wait = _embed_once(conn, body)
-                    if outcome == "coded" and killed.is_set():
-                        with lock:
-                            coded_attempts_s.append(time.monotonic() - attempt_started)
-                    with lock:
-                        key = str(status) if status else "no answer"
-                        statuses[key] = statuses.get(key, 0) + 1
-                    if outcome != "ok" and killed.is_set():
-                        with lock:
-                            last_refusal[:] = [time.monotonic()]
-                    if outcome != "coded" or time.monotonic() - started >= retry_budget:
-                        break
-                    time.sleep(min(wait, 1.0))
-                after = killed.is_set()  # finished after the kill (in flight at it, or sent later)
-                with lock:
-                    requests["sent"] += 1
-                    requests["after_kill"] += after
-                    slowest[0] = max(slowest[0], time.monotonic() - started)
-                    if after:
-                        after_kill_s.append(time.monotonic() - started)
-                    if outcome == "ok":
-                        requests["ok"] += 1
-                        if after and not first_ok_after_kill:
-                            first_ok_after_kill.append(time.monotonic())
-                    else:
-                        requests["failed"] += 1
-                        requests["failed_after_kill"] += after
-        finally:
-            conn.close()
-
-    threads = [threading.Thread(target=caller, daemon=True) for _ in range(callers)]
+    stop, killed, tally = threading.Event(), threading.Event(), _Tally()
+    args = ((parts.hostname, parts.port), body, tally, (stop, killed), retry_budget, timeout_s)
+    threads = [threading.Thread(target=_caller, args=args, daemon=True) for _ in range(callers)]
     for thread in threads:
         thread.start()
     time.sleep(warm_s)
@@ -140,19 +173,11 @@ def replica_killed_under_load(
     killed_at = time.monotonic()
     killed.set()
     ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
-    replaced_at = None
-    while time.monotonic() < killed_at + deadline_s:
-        live = live_replicas(deployment, app)
-        if replaced_at is None and any(r not in before for r in live) and len(live) >= len(before):
-            replaced_at = time.monotonic()
-        if replaced_at is not None and time.monotonic() > replaced_at + after_recovery_s:
-            break
-        time.sleep(0.1)
+    replaced_at = _replaced_at(deployment, app, before, killed_at, deadline_s, after_recovery_s)
     stop.set()
     for thread in threads:  # a caller may be inside its retries, or one unanswered attempt, when stop is set
         thread.join(retry_budget + timeout_s + 5)
-    hung = sum(t.is_alive() for t in threads)
-    server_errors = sum(v for k, v in statuses.items() if k not in ("200", "429", "503", "no answer"))
+    statuses, requests = tally.statuses, tally.requests
     return {
         "model": model,
         "callers": callers,
@@ -161,19 +186,19 @@ def replica_killed_under_load(
         "requests_after_kill": requests["after_kill"],
         "failed_after_retries": requests["failed"],
         "statuses": dict(sorted(statuses.items())),
-        "server_errors": server_errors,
+        "server_errors": sum(v for k, v in statuses.items() if k not in ("200", "429", "503", "no answer")),
         "dropped": statuses.get("no answer", 0),
-        "hung_callers": hung,
-        "slowest_request_s": round(slowest[0], 2),
+        "hung_callers": sum(t.is_alive() for t in threads),
+        "slowest_request_s": round(tally.slowest, 2),
         # requests that finished after the kill, their retries included
-        "p99_after_kill_s": round(percentile(after_kill_s, 99), 2) if after_kill_s else None,
+        "p99_after_kill_s": round(percentile(tally.after_kill_s, 99), 2) if tally.after_kill_s else None,
         # the longest one attempt waited for its coded 429/503 after the kill (the replica wait)
-        "slowest_coded_answer_s": round(max(coded_attempts_s), 2) if coded_attempts_s else None,
+        "slowest_coded_answer_s": round(max(tally.coded_attempts_s), 2) if tally.coded_attempts_s else None,
         # from the kill until Serve runs a new replica; None: not within the deadline
         "replaced_s": None if replaced_at is None else round(replaced_at - killed_at, 2),
-        "first_ok_after_kill_s": round(first_ok_after_kill[0] - killed_at, 2)
-        if first_ok_after_kill
+        "first_ok_after_kill_s": round(tally.first_ok_after_kill[0] - killed_at, 2)
+        if tally.first_ok_after_kill
         else None,
         # from the kill to the last answer other than 200 (0: no caller noticed the kill)
-        "recovered_s": round(max(0.0, last_refusal[0] - killed_at), 2) if last_refusal else 0.0,
+        "recovered_s": round(max(0.0, tally.last_refusal[0] - killed_at), 2) if tally.last_refusal else 0.0,
     }
