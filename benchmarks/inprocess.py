@@ -13,9 +13,10 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
-from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from .report import dist_version
 
 __all__ = [
     "SAMPLE",
@@ -31,13 +32,6 @@ __all__ = [
 # every batch size, spread over the corpus's lengths).
 SWEEP_BATCHES = (8, 16, 32, 64, 128)
 SAMPLE = 256
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def length_sample(encoder: Any, texts: Sequence[str], n: int) -> list[str]:
@@ -299,5 +293,5 @@ def measure_configurations(
     }
     out["strongest"]["overlap"] = overlap
     out["sweeps"] = {"strongest": strongest, "st_encode": st}
-    out["sentence_transformers"] = _version("sentence-transformers")
+    out["sentence_transformers"] = dist_version("sentence-transformers")
     return out

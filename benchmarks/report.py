@@ -127,7 +127,8 @@ class SuiteResult:
     skipped: str | None = None  # why the suite did not run, when it did not
 
 
-def _version(dist: str) -> str | None:
+def dist_version(dist: str) -> str | None:
+    """The installed version of the distribution ``dist``; None when it is not installed."""
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -173,7 +174,7 @@ def machine_info() -> dict[str, Any]:
         "gpu": gpu,
         "git_commit": commit or None,
         "versions": {
-            d: _version(d)
+            d: dist_version(d)
             for d in ("torch", "transformers", "ray", "asyncpg", "pgvector", "aiohttp", "faiss-cpu", "bm25s")
         },
     }
