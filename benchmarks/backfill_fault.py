@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .faults import (
+from .fault_store import (
     DRAIN_SECTION,
     FAULT_INGEST,
     _clean_run,
@@ -58,6 +58,57 @@ async def _backfill_process(
             stdout=out,
             stderr=out,
         )
+
+
+async def _hold_at_primary_key(
+    pool: Any, holder: Any, proc: Any, table: str, deadline: float, log: Path
+) -> Any:
+    """Once the backfill's shadow ``table`` exists, take a share lock on it in ``holder``'s transaction
+    (returned, still open) and wait until the build waits on it at the primary key (its ALTER TABLE),
+    with the indexes before it built."""
+
+    async def shadow_exists() -> bool:
+        return bool(await pool.fetchval("SELECT to_regclass($1) IS NOT NULL", table))
+
+    await _wait_for(shadow_exists, deadline)
+    tx = holder.transaction()
+    await tx.start()
+    await holder.execute(f"LOCK TABLE {table} IN ACCESS SHARE MODE")
+
+    async def build_waiting() -> bool:  # the build reached the primary key and waits on us
+        if proc.returncode is not None:
+            raise RuntimeError(f"the backfill ended before the kill; see {log}")
+        return bool(
+            await pool.fetchval(
+                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                "WHERE l.relation = to_regclass($1) AND NOT l.granted AND a.query ILIKE 'ALTER TABLE%'",
+                table,
+            )
+        )
+
+    if not await _wait_for(build_waiting, deadline):
+        raise RuntimeError(f"the backfill never reached its index build; see {log}")
+    return tx
+
+
+async def _progress_at_kill(pool: Any, table: str) -> tuple[int, int]:
+    """(indexes built on the shadow ``table``, records copied) where the build is held."""
+    built = await pool.fetchval("SELECT count(*) FROM pg_index WHERE indrelid = to_regclass($1)", table)
+    copied = await pool.fetchval("SELECT count(*) FROM rag_backfill_records WHERE state = 'copied'")
+    return built, copied
+
+
+async def _duplicate_keys(pool: Any, model: str) -> int:
+    """Chunk keys of ``model``'s partition written more than once (after the swap)."""
+    from index.partitions import get_partition
+
+    final = await get_partition(pool, model)
+    assert final is not None
+    return await pool.fetchval(
+        f"""SELECT count(*) FROM (SELECT 1 FROM {final.table}
+            GROUP BY section_tipo, section_id, component_tipo, lang, view, chunk_index
+            HAVING count(*) > 1) d"""
+    )
 
 
 async def backfill_killed_mid_build(
@@ -101,33 +152,9 @@ async def backfill_killed_mid_build(
             partition = await _wait_for(lambda: get_partition(pool, text_model), deadline)
             if partition is None:
                 raise RuntimeError(f"the backfill provisioned no partition; see {log}")
-            table = shadow.shadow_of(partition)
-
-            async def shadow_exists() -> bool:
-                return bool(await pool.fetchval("SELECT to_regclass($1) IS NOT NULL", table.table))
-
-            await _wait_for(shadow_exists, deadline)
-            tx = holder.transaction()
-            await tx.start()
-            await holder.execute(f"LOCK TABLE {table.table} IN ACCESS SHARE MODE")
-
-            async def build_waiting() -> bool:  # the build reached the primary key and waits on us
-                if proc.returncode is not None:
-                    raise RuntimeError(f"the backfill ended before the kill; see {log}")
-                return bool(
-                    await pool.fetchval(
-                        "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-                        "WHERE l.relation = to_regclass($1) AND NOT l.granted AND a.query ILIKE 'ALTER TABLE%'",
-                        table.table,
-                    )
-                )
-
-            if not await _wait_for(build_waiting, deadline):
-                raise RuntimeError(f"the backfill never reached its index build; see {log}")
-            built = await pool.fetchval(
-                "SELECT count(*) FROM pg_index WHERE indrelid = to_regclass($1)", table.table
-            )
-            copied = await pool.fetchval("SELECT count(*) FROM rag_backfill_records WHERE state = 'copied'")
+            table = shadow.shadow_of(partition).table
+            tx = await _hold_at_primary_key(pool, holder, proc, table, deadline, log)
+            built, copied = await _progress_at_kill(pool, table)
             proc.kill()  # SIGKILL: no handler, no cleanup
             await proc.wait()
             await tx.rollback()
@@ -138,13 +165,7 @@ async def backfill_killed_mid_build(
             if code != 0:
                 raise RuntimeError(f"the resumed backfill exited {code}; see {log}")
             after = await store_snapshot(pool, text_model)
-            final = await get_partition(pool, text_model)
-            assert final is not None
-            duplicates = await pool.fetchval(
-                f"""SELECT count(*) FROM (SELECT 1 FROM {final.table}
-                    GROUP BY section_tipo, section_id, component_tipo, lang, view, chunk_index
-                    HAVING count(*) > 1) d"""
-            )
+            duplicates = await _duplicate_keys(pool, text_model)
             queue_left = await _queue_size(pool)
             resumed = await pool.fetchval("SELECT (report->'result'->>'resumed')::boolean FROM rag_backfills")
         finally:

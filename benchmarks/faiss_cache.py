@@ -88,13 +88,119 @@ def _recall(got: Sequence[Any], exact: Sequence[Any]) -> float:
     return tie_aware_recall([(h.key, -h.score) for h in got], [(h.key, -h.score) for h in exact])
 
 
+async def _sync_lag(
+    pool: Any, cache: Any, partition: Any, n: int, centers: np.ndarray, seconds: float
+) -> dict[str, Any]:
+    """Sync lag: a drain-like writer rewrites records in transactions of 32 for ``seconds`` while the
+    cache follows the change feed; each change's write -> applied lag and each transaction's
+    commit -> applied lag (the first application whose watermark covers its changes)."""
+    from index.store import EmbeddingRow, upsert_rows
+
+    await cache.start()  # listener + follow loop (the partition is already loaded)
+    for _ in range(100):
+        if cache.listener is not None and cache.listener.connected:
+            break
+        await asyncio.sleep(0.05)
+    cache.recent_lags.clear()
+    rng = random.Random(5)
+    wrng = np.random.default_rng(9)
+    deadline = time.perf_counter() + seconds
+    written = 0
+    commits: list[tuple[float, int]] = []  # (monotonic commit time, the transaction's highest seq)
+    while time.perf_counter() < deadline:
+        async with pool.acquire() as conn:
+            async with conn.transaction():
+                for _ in range(32):
+                    record = rng.randint(1, n)
+                    vec = _vectors(1, wrng, centers)[0]
+                    row = EmbeddingRow("text", SECTION, record, "rag:card", "lg-nolan", 0, f"w{written}", "t",
+                                       "t", vec, projects=projects_of(record),
+                                       chunk_meta={"contributors": ["c1"]})  # fmt: skip
+                    await upsert_rows(conn, partition, [row])
+                    written += 1
+                seq = await conn.fetchval(
+                    "SELECT max(seq) FROM rag_embedding_changes WHERE model = $1 AND xid = pg_current_xact_id()",
+                    MODEL,
+                )
+            commits.append((time.monotonic(), int(seq)))
+        await asyncio.sleep(0.05)
+    for _ in range(100):  # let the last batch land
+        if len(cache.recent_lags) >= written:
+            break
+        await asyncio.sleep(0.05)
+    lags = list(cache.recent_lags)
+    applied = [(t, seq) for t, model, seq in cache.applied_log if model == MODEL]
+    await cache.stop()
+    lag = summarize(lags) if lags else None
+    # Commit -> applied: the first application whose watermark covers the transaction's changes.
+    commit_lags = [
+        next((t - at for t, s in applied if s >= seq and t >= at), float("nan")) for at, seq in commits
+    ]
+    commit_lag = summarize([x for x in commit_lags if x == x]) if commits else None
+    return {
+        "rows_written": written,
+        "changes_applied": len(lags),
+        "lag_p50_s": None if lag is None else lag.median,
+        "lag_p99_s": None if lag is None else lag.p99,
+        "transactions": len(commits),
+        "unapplied_transactions": sum(1 for x in commit_lags if x != x),
+        "commit_lag_p50_s": None if commit_lag is None else commit_lag.median,
+        "commit_lag_p99_s": None if commit_lag is None else commit_lag.p99,
+    }
+
+
+async def _recall_by_scope(
+    pool: Any, partition: Any, qs: np.ndarray, scopes: dict[str, Any], legs: dict[str, Any]
+) -> dict[str, dict[str, float]]:
+    """Each leg's mean recall@10 against exact search, per scope (``legs``: name -> search(q, scope))."""
+    from index.dense_leg import dense_search
+
+    recall: dict[str, dict[str, float]] = {}
+    for label, scope in scopes.items():
+        found: dict[str, list[float]] = {name: [] for name in legs}
+        for q in qs:
+            async with pool.acquire() as conn:
+                exact = await dense_search(conn, partition, q, scope, K, exact=True)
+            for name, search in legs.items():
+                found[name].append(_recall(await search(q, scope), exact))
+        recall[label] = {name: float(np.mean(r)) for name, r in found.items()}
+    return recall
+
+
+async def _latency_p50s(qs: np.ndarray, legs: dict[str, Any], scopes: dict[str, Any]) -> dict[str, float]:
+    """p50 ms of the cache and of HNSW for the admin, the 100% researcher and the 1% one (``scopes``
+    as :func:`_one_size` names them)."""
+
+    async def p50(fn: Any, scope: Any) -> float:
+        for q in qs[:3]:
+            await fn(q, scope)  # warm-up (and the scope's bitmap)
+        times = []
+        for q in qs:
+            t = time.perf_counter()
+            await fn(q, scope)
+            times.append(time.perf_counter() - t)
+        return percentile(times, 50) * 1e3
+
+    from index.hits import Scope
+
+    admin, non_admin, one_percent = Scope(), scopes["ACL 100%"], scopes["ACL 1%"]  # admin: a fresh scope
+    cached, hnsw = legs["cache"], legs["hnsw"]
+    return {
+        "cache admin": await p50(cached, admin),
+        "cache non-admin 100%": await p50(cached, non_admin),
+        "hnsw admin": await p50(hnsw, admin),
+        "hnsw non-admin 100%": await p50(hnsw, non_admin),
+        "cache non-admin 1%": await p50(cached, one_percent),
+        "hnsw non-admin 1%": await p50(hnsw, one_percent),
+    }
+
+
 async def _one_size(url: str, n: int, queries: int, seconds: float) -> dict[str, Any]:
     from gateway.acl import pushdown
     from gateway.auth import Principal
     from index.cache_partition import CacheConfig
     from index.dense_leg import dense_search
     from index.hits import Scope
-    from index.store import EmbeddingRow, upsert_rows
     from index.vector_cache import VectorCache
     from schema import create_pool
 
@@ -128,37 +234,12 @@ async def _one_size(url: str, n: int, queries: int, seconds: float) -> dict[str,
             assert hits is not None, "the cache declined a search it should serve"
             return hits
 
-        recall: dict[str, dict[str, float]] = {}
-        for label, scope in scopes.items():
-            r_cache, r_hnsw = [], []
-            for q in qs:
-                async with pool.acquire() as conn:
-                    exact = await dense_search(conn, partition, q, scope, K, exact=True)
-                r_cache.append(_recall(await cached(q, scope), exact))
-                r_hnsw.append(_recall(await hnsw(q, scope), exact))
-            recall[label] = {"cache": float(np.mean(r_cache)), "hnsw": float(np.mean(r_hnsw))}
-
-        async def p50(fn: Any, scope: Scope) -> float:
-            for q in qs[:3]:
-                await fn(q, scope)  # warm-up (and the scope's bitmap)
-            times = []
-            for q in qs:
-                t = time.perf_counter()
-                await fn(q, scope)
-                times.append(time.perf_counter() - t)
-            return percentile(times, 50) * 1e3
+        recall = await _recall_by_scope(pool, partition, qs, scopes, {"cache": cached, "hnsw": hnsw})
 
         non_admin = scopes["ACL 100%"]
-        latency = {
-            "cache admin": await p50(cached, Scope()),
-            "cache non-admin 100%": await p50(cached, non_admin),
-            "hnsw admin": await p50(hnsw, Scope()),
-            "hnsw non-admin 100%": await p50(hnsw, non_admin),
-            "cache non-admin 1%": await p50(cached, scopes["ACL 1%"]),
-            "hnsw non-admin 1%": await p50(hnsw, scopes["ACL 1%"]),
-        }
+        latency = await _latency_p50s(qs, {"cache": cached, "hnsw": hnsw}, scopes)
         load = {}
-        for name, fn in (("cache on", cached), ("cache off", hnsw)):
+        for name, fn in (("cache on", cached), ("cache off", hnsw)):  # 32 callers, the 100% researcher
             result = await closed_loop(
                 lambda i, fn=fn: fn(qs[i % len(qs)], non_admin),
                 concurrency=32,
@@ -167,48 +248,7 @@ async def _one_size(url: str, n: int, queries: int, seconds: float) -> dict[str,
             )
             load[name] = {"p50_ms": result.latency.median * 1e3, "qps": result.requests_per_s}
 
-        # Sync lag: a drain-like writer rewrites records in transactions of 32 while the cache follows.
-        await cache.start()  # listener + follow loop (the partition is already loaded)
-        for _ in range(100):
-            if cache.listener is not None and cache.listener.connected:
-                break
-            await asyncio.sleep(0.05)
-        cache.recent_lags.clear()
-        rng = random.Random(5)
-        wrng = np.random.default_rng(9)
-        deadline = time.perf_counter() + seconds
-        written = 0
-        commits: list[tuple[float, int]] = []  # (monotonic commit time, the transaction's highest seq)
-        while time.perf_counter() < deadline:
-            async with pool.acquire() as conn:
-                async with conn.transaction():
-                    for _ in range(32):
-                        record = rng.randint(1, n)
-                        vec = _vectors(1, wrng, centers)[0]
-                        row = EmbeddingRow("text", SECTION, record, "rag:card", "lg-nolan", 0, f"w{written}", "t",
-                                           "t", vec, projects=projects_of(record),
-                                           chunk_meta={"contributors": ["c1"]})  # fmt: skip
-                        await upsert_rows(conn, partition, [row])
-                        written += 1
-                    seq = await conn.fetchval(
-                        "SELECT max(seq) FROM rag_embedding_changes WHERE model = $1 AND xid = pg_current_xact_id()",
-                        MODEL,
-                    )
-                commits.append((time.monotonic(), int(seq)))
-            await asyncio.sleep(0.05)
-        for _ in range(100):  # let the last batch land
-            if len(cache.recent_lags) >= written:
-                break
-            await asyncio.sleep(0.05)
-        lags = list(cache.recent_lags)
-        applied = [(t, seq) for t, model, seq in cache.applied_log if model == MODEL]
-        await cache.stop()
-        lag = summarize(lags) if lags else None
-        # Commit -> applied: the first application whose watermark covers the transaction's changes.
-        commit_lags = [
-            next((t - at for t, s in applied if s >= seq and t >= at), float("nan")) for at, seq in commits
-        ]
-        commit_lag = summarize([x for x in commit_lags if x == x]) if commits else None
+        sync = await _sync_lag(pool, cache, partition, n, centers, seconds)
         return {
             "vectors": n,
             "populate_s": populate_s,
@@ -220,16 +260,7 @@ async def _one_size(url: str, n: int, queries: int, seconds: float) -> dict[str,
             "recall_at_10": recall,
             "latency_p50_ms": latency,
             "load_32": load,
-            "sync": {
-                "rows_written": written,
-                "changes_applied": len(lags),
-                "lag_p50_s": None if lag is None else lag.median,
-                "lag_p99_s": None if lag is None else lag.p99,
-                "transactions": len(commits),
-                "unapplied_transactions": sum(1 for x in commit_lags if x != x),
-                "commit_lag_p50_s": None if commit_lag is None else commit_lag.median,
-                "commit_lag_p99_s": None if commit_lag is None else commit_lag.p99,
-            },
+            "sync": sync,
             "queries": queries,
         }
     finally:

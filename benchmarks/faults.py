@@ -26,15 +26,25 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from inference.launcher import APP_NAME
-
-from .measure import percentile
+from .fault_store import (
+    FAULT_INGEST,
+    _clean_run,
+    _drop,
+    _fresh_database,
+    _fresh_pool,
+    _queue_size,
+    _wait_drained,
+    _wait_for,
+    _wait_queue_at_most,
+    compare_stores,
+    drain_records,
+    store_snapshot,
+)
 
 __all__ = [
     "api_call",
     "drain_processes",
     "drain_worker_killed",
-    "live_replicas",
     "sigterm_gateway",
     "sigterm_under_load",
 ]
@@ -193,143 +203,6 @@ async def sigterm_gateway(
 
 # -- PostgreSQL stopped hard in the middle of a drain -------------------------------------------
 
-DRAIN_SECTION = "oh1"
-DRAIN_DESCRIPTOR = {"embed": [{"id": "card", "contributors": ["oh22"]}]}
-
-
-def drain_records(n: int, sentences: list[str] | None = None) -> list[dict[str, Any]]:
-    """``n`` records of real sentences (three each, English) in :data:`DRAIN_SECTION`, ids 1..n."""
-    if sentences is None:
-        from .gateway import load_sentences
-
-        sentences = load_sentences(3 * n)
-    return [
-        {
-            "section_tipo": DRAIN_SECTION,
-            "section_id": i,
-            "projects": [1],
-            "groups": {"card": {"lg-eng": " ".join(sentences[3 * (i - 1) : 3 * i])}},
-        }
-        for i in range(1, n + 1)
-    ]
-
-
-async def store_snapshot(pool: Any, model: str) -> dict[tuple[Any, ...], tuple[str, str, Any]]:
-    """(section, id, component, lang, chunk) -> (source hash, text, vector) for every stored chunk."""
-    import numpy as np
-
-    from index.partitions import get_partition
-
-    partition = await get_partition(pool, model)
-    if partition is None:
-        return {}
-    rows = await pool.fetch(
-        f"SELECT section_tipo, section_id, component_tipo, lang, chunk_index, source_hash, source_text, "
-        f"embedding FROM {partition.table}"
-    )
-    return {
-        (r["section_tipo"], r["section_id"], r["component_tipo"], r["lang"], r["chunk_index"]): (
-            r["source_hash"],
-            r["source_text"],
-            np.asarray(getattr(r["embedding"], "to_numpy", lambda e=r["embedding"]: e)(), dtype=np.float32),
-        )
-        for r in rows
-    }
-
-
-def compare_stores(clean: dict[tuple, tuple], other: dict[tuple, tuple]) -> dict[str, Any]:
-    """Records whose chunks differ from the clean run's (missing, extra, other hash or text, vector
-    off by more than 1e-4), and the largest vector difference among the chunks that match."""
-    import numpy as np
-
-    differing: set[tuple[str, int]] = set()
-    worst = 0.0
-    for key in clean.keys() | other.keys():
-        a, b = clean.get(key), other.get(key)
-        if a is None or b is None or a[:2] != b[:2]:
-            differing.add(key[:2])
-            continue
-        diff = float(np.max(np.abs(a[2] - b[2]))) if len(a[2]) else 0.0
-        worst = max(worst, diff)
-        if diff > 1e-4:
-            differing.add(key[:2])
-    return {
-        "chunks_clean": len(clean),
-        "chunks": len(other),
-        "records_differing": sorted(f"{t}/{i}" for t, i in differing),
-        "max_vector_difference": worst,
-    }
-
-
-async def _fresh_pool(server_url: str, name: str) -> Any:
-    """A pool on a new, migrated database ``name`` (dropped first if it exists) of the server at
-    ``server_url``, with :data:`DRAIN_DESCRIPTOR` put."""
-    return (await _fresh_database(server_url, name))[1]
-
-
-async def _fresh_database(server_url: str, name: str) -> tuple[str, Any]:
-    """:func:`_fresh_pool`, with the database's URL."""
-    from index.sections import SectionStore
-    from schema import create_pool
-
-    from .stack import BenchStack
-
-    url = await BenchStack(work_dir=Path(), server_url=server_url).fresh_database(name)
-    pool = await create_pool(url, max_size=4)
-    await SectionStore(pool).put(DRAIN_SECTION, DRAIN_DESCRIPTOR)
-    return url, pool
-
-
-async def _drop(server_url: str, *names: str) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(server_url)
-    try:
-        for name in names:
-            await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    finally:
-        await conn.close()
-
-
-async def _queue_size(pool: Any) -> int | None:
-    try:
-        return int(await pool.fetchval("SELECT count(*) FROM rag_index_queue"))
-    except Exception:  # the server is down or recovering: unknown for now
-        return None
-
-
-async def _wait_queue_at_most(pool: Any, size: int, deadline: float) -> int | None:
-    """Poll until the queue holds at most ``size`` records (bounded by ``deadline``); its size then."""
-    loop = asyncio.get_running_loop()
-    while loop.time() < deadline:
-        left = await _queue_size(pool)
-        if left is not None and left <= size:
-            return left
-        await asyncio.sleep(0.02)
-    return await _queue_size(pool)
-
-
-async def _wait_drained(pool: Any, deadline: float) -> float | None:
-    """The loop time when the queue is empty; None if it is not by ``deadline``."""
-    left = await _wait_queue_at_most(pool, 0, deadline)
-    return asyncio.get_running_loop().time() if left == 0 else None
-
-
-async def _clean_run(
-    pool: Any, client: Any, settings: Any, batch: list[dict[str, Any]], model: str, deadline: float
-) -> dict[tuple, tuple]:
-    """The reference: ``batch`` drained with no fault, pass after pass; the store it leaves."""
-    from index.drain import drain_once
-    from index.intake import enqueue_records
-
-    await enqueue_records(pool, batch)
-    while await _queue_size(pool) and asyncio.get_running_loop().time() < deadline:
-        await drain_once(pool, client, settings, text_model=model)
-    return await store_snapshot(pool, model)
-
-
-FAULT_INGEST = {"batch_records": 4, "embed_batch": 16, "outage_pause": 0.2, "drain_interval": 0.1}
-
 
 async def _interrupted_drain(
     server_url: str,
@@ -432,169 +305,6 @@ async def postgres_stopped_mid_drain(
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
-
-
-# -- a Ray Serve model replica killed under load ------------------------------------------------
-
-
-def live_replicas(deployment: str, app: str = APP_NAME) -> list[tuple[str, str]]:
-    """(name, namespace) of the live replica actors of application ``app``'s Serve deployment (this
-    process's Ray). An actor's name is ``SERVE_REPLICA::<app>#<deployment>#<id>``."""
-    from ray.util import list_named_actors
-
-    prefix = f"SERVE_REPLICA::{app}#{deployment}#"
-    return [
-        (a["name"], a["namespace"])
-        for a in list_named_actors(all_namespaces=True)
-        if a["name"].startswith(prefix)
-    ]
-
-
-def _embed_once(conn: http.client.HTTPConnection, body: bytes) -> tuple[str, int, float]:
-    """("ok" | "coded" | "server_error" | "dropped", status, Retry-After seconds) for one ``/embed``."""
-    try:
-        conn.request("POST", "/embed", body, {"Content-Type": "application/json"})
-        response = conn.getresponse()
-        payload = response.read()
-    except (OSError, http.client.HTTPException):
-        conn.close()
-        return "dropped", 0, 0.0
-    if response.status == 200:
-        return "ok", 200, 0.0
-    try:
-        coded = isinstance(json.loads(payload)["error"]["code"], str)
-    except (ValueError, KeyError, TypeError):
-        coded = False
-    retry_after = response.getheader("Retry-After")
-    if coded and retry_after and response.status in (429, 503):
-        return "coded", response.status, float(retry_after)
-    return "server_error", response.status, 0.0
-
-
-def replica_killed_under_load(
-    sidecar_url: str,
-    model: str,
-    *,
-    callers: int = 4,
-    warm_s: float = 1.0,
-    after_recovery_s: float = 2.0,
-    deadline_s: float = 180.0,
-    retry_for_s: float | None = None,
-    timeout_s: float = 60.0,
-    app: str = APP_NAME,
-) -> dict[str, Any]:
-    """``callers`` closed-loop ``/embed`` callers; after ``warm_s`` one replica of ``model`` is killed
-    (``ray.kill``, in the process that runs the sidecar's Ray). Each request is retried on a coded
-    429/503 (honouring ``Retry-After``, at most 1 s apart), as the sidecar client does, for up to
-    ``retry_for_s`` (default ``deadline_s``, the time Serve is given to replace the replica: what is
-    asserted is that every request ends well, not how soon; a loaded machine took over 30 s).
-    Counted: every answer per status, requests failed after their retries, 500s, drops and hangs
-    (no answer in ``timeout_s``), and the time from the kill until a new replica serves."""
-    import ray
-
-    from inference.serve_app import deployment_name
-
-    deployment = deployment_name(model)
-    before = live_replicas(deployment, app)
-    if not before:
-        raise RuntimeError(f"no live replica of {deployment} in this process's Ray")
-    parts = urlsplit(sidecar_url)
-    retry_budget = deadline_s if retry_for_s is None else retry_for_s
-    body = json.dumps({"model": model, "input": ["The reservoir flooded the valley."]}).encode()
-    stop = threading.Event()
-    killed = threading.Event()
-    lock = threading.Lock()
-    statuses: dict[str, int] = {}
-    requests = {"sent": 0, "ok": 0, "failed": 0, "after_kill": 0, "failed_after_kill": 0}
-    first_ok_after_kill: list[float] = []
-    last_refusal: list[float] = []  # when a request last met something other than 200
-    slowest = [0.0]  # the longest a request took, its retries included
-    after_kill_s: list[float] = []  # how long each request that finished after the kill took
-    coded_attempts_s: list[float] = []  # how long each attempt after the kill took to its coded 429/503
-
-    def caller() -> None:
-        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout_s)
-        try:
-            while not stop.is_set():
-                started = time.monotonic()
-                outcome = "dropped"
-                while True:
-                    attempt_started = time.monotonic()
-                    outcome, status, wait = _embed_once(conn, body)
-                    if outcome == "coded" and killed.is_set():
-                        with lock:
-                            coded_attempts_s.append(time.monotonic() - attempt_started)
-                    with lock:
-                        key = str(status) if status else "no answer"
-                        statuses[key] = statuses.get(key, 0) + 1
-                    if outcome != "ok" and killed.is_set():
-                        with lock:
-                            last_refusal[:] = [time.monotonic()]
-                    if outcome != "coded" or time.monotonic() - started >= retry_budget:
-                        break
-                    time.sleep(min(wait, 1.0))
-                after = killed.is_set()  # finished after the kill (in flight at it, or sent later)
-                with lock:
-                    requests["sent"] += 1
-                    requests["after_kill"] += after
-                    slowest[0] = max(slowest[0], time.monotonic() - started)
-                    if after:
-                        after_kill_s.append(time.monotonic() - started)
-                    if outcome == "ok":
-                        requests["ok"] += 1
-                        if after and not first_ok_after_kill:
-                            first_ok_after_kill.append(time.monotonic())
-                    else:
-                        requests["failed"] += 1
-                        requests["failed_after_kill"] += after
-        finally:
-            conn.close()
-
-    threads = [threading.Thread(target=caller, daemon=True) for _ in range(callers)]
-    for thread in threads:
-        thread.start()
-    time.sleep(warm_s)
-    name, namespace = before[0]
-    killed_at = time.monotonic()
-    killed.set()
-    ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
-    replaced_at = None
-    while time.monotonic() < killed_at + deadline_s:
-        live = live_replicas(deployment, app)
-        if replaced_at is None and any(r not in before for r in live) and len(live) >= len(before):
-            replaced_at = time.monotonic()
-        if replaced_at is not None and time.monotonic() > replaced_at + after_recovery_s:
-            break
-        time.sleep(0.1)
-    stop.set()
-    for thread in threads:  # a caller may be inside its retries, or one unanswered attempt, when stop is set
-        thread.join(retry_budget + timeout_s + 5)
-    hung = sum(t.is_alive() for t in threads)
-    server_errors = sum(v for k, v in statuses.items() if k not in ("200", "429", "503", "no answer"))
-    return {
-        "model": model,
-        "callers": callers,
-        "replicas": len(before),
-        "requests": requests["sent"],
-        "requests_after_kill": requests["after_kill"],
-        "failed_after_retries": requests["failed"],
-        "statuses": dict(sorted(statuses.items())),
-        "server_errors": server_errors,
-        "dropped": statuses.get("no answer", 0),
-        "hung_callers": hung,
-        "slowest_request_s": round(slowest[0], 2),
-        # requests that finished after the kill, their retries included
-        "p99_after_kill_s": round(percentile(after_kill_s, 99), 2) if after_kill_s else None,
-        # the longest one attempt waited for its coded 429/503 after the kill (the replica wait)
-        "slowest_coded_answer_s": round(max(coded_attempts_s), 2) if coded_attempts_s else None,
-        # from the kill until Serve runs a new replica; None: not within the deadline
-        "replaced_s": None if replaced_at is None else round(replaced_at - killed_at, 2),
-        "first_ok_after_kill_s": round(first_ok_after_kill[0] - killed_at, 2)
-        if first_ok_after_kill
-        else None,
-        # from the kill to the last answer other than 200 (0: no caller noticed the kill)
-        "recovered_s": round(max(0.0, last_refusal[0] - killed_at), 2) if last_refusal else 0.0,
-    }
 
 
 # -- the sidecar stopped and started during ingestion -------------------------------------------
@@ -731,17 +441,6 @@ async def leased_by(pool: Any, pid: int) -> set[int]:
     return {r["section_id"] for r in rows}
 
 
-async def _wait_for(check: Callable[[], Awaitable[Any]], deadline: float) -> Any:
-    """Poll ``check`` until it returns something truthy (returned) or ``deadline`` passes (None)."""
-    loop = asyncio.get_running_loop()
-    while loop.time() < deadline:
-        result = await check()
-        if result:
-            return result
-        await asyncio.sleep(0.02)
-    return None
-
-
 async def drain_worker_killed(
     server_url: str,
     sidecar_url: str,
@@ -760,7 +459,6 @@ async def drain_worker_killed(
     the clean run), the seconds from the kill until the last orphaned record is indexed. Databases
     on ``server_url`` (created, then dropped). Bounded by ``deadline_s``."""
     from index.intake import enqueue_records
-    from index.partitions import get_partition
     from index.settings import IngestSettings
     from inference.client import SidecarClient
 
@@ -769,8 +467,7 @@ async def drain_worker_killed(
     # of even a short drain, and the kill lands mid-batch.
     env = {"RAG_INGEST_LEASE_SECONDS": str(lease_s), "RAG_INGEST_BATCH_RECORDS": "2"}
     batch = drain_records(records)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + deadline_s
+    deadline = asyncio.get_running_loop().time() + deadline_s
     names = ("workers_clean_run", "workers_killed_run")
     try:
         clean_pool = await _fresh_pool(server_url, names[0])
@@ -785,44 +482,9 @@ async def drain_worker_killed(
             async with drain_processes(
                 url, sidecar_url, log_dir, workers, text_model=text_model, **env
             ) as procs:
-                victim = procs[0]
-
-                async def mid_work() -> bool:  # about a third indexed, and the victim holds records
-                    left = await _queue_size(pool)
-                    return (
-                        left is not None
-                        and left <= records - records // 3
-                        and bool(await leased_by(pool, victim.pid))
-                    )
-
-                if not await _wait_for(mid_work, deadline):
-                    raise RuntimeError(
-                        f"the first drain process held no lease mid-drain; see {log_dir}/drain-0.log"
-                    )
-                victim.kill()  # SIGKILL: no handler, no release, its leases stay until they expire
-                await victim.wait()
-                killed_at = loop.time()
-                orphans = await leased_by(pool, victim.pid)
-                queued_at_kill = await _queue_size(pool)
-
-                async def orphans_indexed() -> bool:
-                    rows = await pool.fetch(
-                        "SELECT section_id FROM rag_index_queue WHERE section_id = ANY($1::bigint[])",
-                        list(orphans),
-                    )
-                    return not rows
-
-                indexed = await _wait_for(orphans_indexed, deadline)
-                orphans_indexed_at = loop.time() if indexed else None
-                drained_at = await _wait_drained(pool, deadline)
-                survivors = sum(p.returncode is None for p in procs[1:])
+                killed = await _kill_mid_drain(pool, procs, records, deadline, log_dir)
             after = await store_snapshot(pool, text_model)
-            partition = await get_partition(pool, text_model)
-            rewritten = (
-                await pool.fetchval(f"SELECT count(*) FROM {partition.table} WHERE updated_at <> created_at")
-                if partition is not None
-                else 0
-            )
+            rewritten = await _rows_rewritten(pool, text_model)
             queue_left = await _queue_size(pool)
         finally:
             await pool.close()
@@ -833,14 +495,63 @@ async def drain_worker_killed(
         "records": records,
         "workers": workers,
         "lease_s": lease_s,
-        "queued_at_kill": queued_at_kill,
-        "orphaned_records": len(orphans),
+        "queued_at_kill": killed["queued_at_kill"],
+        "orphaned_records": killed["orphaned_records"],
         "records_lost": len(comparison["records_differing"]),
         "duplicate_rows": rewritten + len(after.keys() - clean.keys()),
         **comparison,
         "queue_left": queue_left,
-        "surviving_workers": survivors,
+        "surviving_workers": killed["surviving_workers"],
+        "orphans_indexed_s": killed["orphans_indexed_s"],
+        "drained_s": killed["drained_s"],
+    }
+
+
+async def _kill_mid_drain(
+    pool: Any, procs: list[Any], records: int, deadline: float, log_dir: Path
+) -> dict[str, Any]:
+    """SIGKILL of the first drain process once about a third of ``records`` is indexed while it
+    holds leased records; then the waits for its orphaned records and for an empty queue, timed
+    from the kill. Run while the processes are up (the survivors are counted at the end)."""
+    loop = asyncio.get_running_loop()
+    victim = procs[0]
+
+    async def mid_work() -> bool:  # about a third indexed, and the victim holds records
+        left = await _queue_size(pool)
+        return left is not None and left <= records - records // 3 and bool(await leased_by(pool, victim.pid))
+
+    if not await _wait_for(mid_work, deadline):
+        raise RuntimeError(f"the first drain process held no lease mid-drain; see {log_dir}/drain-0.log")
+    victim.kill()  # SIGKILL: no handler, no release, its leases stay until they expire
+    await victim.wait()
+    killed_at = loop.time()
+    orphans = await leased_by(pool, victim.pid)
+    queued_at_kill = await _queue_size(pool)
+
+    async def orphans_indexed() -> bool:
+        rows = await pool.fetch(
+            "SELECT section_id FROM rag_index_queue WHERE section_id = ANY($1::bigint[])", list(orphans)
+        )
+        return not rows
+
+    indexed = await _wait_for(orphans_indexed, deadline)
+    orphans_indexed_at = loop.time() if indexed else None
+    drained_at = await _wait_drained(pool, deadline)
+    return {
+        "queued_at_kill": queued_at_kill,
+        "orphaned_records": len(orphans),
+        "surviving_workers": sum(p.returncode is None for p in procs[1:]),
         # from the kill until every record the killed process held is indexed (lease expiry included)
         "orphans_indexed_s": None if orphans_indexed_at is None else round(orphans_indexed_at - killed_at, 2),
         "drained_s": None if drained_at is None else round(drained_at - killed_at, 2),
     }
+
+
+async def _rows_rewritten(pool: Any, model: str) -> int:
+    """Rows of ``model``'s partition written more than once (their ``updated_at`` moved)."""
+    from index.partitions import get_partition
+
+    partition = await get_partition(pool, model)
+    if partition is None:
+        return 0
+    return await pool.fetchval(f"SELECT count(*) FROM {partition.table} WHERE updated_at <> created_at")

@@ -34,7 +34,7 @@ import secrets
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -321,6 +321,70 @@ def _load_dict(result: Any) -> dict[str, Any]:
     return {k: v for k, v in d.items() if k not in ("items_per_request", "items_per_s")}
 
 
+def _searcher(session: Any, url: str, texts: Sequence[str], limit: int) -> Callable[[int], Awaitable[None]]:
+    """``semantic_search`` of the ``i``-th query (cycling) through the gateway at ``url``; anything
+    but a 200 with ``limit`` hits stops the run."""
+
+    async def search(i: int) -> None:
+        body = {"dd_api": "dd_rag_api", "action": "semantic_search",
+                "options": {"query": texts[i % len(texts)], "limit": limit}}  # fmt: skip
+        async with session.post(url + "/api/v1/json", json=body) as r:
+            payload = await r.json()
+            if r.status != 200 or len(payload["data"]) != limit:
+                raise RuntimeError(f"semantic_search failed: {r.status} {payload}")
+
+    return search
+
+
+async def _point(raw: RawLegs, search: Any, load: Any, pid: int, c: int) -> dict[str, Any]:
+    """The gateway at ``c`` callers beside the baselines measured just before it (the legs' SQL,
+    the dense leg's alone), with the gateway process's CPU per request."""
+    legs, dense = await load(raw.legs, c), await load(raw.dense, c)
+    cpu_before = process_cpu_s(pid)
+    gw = await load(search, c)
+    cpu_ms = (process_cpu_s(pid) - cpu_before) * 1000 / max(1, gw.requests)
+    return {
+        "concurrency": c,
+        "gateway": _load_dict(gw) | {"cpu_ms_per_request": round(cpu_ms, 3)},
+        "raw_legs_sql": _load_dict(legs),
+        "raw_dense_sql": _load_dict(dense),
+        "overhead_p50": round(ratio(gw.latency.median, legs.latency.median), 2),
+        "throughput_ratio": round(ratio(gw.requests_per_s, legs.requests_per_s), 3),
+        "overhead_p50_vs_dense": round(ratio(gw.latency.median, dense.latency.median), 2),
+        "throughput_ratio_vs_dense": round(ratio(gw.requests_per_s, dense.requests_per_s), 3),
+    }
+
+
+async def _measure_cache(
+    urls: tuple[str, str, str, str], model: str, cache: str, workdir: Path, raw: RawLegs, load: Any,
+    queries: tuple[Sequence[str], int, Sequence[int]], first_pass: bool,
+) -> tuple[dict[str, Any], Any]:  # fmt: skip
+    """One gateway with ``RAG_FAISS_CACHE=cache`` (once its cache is ready): its points per caller
+    count and the legs' mean times from its metrics, and its cold first pass when asked for (the
+    first gateway's, which embeds every query); ``urls``: the database, the sidecar, the token secret
+    and the bearer token."""
+    import aiohttp
+
+    database_url, sidecar_url, secret, bearer = urls
+    texts, limit, concurrency = queries
+    log = workdir / f"gateway-{cache}.log"
+    async with gateway_process(
+        database_url, sidecar_url, secret, log, text_model=model, RAG_FAISS_CACHE=cache
+    ) as gateway:
+        connector = aiohttp.TCPConnector(limit=max(concurrency) * 2)
+        headers = {"Authorization": f"Bearer {bearer}"}
+        async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
+            status = await cache_ready(session, gateway.url)
+            search = _searcher(session, gateway.url, texts, limit)
+            first = await load(search, 1) if first_pass else None  # embeds every query
+            for i in range(len(texts)):
+                await search(i)
+            rows = [await _point(raw, search, load, gateway.process.pid, c) for c in concurrency]
+            async with session.get(gateway.url + "/metrics") as r:
+                metrics_text = await r.text()
+    return {"faiss": status, "by_concurrency": rows, "leg_mean_ms": _leg_means(metrics_text)}, first
+
+
 async def run_gateway_benchmark(
     *,
     sidecar_url: str,
@@ -336,8 +400,6 @@ async def run_gateway_benchmark(
     caches: Sequence[str] = CACHE_MODES,
 ) -> dict[str, Any]:
     """Set up the corpus, measure the gateway (per FAISS cache mode) beside the legs' raw SQL."""
-    import aiohttp
-
     from gateway.auth import issue_token
     from index.models import resolve_model
     from inference.client import SidecarClient
@@ -371,58 +433,13 @@ async def run_gateway_benchmark(
         secret = secrets.token_urlsafe(48)
         bearer = issue_token(secret=secret, sub="bench", projects=None, admin=True)
         by_cache: dict[str, Any] = {}
-        metrics_text = ""
         cold = None
         for cache in caches:
-            log = workdir / f"gateway-{cache}.log"
-            async with gateway_process(
-                database_url, sidecar_url, secret, log, text_model=model.id, RAG_FAISS_CACHE=cache
-            ) as gateway:
-                url = gateway.url
-                connector = aiohttp.TCPConnector(limit=max(concurrency) * 2)
-                headers = {"Authorization": f"Bearer {bearer}"}
-                async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
-                    status = await cache_ready(session, url)
-
-                    async def search(i: int, session: Any = session, url: str = url) -> None:
-                        body = {"dd_api": "dd_rag_api", "action": "semantic_search",
-                                "options": {"query": texts[i % len(texts)], "limit": limit}}  # fmt: skip
-                        async with session.post(url + "/api/v1/json", json=body) as r:
-                            payload = await r.json()
-                            if r.status != 200 or len(payload["data"]) != limit:
-                                raise RuntimeError(f"semantic_search failed: {r.status} {payload}")
-
-                    first = await load(search, 1) if cold is None else None  # embeds every query
-                    cold = cold or first
-                    for i in range(len(texts)):
-                        await search(i)
-                    rows = []
-                    for c in concurrency:  # each gateway point beside the baselines measured just before it
-                        legs, dense = await load(raw.legs, c), await load(raw.dense, c)
-                        cpu_before = process_cpu_s(gateway.process.pid)
-                        gw = await load(search, c)
-                        cpu_ms = (
-                            (process_cpu_s(gateway.process.pid) - cpu_before) * 1000 / max(1, gw.requests)
-                        )
-                        rows.append(
-                            {
-                                "concurrency": c,
-                                "gateway": _load_dict(gw) | {"cpu_ms_per_request": round(cpu_ms, 3)},
-                                "raw_legs_sql": _load_dict(legs),
-                                "raw_dense_sql": _load_dict(dense),
-                                "overhead_p50": round(ratio(gw.latency.median, legs.latency.median), 2),
-                                "throughput_ratio": round(ratio(gw.requests_per_s, legs.requests_per_s), 3),
-                                "overhead_p50_vs_dense": round(ratio(gw.latency.median, dense.latency.median), 2),
-                                "throughput_ratio_vs_dense": round(ratio(gw.requests_per_s, dense.requests_per_s), 3),
-                            }
-                        )  # fmt: skip
-                    async with session.get(url + "/metrics") as r:
-                        metrics_text = await r.text()
-            by_cache[cache] = {
-                "faiss": status,
-                "by_concurrency": rows,
-                "leg_mean_ms": _leg_means(metrics_text),
-            }
+            by_cache[cache], first = await _measure_cache(
+                (database_url, sidecar_url, secret, bearer), model.id, cache, workdir, raw, load,
+                (texts, limit, concurrency), cold is None,
+            )  # fmt: skip
+            cold = cold or first
         await pool.close()
     finally:
         if embedded_pg is not None:

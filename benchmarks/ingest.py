@@ -199,6 +199,27 @@ class RecordingClient(SidecarClient):
         return result
 
 
+async def _prepared(pool: asyncpg.Pool, client: RecordingClient, text_model: str | None) -> Any:
+    """The demo sections stored, the text model resolved, and the sidecar and the model's partition
+    warmed outside the timings; the model."""
+    sections = SectionStore(pool)
+    for tipo, descriptor in demo_sections().items():
+        await sections.put(tipo, descriptor)
+    model = await resolve_model(client, "text", text_model)
+    await client.embed(model.id, ["warm-up"] * 8, truncate=True)
+    if await get_partition(pool, model.id) is None:
+        await ensure_partition(pool, model.id, model.dimension or 0)
+    return model
+
+
+async def _embed_alone(client: RecordingClient, model: str, texts: list[str], batch: int) -> float:
+    """Seconds to embed ``texts`` alone, in the drain's batches: the baseline the drain is held to."""
+    started = time.perf_counter()
+    for start in range(0, len(texts), batch):
+        await client.embed(model, texts[start : start + batch], truncate=True)
+    return time.perf_counter() - started
+
+
 async def run_ingest_benchmark(
     pool: asyncpg.Pool,
     client: RecordingClient,
@@ -214,17 +235,8 @@ async def run_ingest_benchmark(
     The database should hold nothing of the demo sections (ids start at 1).
     """
     settings = settings or IngestSettings()
-    sections = SectionStore(pool)
-    for tipo, descriptor in demo_sections().items():
-        await sections.put(tipo, descriptor)
-    model = await resolve_model(client, "text", text_model)
+    model = await _prepared(pool, client, text_model)
     collection = make_records(records, seed=seed)
-
-    # Warm the sidecar (and the model partition) outside the timings.
-    await client.embed(model.id, ["warm-up"] * 8, truncate=True)
-    if await get_partition(pool, model.id) is None:
-        await ensure_partition(pool, model.id, model.dimension or 0)
-
     started = time.perf_counter()
     for start in range(0, len(collection), settings.max_records_per_request):
         await enqueue_records(pool, collection[start : start + settings.max_records_per_request])
@@ -243,10 +255,7 @@ async def run_ingest_benchmark(
     texts = list(client.embedded)
     if len(texts) != first.chunks_embedded:
         raise RuntimeError(f"recorded {len(texts)} embedded texts, the drain reports {first.chunks_embedded}")
-    started = time.perf_counter()
-    for start in range(0, len(texts), settings.embed_batch):
-        await client.embed(model.id, texts[start : start + settings.embed_batch], truncate=True)
-    embed_only_s = time.perf_counter() - started
+    embed_only_s = await _embed_alone(client, model.id, texts, settings.embed_batch)
 
     # Incremental: the same collection again embeds nothing.
     await enqueue_records(pool, collection)

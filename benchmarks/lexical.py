@@ -207,6 +207,170 @@ async def _one_size(url: str, n: int, n_dataset_queries: int, each: int) -> dict
         await pool.close()
 
 
+class _IndexLegs:
+    """Mnemo's lexical legs over one partition, in ``scope`` unless told another: the SQL leg, the
+    in-memory index leg (its re-read included, as the gateway runs it) and the index's core alone
+    (planning and top-k, no re-read)."""
+
+    def __init__(self, pool: Any, partition: Any, index: Any, lexicon: Any, scope: Any) -> None:
+        from index.bm25 import CorpusStats
+
+        self.pool, self.partition, self.index, self.lexicon, self.scope = (
+            pool,
+            partition,
+            index,
+            lexicon,
+            scope,
+        )
+        self.stats = CorpusStats(ttl=3600.0)
+
+    async def sql(self, q: str, scope: Any = None) -> Any:
+        from index.lexical_leg import lexical_search
+
+        scope = self.scope if scope is None else scope
+        return await lexical_search(self.pool, self.partition, q, scope, K, stats=self.stats)
+
+    async def indexed(self, q: str, scope: Any = None) -> Any:
+        scope = self.scope if scope is None else scope
+        async with self.pool.acquire() as conn:
+            hits = await self.index.search(conn, self.partition, q, scope, K)
+        assert hits is not None, "the index declined a search it should serve"
+        return hits
+
+    async def core(self, q: str) -> Any:
+        async with self.pool.acquire() as conn:
+            plan = await self.index.plan(conn, self.lexicon, q, None)
+        return None if plan is None else self.lexicon.top(plan, None, (), K)
+
+
+class _TantivyLegs:
+    """Tantivy BM25 over the same folded texts and scored terms (one OR query): bare, and kept exact
+    beside PostgreSQL the way the index leg is (its hits' keys re-read, with every key changed since
+    the watermark, through the scope's SQL: the index leg's re-read)."""
+
+    def __init__(self, built: tuple[Any, Any], terms_of: dict[str, list[str]], index: Any, lexicon: Any,
+                 partition: Any, pool: Any, scope: Any) -> None:  # fmt: skip
+        t_index, self.schema = built
+        self.searcher = t_index.searcher()
+        self.terms_of, self.index, self.lexicon, self.partition, self.pool = (
+            terms_of,
+            index,
+            lexicon,
+            partition,
+            pool,
+        )
+        self.scope = scope
+        # Populate put text i in record i + 1: a Tantivy hit's stored chunk number finds its key.
+        self.key_of_text = {key[1] - 1: key for key in lexicon.key_of if key is not None}
+        self.reread_rows = 0  # rows the re-read of Tantivy's hits returned: 0 would mean wrong keys
+
+    def hits(self, q: str, k: int) -> Any:
+        import tantivy
+
+        terms = self.terms_of[q]
+        if not terms:
+            return []
+        query = tantivy.Query.boolean_query(
+            [(tantivy.Occur.Should, tantivy.Query.term_query(self.schema, "text", t)) for t in terms]
+        )
+        return self.searcher.search(query, k).hits
+
+    async def bare(self, q: str) -> Any:
+        return self.hits(q, K)
+
+    async def kept_exact(self, q: str) -> Any:
+        hits = self.hits(q, K + 8)  # the index leg's first fetch (limit + 8)
+        if not hits:
+            return []
+        keys = [self.key_of_text[self.searcher.doc(address)["chunk"][0]] for _, address in hits]
+        async with self.pool.acquire() as conn:
+            plan = await self.index.plan(conn, self.lexicon, q, None)
+            if plan is None:
+                return []
+            scores = np.asarray([score for score, _ in hits])
+            rows, _ = await self.index.reread(
+                conn, self.partition, plan, self.scope, keys, scores, self.lexicon.watermark
+            )
+        self.reread_rows += len(rows)
+        return rows
+
+
+async def _mismatches(queries: Sequence[str], indexed: Any, sql: Any) -> int:
+    """Queries whose index-leg hits differ from the SQL leg's (keys, or scores beyond 1e-9)."""
+    mismatches = 0
+    for q in queries:
+        a, b = await indexed(q), await sql(q)
+        same = [h.key for h in a] == [h.key for h in b] and np.allclose(
+            [h.score for h in a], [h.score for h in b], rtol=1e-9
+        )
+        mismatches += not same
+    return mismatches
+
+
+def _by_set(sets: dict[str, list[str]], times: Sequence[float]) -> dict[str, Any]:
+    """p50/p99 over all and per query set; ``times`` holds one or more passes over the sets' queries."""
+    set_of = [label for label, qs in sets.items() for _ in qs]
+    labels = set_of * (len(times) // len(set_of))
+    per_set = {label: [t for t, s in zip(times, labels, strict=True) if s == label] for label in sets}
+    return {"all": _ms(times), **{label: _ms(ts) for label, ts in per_set.items()}}
+
+
+# The headline ratios of the fast legs: value over baseline, per interleaved window.
+WINDOW_RATIOS = (("index core", "tantivy"), ("index", "tantivy + re-read"), ("index", "tantivy"))
+
+
+async def _latencies(
+    sets: dict[str, list[str]], legs: dict[str, Any], sql: Any, narrow: Any, windows: int
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Every leg's latency per query set, and the fast legs' window ratios. The SQL leg runs once; the
+    fast legs, whose ratios are the headlines, in interleaved windows (one slow spell of the machine
+    would otherwise fall on one leg's block: 1.6x to 3.1x in three runs of one store)."""
+    queries = [q for qs in sets.values() for q in qs]
+    latency: dict[str, dict[str, Any]] = {"sql": _by_set(sets, await _timed(sql, queries))}
+    windowed = await interleaved_windows(legs, queries, windows)
+    for name, per_window in windowed.items():
+        latency[name] = _by_set(sets, [t for w in per_window for t in w])
+    ratios = {f"{v} / {b}": window_ratios(windowed[v], windowed[b]) for v, b in WINDOW_RATIOS}
+    latency["sql 1% ACL"] = {"all": _ms(await _timed(lambda q: sql(q, narrow), queries))}
+    latency["index 1% ACL"] = {"all": _ms(await _timed(lambda q: legs["index"](q, narrow), queries))}
+    return latency, ratios
+
+
+async def _query_sets(
+    pool: Any, lexicon: Any, n_dataset_queries: int, each: int
+) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """The query sets (the data sets' queries, shuffled, then the generated rare, common and mixed
+    ones) and each query's scored terms, parsed as the legs do (cached by query_terms afterwards)."""
+    from index.bm25 import query_terms, scored_terms
+
+    rng = random.Random(7)
+    from_data = dataset_queries()
+    rng.shuffle(from_data)
+    sets = {"datasets": from_data[:n_dataset_queries], **_generated_queries(lexicon, rng, each)}
+    terms_of = {q: list(scored_terms(await query_terms(pool, q))) for qs in sets.values() for q in qs}
+    return sets, terms_of
+
+
+def _footprint(
+    lexicon: Any, built_s: dict[str, float], rss_growth: int, tantivy_bytes: int
+) -> dict[str, Any]:
+    """Build times (the store's and Tantivy's in ``built_s``, the index's load) and memory."""
+    return {
+        "build_s": {
+            "store COPY + GIN": built_s["store COPY + GIN"],
+            "index load": lexicon.load_seconds,
+            "tantivy": built_s["tantivy"],
+        },
+        "memory": {
+            "index_array_mib": lexicon.nbytes / 2**20,
+            "index_rss_growth_mib": rss_growth / 2**20,
+            "postings": lexicon.posting_count,
+            "terms": len(lexicon.postings),
+            "tantivy_disk_mib": tantivy_bytes / 2**20,
+        },
+    }
+
+
 async def measure_lexical(
     pool: Any,
     url: str,
@@ -224,14 +388,10 @@ async def measure_lexical(
     in ``windows`` interleaved windows (:func:`benchmarks.measure.interleaved_windows`), each
     headline ratio with the spread of its windows' ratios.
     """
-    import tantivy
-
     from gateway.acl import pushdown
     from gateway.auth import Principal
-    from index.bm25 import CorpusStats, query_terms, scored_terms
     from index.hits import Scope
     from index.lexical_index import LexicalConfig, LexicalIndex
-    from index.lexical_leg import lexical_search
     from index.text import fold
 
     n = len(texts)
@@ -244,107 +404,22 @@ async def measure_lexical(
         index = LexicalIndex(pool, url, LexicalConfig())
         lexicon = await index.load(partition)
         rss_growth = rss_bytes() - rss
-        folded = [fold(t) for t in texts]
-        t_index, schema, tantivy_s = await asyncio.to_thread(_tantivy_build, folded, tantivy_dir)
+        t_index, schema, tantivy_s = await asyncio.to_thread(
+            _tantivy_build, [fold(t) for t in texts], tantivy_dir
+        )
         tantivy_bytes = await asyncio.to_thread(_disk_bytes, tantivy_dir)
-        searcher = t_index.searcher()
 
-        rng = random.Random(7)
-        from_data = dataset_queries()
-        rng.shuffle(from_data)
-        sets = {"datasets": from_data[:n_dataset_queries], **_generated_queries(lexicon, rng, each)}
+        sets, terms_of = await _query_sets(pool, lexicon, n_dataset_queries, each)
         queries = [q for qs in sets.values() for q in qs]
-        stats = CorpusStats(ttl=3600.0)
         admin = Scope()
         narrow = Scope(acl=pushdown(Principal("r", frozenset({VISIBILITY_PROJECT["1%"]}), {SECTION: 1})))
-        terms_of: dict[str, list[str]] = {}
-        for q in queries:  # the scored terms, parsed as the legs do (cached by query_terms afterwards)
-            terms_of[q] = list(scored_terms(await query_terms(pool, q)))
-
-        async def sql(q: str, scope: Scope = admin) -> Any:
-            return await lexical_search(pool, partition, q, scope, K, stats=stats)
-
-        async def indexed(q: str, scope: Scope = admin) -> Any:
-            async with pool.acquire() as conn:
-                hits = await index.search(conn, partition, q, scope, K)
-            assert hits is not None, "the index declined a search it should serve"
-            return hits
-
-        async def core(q: str) -> Any:
-            async with pool.acquire() as conn:
-                plan = await index.plan(conn, lexicon, q, None)
-            return None if plan is None else lexicon.top(plan, None, (), K)
-
-        def engine_hits(q: str, k: int) -> Any:
-            terms = terms_of[q]
-            if not terms:
-                return []
-            query = tantivy.Query.boolean_query(
-                [(tantivy.Occur.Should, tantivy.Query.term_query(schema, "text", t)) for t in terms]
-            )
-            return searcher.search(query, k).hits
-
-        async def engine(q: str) -> Any:
-            return engine_hits(q, K)
-
-        # Populate put text i in record i + 1: a Tantivy hit's stored chunk number finds its key.
-        key_of_text = {key[1] - 1: key for key in lexicon.key_of if key is not None}
-        reread_rows = [0]  # rows the re-read of Tantivy's hits returned: 0 would mean wrong keys
-
-        async def engine_kept_exact(q: str) -> Any:
-            """Tantivy beside PostgreSQL, kept exact as the index leg is: its hits' keys re-read with
-            every key changed since the watermark, through the scope's SQL (the index leg's re-read)."""
-            hits = engine_hits(q, K + 8)  # the index leg's first fetch (limit + 8)
-            if not hits:
-                return []
-            keys = [key_of_text[searcher.doc(address)["chunk"][0]] for _, address in hits]
-            async with pool.acquire() as conn:
-                plan = await index.plan(conn, lexicon, q, None)
-                if plan is None:
-                    return []
-                scores = np.asarray([score for score, _ in hits])
-                rows, _ = await index.reread(conn, partition, plan, admin, keys, scores, lexicon.watermark)
-            reread_rows[0] += len(rows)
-            return rows
-
+        engine = _TantivyLegs((t_index, schema), terms_of, index, lexicon, partition, pool, admin)
+        ours = _IndexLegs(pool, partition, index, lexicon, admin)
         # Exactness first (this also warms the SQL leg's statistics and the query-term cache).
-        mismatches = 0
-        for q in queries:
-            a, b = await indexed(q), await sql(q)
-            same = [h.key for h in a] == [h.key for h in b] and np.allclose(
-                [h.score for h in a], [h.score for h in b], rtol=1e-9
-            )
-            mismatches += not same
-        set_of = [label for label, qs in sets.items() for _ in qs]
-
-        def by_set(times: Sequence[float]) -> dict[str, Any]:
-            """p50/p99 over all and per query set; ``times`` holds one or more passes over ``queries``."""
-            labels = set_of * (len(times) // len(set_of))
-            per_set = {label: [t for t, s in zip(times, labels, strict=True) if s == label] for label in sets}
-            return {"all": _ms(times), **{label: _ms(ts) for label, ts in per_set.items()}}
-
-        latency: dict[str, dict[str, Any]] = {"sql": by_set(await _timed(sql, queries))}
-        # The fast legs, whose ratios are the headlines, in interleaved windows (one slow spell of the
-        # machine would otherwise fall on one leg's block: 1.6x to 3.1x in three runs of one store).
-        fast = {
-            "index": indexed,
-            "index core": core,
-            "tantivy": engine,
-            "tantivy + re-read": engine_kept_exact,
-        }
-        windowed = await interleaved_windows(fast, queries, windows)
-        for name, per_window in windowed.items():
-            latency[name] = by_set([t for w in per_window for t in w])
-        window_p50_ratios = {
-            f"{value} / {baseline}": window_ratios(windowed[value], windowed[baseline])
-            for value, baseline in (
-                ("index core", "tantivy"),
-                ("index", "tantivy + re-read"),
-                ("index", "tantivy"),
-            )
-        }
-        latency["sql 1% ACL"] = {"all": _ms(await _timed(lambda q: sql(q, narrow), queries))}
-        latency["index 1% ACL"] = {"all": _ms(await _timed(lambda q: indexed(q, narrow), queries))}
+        mismatches = await _mismatches(queries, ours.indexed, ours.sql)
+        fast = {"index": ours.indexed, "index core": ours.core, "tantivy": engine.bare,
+                "tantivy + re-read": engine.kept_exact}  # fmt: skip
+        latency, window_p50_ratios = await _latencies(sets, fast, ours.sql, narrow, windows)
         await index.stop()
         return {
             "chunks": n,
@@ -352,19 +427,10 @@ async def measure_lexical(
             "zipf_chunks": n - real,
             "queries": {label: len(qs) for label, qs in sets.items()},
             "index_vs_sql_mismatches": mismatches,
-            "tantivy_reread_rows": reread_rows[0],
-            "build_s": {
-                "store COPY + GIN": store_s,
-                "index load": lexicon.load_seconds,
-                "tantivy": tantivy_s,
-            },
-            "memory": {
-                "index_array_mib": lexicon.nbytes / 2**20,
-                "index_rss_growth_mib": rss_growth / 2**20,
-                "postings": lexicon.posting_count,
-                "terms": len(lexicon.postings),
-                "tantivy_disk_mib": tantivy_bytes / 2**20,
-            },
+            "tantivy_reread_rows": engine.reread_rows,
+            **_footprint(
+                lexicon, {"store COPY + GIN": store_s, "tantivy": tantivy_s}, rss_growth, tantivy_bytes
+            ),
             "latency": latency,
             "windows": windows,
             "window_p50_ratios": window_p50_ratios,

@@ -15,6 +15,7 @@ import asyncio
 import json
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .measure import closed_loop, percentile
@@ -36,6 +37,56 @@ def replica_rss_mb(deployment: str) -> float | None:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return round(total / 2**20, 1) if found else None
+
+
+def _check_answer(
+    status: int, payload: bytes, retry_after: str | None, inputs: int, problems: Counter
+) -> None:
+    """Count in ``problems`` an answer that breaks the contract: a 200 without one vector per input,
+    a 429 or 503 uncoded or without ``Retry-After``."""
+    if status == 200:
+        if len(json.loads(payload).get("embeddings", [])) != inputs:
+            problems["200 without one vector per input"] += 1
+    elif status in (429, 503):
+        try:
+            coded = isinstance(json.loads(payload)["error"]["code"], str)
+        except (ValueError, KeyError, TypeError):
+            coded = False
+        if not (coded and retry_after):
+            problems[f"{status} uncoded or without Retry-After"] += 1
+
+
+async def _offer(
+    call: Callable[[], Awaitable[Any]], rate: float, seconds: float, max_in_flight: int, timeout_s: float,
+    deployment: str, rss_before: float | None,
+) -> dict[str, Any]:  # fmt: skip
+    """Open-loop load: ``call`` started at ``rate`` per second for ``seconds``, never more than
+    ``max_in_flight`` at once (a call over that bound is counted as skipped, not queued), the
+    replica's RSS sampled every 0.5 s; then the calls still in flight awaited."""
+    rss_max = rss_before
+    tasks: set[asyncio.Task] = set()
+    sent = skipped = 0
+    start = time.perf_counter()
+    next_sample = start
+    while (now := time.perf_counter()) < start + seconds:
+        due = int((now - start) * rate) + 1
+        while sent + skipped < due:
+            if len(tasks) >= max_in_flight:  # the client's own bound: count it, do not queue
+                skipped += 1
+                continue
+            task = asyncio.create_task(call())
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            sent += 1
+        if now >= next_sample:
+            rss = replica_rss_mb(deployment)
+            if rss is not None:
+                rss_max = max(rss_max or 0.0, rss)
+            next_sample = now + 0.5
+        await asyncio.sleep(0.002)
+    if tasks:
+        await asyncio.wait(tasks, timeout=timeout_s + 5)
+    return {"sent": sent, "skipped": skipped, "held_s": time.perf_counter() - start, "rss_max": rss_max}
 
 
 async def sidecar_overload(
@@ -75,47 +126,16 @@ async def sidecar_overload(
                 counted["no answer"] += 1
                 return "no answer"
             counted[str(status)] += 1
-            if status == 200:
-                if len(json.loads(payload).get("embeddings", [])) != len(texts):
-                    problems["200 without one vector per input"] += 1
-            elif status in (429, 503):
-                try:
-                    coded = isinstance(json.loads(payload)["error"]["code"], str)
-                except (ValueError, KeyError, TypeError):
-                    coded = False
-                if not (coded and retry_after):
-                    problems[f"{status} uncoded or without Retry-After"] += 1
+            _check_answer(status, payload, retry_after, len(texts), problems)
             return str(status)
 
         warm = await closed_loop(call, concurrency=8, requests=10_000, max_seconds=min(2.0, seconds))
         capacity = warm.requests_per_s
         statuses.clear()
         rss_before = replica_rss_mb(deployment)
-        rss_max = rss_before
         rate = factor * capacity
-        tasks: set[asyncio.Task] = set()
-        sent = skipped = 0
-        start = time.perf_counter()
-        next_sample = start
-        while (now := time.perf_counter()) < start + seconds:
-            due = int((now - start) * rate) + 1
-            while sent + skipped < due:
-                if len(tasks) >= max_in_flight:  # the client's own bound: count it, do not queue
-                    skipped += 1
-                    continue
-                task = asyncio.create_task(call())
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-                sent += 1
-            if now >= next_sample:
-                rss = replica_rss_mb(deployment)
-                if rss is not None:
-                    rss_max = max(rss_max or 0.0, rss)
-                next_sample = now + 0.5
-            await asyncio.sleep(0.002)
-        if tasks:
-            await asyncio.wait(tasks, timeout=timeout_s + 5)
-        held_s = time.perf_counter() - start
+        held = await _offer(call, rate, seconds, max_in_flight, timeout_s, deployment, rss_before)
+        sent, skipped, held_s, rss_max = held["sent"], held["skipped"], held["held_s"], held["rss_max"]
         rss_after = replica_rss_mb(deployment)
         served_after = await call(counted=Counter()) == "200"  # normal service again, counted apart
     shed = statuses.get("429", 0) + statuses.get("503", 0)

@@ -120,13 +120,7 @@ async def node_lost_under_load(
             await asyncio.sleep(warm_s)
             killed_at = loop.time()
             await asyncio.to_thread(cluster.kill_node, node)
-
-            def survivors_only(seen: dict[str, Any]) -> bool:
-                return not seen["nodes"].get(node) and all(r["node"] != node for r in seen["replicas"])
-
-            await asyncio.to_thread(
-                wait_for_placement, cluster, app, deployment, survivors_only, death_timeout_s
-            )
+            await asyncio.to_thread(_wait_survivors_only, cluster, node, app, deployment, death_timeout_s)
             dead_at = loop.time()
             await asyncio.sleep(capacity_window_s)
             ended = loop.time()
@@ -134,17 +128,6 @@ async def node_lost_under_load(
             stop.set()
             await asyncio.gather(*tasks)
         errors_after = await server_errors_answered(url)
-    before = _per_second(done, started, killed_at)
-    after = _per_second(done, killed_at, ended)
-    surviving = sum(1 for t in done if dead_at <= t < ended) / max(ended - dead_at, 1e-9)
-    # Back to the survivor's capacity: the first second after the kill that opens three whose mean
-    # reaches 80 % of it (three: one second on a shared machine is noise). Outage seconds: those
-    # that served under half of it, anywhere after the kill (noise included).
-    back_s = next(
-        (i for i in range(max(0, len(after) - 2)) if sum(after[i : i + 3]) / 3 >= 0.8 * surviving),
-        None,
-    )
-    outage = [i for i, n in enumerate(after) if n < 0.5 * surviving]
     after_kill = [seconds for sent, seconds in took if sent + seconds >= killed_at]
     return {
         "callers": callers,
@@ -157,6 +140,39 @@ async def node_lost_under_load(
         "hung_callers": hung,
         "server_errors_answered": errors_after - errors_before,
         "client_retries": max_retries,
+        **_recovery(done, started, killed_at, dead_at, ended),
+    }
+
+
+def _wait_survivors_only(
+    cluster: LocalRayCluster, node: str, app: str, deployment: str, timeout_s: float
+) -> None:
+    """Until the cluster lists ``node`` dead and no replica of ``deployment`` remains on it."""
+
+    def survivors_only(seen: dict[str, Any]) -> bool:
+        return not seen["nodes"].get(node) and all(r["node"] != node for r in seen["replicas"])
+
+    wait_for_placement(cluster, app, deployment, survivors_only, timeout_s)
+
+
+def _recovery(
+    done: list[float], started: float, killed_at: float, dead_at: float, ended: float
+) -> dict[str, Any]:
+    """Throughput around the kill from each success's time: requests/s before it, the surviving
+    node's alone (from the node's death to the end), each second's after the kill, when the node was
+    declared dead, and how throughput came back.
+
+    Back to the survivor's capacity: the first second after the kill that opens three whose mean
+    reaches 80 % of it (three: one second on a shared machine is noise). Outage seconds: those that
+    served under half of it, anywhere after the kill (noise included)."""
+    before = _per_second(done, started, killed_at)
+    after = _per_second(done, killed_at, ended)
+    surviving = sum(1 for t in done if dead_at <= t < ended) / max(ended - dead_at, 1e-9)
+    back_s = next(
+        (i for i in range(max(0, len(after) - 2)) if sum(after[i : i + 3]) / 3 >= 0.8 * surviving),
+        None,
+    )
+    return {
         "rps_before_kill": round(sum(before) / max(len(before), 1), 1),
         "rps_surviving_node": round(surviving, 1),
         "rps_per_second_after_kill": after,
@@ -164,7 +180,7 @@ async def node_lost_under_load(
         "node_declared_dead_s": round(dead_at - killed_at, 2),
         # from the kill until throughput is back at the surviving node's capacity (None: never)
         "seconds_to_surviving_throughput": back_s,
-        "outage_seconds": len(outage),
+        "outage_seconds": sum(1 for n in after if n < 0.5 * surviving),
     }
 
 

@@ -32,8 +32,9 @@ from typing import Any
 from inference.net import ProcessExited, free_port, log_tail, wait_ready
 
 from .plan import SidecarPlan
-from .report import Headline, SuiteResult, Table
+from .report import SuiteResult, Table
 from .settings import child_environment
+from .tables import Column, HeadlineRow, headings, rows
 
 __all__ = ["PeerUnavailable", "add_to_suite", "ensure_infinity", "interleaved_pairs", "run_infinity_peer"]
 
@@ -161,8 +162,8 @@ async def interleaved_pairs(
     ``calls`` maps two modes (the first is the numerator) to their callers. Each pair's ratio is
     A's items/s over B's; the result per size is the ratio of the means and the pairs' min and max.
     """
+    from .grid import load_cell
     from .measure import alternating_passes
-    from .sidecar import load_cell
 
     first, second = calls
     out = []
@@ -216,7 +217,7 @@ async def _peer_runs(
     """(the interleaved pairs at the headline cells, infinity's own grid), one HTTP session each."""
     import aiohttp
 
-    from .sidecar import SidecarCaller, headline_concurrency, load_grid
+    from .grid import SidecarCaller, headline_concurrency, load_grid
     from .stack import BENCH_MODEL
 
     # infinity's uvicorn closes a keep-alive connection idle for 5 s, and the in-process baseline
@@ -263,7 +264,8 @@ def run_infinity_peer(
 
     from inference.encoders import load_encoder
 
-    from .sidecar import bench_spec, corpus, measure_inprocess
+    from .inprocess import measure_inprocess
+    from .sidecar import bench_spec, corpus
     from .stack import BENCH_MODEL, MINILM_WEIGHTS
 
     try:
@@ -303,6 +305,39 @@ def run_infinity_peer(
     }
 
 
+# Read from one interleaved pair at a headline cell, with the peer's display "name".
+PEER_HEADLINE = HeadlineRow(
+    "sidecar / {name}, {request_size}-item requests, concurrency {concurrency} ({pairs} interleaved pairs)",
+    "{sidecar[items_per_s]}", "items/s", "{name}", "{infinity[items_per_s]}", bar=PEER_BAR, spread="{spread}",
+)  # fmt: skip
+# Read from one cell of the peer's own grid, with the sidecar's ratio at the same cell.
+PEER_GRID = (
+    Column("concurrency", "{concurrency}"),
+    Column("items/request", "{request_size}"),
+    Column("items/s", "{items_per_s}"),
+    Column("p50 ms", "{latency_ms[p50]}"),
+    Column("p95 ms", "{latency_ms[p95]}"),
+    Column("vs in-process", "{ratio_to_inprocess}"),
+    Column("sidecar vs in-process", "{sidecar_ratio_to_inprocess}"),
+)
+
+
+def _pair_columns(peer: str) -> tuple[Column, ...]:
+    """One interleaved pair's row, the peer's columns named after it."""
+    return (
+        Column("concurrency", "{concurrency}"),
+        Column("items/request", "{request_size}"),
+        Column("pairs", "{pairs}"),
+        Column("sidecar items/s", "{sidecar[items_per_s]}"),
+        Column(f"{peer} items/s", "{infinity[items_per_s]}"),
+        Column("sidecar p95 ms", "{sidecar[latency_ms][p95]}"),
+        Column(f"{peer} p95 ms", "{infinity[latency_ms][p95]}"),
+        Column("sidecar / peer", "{ratio}"),
+        Column("pairs' min", "{spread[0]}"),
+        Column("pairs' max", "{spread[1]}"),
+    )
+
+
 def add_to_suite(suite: SuiteResult, peers: dict[str, Any]) -> None:
     """The interleaved pairs as headlines (sidecar / peer, items/s over items/s, with the pairs' spread),
     the peer's grid as a table (each cell's share of in-process beside the sidecar's) and as series on
@@ -316,80 +351,23 @@ def add_to_suite(suite: SuiteResult, peers: dict[str, Any]) -> None:
         for c in suite.figures["grid"]["cells"]
         if c["mode"] == "sidecar"
     }
-    for pair in peers.get("pairs") or []:
-        low, high = pair["spread"]
-        suite.headlines.append(
-            Headline(
-                f"sidecar / {name}, {pair['request_size']}-item requests, concurrency {pair['concurrency']} "
-                f"({pair['pairs']} interleaved pairs)",
-                pair["sidecar"]["items_per_s"],
-                "items/s",
-                name,
-                pair["infinity"]["items_per_s"],
-                bar=PEER_BAR,
-                spread=(low, high),
-            )
-        )
+    suite.headlines += [PEER_HEADLINE.read({**pair, "name": name}) for pair in peers.get("pairs") or []]
     cells = peers["cells"]
-    suite.tables.append(
-        Table(
-            f"Peer {name} on the same model and load (its own grid, after the sidecar's)",
-            [
-                "concurrency",
-                "items/request",
-                "items/s",
-                "p50 ms",
-                "p95 ms",
-                "vs in-process",
-                "sidecar vs in-process",
-            ],
-            [
-                [
-                    c["concurrency"],
-                    c["request_size"],
-                    c["items_per_s"],
-                    c["latency_ms"]["p50"],
-                    c["latency_ms"]["p95"],
-                    c["ratio_to_inprocess"],
-                    sidecar.get((c["concurrency"], c["request_size"]), {}).get("ratio_to_inprocess"),
-                ]
-                for c in cells
-            ],
-        )
-    )
+    grid = [
+        {
+            **c,
+            "sidecar_ratio_to_inprocess": sidecar.get((c["concurrency"], c["request_size"]), {}).get(
+                "ratio_to_inprocess"
+            ),
+        }
+        for c in cells
+    ]
+    title = f"Peer {name} on the same model and load (its own grid, after the sidecar's)"
+    suite.tables.append(Table(title, headings(PEER_GRID), rows(PEER_GRID, grid)))
     if peers.get("pairs"):
-        suite.tables.append(
-            Table(
-                f"Sidecar vs {name}, interleaved pairs at the headline cells",
-                [
-                    "concurrency",
-                    "items/request",
-                    "pairs",
-                    "sidecar items/s",
-                    f"{peers['peer']} items/s",
-                    "sidecar p95 ms",
-                    f"{peers['peer']} p95 ms",
-                    "sidecar / peer",
-                    "pairs' min",
-                    "pairs' max",
-                ],
-                [
-                    [
-                        p["concurrency"],
-                        p["request_size"],
-                        p["pairs"],
-                        p["sidecar"]["items_per_s"],
-                        p["infinity"]["items_per_s"],
-                        p["sidecar"]["latency_ms"]["p95"],
-                        p["infinity"]["latency_ms"]["p95"],
-                        p["ratio"],
-                        p["spread"][0],
-                        p["spread"][1],
-                    ]
-                    for p in peers["pairs"]
-                ],
-            )
-        )
+        columns = _pair_columns(peers["peer"])
+        title = f"Sidecar vs {name}, interleaved pairs at the headline cells"
+        suite.tables.append(Table(title, headings(columns), rows(columns, peers["pairs"])))
     for curve in suite.curves:
         if curve.name == "Sidecar throughput vs concurrency":
             for size in sorted({c["request_size"] for c in cells}):

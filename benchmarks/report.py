@@ -127,7 +127,8 @@ class SuiteResult:
     skipped: str | None = None  # why the suite did not run, when it did not
 
 
-def _version(dist: str) -> str | None:
+def dist_version(dist: str) -> str | None:
+    """The installed version of the distribution ``dist``; None when it is not installed."""
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -173,7 +174,7 @@ def machine_info() -> dict[str, Any]:
         "gpu": gpu,
         "git_commit": commit or None,
         "versions": {
-            d: _version(d)
+            d: dist_version(d)
             for d in ("torch", "transformers", "ray", "asyncpg", "pgvector", "aiohttp", "faiss-cpu", "bm25s")
         },
     }
@@ -300,11 +301,10 @@ def _plot_bars(chart: Bars, path: Path) -> None:
     plt.close(fig)
 
 
-def write_report(out_dir: Path, results: list[SuiteResult], config: dict[str, Any]) -> Path:
-    """Write ``results.json``, ``REPORT.md`` and one PNG per curve into ``out_dir``; return REPORT.md."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    machine = machine_info()
-    payload = {
+def _payload(results: list[SuiteResult], config: dict[str, Any], machine: dict[str, Any]) -> dict[str, Any]:
+    """What ``results.json`` holds: every suite whole, each headline with its ratio and verdicts, each
+    curve's knees (throughput) or growth (cost)."""
+    return {
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": machine,
         "config": config,
@@ -326,8 +326,87 @@ def write_report(out_dir: Path, results: list[SuiteResult], config: dict[str, An
             for r in results
         ],
     }
-    (out_dir / "results.json").write_text(json.dumps(payload, indent=2, default=str))
 
+
+def _headline_lines(results: list[SuiteResult]) -> list[str]:
+    """The headlines of every suite in one table, each ratio beside its spread and its bar."""
+    headlines = [(r.suite, h) for r in results for h in r.headlines]
+    if not headlines:
+        return []
+    lines = [
+        "## Headlines",
+        "",
+        "| suite | figure | value | baseline | ratio (spread) | bar |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for suite, h in headlines:
+        bar = (
+            ""
+            if h.bar is None
+            else f"{'≥' if h.higher_is_better else '≤'} {h.bar:g} " + ("✓" if h.meets_bar else "✗")
+        )
+        if h.spread_crosses_bar:
+            bar += " (spread crosses it)"
+        shown = _fmt(h.ratio)
+        if h.spread is not None:
+            shown += f" ({_fmt(h.spread[0])}–{_fmt(h.spread[1])})"
+        lines.append(
+            f"| {suite} | {h.name} | {_fmt(h.value)} {h.unit} | {h.baseline_name}: {_fmt(h.baseline)} {h.unit} "
+            f"| {shown} | {bar} |"
+        )
+    return [*lines, ""]
+
+
+def _table_lines(t: Table) -> list[str]:
+    return [
+        f"**{t.title}**",
+        "",
+        "| " + " | ".join(t.columns) + " |",
+        "|" + " --- |" * len(t.columns),
+        *("| " + " | ".join(_fmt(v) for v in row) + " |" for row in t.rows),
+        "",
+    ]
+
+
+def _curve_lines(c: Curve, png: str) -> list[str]:
+    """The curve's plot, then its growth per series (cost) or its knee (throughput)."""
+    lines = [f"![{c.name}]({png})", ""]
+    for label, text in c.growth().items() if c.kind == "cost" else ():
+        lines.append(f"- {c.name}, {label}: {text}.")
+    for label, x in c.knees().items():
+        where = (
+            f"the knee is at {c.x_label} = {x:g}: beyond it, gains drop under 10% per step"
+            if x is not None
+            else "no knee in the measured range: it still scales"
+        )
+        lines.append(f"- {c.name}, {label}: {where}.")
+    return [*lines, ""]
+
+
+def _suite_lines(r: SuiteResult, out_dir: Path) -> list[str]:
+    """One suite's section: its tables, its charts (plotted into ``out_dir``) and its notes."""
+    lines = [f"## {r.suite}", ""]
+    if r.skipped:
+        return [*lines, f"Skipped: {r.skipped}", ""]
+    for t in r.tables:
+        lines += _table_lines(t)
+    for b in r.bars:
+        png = f"{_slug(r.suite)}-{_slug(b.name)}.png"
+        _plot_bars(b, out_dir / png)
+        lines += [f"![{b.name}]({png})", ""]
+    for c in r.curves:
+        png = f"{_slug(r.suite)}-{_slug(c.name)}.png"
+        _plot(c, out_dir / png)
+        lines += _curve_lines(c, png)
+    return [*lines, *(f"- {n}" for n in r.notes), ""]
+
+
+def write_report(out_dir: Path, results: list[SuiteResult], config: dict[str, Any]) -> Path:
+    """Write ``results.json``, ``REPORT.md`` and one PNG per curve into ``out_dir``; return REPORT.md."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    machine = machine_info()
+    payload = _payload(results, config, machine)
+    (out_dir / "results.json").write_text(json.dumps(payload, indent=2, default=str))
     lines = [
         "# Mnemo benchmark report",
         "",
@@ -336,65 +415,10 @@ def write_report(out_dir: Path, results: list[SuiteResult], config: dict[str, An
         "",
         "Every headline is a ratio against a baseline measured in the same run (these machines are noisy).",
         "",
+        *_headline_lines(results),
     ]
-    headlines = [(r.suite, h) for r in results for h in r.headlines]
-    if headlines:
-        lines += [
-            "## Headlines",
-            "",
-            "| suite | figure | value | baseline | ratio (spread) | bar |",
-            "| --- | --- | --- | --- | --- | --- |",
-        ]
-        for suite, h in headlines:
-            bar = (
-                ""
-                if h.bar is None
-                else f"{'≥' if h.higher_is_better else '≤'} {h.bar:g} " + ("✓" if h.meets_bar else "✗")
-            )
-            if h.spread_crosses_bar:
-                bar += " (spread crosses it)"
-            shown = _fmt(h.ratio)
-            if h.spread is not None:
-                shown += f" ({_fmt(h.spread[0])}–{_fmt(h.spread[1])})"
-            lines.append(
-                f"| {suite} | {h.name} | {_fmt(h.value)} {h.unit} | {h.baseline_name}: {_fmt(h.baseline)} {h.unit} "
-                f"| {shown} | {bar} |"
-            )
-        lines.append("")
     for r in results:
-        lines += [f"## {r.suite}", ""]
-        if r.skipped:
-            lines += [f"Skipped: {r.skipped}", ""]
-            continue
-        for t in r.tables:
-            lines += [
-                f"**{t.title}**",
-                "",
-                "| " + " | ".join(t.columns) + " |",
-                "|" + " --- |" * len(t.columns),
-            ]
-            lines += ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in t.rows]
-            lines.append("")
-        for b in r.bars:
-            png = f"{_slug(r.suite)}-{_slug(b.name)}.png"
-            _plot_bars(b, out_dir / png)
-            lines += [f"![{b.name}]({png})", ""]
-        for c in r.curves:
-            png = f"{_slug(r.suite)}-{_slug(c.name)}.png"
-            _plot(c, out_dir / png)
-            lines += [f"![{c.name}]({png})", ""]
-            for label, text in c.growth().items() if c.kind == "cost" else ():
-                lines.append(f"- {c.name}, {label}: {text}.")
-            for label, x in c.knees().items():
-                where = (
-                    f"the knee is at {c.x_label} = {x:g}: beyond it, gains drop under 10% per step"
-                    if x is not None
-                    else "no knee in the measured range: it still scales"
-                )
-                lines.append(f"- {c.name}, {label}: {where}.")
-            lines.append("")
-        lines += [f"- {n}" for n in r.notes]
-        lines.append("")
+        lines += _suite_lines(r, out_dir)
     report = out_dir / "REPORT.md"
     report.write_text("\n".join(lines))
     return report

@@ -44,7 +44,8 @@ from schema import create_pool
 
 from .bulk_load import bulk_load
 from .gateway import load_sentences
-from .gpu import BGE_M3_SHAPE, peak_tflops
+from .gpu import peak_tflops
+from .gpu_models import BGE_M3_SHAPE
 from .measure import tie_aware_recall
 
 __all__ = ["StoreCorpus", "embed_bases", "measure_store_paths", "project_reembed"]
@@ -367,7 +368,7 @@ def project_reembed(
 ) -> dict[str, Any]:
     """Wall time to re-embed ``chunks`` chunks of ``dimension`` (bge-m3) on one ``gpu``, on paper.
 
-    - **Embed**: bge-m3's forward FLOPs per token (:data:`benchmarks.gpu.BGE_M3_SHAPE`) at ``mfu``
+    - **Embed**: bge-m3's forward FLOPs per token (:data:`benchmarks.gpu_models.BGE_M3_SHAPE`) at ``mfu``
       of the GPU's peak bf16 (:func:`benchmarks.gpu.peak_tflops`). No GPU run is on record yet:
       ``mfu`` is an assumption, which the gpu suite replaces with a measurement when a device is lent.
     - **COPY**: the measured bulk rows/s, scaled by row bytes (vector 4 bytes a dimension).

@@ -32,41 +32,40 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
 import os
 import platform
-import queue
 import random
 import statistics
 import sys
-import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from importlib import metadata
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .measure import closed_loop, descendants_cpu_s, ratio
+from .grid import (
+    _service_grid,
+    headline_concurrency,
+    http_grid,
+)
+from .inprocess import (
+    SAMPLE,
+    SWEEP_BATCHES,
+    measure_configurations,
+    measure_inprocess,
+    measure_pipelined,
+)
+from .measure import ratio
 
 __all__ = [
     "BARS",
-    "combine_windows",
     "format_report",
-    "load_grid",
-    "measure_configurations",
-    "normalize",
     "run_encoder_tokens_benchmark",
     "run_sidecar_benchmark",
-    "sweep",
 ]
 
 # Mnemo's bar on a 2-core CPU machine: sidecar throughput as a share of in-process batch-32 throughput.
 BARS = {"c16_1item": 0.50, "c16_32item": 0.80}
-# Batch sizes the in-process sweeps try, and the texts a window of theirs runs over (the same texts at
-# every batch size, spread over the corpus's lengths).
-SWEEP_BATCHES = (8, 16, 32, 64, 128)
-SAMPLE = 256
 
 _WORDS = (
     "amphora necropolis harvest village dam church flood road letter mayor governor silver denarius "
@@ -79,529 +78,6 @@ def corpus(n: int = 512, *, seed: int = 7) -> list[str]:
     """Heritage-flavoured texts of 8 to 60 words (about 10 to 80 tokens), reproducible."""
     rng = random.Random(seed)
     return [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(8, 60))) for _ in range(n)]
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def _slices(texts: Sequence[str], size: int) -> Callable[[int], list[str]]:
-    def pick(i: int) -> list[str]:
-        start = (i * size) % len(texts)
-        return [texts[(start + k) % len(texts)] for k in range(size)]
-
-    return pick
-
-
-def _cell(mode: str, load, tokens: int, server_cpu_s: float | None = None) -> dict[str, Any]:
-    cpu = (
-        {}
-        if server_cpu_s is None
-        else {"server_cpu_ms_per_request": server_cpu_s * 1000 / max(1, load.requests)}
-    )
-    return cpu | {
-        "mode": mode,
-        "concurrency": load.concurrency,
-        "request_size": load.items_per_request,
-        "requests": load.requests,
-        "items_per_s": load.items_per_s,
-        "tokens_per_s": tokens / load.wall_s,
-        "latency_ms": {
-            "p50": load.latency.median * 1000,
-            "p95": load.latency.p95 * 1000,
-            "p99": load.latency.p99 * 1000,
-        },
-    }
-
-
-def length_sample(encoder: Any, texts: Sequence[str], n: int) -> list[str]:
-    """``n`` texts spread evenly over the corpus's length distribution, longest first (reproducible)."""
-    lengths = [
-        len(ids) for ids in encoder.tokenizer(list(texts), truncation=True, max_length=256)["input_ids"]
-    ]
-    ordered = sorted(range(len(texts)), key=lambda i: -lengths[i])
-    step = max(1, len(ordered) // n)
-    return [texts[i] for i in ordered[::step][:n]]
-
-
-def _chunks(sample: Sequence[str], batch: int) -> list[list[str]]:
-    return [list(sample[i : i + batch]) for i in range(0, len(sample), batch)]
-
-
-def _timed_passes(one_pass: Callable[[], tuple[int, int]], seconds: float) -> tuple[float, float]:
-    """(items/s, tokens/s) over whole passes, at least one, until ``seconds`` have gone by."""
-    items = tokens = 0
-    start = time.perf_counter()
-    while not items or time.perf_counter() - start < seconds:
-        done, counted = one_pass()
-        items += done
-        tokens += counted
-    wall = time.perf_counter() - start
-    return items / wall, tokens / wall
-
-
-def measure_inprocess(encoder: Any, texts: Sequence[str], *, batch: int = 32, seconds: float = 2.0) -> dict:
-    """The goal table's baseline: the model wrapper alone, ``batch`` texts per forward pass, serial.
-
-    A window runs whole passes over a sample of ``2 * batch`` texts spread evenly over the corpus's
-    length distribution (so every window sees the same mix as the load does), sorted by length and cut
-    into batches as sentence-transformers' ``encode`` does. Each batch is tokenized, then run: the
-    tokenizer and the forward pass take turns (:func:`measure_pipelined` overlaps them).
-    """
-    batches = _chunks(length_sample(encoder, texts, 2 * batch), batch)
-    encoder.run_batch(encoder.prepare(batches[-1], truncate=True))  # warm
-
-    def one_pass() -> tuple[int, int]:
-        items = tokens = 0
-        for chunk in batches:
-            prepared = encoder.prepare(chunk, truncate=True)
-            encoder.run_batch(prepared)
-            items += len(prepared)
-            tokens += sum(p.length for p in prepared)
-        return items, tokens
-
-    items_per_s, tokens_per_s = _timed_passes(one_pass, seconds)
-    return {"mode": "inprocess-batch32", "items_per_s": items_per_s, "tokens_per_s": tokens_per_s}
-
-
-def measure_pipelined(
-    encoder: Any,
-    texts: Sequence[str],
-    *,
-    batch: int,
-    seconds: float,
-    sample: int = SAMPLE,
-    overlap: bool = True,
-) -> dict[str, Any]:
-    """The strongest in-process configuration: batch k+1 is tokenized and padded on a helper thread
-    while the calling thread runs batch k's forward pass (torch releases the GIL in its kernels, the
-    fast tokenizer in its Rust code), on every core torch was given. ``overlap=False`` tokenizes each
-    batch on the calling thread just before its forward pass, on the same texts: on a machine whose
-    cores are all busy the helper thread can cost more than it hides, and the configurations pick
-    whichever is faster.
-
-    A window runs whole passes over ``sample`` texts spread over the corpus's length distribution,
-    sorted by length and cut into ``batch``-sized batches: the same texts at every batch size, so a
-    sweep compares batch sizes and nothing else. The forward pass stays on the calling thread: torch's
-    CPU thread pool is per thread, and the baseline windows beside the sidecar's cells run there too.
-    """
-    import torch
-
-    chunks = _chunks(length_sample(encoder, texts, sample), batch)
-    ready: queue.Queue = queue.Queue(maxsize=2)
-    stop = threading.Event()
-
-    def make_job(k: int) -> Any:
-        try:
-            items = encoder.prepare(chunks[k % len(chunks)], truncate=True)
-            return (len(items), sum(p.length for p in items), encoder.collate(items))
-        except Exception as exc:  # handed to the measuring thread, which raises it
-            return exc
-
-    def tokenize() -> None:
-        for k in itertools.count():
-            job = make_job(k)
-            while not stop.is_set():
-                try:
-                    ready.put(job, timeout=0.05)
-                    break
-                except queue.Full:
-                    continue
-            if stop.is_set():
-                return
-
-    inline = itertools.count()
-    worker = threading.Thread(target=tokenize, name="bench-tokenize", daemon=True)
-    if overlap:
-        worker.start()
-
-    def run_one() -> tuple[int, int]:
-        job = ready.get() if overlap else make_job(next(inline))
-        if isinstance(job, Exception):
-            raise job
-        items, tokens, tensors = job
-        with torch.inference_mode():
-            encoder.finish(encoder.forward(tensors), tensors)
-        return items, tokens
-
-    def one_pass() -> tuple[int, int]:
-        items = tokens = 0
-        for _ in chunks:
-            done, counted = run_one()
-            items += done
-            tokens += counted
-        return items, tokens
-
-    try:
-        for _ in chunks:
-            run_one()  # warm, and brings the helper thread to its pace
-        items_per_s, tokens_per_s = _timed_passes(one_pass, seconds)
-    finally:
-        stop.set()
-        if overlap:
-            worker.join()
-    return {
-        "mode": "inprocess-strongest",
-        "batch": batch,
-        "overlap": overlap,
-        "items_per_s": items_per_s,
-        "tokens_per_s": tokens_per_s,
-    }
-
-
-def measure_forward_only(
-    encoder: Any, texts: Sequence[str], *, batch: int, seconds: float, sample: int = SAMPLE
-) -> dict[str, Any]:
-    """The ceiling: the forward pass alone on batches tokenized and padded beforehand (no pooling)."""
-    import torch
-
-    prepared = [
-        encoder.prepare(chunk, truncate=True)
-        for chunk in _chunks(length_sample(encoder, texts, sample), batch)
-    ]
-    tensors = [encoder.collate(items) for items in prepared]
-    counts = [(len(items), sum(p.length for p in items)) for items in prepared]
-
-    def one_pass() -> tuple[int, int]:
-        with torch.inference_mode():
-            for batch_tensors in tensors:
-                encoder.forward(batch_tensors)
-        return sum(c[0] for c in counts), sum(c[1] for c in counts)
-
-    one_pass()  # warm
-    items_per_s, tokens_per_s = _timed_passes(one_pass, seconds)
-    return {"mode": "forward-only", "batch": batch, "items_per_s": items_per_s, "tokens_per_s": tokens_per_s}
-
-
-def load_sentence_transformer(model_dir: Path) -> Any:
-    """sentence-transformers on the same weights, from their directory (never from a model hub)."""
-    from sentence_transformers import SentenceTransformer
-
-    return SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)
-
-
-def measure_st_encode(
-    model: Any, encoder: Any, texts: Sequence[str], *, batch: int, seconds: float, sample: int = SAMPLE
-) -> dict[str, Any]:
-    """``SentenceTransformer.encode(texts, batch_size=batch)``: what an engineer runs instead of a sidecar.
-
-    One call per pass over the same sample as :func:`measure_pipelined` (``encode`` sorts by length
-    itself); tokens are counted with the sidecar encoder's tokenizer, truncated to the model's limit.
-    """
-    texts = length_sample(encoder, texts, sample)
-    tokens = sum(p.length for p in encoder.prepare(texts, truncate=True))
-
-    def one_pass() -> tuple[int, int]:
-        model.encode(texts, batch_size=batch, show_progress_bar=False, convert_to_numpy=True)
-        return len(texts), tokens
-
-    model.encode(texts[:batch], batch_size=batch, show_progress_bar=False)  # warm
-    items_per_s, tokens_per_s = _timed_passes(one_pass, seconds)
-    return {"mode": "st-encode", "batch": batch, "items_per_s": items_per_s, "tokens_per_s": tokens_per_s}
-
-
-def sweep(measure: Callable[[int], dict[str, Any]], batches: Sequence[int]) -> dict[str, Any]:
-    """``measure(batch)`` at each batch size; the best is the one with the most items/s."""
-    if not batches:
-        raise ValueError("a sweep needs at least one batch size")
-    points = [{**measure(b), "batch": b} for b in batches]
-    best = max(points, key=lambda p: p["items_per_s"])
-    return {"best_batch": best["batch"], "points": points}
-
-
-def measure_configurations(
-    encoder: Any,
-    texts: Sequence[str],
-    model_dir: Path,
-    *,
-    batches: Sequence[int] = SWEEP_BATCHES,
-    seconds: float = 1.0,
-    rounds: int = 2,
-    sample: int = SAMPLE,
-) -> dict[str, Any]:
-    """In-process batch 32, the strongest configuration, the forward-pass ceiling and
-    sentence-transformers' ``encode``, side by side.
-
-    Sweeps pick the strongest configuration's batch size and ``encode``'s; then ``rounds`` rounds
-    measure the four one window each, in turn, so the machine's drift falls on all of them alike.
-    """
-    window = {"seconds": seconds, "sample": sample}
-    strongest = sweep(lambda b: measure_pipelined(encoder, texts, batch=b, **window), batches)
-    model = load_sentence_transformer(model_dir)
-    st = sweep(lambda b: measure_st_encode(model, encoder, texts, batch=b, **window), batches)
-    best, st_best = strongest["best_batch"], st["best_batch"]
-    # Overlap or not, at the best batch size: whichever is faster is the strongest configuration.
-    overlapped = next(p for p in strongest["points"] if p["batch"] == best)
-    serial = measure_pipelined(encoder, texts, batch=best, overlap=False, **window)
-    overlap = overlapped["items_per_s"] >= serial["items_per_s"]
-    strongest["serial_at_best"] = serial
-    runs: dict[str, Callable[[], dict[str, Any]]] = {
-        "inprocess_batch32": lambda: measure_inprocess(encoder, texts, seconds=seconds),
-        "strongest": lambda: measure_pipelined(encoder, texts, batch=best, overlap=overlap, **window),
-        "ceiling": lambda: measure_forward_only(encoder, texts, batch=best, **window),
-        "st_encode": lambda: measure_st_encode(model, encoder, texts, batch=st_best, **window),
-    }
-    windows: dict[str, list[dict[str, Any]]] = {name: [] for name in runs}
-    for _ in range(max(1, rounds)):
-        for name, run in runs.items():
-            windows[name].append(run())
-    batch_of = {"inprocess_batch32": 32, "strongest": best, "ceiling": best, "st_encode": st_best}
-    out: dict[str, Any] = {
-        name: {
-            "batch": batch_of[name],
-            "items_per_s": statistics.fmean(w["items_per_s"] for w in ws),
-            "tokens_per_s": statistics.fmean(w["tokens_per_s"] for w in ws),
-            "windows": [w["items_per_s"] for w in ws],
-        }
-        for name, ws in windows.items()
-    }
-    out["strongest"]["overlap"] = overlap
-    out["sweeps"] = {"strongest": strongest, "st_encode": st}
-    out["sentence_transformers"] = _version("sentence-transformers")
-    return out
-
-
-Baseline = Callable[[], "float | dict[str, float]"]
-
-
-def _as_figures(measured: float | dict[str, float]) -> dict[str, float]:
-    """A baseline window's items/s by configuration; a bare number is in-process batch 32's."""
-    return dict(measured) if isinstance(measured, dict) else {"inprocess": float(measured)}
-
-
-def normalize(cell: dict[str, Any], windows: Sequence[dict[str, float]]) -> dict[str, Any]:
-    """Set ``cell``'s baselines (the mean of ``windows``, the baseline windows beside it), its ratios,
-    and its spread: the ratio to each window alone, min to max, per configuration.
-
-    ``inprocess`` is the goal table's baseline (``baseline_items_per_s``, ``ratio_to_inprocess``); any
-    other configuration ``k`` a window measured gets ``k_items_per_s`` and ``ratio_to_k``.
-    """
-    spread = {}
-    for key in windows[0]:
-        speeds = [w[key] for w in windows]
-        mean = statistics.fmean(speeds)
-        cell["baseline_items_per_s" if key == "inprocess" else f"{key}_items_per_s"] = mean
-        cell[f"ratio_to_{key}"] = ratio(cell["items_per_s"], mean)
-        per_window = [ratio(cell["items_per_s"], s) for s in speeds]
-        spread[f"ratio_to_{key}"] = [min(per_window), max(per_window)]
-    cell["spread"] = spread
-    cell["baseline_windows"] = [dict(w) for w in windows]
-    return cell
-
-
-def combine_windows(windows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One cell measured in several windows (each :func:`normalize`-d by the baselines beside it).
-
-    Throughputs are the windows' means and each ratio is mean over mean; the spread runs over every
-    (window, adjacent baseline) ratio, so it shows both the cell's noise and the baselines'. Latency
-    percentiles are the median of the windows' (a window's distribution is not kept).
-    """
-    if len(windows) == 1:
-        return dict(windows[0])
-    out = dict(windows[0])
-    out["requests"] = sum(w["requests"] for w in windows)
-    for key in ("items_per_s", "tokens_per_s"):
-        out[key] = statistics.fmean(w[key] for w in windows)
-    out["latency_ms"] = {
-        q: statistics.median(w["latency_ms"][q] for w in windows) for q in windows[0]["latency_ms"]
-    }
-    if "server_cpu_ms_per_request" in out:
-        out["server_cpu_ms_per_request"] = statistics.median(w["server_cpu_ms_per_request"] for w in windows)
-    if "shed_answers" in out:
-        out["shed_answers"] = sum(w["shed_answers"] for w in windows)
-    spread = {}
-    for key in windows[0]["spread"]:
-        name = key.removeprefix("ratio_to_")
-        base = "baseline_items_per_s" if name == "inprocess" else f"{name}_items_per_s"
-        out[base] = statistics.fmean(w[base] for w in windows)
-        out[key] = ratio(out["items_per_s"], out[base])
-        spread[key] = [min(w["spread"][key][0] for w in windows), max(w["spread"][key][1] for w in windows)]
-    out["spread"] = spread
-    out["baseline_windows"] = [b for w in windows for b in w["baseline_windows"]]
-    out["windows"] = [
-        {k: w[k] for k in ("items_per_s", "tokens_per_s", "latency_ms", *w["spread"])} for w in windows
-    ]
-    return out
-
-
-async def load_cell(
-    mode: str,
-    call: Callable[[list[str]], Awaitable[int]],
-    texts: Sequence[str],
-    *,
-    concurrency: int,
-    size: int,
-    seconds: float,
-    server_cpu: bool = True,
-) -> dict[str, Any]:
-    """One closed-loop window: ``concurrency`` callers sending ``size`` texts per request.
-
-    ``server_cpu``: the server runs in this process's child processes (a sidecar this run started,
-    or a peer), so their CPU time over the window per request is the server's cost
-    (``server_cpu_ms_per_request``); False for the in-process service, which has none apart."""
-    pick = _slices(texts, size)
-    tokens = 0
-
-    async def one(i: int) -> None:
-        nonlocal tokens
-        counted = await call(pick(i))  # not `tokens += await ...`: that loses concurrent updates
-        tokens += counted
-
-    cpu_before = descendants_cpu_s() if server_cpu else 0.0
-    shed_before = call.shed if isinstance(call, SidecarCaller) else 0
-    load = await closed_loop(
-        one, concurrency=concurrency, requests=10**9, items_per_request=size, max_seconds=seconds
-    )
-    cell = _cell(mode, load, tokens, descendants_cpu_s() - cpu_before if server_cpu else None)
-    if isinstance(call, SidecarCaller):
-        cell["shed_answers"] = call.shed - shed_before  # each retried after its Retry-After
-    return cell
-
-
-def headline_concurrency(concurrencies: Sequence[int]) -> int:
-    """The concurrency the headlines come from: 16 when measured, else the highest."""
-    return 16 if 16 in concurrencies else max(concurrencies)
-
-
-async def load_grid(
-    mode: str,
-    call: Callable[[list[str]], Awaitable[int]],
-    texts: Sequence[str],
-    *,
-    baseline: Baseline,
-    concurrencies: Sequence[int],
-    sizes: Sequence[int],
-    seconds: float,
-    repeats: int = 1,
-    server_cpu: bool = True,
-) -> list[dict[str, Any]]:
-    """Each request size's cells are bracketed by in-process baseline windows; ratios use their mean.
-
-    The machine is shared, so its speed drifts over a run; baselines measured next to the cells cancel
-    most of that drift, where one baseline for the whole run would not. With ``repeats`` > 1 the
-    headline concurrency's cell is measured ``repeats`` times, each further window followed by a
-    baseline window, and reported as one cell with the spread of its windows' ratios: a ratio whose
-    spread crosses its bar needs more windows, and one window's luck decides nothing.
-    """
-    cells = []
-    before = _as_figures(baseline())
-    top = headline_concurrency(concurrencies)
-    for size in sizes:
-        await call(_slices(texts, size)(0))  # warm the path
-        group = []
-        for concurrency in concurrencies:
-            group.append(
-                await load_cell(
-                    mode,
-                    call,
-                    texts,
-                    concurrency=concurrency,
-                    size=size,
-                    seconds=seconds,
-                    server_cpu=server_cpu,
-                )
-            )
-        after = _as_figures(baseline())
-        for cell in group:
-            normalize(cell, [before, after])
-        before = after
-        for i, cell in enumerate(group):
-            if cell["concurrency"] != top or repeats <= 1:
-                continue
-            windows = [cell]
-            for _ in range(repeats - 1):
-                again = await load_cell(
-                    mode, call, texts, concurrency=top, size=size, seconds=seconds, server_cpu=server_cpu
-                )
-                after = _as_figures(baseline())
-                windows.append(normalize(again, [before, after]))
-                before = after
-            group[i] = combine_windows(windows)
-        cells += group
-    return cells
-
-
-async def _service_grid(spec: Any, encoder: Any, texts: Sequence[str], **grid: Any) -> list[dict[str, Any]]:
-    from inference.service import ModelService
-
-    service = ModelService(spec, encoder=encoder)
-    service.ready = True  # the encoder already ran real forward passes (the baseline)
-
-    async def call(batch: list[str]) -> int:
-        return int((await service.embed(batch, truncate=True))["tokens"])
-
-    try:
-        return await load_grid("service", call, texts, server_cpu=False, **grid)
-    finally:
-        await service.close()
-
-
-# The sidecar's coded shedding, each with Retry-After: 429 overloaded, 503 not_ready.
-SHED_STATUSES = frozenset({429, 503})
-SHED_RETRIES = 5
-
-
-class SidecarCaller:
-    """``await caller(texts) -> tokens`` against the sidecar's ``/embed`` (base64 vectors) on ``http``.
-
-    A client of a loaded sidecar: a coded shed answer (429 ``overloaded``, 503 ``not_ready``: no
-    replica took the call within ``replica_wait_s``) is sent again after its ``Retry-After``, as
-    :class:`inference.client.SidecarClient` does, and counted in :attr:`shed`; its wait stays in
-    the request's latency. Past :data:`SHED_RETRIES` sheds, or on any other answer than 200, the
-    call raises: a sidecar that keeps refusing is a finding, not load.
-    """
-
-    def __init__(self, http: Any, url: str, model: str) -> None:
-        self.http, self.url, self.model = http, url, model
-        self.shed = 0  # shed answers so far (each retried)
-
-    async def __call__(self, batch: list[str]) -> int:
-        body = {"model": self.model, "input": batch, "truncate": True, "encoding_format": "base64"}
-        sheds = 0
-        while True:
-            status, answer, retry_after = await self._post(body)
-            if status == 200:
-                return int(answer["usage"]["tokens"])
-            if status not in SHED_STATUSES or sheds == SHED_RETRIES:
-                raise RuntimeError(f"sidecar answered {status} (after {sheds} shed answers): {answer}")
-            sheds += 1
-            self.shed += 1
-            await asyncio.sleep(retry_after)
-
-    async def _post(self, body: dict[str, Any]) -> tuple[int, Any, float]:
-        """One answer's status, body and Retry-After seconds (1 when it names none)."""
-        import aiohttp
-
-        from inference.client import retry_after_seconds
-
-        for attempt in (1, 2):
-            try:
-                async with self.http.post(f"{self.url}/embed", json=body) as response:
-                    answer = await response.json()
-                    retry_after = retry_after_seconds(response.headers.get("Retry-After"))
-                    return response.status, answer, 1.0 if retry_after is None else retry_after
-            except (
-                aiohttp.ServerDisconnectedError,
-                aiohttp.ClientConnectionResetError,
-                aiohttp.ClientOSError,
-            ):
-                # The server closed a pooled (or, on a loaded machine, a just-opened) connection
-                # at its keep-alive timeout before the request reached it ("Cannot write to closing
-                # transport", "Can not write request body"): nothing was served, so send it again
-                # once, as SidecarClient does.
-                if attempt == 2:
-                    raise
-        raise AssertionError("unreachable")
-
-
-async def http_grid(url: str, model: str, texts: Sequence[str], **grid: Any) -> list[dict[str, Any]]:
-    import aiohttp
-
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as http:
-        return await load_grid("sidecar", SidecarCaller(http, url, model), texts, **grid)
 
 
 def bench_spec(model_id: str, weights: str, pooling: str, torch_threads: int) -> Any:
@@ -643,6 +119,91 @@ def bar_verdicts(ratios: dict[str, float], spreads: dict[str, list[float]]) -> d
     return out
 
 
+class _Baselines:
+    """The grid's baseline: in-process batch 32 (the goal table's baseline) and, when the in-process
+    configurations were measured, the strongest one at its swept batch size; each call measures one
+    window of each and keeps them."""
+
+    def __init__(self, encoder: Any, texts: Sequence[str], configs: dict[str, Any] | None, seconds: float,
+                 sample: int) -> None:  # fmt: skip
+        self.encoder, self.texts, self.configs, self.seconds, self.sample = (
+            encoder,
+            texts,
+            configs,
+            seconds,
+            sample,
+        )
+        self.windows: list[dict[str, Any]] = []
+        self.strongest_windows: list[dict[str, Any]] = []
+
+    def __call__(self) -> dict[str, float]:
+        self.windows.append(measure_inprocess(self.encoder, self.texts, seconds=self.seconds))
+        figures = {"inprocess": float(self.windows[-1]["items_per_s"])}
+        if self.configs is not None:
+            best, overlap = self.configs["strongest"]["batch"], self.configs["strongest"]["overlap"]
+            self.strongest_windows.append(
+                measure_pipelined(
+                    self.encoder,
+                    self.texts,
+                    batch=best,
+                    seconds=self.seconds,
+                    sample=self.sample,
+                    overlap=overlap,
+                )
+            )
+            figures["strongest"] = float(self.strongest_windows[-1]["items_per_s"])
+        return figures
+
+
+def _grid_cells(
+    spec: Any,
+    encoder: Any,
+    texts: Sequence[str],
+    sidecar_url: str | None,
+    include_service: bool,
+    grid: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """The grid's cells: the Ray-free model service's (when asked), then the sidecar's over HTTP, at
+    ``sidecar_url`` or on a sidecar started here on a local Ray with this model alone."""
+    from inference.config import SidecarConfig
+
+    cells: list[dict[str, Any]] = []
+    if include_service:
+        cells += asyncio.run(_service_grid(spec, encoder, texts, **grid))
+    if sidecar_url:
+        cells += asyncio.run(http_grid(sidecar_url, spec.id, texts, **grid))
+    else:
+        from inference.launcher import running_sidecar
+
+        config = SidecarConfig(models=(spec,), source="benchmarks.sidecar")
+        with running_sidecar(config, num_cpus=os.cpu_count() or 2, object_store_mb=128, api_key="") as url:
+            cells += asyncio.run(http_grid(url, spec.id, texts, **grid))
+    return cells
+
+
+def _machine(threads: int) -> dict[str, Any]:
+    import torch
+
+    return {
+        "cpus": os.cpu_count(),
+        "torch_threads": threads,
+        "platform": platform.platform(),
+        "cuda": torch.cuda.is_available(),
+    }
+
+
+def _baseline_summary(windows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The in-process batch-32 windows taken beside the grid's cells: their mean and range."""
+    speeds = [w["items_per_s"] for w in windows]
+    return {
+        "windows": len(windows),
+        "items_per_s": sum(speeds) / len(speeds),
+        "min_items_per_s": min(speeds),
+        "max_items_per_s": max(speeds),
+        "tokens_per_s": sum(w["tokens_per_s"] for w in windows) / len(windows),
+    }
+
+
 def run_sidecar_benchmark(
     *,
     model_id: str = "all-minilm-l6-v2",
@@ -672,7 +233,7 @@ def run_sidecar_benchmark(
     """
     import torch
 
-    from inference.config import SidecarConfig, resolve_weights
+    from inference.config import resolve_weights
     from inference.encoders import load_encoder
 
     threads = torch_threads or max(1, os.cpu_count() or 1)
@@ -691,22 +252,7 @@ def run_sidecar_benchmark(
             seconds=sweep_seconds,
             sample=sweep_sample,
         )
-    windows: list[dict[str, Any]] = []
-    strongest_windows: list[dict[str, Any]] = []
-
-    def baseline() -> dict[str, float]:
-        windows.append(measure_inprocess(encoder, texts, seconds=baseline_seconds))
-        figures = {"inprocess": float(windows[-1]["items_per_s"])}
-        if configs is not None:
-            best, overlap = configs["strongest"]["batch"], configs["strongest"]["overlap"]
-            strongest_windows.append(
-                measure_pipelined(
-                    encoder, texts, batch=best, seconds=baseline_seconds, sample=sweep_sample, overlap=overlap
-                )
-            )
-            figures["strongest"] = float(strongest_windows[-1]["items_per_s"])
-        return figures
-
+    baseline = _Baselines(encoder, texts, configs, baseline_seconds, sweep_sample)
     grid = {
         "baseline": baseline,
         "concurrencies": tuple(concurrencies),
@@ -714,36 +260,14 @@ def run_sidecar_benchmark(
         "seconds": seconds_per_cell,
         "repeats": repeats,
     }
-    cells: list[dict[str, Any]] = []
-    if include_service:
-        cells += asyncio.run(_service_grid(spec, encoder, texts, **grid))
-    if sidecar_url:
-        cells += asyncio.run(http_grid(sidecar_url, model_id, texts, **grid))
-    else:
-        from inference.launcher import running_sidecar
-
-        config = SidecarConfig(models=(spec,), source="benchmarks.sidecar")
-        with running_sidecar(config, num_cpus=os.cpu_count() or 2, object_store_mb=128, api_key="") as url:
-            cells += asyncio.run(http_grid(url, model_id, texts, **grid))
-    speeds = [w["items_per_s"] for w in windows]
+    cells = _grid_cells(spec, encoder, texts, sidecar_url, include_service, grid)
     name = "{mode}_c{concurrency}_{request_size}item".format
     ratios = {name(**c): c["ratio_to_inprocess"] for c in cells}
     spreads = {name(**c): c["spread"]["ratio_to_inprocess"] for c in cells}
     result = {
         "model": model_id,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "torch_threads": threads,
-            "platform": platform.platform(),
-            "cuda": torch.cuda.is_available(),
-        },
-        "baseline": {
-            "windows": len(windows),
-            "items_per_s": sum(speeds) / len(speeds),
-            "min_items_per_s": min(speeds),
-            "max_items_per_s": max(speeds),
-            "tokens_per_s": sum(w["tokens_per_s"] for w in windows) / len(windows),
-        },
+        "machine": _machine(threads),
+        "baseline": _baseline_summary(baseline.windows),
         "repeats": repeats,
         "headline_concurrency": headline_concurrency(concurrencies),
         "cells": cells,
@@ -753,13 +277,11 @@ def run_sidecar_benchmark(
         "wall_s": time.perf_counter() - started,
     }
     if configs is not None:
-        strong = [w["items_per_s"] for w in strongest_windows]
+        strong = [w["items_per_s"] for w in baseline.strongest_windows]
         configs["strongest"]["grid_windows"] = {
-            "windows": len(strong),
-            "items_per_s": statistics.fmean(strong),
-            "min_items_per_s": min(strong),
-            "max_items_per_s": max(strong),
-        }
+            "windows": len(strong), "items_per_s": statistics.fmean(strong),
+            "min_items_per_s": min(strong), "max_items_per_s": max(strong),
+        }  # fmt: skip
         result["configurations"] = configs
     return result
 
@@ -785,7 +307,7 @@ def run_encoder_tokens_benchmark(
 
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
-    from .gpu import BGE_M3_SHAPE
+    from .gpu_models import BGE_M3_SHAPE
 
     shape: dict[str, Any] = {**BGE_M3_SHAPE, "pad_token_id": 1}
     config = XLMRobertaConfig(**{**shape, **(config_overrides or {})})

@@ -32,27 +32,16 @@ from typing import Any
 
 import numpy as np
 
+from .gateway_figures import as_suite
 from .http_floor import FloorCaller, floor_process, write_queries
 from .measure import LoadResult, alternating_passes, closed_loop, process_cpu_s, ratio, spread
 from .plan import GatewayPlan
-from .report import Curve, Headline, SuiteResult, Table, format_span
+from .report import SuiteResult
 from .stack import BENCH_MODEL, BenchStack
 
 __all__ = ["GatewayCaller", "gateway_window", "run_suite"]
 
 LIMIT = 10
-SQL = "the legs' SQL (dense + lexical, concurrent)"
-DENSE_SQL = "dense leg SQL alone"
-SQL_LABEL = "SQL"  # the baseline's series in the latency plots
-P50_BAR = 1.3  # semantic_search p50 at one caller over the legs' SQL (issue 27)
-# Sizes below this get no p50 headline: at 1k chunks the SQL takes under 1 ms and the fixed HTTP
-# hop is the ratio; the point stays in the tables and curves.
-HEADLINE_MIN_CHUNKS = 10_000
-FLOOR_COLUMNS = [
-    "chunks", "FAISS cache", "callers", "floor p50 ms", "legs SQL p50 ms", "gw p50 ms", "floor/SQL p50",
-    "spread", "gw/SQL p50", "gw/floor p50", "floor CPU ms/req", "gw CPU ms/req", "floor/SQL req/s",
-    "spread ", "gw/SQL req/s",
-]  # fmt: skip
 
 
 class _EmbedOnce:
@@ -380,231 +369,6 @@ async def _metering(
         )
 
 
-def _series(points: list[dict[str, Any]], x: str) -> dict[str, list[tuple[float, float]]]:
-    return {
-        f"{who} {q}": [(p[x] * (100 if x == "visible" else 1), p[key][q]) for p in points]
-        for who, key in (("gateway", "gateway"), (SQL_LABEL, "sql"))
-        for q in ("p50", "p95")
-    }
-
-
-def _one_caller(measured: dict[str, Any]) -> dict[str, Any]:
-    """The point's (or cache mode's) pair at one caller."""
-    return next(p for p in measured["by_concurrency"] if p["concurrency"] == 1)
-
-
-def _p50_headline(chunks: int, tag: str, c1: dict[str, Any]) -> Headline:
-    return Headline(
-        f"semantic_search p50, {chunks:,} chunks, 1 caller ({tag})",
-        c1["gateway"]["p50"],
-        "ms",
-        SQL,
-        c1["sql"]["p50"],
-        higher_is_better=False,
-        bar=P50_BAR,
-        spread=tuple(c1["p50_ratio_spread"]),
-    )
-
-
-def _cache_tag(cache: str) -> str:
-    return "FAISS cache off" if cache == "off" else f"FAISS cache {cache}"
-
-
-def _as_suite(plan: GatewayPlan, points: list[dict[str, Any]], setup: dict[str, Any]) -> SuiteResult:
-    largest = points[-1]
-    # the smaller sizes' p50 at one caller, in the first cache mode (the only one they run)
-    headlines: list[Headline] = [
-        _p50_headline(p["chunks"], _cache_tag(plan.caches[0]), _one_caller(p))
-        for p in points[:-1]
-        if p["chunks"] >= HEADLINE_MIN_CHUNKS
-    ]
-    for cache, measured in largest["caches"].items():
-        tag = _cache_tag(cache)
-        busiest = measured["by_concurrency"][-1]
-        headlines += [
-            _p50_headline(largest["chunks"], tag, _one_caller(measured)),
-            Headline(
-                f"semantic_search throughput, {largest['chunks']:,} chunks, {busiest['concurrency']} callers ({tag})",
-                busiest["gateway"]["rps"],
-                "req/s",
-                SQL,
-                busiest["sql"]["rps"],
-                bar=0.7,
-                spread=tuple(busiest["rps_ratio_spread"]),
-            ),
-        ]
-    full = next((p for p in largest["by_selectivity"] if p["visible"] == 1.0), None)
-    if full is not None:  # the non-admin dense leg (SQL path) beside the admin's, in interleaved pairs
-        headlines.append(
-            Headline(
-                f"non-admin dense leg p50 at 100% visibility, {largest['chunks']:,} chunks",
-                full["dense_sql"]["p50"],
-                "ms",
-                "admin dense leg",
-                full["admin_dense_sql"]["p50"],
-                higher_is_better=False,
-                bar=1.2,
-                spread=tuple(full["admin_dense_ratio_spread"]),
-            )
-        )
-    selectivity = sorted(largest["by_selectivity"], key=lambda p: p["visible"])
-    curves = [
-        Curve(
-            "Gateway latency vs corpus size",
-            "chunks",
-            "latency (ms)",
-            _series(points, "chunks"),
-            log_x=True,
-            kind="cost",
-            baselines=(f"{SQL_LABEL} p50", f"{SQL_LABEL} p95"),
-        ),
-        Curve(
-            "HNSW build time vs corpus size",
-            "chunks",
-            "seconds",
-            {
-                "COPY, index maintained": [(p["chunks"], p["load_s"]) for p in points],
-                "REINDEX from scratch": [(p["chunks"], p["reindex_s"]) for p in points],
-            },
-            log_x=True,
-            kind="cost",
-        ),
-        Curve(
-            f"Gateway latency vs filter selectivity ({largest['chunks']:,} chunks)",
-            "% of records visible to the caller",
-            "latency (ms)",
-            _series(selectivity, "visible"),
-            log_x=True,
-            kind="cost",
-            baselines=(f"{SQL_LABEL} p50", f"{SQL_LABEL} p95"),
-        ),
-        Curve(
-            f"Gateway throughput vs concurrency ({largest['chunks']:,} chunks)",
-            "concurrent callers",
-            "requests/s",
-            {
-                **{
-                    f"gateway, cache {cache}": [
-                        (p["concurrency"], p["gateway"]["rps"]) for p in m["by_concurrency"]
-                    ]
-                    for cache, m in largest["caches"].items()
-                },
-                SQL: [(p["concurrency"], p["sql"]["rps"]) for p in largest["by_concurrency"]],
-                DENSE_SQL: [(p["concurrency"], p["dense_sql"]["rps"]) for p in largest["by_concurrency"]],
-            },
-            log_x=True,
-            baselines=(SQL, DENSE_SQL),
-        ),
-    ]
-
-    def row(p: dict[str, Any]) -> list[Any]:
-        g, s, d = p["gateway"], p["sql"], p["dense_sql"]
-        return [g["p50"], g["p95"], g["rps"], g["cpu_ms"], s["p50"], s["rps"], d["p50"], d["rps"],
-                p["p50_ratio"], format_span(p["p50_ratio_spread"]), p["rps_ratio"], format_span(p["rps_ratio_spread"]),
-                p["p50_ratio_dense"]]  # fmt: skip
-
-    latency_columns = [
-        "gw p50 ms",
-        "gw p95 ms",
-        "gw req/s",
-        "gw CPU ms/req",
-        "legs SQL p50 ms",
-        "legs SQL req/s",
-        "dense SQL p50 ms",
-        "dense SQL req/s",
-        "p50 ratio",
-        "spread",
-        "req/s ratio",
-        "spread ",
-        "p50 ratio (dense alone)",
-    ]
-    floor_rows = [
-        [p_["chunks"], cache, c["concurrency"], c["floor"]["p50"], c["sql"]["p50"], c["gateway"]["p50"],
-         c["floor_p50_ratio"], format_span(c["floor_p50_ratio_spread"]), c["p50_ratio"], c["p50_over_floor"],
-         c["floor"]["cpu_ms"], c["gateway"]["cpu_ms"], c["floor_rps_ratio"],
-         format_span(c["floor_rps_ratio_spread"]), c["rps_ratio"]]
-        for p_ in points
-        for cache, m in p_["caches"].items()
-        for c in m["by_concurrency"]
-        if "floor" in c
-    ]  # fmt: skip
-    tables = [
-        Table(
-            f"By corpus size, 1 caller (FAISS cache {plan.caches[0]})",
-            ["chunks", *latency_columns],
-            [[p["chunks"], *row(_one_caller(p))] for p in points],
-        ),
-        Table(
-            f"By corpus size ({plan.concurrency} callers, FAISS cache {plan.caches[0]})",
-            ["chunks", "load s", "REINDEX s", "index MB", "table MB", *latency_columns],
-            [
-                [p["chunks"], p["load_s"], p["reindex_s"], p["index_mb"], p["table_mb"], *row(p)]
-                for p in points
-            ],
-        ),
-        Table(
-            f"By filter selectivity ({largest['chunks']:,} chunks, {plan.concurrency} callers)",
-            ["FAISS cache", "% visible", "hits/query", *latency_columns],
-            [
-                [cache, 100 * p["visible"], p["mean_hits"], *row(p)]
-                for cache, m in largest["caches"].items()
-                for p in m["by_selectivity"]
-            ],
-        ),
-        Table(
-            f"By concurrency ({largest['chunks']:,} chunks)",
-            ["FAISS cache", "callers", *latency_columns],
-            [
-                [cache, p["concurrency"], *row(p)]
-                for cache, m in largest["caches"].items()
-                for p in m["by_concurrency"]
-            ],
-        ),
-    ]
-    if floor_rows:
-        tables.append(
-            Table(
-                "The HTTP floor beside the goal cells (an aiohttp server running only the legs' SQL)",
-                FLOOR_COLUMNS,
-                floor_rows,
-            )
-        )
-    notes = [
-        f"Model {setup['model']}; {setup['embedded']} chunk vectors from the sidecar, the rest seeded mixtures "
-        f"of them; {setup['queries']} queries (vectors cached by the gateway after one warm pass); limit {LIMIT}, "
-        f"each leg over-fetching {max(LIMIT * 4, 20)}.",
-        "gateway = HTTP + JWT + dense and lexical legs + fusion + ACL gate + JSON; legs SQL = the dense and "
-        "lexical legs' queries run concurrently on two connections, as the gateway runs them (same vectors, same "
-        "ACL push-down, a read pool like the gateway's); dense SQL = the dense leg's query alone, the baseline of "
-        "earlier reports.",
-        "FAISS cache: each gateway runs with that RAG_FAISS_CACHE (measured once the cache has loaded); 'off' is "
-        "the SQL path, which a partition over RAG_FAISS_MAX_BYTES also takes. The SQL baselines never use the "
-        "cache, so with it on the dense leg's share of the ratio is the cache's gain.",
-        f"Interleaved windows: each point runs {plan.pairs} pairs of windows, gateway then legs' SQL, then "
-        "the other way round; a ratio is the median p50 (or mean req/s) over the other's, and its spread the "
-        "pairs' own ratios, min to max. The dense leg alone runs once, after them.",
-        "gw CPU ms/req: the gateway process's CPU time (user + system, psutil) over its windows divided by the "
-        "requests they served (median over the windows): the gateway's own cost, which a busy neighbour moves "
-        "far less than a latency.",
-        "HTTP floor (benchmarks/http_floor.py): an aiohttp server in its own process, on the gateway's event "
-        'loop, whose one route runs the legs\' SQL for the query numbered in the body and answers {"ok": true} '
-        "(no auth, fusion, gate or hits). Its window runs in each pair of the one-caller and most-callers points "
-        "(gateway, SQL, floor; then floor, SQL, gateway). floor/SQL is what the HTTP hop alone costs, which no "
-        "change to the gateway's code removes while it is an aiohttp service; gw/floor is the gateway's code "
-        "over it.",
-        "Selectivity: the caller's projects cover that share of the records (every chunk of a record shares "
-        "its projects); hits/query is what the gateway returned for limit 10.",
-    ]
-    return SuiteResult(
-        "gateway",
-        headlines=headlines,
-        tables=tables,
-        curves=curves,
-        figures={**setup, "points": points},
-        notes=notes,
-    )
-
-
 async def run_suite(stack: BenchStack, plan: GatewayPlan) -> SuiteResult:
     from index.models import resolve_model
     from inference.client import SidecarClient
@@ -629,4 +393,4 @@ async def run_suite(stack: BenchStack, plan: GatewayPlan) -> SuiteResult:
             await _measure_size(stack, plan, size, sentences, once, model, (texts, vectors)) for size in sizes
         ]
     setup = {"model": model.id, "embedded": plan.embedded, "queries": len(texts), "embed_s": embed_s}
-    return _as_suite(plan, points, setup)
+    return as_suite(plan, points, setup, limit=LIMIT)

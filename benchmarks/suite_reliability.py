@@ -19,9 +19,10 @@ import urllib.request
 from typing import Any
 
 from .attacks import AclProbe, bad_images, forged_tokens, image_attacks, leak_check, post_json, token_attacks
-from .fuzz import CLASSES, fuzz_service, gateway_contract, sidecar_contract
+from .fuzz import fuzz_service, gateway_contract, sidecar_contract
 from .plan import ReliabilityPlan
-from .report import SuiteResult, Table
+from .reliability_figures import as_suite
+from .report import SuiteResult
 from .stack import BENCH_MODEL, IMAGE_MODEL, BenchStack
 
 __all__ = ["DESCRIPTORS", "corpus_records", "run_suite"]
@@ -218,329 +219,6 @@ def _run(gateway_url: str, sidecar_url: str, secret: str, plan: ReliabilityPlan)
     return result
 
 
-def _codes(counts: dict[str, int]) -> str:
-    """``{"503 rag.media_disabled": 32}`` -> ``32 (503 rag.media_disabled: 32)``; ``0`` when empty."""
-    total = sum(counts.values())
-    return f"{total} ({', '.join(f'{k}: {v}' for k, v in counts.items())})" if total else "0"
-
-
-def _fault_figures(result: dict[str, Any]) -> list[list[Any]]:
-    """Rows of the figures table for the faults and the load held (an error row when one broke)."""
-    rows: list[list[Any]] = []
-    for name in (
-        "postgres_stopped",
-        "sidecar_stopped",
-        "drain_worker_killed",
-        "backfill_killed",
-        "replica_killed",
-        "replica_killed_of_two",
-        "cluster",
-        "read_replica_restarted",
-        "overload",
-        "mixed_load",
-    ):
-        if name in result and "error" in result[name]:
-            rows.append([f"{name}: the check itself failed", result[name]["error"], "no error"])
-    drains = (
-        ("postgres_stopped", "PostgreSQL stopped (-m immediate)"),
-        ("sidecar_stopped", "sidecar stopped"),
-    )
-    for name, label in drains:
-        f = result.get(name)
-        if f and "error" not in f:
-            rows += [
-                [
-                    f"{label} mid-drain: records lost of {f['records']} (queued at the stop: "
-                    f"{f['queued_when_stopped']})",
-                    f["records_lost"],
-                    0,
-                ],
-                [f"{label}: chunks vs the clean run's / largest vector difference",
-                 f"{f['chunks']} / {f['chunks_clean']} / {f['max_vector_difference']:.1e}", "equal / - / -"],
-                [f"{label}: queue left / parked", f"{f['queue_left']} / {f['parked']}", "0 / 0"],
-                [f"{label}: seconds down / seconds from restart to an empty queue",
-                 f"{f['seconds_down']} / {f['recovery_s']}", "- / bounded"],
-            ]  # fmt: skip
-    f = result.get("drain_worker_killed")
-    if f and "error" not in f:
-        rows += [
-            [f"1 of {f['workers']} `mnemo drain` processes killed (SIGKILL) holding {f['orphaned_records']} "
-             f"leased records: records lost / duplicate rows (of {f['records']})",
-             f"{f['records_lost']} / {f['duplicate_rows']}", "0 / 0"],
-            [f"drain worker killed: seconds until its orphaned records are indexed (lease {f['lease_s']} s) / "
-             "until the queue is empty", f"{f['orphans_indexed_s']} / {f['drained_s']}", "bounded"],
-            ["drain worker killed: queue left / surviving workers", f"{f['queue_left']} / {f['surviving_workers']}",
-             f"0 / {f['workers'] - 1}"],
-        ]  # fmt: skip
-    f = result.get("backfill_killed")
-    if f and "error" not in f:
-        rows += [
-            [f"`mnemo backfill` killed (SIGKILL) mid-build ({f['indexes_built_at_kill']} indexes built), then "
-             f"resumed: records lost / duplicate rows (of {f['records']})",
-             f"{f['records_lost']} / {f['duplicate_rows']}", "0 / 0"],
-            ["backfill killed: seconds from the rerun's start to the swap / queue left",
-             f"{f['resume_to_done_s']} / {f['queue_left']}", "bounded / 0"],
-        ]  # fmt: skip
-    f = result.get("replica_killed")
-    if f and "error" not in f:
-        rows += [
-            [
-                f"replica of {f['model']} killed under load ({f['callers']} callers): requests failed after "
-                f"retries (of {f['requests']})",
-                f["failed_after_retries"],
-                0,
-            ],
-            ["replica killed: 500s / dropped / hung callers",
-             f"{f['server_errors']} / {f['dropped']} / {f['hung_callers']}", "0 / 0 / 0"],
-            ["replica killed: answers by status", f["statuses"], ""],
-            ["replica killed: seconds to a new replica actor / to the next 200 / slowest request",
-             f"{f['replaced_s']} / {f['first_ok_after_kill_s']} / {f['slowest_request_s']}", ""],
-            ["one replica of one killed: seconds to a coded 503 (longest attempt after the kill)",
-             f.get("slowest_coded_answer_s"), "<= 2 (issue 14: 12-39 s of holding)"],
-        ]  # fmt: skip
-    f = result.get("replica_killed_of_two")
-    if f and "error" not in f:
-        rows += [
-            [f"one replica of two of {f['model']} killed ({f['callers']} callers): failed requests (of "
-             f"{f['requests']}) / p99 s of those after the kill", f"{f['failed_after_retries']} / "
-             f"{f['p99_after_kill_s']}", "0 / <= 2"],
-            ["one of two killed: answers by status / 500s, dropped, hung",
-             f"{f['statuses']} / {f['server_errors']}, {f['dropped']}, {f['hung_callers']}", "all 200 / 0, 0, 0"],
-        ]  # fmt: skip
-    rows += _cluster_figures(result.get("cluster"))
-    f = result.get("read_replica_restarted")
-    if f and "error" not in f and "skipped" not in f:
-        rows += [
-            [f"read replica stopped (-m fast) and started under {f['callers']} search loops: searches failed "
-             f"(of {f['searches']})", f["searches_failed"], 0],
-            ["read replica: seconds to reads on the primary after the stop / back on the replica after the "
-             "start / fallbacks counted / slowest search s",
-             f"{f['seconds_to_primary_after_stop']} / {f['seconds_back_on_replica_after_start']} / "
-             f"{f['fallbacks_counted']} / {f['slowest_search_s']}", "bounded / bounded / > 0 / -"],
-        ]  # fmt: skip
-    f = result.get("overload")
-    if f and "error" not in f:
-        rss = f["rss_mb"]
-        rows += [
-            [
-                f"sidecar at 2x capacity ({f['offered_rps']} req/s of {f['texts_per_request']} texts, capacity "
-                f"{f['capacity_rps']}) for {f['held_s']} s: sent / served / shed (coded, Retry-After)",
-                f"{f['sent']} / {f['served']} / {f['shed']}",
-                "",
-            ],
-            ["overload: other 5xx or no answer / answers breaking the contract",
-             f"{f['server_errors']} / {sum(f['problems'].values())}", "0 / 0"],
-            ["overload: replica RSS MiB before / max / after", f"{rss['before']} / {rss['max']} / {rss['after']}",
-             "bounded"],
-            ["overload: served normally afterwards", f["served_after"], True],
-        ]  # fmt: skip
-    f = result.get("mixed_load")
-    if f and "error" not in f:
-        p99 = max((v["p99_ms"] or 0) for v in f["classes"].values())
-        rows.append(
-            [f"gateway, {f['callers']} mixed callers: failed requests / worst class p99 ms", f"{f['failed']} / {p99}",
-             "0 / -"]
-        )  # fmt: skip
-    return rows
-
-
-def _cluster_figures(f: dict[str, Any] | None) -> list[list[Any]]:
-    """Rows for the two-node cluster: the worker node killed under load, its rejoining, autoscaling."""
-    if not f or "error" in f:
-        return []
-    lost, back, scaling = f["node_lost"], f["rejoined"], f.get("autoscaling")
-    rows = [
-        [f"two-node Ray cluster, {f['model']} with 2 replicas (max 1 per node): replicas placed on",
-         ", ".join(f["placed_on"]), "node_a, node_b"],
-        [f"worker node killed (SIGKILL of its raylet and workers) under {lost['callers']} SidecarClient "
-         f"callers: failed after retries (of {lost['requests']}) / hung callers",
-         f"{lost['failed_after_retries']} / {lost['hung_callers']}", "0 / 0"],
-        ["node killed: 5xx the sidecar answered (retried by the client) / p99 s after the kill / slowest s",
-         f"{lost['server_errors_answered']} / {lost['p99_after_kill_s']} / {lost['slowest_request_s']}", ""],
-        ["node killed: req/s with both nodes / surviving node alone (same run)",
-         f"{lost['rps_before_kill']} / {lost['rps_surviving_node']}", ""],
-        ["node killed: seconds until 3 s average 80 % of the surviving node's rate / seconds under half "
-         "of it after the kill / seconds until Ray lists the node dead", f"{lost['seconds_to_surviving_throughput']}"
-         f" / {lost['outage_seconds']} / {lost['node_declared_dead_s']}", "<= 10 / - / -"],
-    ]  # fmt: skip
-    if "error" in back:
-        return [*rows, ["node rejoined: the check itself failed", back["error"], "no error"]]
-    rows.append(["node rejoined: seconds until it runs / until a replica serves on it again",
-                 f"{back['node_started_s']} / {back['replica_back_s']}", "bounded"])  # fmt: skip
-    if scaling:
-        rows += [
-            [f"autoscaling (target {scaling['autoscaling']['target_ongoing_requests']} ongoing, up after "
-             f"{scaling['autoscaling']['upscale_delay_s']} s, down after {scaling['autoscaling']['downscale_delay_s']} s): "
-             f"seconds from {scaling['callers']} callers to 2 replicas / from idle back to 1",
-             f"{scaling['scale_up_s']} / {scaling['scale_down_s']}", "1 -> 2 -> 1"],
-            ["autoscaling: nodes under load / failed requests", f"{', '.join(scaling['nodes_under_load'])} / "
-             f"{scaling['failed_after_retries']}", "node_a, node_b / 0"],
-        ]  # fmt: skip
-    return rows
-
-
-def _as_suite(result: dict[str, Any]) -> SuiteResult:
-    fuzz = result["fuzz"]
-    tables = [
-        Table(
-            "Fuzzing from /openapi.json: cases per route",
-            ["service", "route", "cases", "server errors (service total)"],
-            [
-                [name, route, count, report["server_errors"] if i == 0 else ""]
-                for name, report in fuzz.items()
-                for i, (route, count) in enumerate(report["cases_per_route"].items())
-            ],
-        ),
-        Table(
-            "Fuzzing: cases per class",
-            ["class", *fuzz],
-            [[c, *(fuzz[s]["cases_per_class"].get(c, 0) for s in fuzz)] for c in CLASSES],
-        ),
-        Table(
-            "Fuzzing: status distribution",
-            ["status", *fuzz],
-            [
-                [status, *(fuzz[s]["statuses"].get(status, 0) for s in fuzz)]
-                for status in sorted({k for r in fuzz.values() for k in r["statuses"]}, key=int)
-            ],
-        ),
-    ]
-    tokens, acl = result["tokens"], result["acl"]
-    figures = [
-        ["gateway fuzz cases", sum(fuzz["gateway"]["cases_per_route"].values()), ""],
-        [
-            "gateway fuzz: server errors (no answer, 500, 5xx undocumented for its route or uncoded)",
-            fuzz["gateway"]["server_errors"],
-            0,
-        ],
-        [
-            "gateway fuzz: documented coded 5xx (kill switch, not ready)",
-            _codes(fuzz["gateway"]["documented_unavailable_codes"]),
-            "",
-        ],
-        ["gateway fuzz: answers outside envelope v2", fuzz["gateway"]["contract_violations"], 0],
-        ["sidecar fuzz cases", sum(fuzz["sidecar"]["cases_per_route"].values()), ""],
-        [
-            "sidecar fuzz: server errors (no answer, 500, 5xx undocumented for its route or uncoded)",
-            fuzz["sidecar"]["server_errors"],
-            0,
-        ],
-        [
-            "sidecar fuzz: documented coded 5xx (kill switch, not ready)",
-            _codes(fuzz["sidecar"]["documented_unavailable_codes"]),
-            "",
-        ],
-        ["sidecar fuzz: answers outside {error: {code, message}}", fuzz["sidecar"]["contract_violations"], 0],
-        ["forged tokens sent", tokens["tokens"], ""],
-        ["forged tokens not refused (coded 4xx)", len(tokens["not_refused"]), 0],
-        ["ACL requests (restricted principal and admin)", acl["requests"], ""],
-        [
-            "rows the restricted principal read (> 0, or the leak count proves nothing)",
-            acl["restricted_rows"],
-            "> 0",
-        ],
-        ["rows leaked to the restricted principal", acl["rows_leaked"], 0],
-        ["forbidden vs missing answers that differ", len(acl["twins_differing"]), 0],
-    ]
-    if "images" in result:
-        images = result["images"]
-        figures += [
-            ["hostile images sent", images["images"], ""],
-            ["hostile images: embedded / coded 4xx", f"{images['embedded']} / {images['refused_4xx']}", ""],
-            [
-                "hostile images: 5xx, no answer or bad vector",
-                images["server_errors"] + len(images["problems"]),
-                0,
-            ],
-        ]
-    figures += [[f"{name} healthy afterwards", ok, True] for name, ok in result["healthy_after"].items()]
-    if "sigterm" in result:
-        term = result["sigterm"]
-        figures += [
-            [
-                f"SIGTERM under load ({term['callers']} callers): requests sent before it",
-                term["requests_before_sigterm"],
-                "",
-            ],
-            [
-                "SIGTERM: sent before it, served / refused (coded 503) / dropped or uncoded",
-                "{ok} / {coded} / {broken}".format(**term["before_sigterm"]),
-                "- / - / 0",
-            ],
-            [
-                "SIGTERM: sent after it, served / refused (no connection or coded 503) / dropped or uncoded",
-                "{} / {} / {}".format(
-                    term["after_sigterm"]["ok"],
-                    term["after_sigterm"]["refused"] + term["after_sigterm"]["coded"],
-                    term["after_sigterm"]["broken"],
-                ),
-                "- / - / 0",
-            ],
-            [
-                "SIGTERM: gateway exit code / seconds to exit",
-                f"{term['exit_code']} / {term['seconds_to_exit']}",
-                "0 / -",
-            ],
-        ]
-    figures += _fault_figures(result)
-    tables.insert(0, Table("Reliability figures", ["figure", "value", "goal"], figures))
-    if "mixed_load" in result and "error" not in result["mixed_load"]:
-        mixed = result["mixed_load"]
-        tables.append(
-            Table(
-                f"Gateway under {mixed['callers']} mixed callers for {mixed['seconds']:g} s",
-                ["class", "requests", "failed", "failed by status", "p50 ms", "p99 ms"],
-                [
-                    [c, v["requests"], v["failed"], v["failed_by_status"] or "", v["p50_ms"], v["p99_ms"]]
-                    for c, v in mixed["classes"].items()
-                ],
-            )
-        )
-    if "images" in result:
-        tables.append(
-            Table(
-                "Hostile images on /image",
-                ["image", "status", "code"],
-                [[k, v["status"], v["code"] or ""] for k, v in result["images"]["by_image"].items()],
-            )
-        )
-    tables.append(
-        Table(
-            "Forged tokens",
-            ["token", "status", "code"],
-            [[k, v["status"], v["code"] or ""] for k, v in tokens["by_token"].items()],
-        )
-    )
-    notes = [
-        "Goals are counts, not ratios: 0 server errors, 0 contract violations, 0 rows leaked, 0 forged "
-        "tokens accepted. Failing cases are listed in results.json (figures.fuzz.*.examples) for replay.",
-        "A server error is no answer, a 500, or a 5xx whose code the route's /openapi.json does not list "
-        "for that status (x-error-codes) or that is not in the service's coded error shape. Documented "
-        "coded 5xx (503 rag.media_disabled while the media kill switch is off, 501 rag.not_implemented, "
-        "a sidecar model not ready) are counted apart; they are answers the contract promises.",
-    ]
-    notes += [
-        f"{s} fuzz stopped at its deadline before every route had its cases."
-        for s in fuzz
-        if fuzz[s]["stopped_early"]
-    ]
-    if "postgres_stopped" in result and "replica_killed" not in result:
-        notes.append(
-            "Replica kill skipped: the sidecar was given by URL, so its Ray is out of this process's reach."
-        )
-    if "images" not in result:
-        notes.append(f"Hostile images skipped: the sidecar serves no {IMAGE_MODEL}.")
-    if "cluster" in result and "error" not in result["cluster"]:
-        notes.append(
-            "Two-node cluster: two `ray start` nodes on this machine (benchmarks/cluster.py), one CPU each "
-            "as Ray sees it but sharing the machine's cores, so the surviving node alone may serve as fast "
-            "as both. The sidecar's front runs on node_a (`mnemo sidecar --address`); node_b is killed "
-            "with SIGKILL of its process group. Autoscaling times include Serve's own metric cadence "
-            "(replicas and handles push every 10 s, averaged over 30 s) and a new replica's load."
-        )
-    return SuiteResult("reliability", tables=tables, figures=result, notes=notes)
-
-
 def _mixed_record(n: int) -> dict[str, Any]:
     """The n-th record the mixed load pushes (rsc1, ids from 1000, never the corpus's)."""
     text = _TEXTS[n % len(_TEXTS)]
@@ -565,13 +243,9 @@ async def _faults(stack: BenchStack, plan: ReliabilityPlan, result: dict[str, An
     sidecar stopped mid-drain, a replica killed, a node of a two-node Ray cluster killed (and
     autoscaling there), overload."""
     from .backfill_fault import backfill_killed_mid_build
-    from .faults import (
-        drain_worker_killed,
-        postgres_stopped_mid_drain,
-        replica_killed_under_load,
-        sidecar_stopped_mid_drain,
-    )
+    from .faults import drain_worker_killed, postgres_stopped_mid_drain, sidecar_stopped_mid_drain
     from .load_held import sidecar_overload
+    from .replica_kill import replica_killed_under_load
     from .stack import bench_sidecar_config
 
     assert stack.sidecar_url is not None and stack.server_url is not None
@@ -632,7 +306,7 @@ def _one_of_two_replicas_killed() -> dict[str, Any]:
     from inference.config import SidecarConfig
     from inference.launcher import running_sidecar
 
-    from .faults import replica_killed_under_load
+    from .replica_kill import replica_killed_under_load
     from .stack import bench_sidecar_config
 
     config = bench_sidecar_config()
@@ -707,7 +381,7 @@ async def run_suite(stack: BenchStack, plan: ReliabilityPlan) -> SuiteResult:
     if plan.faults:
         await _read_replica_fault(stack, database, secret, admin, result)
     await _faults(stack, plan, result)
-    return _as_suite(result)
+    return as_suite(result)
 
 
 async def _read_replica_fault(

@@ -15,13 +15,15 @@ import json
 import os
 import random
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .grid import headline_concurrency
 from .plan import SidecarPlan
-from .report import Curve, Headline, SuiteResult, Table, format_span
-from .sidecar import headline_concurrency
+from .report import Curve, SuiteResult, Table, format_span
+from .sidecar import BARS
 from .stack import BENCH_MODEL, LONG_MODEL, MINILM_WEIGHTS, BenchStack
+from .tables import Column, HeadlineRow, headings, pick, rows
 
 __all__ = ["configurations_table", "length_sweep", "run_suite", "texts_of_length"]
 
@@ -72,7 +74,9 @@ def length_sweep(url: str, plan: SidecarPlan) -> dict[str, Any]:
 
     from inference.encoders import load_encoder
 
-    from .sidecar import bench_spec, http_grid, measure_inprocess
+    from .grid import http_grid
+    from .inprocess import measure_inprocess
+    from .sidecar import bench_spec
 
     served = _served(url)
     model = LONG_MODEL if LONG_MODEL in served else BENCH_MODEL
@@ -118,24 +122,44 @@ def length_sweep(url: str, plan: SidecarPlan) -> dict[str, Any]:
     }
 
 
-def _headline(cell: dict[str, Any]) -> Headline:
-    from .sidecar import BARS
-
-    key = f"c{cell['concurrency']}_{cell['request_size']}item"
-    low, high = cell["spread"]["ratio_to_inprocess"]
-    return Headline(
-        f"sidecar {cell['request_size']}-item requests, concurrency {cell['concurrency']}",
-        cell["items_per_s"],
-        "items/s",
-        BASELINE,
-        cell["baseline_items_per_s"],
-        bar=BARS.get(key),
-        spread=(low, high),
-    )
-
-
-def _windows(cell: dict[str, Any]) -> int:
+def _windows(cell: Mapping[str, Any]) -> int:
     return len(cell.get("windows") or [cell])
+
+
+# Read from one sidecar cell of the grid (a concurrency and a request size).
+HEADLINE = HeadlineRow(
+    "sidecar {request_size}-item requests, concurrency {concurrency}", "{items_per_s}", "items/s", BASELINE,
+    "{baseline_items_per_s}", bar=lambda c: BARS.get(f"c{c['concurrency']}_{c['request_size']}item"),
+    spread="{spread[ratio_to_inprocess]}",
+)  # fmt: skip
+GRID = (
+    Column("concurrency", "{concurrency}"),
+    Column("items/request", "{request_size}"),
+    Column("items/s", "{items_per_s}"),
+    Column("tokens/s", "{tokens_per_s}"),
+    Column("p50 ms", "{latency_ms[p50]}"),
+    Column("p95 ms", "{latency_ms[p95]}"),
+    Column("p99 ms", "{latency_ms[p99]}"),
+    Column("server CPU ms/req", lambda c: c.get("server_cpu_ms_per_request", "")),
+    Column("shed (retried)", lambda c: c.get("shed_answers", "")),
+    Column("windows", _windows),
+    Column("vs in-process batch 32", "{ratio_to_inprocess}"),
+    Column("spread", lambda c: format_span(c["spread"]["ratio_to_inprocess"])),
+)
+# when the run measured the strongest in-process configuration too
+GRID_STRONGEST = (
+    Column("vs strongest in-process", "{ratio_to_strongest}"),
+    Column("spread ", lambda c: format_span(c["spread"]["ratio_to_strongest"])),
+)
+# Read from one point of the length sweep.
+BY_LENGTH = (
+    Column("tokens/text", "{tokens_per_text}"),
+    Column("items/s", "{items_per_s}"),
+    Column("tokens/s", "{tokens_per_s}"),
+    Column("p95 ms", "{latency_ms[p95]}"),
+    Column("in-process items/s", "{baseline_items_per_s}"),
+    Column("ratio", "{ratio_to_inprocess}"),
+)
 
 
 def configurations_table(configs: dict[str, Any]) -> Table:
@@ -192,127 +216,57 @@ def _configuration_notes(configs: dict[str, Any], headlines: list[dict[str, Any]
     return notes
 
 
-def _as_suite(grid: dict[str, Any], lengths: dict[str, Any], peers: dict[str, Any] | None) -> SuiteResult:
-    cells = [c for c in grid["cells"] if c["mode"] == "sidecar"]
+def _grid_curves(cells: list[dict[str, Any]], strongest: bool) -> list[Curve]:
     sizes = sorted({c["request_size"] for c in cells})
-    top = headline_concurrency([c["concurrency"] for c in cells])
-    headlines = [_headline(c) for c in cells if c["concurrency"] == top]
-    strongest = any("ratio_to_strongest" in c for c in cells)
 
-    def series(size: int, key: Any) -> list[tuple[float, float]]:
-        return [(c["concurrency"], key(c)) for c in cells if c["request_size"] == size]
+    def series(size: int, key: str) -> list[tuple[float, float]]:
+        return [(c["concurrency"], pick(key, c)) for c in cells if c["request_size"] == size]
 
-    throughput = {f"sidecar, {s}-item requests": series(s, lambda c: c["items_per_s"]) for s in sizes}
-    throughput[BASELINE] = series(sizes[-1], lambda c: c["baseline_items_per_s"])
+    throughput = {f"sidecar, {s}-item requests": series(s, "{items_per_s}") for s in sizes}
+    throughput[BASELINE] = series(sizes[-1], "{baseline_items_per_s}")
     if strongest:
-        throughput[STRONGEST] = series(sizes[-1], lambda c: c["strongest_items_per_s"])
-    latency = {f"{s}-item requests": series(s, lambda c: c["latency_ms"]["p95"]) for s in sizes}
-    tables = [
-        Table(
-            f"Sidecar ({grid['model']}) by concurrency and request size",
-            [
-                "concurrency",
-                "items/request",
-                "items/s",
-                "tokens/s",
-                "p50 ms",
-                "p95 ms",
-                "p99 ms",
-                "server CPU ms/req",
-                "shed (retried)",
-                "windows",
-                "vs in-process batch 32",
-                "spread",
-                *(["vs strongest in-process", "spread "] if strongest else []),
+        throughput[STRONGEST] = series(sizes[-1], "{strongest_items_per_s}")
+    latency = {f"{s}-item requests": series(s, "{latency_ms[p95]}") for s in sizes}
+    return [
+        Curve("Sidecar throughput vs concurrency", "concurrent callers", "items/s", throughput, log_x=True,
+              baselines=(BASELINE, STRONGEST)),
+        Curve("Sidecar p95 latency vs concurrency", "concurrent callers", "p95 latency (ms)", latency, log_x=True,
+              kind="cost", log_y=True),
+    ]  # fmt: skip
+
+
+def _length_curves(points: list[dict[str, Any]], load: str) -> list[Curve]:
+    throughput = {
+        "sidecar": [(p["tokens_per_text"], p["tokens_per_s"]) for p in points],
+        BASELINE: [(p["tokens_per_text"], p["baseline_tokens_per_s"]) for p in points],
+    }
+    latency = {"sidecar": [(p["tokens_per_text"], p["latency_ms"]["p95"]) for p in points]}
+    return [
+        Curve(f"Sidecar throughput vs text length ({load})", "tokens per text", "tokens/s", throughput, log_x=True,
+              baselines=(BASELINE,)),
+        Curve(f"Sidecar p95 latency vs text length ({load})", "tokens per text", "p95 latency (ms)", latency,
+              log_x=True, kind="cost", log_y=True),
+    ]  # fmt: skip
+
+
+def _sweep_curve(sweeps: dict[str, Any]) -> Curve:
+    return Curve(
+        "In-process throughput vs batch size",
+        "texts per batch",
+        "items/s",
+        {
+            "strongest (tokenization overlapped)": [
+                (p["batch"], p["items_per_s"]) for p in sweeps["strongest"]["points"]
             ],
-            [
-                [
-                    c["concurrency"],
-                    c["request_size"],
-                    c["items_per_s"],
-                    c["tokens_per_s"],
-                    c["latency_ms"]["p50"],
-                    c["latency_ms"]["p95"],
-                    c["latency_ms"]["p99"],
-                    c.get("server_cpu_ms_per_request", ""),
-                    c.get("shed_answers", ""),
-                    _windows(c),
-                    c["ratio_to_inprocess"],
-                    format_span(c["spread"]["ratio_to_inprocess"]),
-                    *(
-                        [c["ratio_to_strongest"], format_span(c["spread"]["ratio_to_strongest"])]
-                        if strongest
-                        else []
-                    ),
-                ]
-                for c in cells
+            "sentence-transformers encode()": [
+                (p["batch"], p["items_per_s"]) for p in sweeps["st_encode"]["points"]
             ],
-        )
-    ]
-    configs = grid.get("configurations")
-    if configs is not None:
-        tables.insert(0, configurations_table(configs))
-    curves = [
-        Curve(
-            "Sidecar throughput vs concurrency",
-            "concurrent callers",
-            "items/s",
-            throughput,
-            log_x=True,
-            baselines=(BASELINE, STRONGEST),
-        ),
-        Curve(
-            "Sidecar p95 latency vs concurrency",
-            "concurrent callers",
-            "p95 latency (ms)",
-            latency,
-            log_x=True,
-            kind="cost",
-            log_y=True,
-        ),
-    ]
-    points = lengths["points"]
-    if points:
-        load = f"{points[0]['concurrency']} callers x {points[0]['request_size']} texts"
-        curves += [
-            Curve(
-                f"Sidecar throughput vs text length ({load})",
-                "tokens per text",
-                "tokens/s",
-                {
-                    "sidecar": [(p["tokens_per_text"], p["tokens_per_s"]) for p in points],
-                    BASELINE: [(p["tokens_per_text"], p["baseline_tokens_per_s"]) for p in points],
-                },
-                log_x=True,
-                baselines=(BASELINE,),
-            ),
-            Curve(
-                f"Sidecar p95 latency vs text length ({load})",
-                "tokens per text",
-                "p95 latency (ms)",
-                {"sidecar": [(p["tokens_per_text"], p["latency_ms"]["p95"]) for p in points]},
-                log_x=True,
-                kind="cost",
-                log_y=True,
-            ),
-        ]
-        tables.append(
-            Table(
-                f"Sidecar ({lengths['model']}) by text length, {load}",
-                ["tokens/text", "items/s", "tokens/s", "p95 ms", "in-process items/s", "ratio"],
-                [
-                    [
-                        p["tokens_per_text"],
-                        p["items_per_s"],
-                        p["tokens_per_s"],
-                        p["latency_ms"]["p95"],
-                        p["baseline_items_per_s"],
-                        p["ratio_to_inprocess"],
-                    ]
-                    for p in points
-                ],
-            )
-        )
+        },
+        log_x=True,
+    )
+
+
+def _grid_notes(grid: dict[str, Any], top: int) -> list[str]:
     base = grid["baseline"]
     notes = [
         f"In-process batch 32 over {base['windows']} windows: {base['items_per_s']:.1f} items/s "
@@ -324,25 +278,11 @@ def _as_suite(grid: dict[str, Any], lengths: dict[str, Any], peers: dict[str, An
         "raylet, workers and replicas, psutil) over the window, per request served; a busy neighbour moves "
         "it far less than a latency. With --sidecar-url the sidecar is not a child and the column is 0.",
     ]
+    configs = grid.get("configurations")
     if configs is not None:
-        sweeps = configs["sweeps"]
-        curves.append(
-            Curve(
-                "In-process throughput vs batch size",
-                "texts per batch",
-                "items/s",
-                {
-                    "strongest (tokenization overlapped)": [
-                        (p["batch"], p["items_per_s"]) for p in sweeps["strongest"]["points"]
-                    ],
-                    "sentence-transformers encode()": [
-                        (p["batch"], p["items_per_s"]) for p in sweeps["st_encode"]["points"]
-                    ],
-                },
-                log_x=True,
-            )
+        notes += _configuration_notes(
+            configs, [c for c in grid["cells"] if c["mode"] == "sidecar" and c["concurrency"] == top]
         )
-        notes += _configuration_notes(configs, [c for c in cells if c["concurrency"] == top])
     if grid.get("repeats", 1) > 1:
         notes.append(
             f"Each concurrency-{top} cell ran in {grid['repeats']} windows, each beside its own baseline "
@@ -355,6 +295,39 @@ def _as_suite(grid: dict[str, Any], lengths: dict[str, Any], peers: dict[str, An
                 f"The spread of {name} ({bar['spread'][0]:.2f}–{bar['spread'][1]:.2f}) crosses its bar "
                 f"{bar['bar']:g}: this run does not settle it; raise sidecar.repeats."
             )
+    return notes
+
+
+def _as_suite(grid: dict[str, Any], lengths: dict[str, Any], peers: dict[str, Any] | None) -> SuiteResult:
+    cells = [c for c in grid["cells"] if c["mode"] == "sidecar"]
+    top = headline_concurrency([c["concurrency"] for c in cells])
+    strongest = any("ratio_to_strongest" in c for c in cells)
+    columns = GRID + GRID_STRONGEST if strongest else GRID
+    tables = [
+        Table(
+            f"Sidecar ({grid['model']}) by concurrency and request size",
+            headings(columns),
+            rows(columns, cells),
+        )
+    ]
+    configs = grid.get("configurations")
+    if configs is not None:
+        tables.insert(0, configurations_table(configs))
+    curves = _grid_curves(cells, strongest)
+    points = lengths["points"]
+    if points:
+        load = f"{points[0]['concurrency']} callers x {points[0]['request_size']} texts"
+        curves += _length_curves(points, load)
+        tables.append(
+            Table(
+                f"Sidecar ({lengths['model']}) by text length, {load}",
+                headings(BY_LENGTH),
+                rows(BY_LENGTH, points),
+            )
+        )
+    if configs is not None:
+        curves.append(_sweep_curve(configs["sweeps"]))
+    notes = _grid_notes(grid, top)
     if lengths["skipped_lengths"]:
         notes.append(
             f"Lengths {lengths['skipped_lengths']} skipped: {lengths['model']} takes at most "
@@ -362,7 +335,7 @@ def _as_suite(grid: dict[str, Any], lengths: dict[str, Any], peers: dict[str, An
         )
     suite = SuiteResult(
         "sidecar",
-        headlines=headlines,
+        headlines=[HEADLINE.read(c) for c in cells if c["concurrency"] == top],
         tables=tables,
         curves=curves,
         figures={"grid": grid, "lengths": lengths},

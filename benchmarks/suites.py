@@ -9,13 +9,14 @@ add the headlines (each beside its same-run baseline), tables and curves the rep
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from .datasets import find_datasets
 from .plan import BenchPlan
 from .report import Bars, Curve, Headline, SuiteResult, Table
 from .stack import BENCH_MODEL, BenchStack
+from .tables import Column, headings, rows
 
 __all__ = ["CPU_SUITES", "SUITES", "Suite"]
 
@@ -342,6 +343,24 @@ def add_halfvec_result(suite: SuiteResult, half: dict[str, Any]) -> None:
     suite.figures["halfvec"] = half
 
 
+def _mib(key: str) -> Callable[[Mapping[str, Any]], int]:
+    return lambda r: round(r[key] / 2**20)
+
+
+# One write path of the store, with its "path" name and its "phases" described.
+STORE_PATHS = (
+    Column("path", "{path}"),
+    Column("rows", "{rows}"),
+    Column("seconds", lambda r: round(r["seconds"], 1)),
+    Column("rows/s", lambda r: round(r["rows_per_s"])),
+    Column("phases (s)", "{phases}"),
+    Column("bound", "{bound}"),
+    Column("PostgreSQL peak RSS (MiB)", _mib("postgres_peak_rss_bytes")),
+    Column("HNSW (MiB)", _mib("hnsw_bytes")),
+    Column("total (MiB)", _mib("total_bytes")),
+)
+
+
 def add_store_result(suite: SuiteResult, store: dict[str, Any], projection: dict[str, Any]) -> None:
     """The store paths as a headline (bulk rows/s against the row path's), a table and the projection."""
     row, bulk, at_size = store["row_path"], store["bulk_path"], store["row_path_at_size"]
@@ -360,53 +379,14 @@ def add_store_result(suite: SuiteResult, store: dict[str, Any], projection: dict
             bar=8.0,
         )
     )
-    mib = 2**20
+    row_paths = (("row path, empty graph", row), (f"row path, into the {bulk['rows']:,}-row graph", at_size))
+    paths = [
+        *({**r, "path": name, "phases": "one upsert transaction per record", "bound": "HNSW insert per row"}
+          for name, r in row_paths if r is not None),
+        {**bulk, "path": "bulk path", "phases": ", ".join(f"{k} {v}" for k, v in bulk["phase_seconds"].items())},
+    ]  # fmt: skip
     suite.tables.append(
-        Table(
-            "Store paths (same run, same vectors)",
-            [
-                "path",
-                "rows",
-                "seconds",
-                "rows/s",
-                "phases (s)",
-                "bound",
-                "PostgreSQL peak RSS (MiB)",
-                "HNSW (MiB)",
-                "total (MiB)",
-            ],
-            [
-                [
-                    name,
-                    r["rows"],
-                    round(r["seconds"], 1),
-                    round(r["rows_per_s"]),
-                    "one upsert transaction per record",
-                    "HNSW insert per row",
-                    round(r["postgres_peak_rss_bytes"] / mib),
-                    round(r["hnsw_bytes"] / mib),
-                    round(r["total_bytes"] / mib),
-                ]
-                for name, r in (
-                    ("row path, empty graph", row),
-                    (f"row path, into the {bulk['rows']:,}-row graph", at_size),
-                )
-                if r is not None
-            ]
-            + [
-                [
-                    "bulk path",
-                    bulk["rows"],
-                    round(bulk["seconds"], 1),
-                    round(bulk["rows_per_s"]),
-                    ", ".join(f"{k} {v}" for k, v in bulk["phase_seconds"].items()),
-                    bulk["bound"],
-                    round(bulk["postgres_peak_rss_bytes"] / mib),
-                    round(bulk["hnsw_bytes"] / mib),
-                    round(bulk["total_bytes"] / mib),
-                ],
-            ],
-        )
+        Table("Store paths (same run, same vectors)", headings(STORE_PATHS), rows(STORE_PATHS, paths))
     )
     recall = store["recall_by_ef_search"]
     if recall["recall_at_10"]:
@@ -418,8 +398,18 @@ def add_store_result(suite: SuiteResult, store: dict[str, Any], projection: dict
                 [[ef, round(r, 4)] for ef, r in recall["recall_at_10"].items()],
             )
         )
+    suite.notes += _store_notes(store, projection)
+    suite.figures["store"] = store
+    suite.figures["projection"] = projection
+
+
+def _store_notes(store: dict[str, Any], projection: dict[str, Any]) -> list[str]:
+    """Why the row path's baseline is taken at the built graph's size (when it was), and the
+    projection of a full re-embedding from this run's bulk path."""
+    row, bulk, at_size = store["row_path"], store["bulk_path"], store["row_path_at_size"]
+    notes = []
     if at_size:
-        suite.notes.append(
+        notes.append(
             f"The row path writes {row['rows']:,} rows, the bulk path {bulk['rows']:,}. An HNSW insert "
             "gets dearer as the graph grows, so the speedup is taken against the same "
             f"{at_size['rows']:,} rows written into the bulk path's built graph "
@@ -428,7 +418,7 @@ def add_store_result(suite: SuiteResult, store: dict[str, Any], projection: dict
             "row are the whole partition's."
         )
     stages = projection["stage_seconds"]
-    suite.notes.append(
+    notes.append(
         f"Projection, on paper: re-embedding {projection['chunks']:,} chunks of {projection['dimension']} "
         f"dimensions on one {projection['gpu']} takes about {projection['wall_seconds'] / 3600:.1f} h "
         f"(embed {stages['embed'] / 60:.0f} min at an assumed MFU of {projection['assumed_mfu']}, COPY "
@@ -437,8 +427,7 @@ def add_store_result(suite: SuiteResult, store: dict[str, Any], projection: dict
         f"{projection['hnsw_memory_bytes'] / 2**30:.0f} GiB of maintenance_work_mem. "
         "Scaled from this run's bulk path (see benchmarks/scale_store.py:project_reembed)."
     )
-    suite.figures["store"] = store
-    suite.figures["projection"] = projection
+    return notes
 
 
 def scale_drain_result(runs: dict[str, list[dict[str, Any]]]) -> SuiteResult:

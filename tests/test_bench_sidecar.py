@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.grid import combine_windows, load_grid, normalize
+from benchmarks.inprocess import sweep
 from benchmarks.peers import add_to_suite, interleaved_pairs, summarize_pairs
 from benchmarks.report import Headline, SuiteResult, write_report
-from benchmarks.sidecar import bar_verdicts, combine_windows, load_grid, normalize, sweep
+from benchmarks.sidecar import bar_verdicts
 
 
 def _cell(items_per_s: float, concurrency: int = 16, size: int = 1, p95: float = 10.0) -> dict:
@@ -270,7 +272,7 @@ async def test_the_http_caller_retries_coded_shedding_counts_it_and_raises_on_an
     import aiohttp
     from aiohttp import web
 
-    from benchmarks.sidecar import SHED_RETRIES, SidecarCaller, load_cell
+    from benchmarks.grid import SHED_RETRIES, SidecarCaller, load_cell
 
     plan: list[int] = []  # statuses to answer, in order; 200 once empty
 

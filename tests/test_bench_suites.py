@@ -11,10 +11,11 @@ import pytest
 
 from benchmarks.datasets import find_datasets
 from benchmarks.gateway import SHARED as SHARED_DATASETS
+from benchmarks.gateway_figures import as_suite as gateway_report
 from benchmarks.plan import FULL, QUICK, apply_overrides
 from benchmarks.report import Curve, SuiteResult, write_report
 from benchmarks.scale_drain import real_records
-from benchmarks.suite_gateway import _as_suite, _combine, _projects_of
+from benchmarks.suite_gateway import _combine, _projects_of
 from benchmarks.suites import scale_drain_result
 from index.partitions import ModelPartition, get_partition
 
@@ -201,7 +202,9 @@ def test_gateway_suite_reports_one_caller_at_every_size_and_headlines_it_from_10
     }  # fmt: skip
     largest = point(100_000, sweep["off"]["by_concurrency"][0], sweep)
     plan = dataclasses.replace(QUICK.gateway, sizes=(1_000, 10_000, 100_000), caches=("off", "auto"))
-    suite = _as_suite(plan, [small, ten_k, largest], {"model": "m", "embedded": 4, "queries": 2})
+    suite = gateway_report(
+        plan, [small, ten_k, largest], {"model": "m", "embedded": 4, "queries": 2}, limit=10
+    )
 
     p50s = {h.name: h for h in suite.headlines if h.name.startswith("semantic_search p50")}
     assert list(p50s) == [

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import pytest
 import ray
 
-from benchmarks.faults import live_replicas, replica_killed_under_load
+from benchmarks.replica_kill import live_replicas, replica_killed_under_load
 from inference.config import ConfigError, SidecarConfig, config_from_dict
 from inference.errors import ErrorCode
 from inference.launcher import SidecarStartTimeout, running_sidecar

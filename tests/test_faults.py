@@ -11,13 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.faults import (
-    drain_worker_killed,
-    postgres_stopped_mid_drain,
-    replica_killed_under_load,
-    sidecar_stopped_mid_drain,
-)
+from benchmarks.faults import drain_worker_killed, postgres_stopped_mid_drain, sidecar_stopped_mid_drain
 from benchmarks.load_held import gateway_mixed_load, sidecar_overload
+from benchmarks.replica_kill import replica_killed_under_load
 from benchmarks.suite_reliability import DESCRIPTORS, corpus_records
 from inference.config import SidecarConfig
 from schema import EmbeddedPostgres
@@ -115,7 +111,7 @@ async def test_the_gateway_under_64_mixed_callers_fails_no_request(
 
 def test_the_report_has_a_row_for_every_fault_figure() -> None:
     """The figures each fault returns are the ones the REPORT table reads (a missing key broke a run)."""
-    from benchmarks.suite_reliability import _fault_figures
+    from benchmarks.reliability_figures import fault_figures
 
     drain = {
         "records": 4, "queued_when_stopped": 3, "seconds_down": 1.0, "records_lost": 0, "chunks": 4,
@@ -146,6 +142,6 @@ def test_the_report_has_a_row_for_every_fault_figure() -> None:
         "mixed_load": {"callers": 2, "seconds": 1.0, "classes": {"retrieve": {"requests": 1, "failed": 0,
                        "failed_by_status": {}, "p50_ms": 1.0, "p99_ms": 2.0}}, "failed": 0, "records_pushed": 0},
     }  # fmt: skip
-    rows = _fault_figures(result)
+    rows = fault_figures(result)
     assert len(rows) == 4 + 4 + 3 + 5 + 2 + 4 + 1 and all(len(row) == 3 for row in rows)
-    assert _fault_figures({"overload": {"error": "RuntimeError: x"}})[0][1] == "RuntimeError: x"
+    assert fault_figures({"overload": {"error": "RuntimeError: x"}})[0][1] == "RuntimeError: x"
