@@ -183,6 +183,13 @@ FAULTS: tuple[tuple[str, tuple[Figure, ...] | Callable[[Mapping[str, Any]], list
                "{statuses} / {server_errors}, {dropped}, {hung_callers}", "all 200 / 0, 0, 0"),
     )),
     ("cluster", _cluster),
+    ("flood", (  # issue 45: principal A floods, B calls at a steady rate
+        Figure("one principal flooding at {flood_target_rps:.0f}/s (~10x the measured {capacity_rps:.1f}/s), "
+               "another at {b_rate:.1f}/s: B's success (worst pair)", "{b_success:.0%}", "100%"),
+        Figure("flood: B's p99 under the flood / its quiet p99 (median of pairs, spread)",
+               lambda f: f"{f['b_p99_ratio']:.2f}x ({f['b_p99_ratio_spread'][0]:.2f}-{f['b_p99_ratio_spread'][1]:.2f})",
+               "<= 1.5x"),
+    )),
     ("read_replica_restarted", (
         Figure("read replica stopped (-m fast) and started under {callers} search loops: searches failed "
                "(of {searches})", "{searches_failed}", 0),
