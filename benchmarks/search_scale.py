@@ -229,11 +229,11 @@ async def measure_dense_cache(
         loaded = cache.status()["partitions"][partition.partition]  # type: ignore[index]
         per_visibility: dict[str, dict[str, float]] = {}
         for label, scope in scopes.items():
-            await cached.dense_leg(partition, probes[0], scope, fetch)  # the scope's mask and packed copy
+            await cached.legs.dense_leg(partition, probes[0], scope, fetch)  # the scope's mask and packed copy
             recalls, times, served = [], [], 0
             for q, truth in zip(probes, exact[label], strict=True):
                 start = time.perf_counter()
-                hits, by_cache = await cached.dense_leg(partition, q, scope, fetch)
+                hits, by_cache = await cached.legs.dense_leg(partition, q, scope, fetch)
                 times.append(time.perf_counter() - start)
                 recalls.append(_recall(hits, truth))
                 served += by_cache
