@@ -229,7 +229,9 @@ async def measure_dense_cache(
         loaded = cache.status()["partitions"][partition.partition]  # type: ignore[index]
         per_visibility: dict[str, dict[str, float]] = {}
         for label, scope in scopes.items():
-            await cached.legs.dense_leg(partition, probes[0], scope, fetch)  # the scope's mask and packed copy
+            await cached.legs.dense_leg(
+                partition, probes[0], scope, fetch
+            )  # the scope's mask and packed copy
             recalls, times, served = [], [], 0
             for q, truth in zip(probes, exact[label], strict=True):
                 start = time.perf_counter()
