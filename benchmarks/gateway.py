@@ -385,6 +385,23 @@ async def _measure_cache(
     return {"faiss": status, "by_concurrency": rows, "leg_mean_ms": _leg_means(metrics_text)}, first
 
 
+@contextlib.asynccontextmanager
+async def bench_database(database_url: str | None, workdir: Path) -> AsyncIterator[str]:
+    """``database_url`` migrated, or a throw-away embedded server in ``workdir`` (stopped after)."""
+    from schema import EmbeddedPostgres, migrate
+
+    embedded = None
+    if database_url is None:
+        embedded = EmbeddedPostgres(workdir / "pg")
+        database_url = embedded.start()
+    try:
+        await migrate(database_url)
+        yield database_url
+    finally:
+        if embedded is not None:
+            embedded.stop()
+
+
 async def run_gateway_benchmark(
     *,
     sidecar_url: str,
@@ -403,16 +420,10 @@ async def run_gateway_benchmark(
     from gateway.auth import issue_token
     from index.models import resolve_model
     from inference.client import SidecarClient
-    from schema import EmbeddedPostgres, migrate
 
     started = time.perf_counter()
     workdir = Path(tempfile.mkdtemp(prefix="mnemo-bench-gateway-"))
-    embedded_pg = None
-    if database_url is None:
-        embedded_pg = EmbeddedPostgres(workdir / "pg")
-        database_url = embedded_pg.start()
-    try:
-        await migrate(database_url)
+    async with bench_database(database_url, workdir) as database_url:
         pool = await gateway_read_pool(database_url)
         async with SidecarClient(sidecar_url) as client:
             model = await resolve_model(client, "text", text_model)
@@ -441,9 +452,6 @@ async def run_gateway_benchmark(
             )  # fmt: skip
             cold = cold or first
         await pool.close()
-    finally:
-        if embedded_pg is not None:
-            embedded_pg.stop()
 
     return {
         "suite": "gateway",

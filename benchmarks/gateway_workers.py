@@ -25,7 +25,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .gateway import gateway_process, gateway_read_pool, load_corpus, load_queries, load_sentences
+from .gateway import (
+    bench_database,
+    gateway_process,
+    gateway_read_pool,
+    load_corpus,
+    load_queries,
+    load_sentences,
+)
 from .measure import alternating_passes, closed_loop, spread
 from .settings import configured_database_url, configured_sidecar, configured_text_model
 
@@ -73,15 +80,9 @@ async def run_workers_benchmark(
     from gateway.auth import issue_token
     from index.models import resolve_model
     from inference.client import SidecarClient
-    from schema import EmbeddedPostgres, migrate
 
     workdir = Path(tempfile.mkdtemp(prefix="mnemo-bench-workers-"))
-    embedded_pg = None
-    if database_url is None:
-        embedded_pg = EmbeddedPostgres(workdir / "pg")
-        database_url = embedded_pg.start()
-    try:
-        await migrate(database_url)
+    async with bench_database(database_url, workdir) as database_url:
         pool = await gateway_read_pool(database_url)
         async with SidecarClient(sidecar_url) as client:
             model = await resolve_model(client, "text", text_model)
@@ -126,9 +127,6 @@ async def run_workers_benchmark(
                 return run
 
             runs = await alternating_passes({name: window(name) for name in searches}, passes)
-    finally:
-        if embedded_pg is not None:
-            embedded_pg.stop()
     names = list(searches)
     ratios = [run[names[1]]["requests_per_s"] / run[names[0]]["requests_per_s"] for run in runs]
     return {
