@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 
 from schema.read_pool import ReplicaStatus
 
+_MULTIPROCESS_READS = 3  # listings of the workers' metric files one scrape may take (see render)
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -172,10 +173,19 @@ class Metrics:
             return generate_latest(self.registry), CONTENT_TYPE_LATEST
         workers = CollectorRegistry()
         MultiProcessCollector(workers, path=str(self.multiprocess_dir))
-        summed = generate_latest(workers)
-        # The metric objects of this registry are already in the files; only what is computed
-        # at scrape time (collectors of families not in the files) is this worker's own.
-        in_files = {family.name for family in workers.collect()}
+        for attempt in range(_MULTIPROCESS_READS):
+            try:
+                summed = generate_latest(workers)
+                # The metric objects of this registry are already in the files; only what is
+                # computed at scrape time (collectors of families not in the files) is this worker's.
+                in_files = {family.name for family in workers.collect()}
+                break
+            except FileNotFoundError:
+                # The supervisor removed a dead worker's gauge file between the collector's listing
+                # of the folder and its read (prometheus_client forgives that for `live` gauges
+                # only); the next listing no longer has it.
+                if attempt == _MULTIPROCESS_READS - 1:
+                    raise
         return summed + generate_latest(_FamiliesExcept(self.registry, in_files)), CONTENT_TYPE_LATEST
 
 

@@ -48,7 +48,6 @@ import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from inference.net import log_tail
 from schema.database import open_database
 
 from .settings import GatewaySettings, worker_environment
@@ -90,7 +89,6 @@ def worker_count(requested: int) -> int:
 class _Worker:
     index: int
     process: asyncio.subprocess.Process
-    log_path: Path
     started_at: float
     restarts: int = 0
 
@@ -113,24 +111,21 @@ class Supervisor:
     async def _spawn(self, index: int) -> _Worker:
         """Start worker ``index`` and wait until it listens (or raise :class:`WorkerStartError`)."""
         loop = asyncio.get_running_loop()
-        log_path = self.run_dir / f"worker-{index}.log"
         ready_read, ready_write = os.pipe()
-        env = worker_environment(self.metrics_dir)
-        with log_path.open("ab") as out:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "gateway.worker",
-                str(ready_write),
-                stdin=asyncio.subprocess.PIPE,
-                stdout=out,
-                stderr=out,
-                env=env,
-                pass_fds=(ready_write, self.listener.fileno()),
-                # Its own session: a terminal's Ctrl-C reaches the supervisor alone, which stops the
-                # workers in order (a worker watches this process and stops when it is gone).
-                start_new_session=True,
-            )
+        # Its output is the supervisor's (one log stream, each line whole: a worker writes a line in
+        # one call), so an operator reads every worker's access and error lines where it ran.
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "gateway.worker",
+            str(ready_write),
+            stdin=asyncio.subprocess.PIPE,
+            env=worker_environment(self.metrics_dir),
+            pass_fds=(ready_write, self.listener.fileno()),
+            # Its own session: a terminal's Ctrl-C reaches the supervisor alone, which stops the
+            # workers in order (a worker watches this process and stops when it is gone).
+            start_new_session=True,
+        )
         os.close(ready_write)
         spec = WorkerSpec(self.settings, index, self.log_level, self.metrics_dir, self.listener.fileno())
         assert process.stdin is not None
@@ -144,19 +139,18 @@ class Supervisor:
             process.kill()
             await process.wait()
             raise WorkerStartError(
-                f"gateway worker {index} did not listen within {READY_TIMEOUT_S:.0f}s; its log "
-                f"{log_path}:\n{log_tail(log_path)}"
+                f"gateway worker {index} did not listen within {READY_TIMEOUT_S:.0f}s (its output is above)"
             ) from None
         finally:
             os.close(ready_read)
         if ready != b"1":  # the pipe closed: the worker exited before it listened
             await process.wait()
             raise WorkerStartError(
-                f"gateway worker {index} exited with status {process.returncode} before it listened; "
-                f"the last lines of {log_path}:\n{log_tail(log_path)}"
+                f"gateway worker {index} exited with status {process.returncode} before it listened "
+                "(its output, the reason, is above)"
             )
         log.info("gateway worker %d listening (pid %d)", index, process.pid, extra={"pid": process.pid})
-        return _Worker(index, process, log_path, loop.time())
+        return _Worker(index, process, loop.time())
 
     async def start(self) -> None:
         """Every worker listening, or none (a failed start stops the ones already up)."""
@@ -199,15 +193,12 @@ class Supervisor:
         restarts = 0 if lived >= STABLE_AFTER_S else dead.restarts + 1
         delay = 0.0 if restarts == 0 else min(RESTART_DELAY_MAX_S, 0.5 * 2**restarts)
         log.error(
-            "gateway worker %d (pid %d) exited with status %s after %.0fs; restarting it in %.1fs. "
-            "The last lines of %s:\n%s",
+            "gateway worker %d (pid %d) exited with status %s after %.0fs; restarting it in %.1fs",
             dead.index,
             dead.process.pid,
             dead.process.returncode,
             lived,
             delay,
-            dead.log_path,
-            log_tail(dead.log_path),
         )
         await asyncio.sleep(delay)
         worker = await self._spawn(dead.index)
@@ -237,10 +228,7 @@ class Supervisor:
         for worker in self.workers.values():
             if worker.process.returncode not in (0, None):
                 log.warning(
-                    "gateway worker %d exited with status %s; its log: %s",
-                    worker.index,
-                    worker.process.returncode,
-                    worker.log_path,
+                    "gateway worker %d exited with status %s", worker.index, worker.process.returncode
                 )
 
 
@@ -258,7 +246,7 @@ def listen(host: str, port: int, backlog: int = 128) -> socket.socket:
 
 @contextlib.asynccontextmanager
 async def run_directory() -> AsyncIterator[Path]:
-    """A fresh folder for the workers' logs and metric files, removed after the run: counts from an
+    """A fresh folder for the workers' metric files, removed after the run: counts from an
     earlier run must never be summed into this one's."""
     path = Path(tempfile.mkdtemp(prefix="mnemo-gateway-"))
     try:
