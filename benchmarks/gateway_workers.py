@@ -73,8 +73,12 @@ async def run_workers_benchmark(
     passes: int = 4,
     window_s: float = 15.0,
     limit: int = 10,
+    lexical: str = "off",
 ) -> dict[str, Any]:
-    """One gateway process and one of ``workers`` workers on one store: alternating windows' req/s."""
+    """One gateway process and one of ``workers`` workers on one store: alternating windows' req/s.
+
+    ``lexical``: the gateways' ``RAG_LEXICAL_INDEX``; ``tantivy`` builds the store's index first
+    (``mnemo lexical rebuild``'s writer) so the lexical leg is the engine's, not PostgreSQL's."""
     import aiohttp
 
     from gateway.auth import issue_token
@@ -87,15 +91,20 @@ async def run_workers_benchmark(
         async with SidecarClient(sidecar_url) as client:
             model = await resolve_model(client, "text", text_model)
             sentences = load_sentences(chunks)[:chunks]
-            await load_corpus(pool, client, model, sentences, min(embedded, chunks))
+            partition = await load_corpus(pool, client, model, sentences, min(embedded, chunks))
         await pool.close()
+        engine = {"RAG_LEXICAL_INDEX": lexical}
+        if lexical == "tantivy":
+            engine["RAG_LEXICAL_DIR"] = str(
+                await _tantivy_index(database_url, partition, workdir / "lexical")
+            )
         texts = load_queries(queries)
         secret = secrets.token_urlsafe(48)
         bearer = issue_token(secret=secret, sub="bench", projects=None, admin=True)
         headers = {"Authorization": f"Bearer {bearer}"}
         async with (
             gateway_process(
-                database_url, sidecar_url, secret, workdir / "one.log", text_model=model.id
+                database_url, sidecar_url, secret, workdir / "one.log", text_model=model.id, **engine
             ) as one,
             gateway_process(
                 database_url,
@@ -104,6 +113,7 @@ async def run_workers_benchmark(
                 workdir / "many.log",
                 text_model=model.id,
                 RAG_GATEWAY_WORKERS=str(workers),
+                **engine,
             ) as many,
             aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=callers * 2, force_close=False), headers=headers
@@ -135,6 +145,7 @@ async def run_workers_benchmark(
         "model": model.id,
         "callers": callers,
         "workers": workers,
+        "lexical": lexical,
         "window_s": window_s,
         "passes": runs,
         "throughput_ratio": round(statistics.median(ratios), 3),
@@ -149,11 +160,27 @@ async def run_workers_benchmark(
     }
 
 
+async def _tantivy_index(database_url: str, partition: Any, root: Path) -> Path:
+    """The store's Tantivy index under ``root``, built as ``mnemo lexical rebuild`` builds it."""
+    from index.tantivy_writer import LexicalWriter
+    from schema import create_pool
+
+    pool = await create_pool(database_url, max_size=4)
+    writer = LexicalWriter(pool, database_url, root)
+    try:
+        await writer.rebuild(partition, lambda _n: None)
+    finally:
+        await writer.stop()
+        await pool.close()
+    return root
+
+
 def render(result: dict[str, Any]) -> str:
     names = list(result["requests_per_s"])
     lines = [
         f"## Gateway workers: {result['workers']} against 1 ({result['chunks']:,} chunks, "
-        f"{result['callers']} callers, {len(result['passes'])} alternating passes of {result['window_s']:.0f} s)",
+        f"{result['callers']} callers, {len(result['passes'])} alternating passes of {result['window_s']:.0f} s, "
+        f"RAG_LEXICAL_INDEX={result['lexical']})",
         "",
         "| gateway | req/s (median) | p50 ms (median) |",
         "| --- | --- | --- |",
@@ -178,6 +205,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--passes", type=int, default=4)
     p.add_argument("--window-s", type=float, default=15.0)
+    p.add_argument(
+        "--lexical", choices=("off", "memory", "tantivy"), default="off", help="the gateways' lexical leg"
+    )
     p.add_argument("--out", type=Path, default=None, help="a folder for result.json and result.md")
     args = p.parse_args(argv)
     started = time.perf_counter()
@@ -191,6 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             workers=args.workers,
             passes=args.passes,
             window_s=args.window_s,
+            lexical=args.lexical,
         )
     )
     result["wall_s"] = round(time.perf_counter() - started, 1)
