@@ -17,7 +17,6 @@ import dataclasses
 import json
 import secrets
 import shlex
-import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -28,6 +27,7 @@ import psutil
 from index import queue
 from index.demo import load_demo
 from inference.net import ProcessExited, await_ready, free_port, log_tail, stop_process
+from schema.cli import stop_signal
 from schema.database import create_pool
 
 from .auth import issue_token
@@ -174,12 +174,9 @@ async def run_up(args: argparse.Namespace, settings: GatewaySettings, *, own_sid
     """
     secret = settings.jwt_secret
     assert secret is not None  # the command resolved it (configured or kept in the data dir)
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     stack = contextlib.AsyncExitStack()
     async with stack:
+        stop = stack.enter_context(stop_signal())  # left last: Ctrl-C during the workers' stop is theirs
         if not own_sidecar:
             sidecar_url = settings.sidecar.sidecar_url
             print(f"  sidecar   {sidecar_url}  (already running)", flush=True)
@@ -225,7 +222,5 @@ async def run_up(args: argparse.Namespace, settings: GatewaySettings, *, own_sid
         print(examples(url, admin, researcher), flush=True)
         print("\nCtrl-C stops everything started here.", flush=True)
         await supervisor.watch(stop)  # returns after SIGINT/SIGTERM; leaving stops the workers gracefully
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.remove_signal_handler(sig)
     print("Mnemo stopped.", flush=True)
     return 0

@@ -15,6 +15,7 @@ import socket
 import sys
 
 from inference.eventloop import run
+from schema.cli import stop_signal
 
 from .app import create_app, serve
 from .logs import configure_logging
@@ -33,37 +34,33 @@ async def _watch_parent(parent: int, stop: asyncio.Event) -> None:
 
 
 async def _serve(spec: WorkerSpec, ready_fd: int) -> None:
-    import signal
-
     settings = spec.settings
     configure_logging(settings.log_format, spec.log_level)
     app = create_app(settings, metrics_dir=spec.metrics_dir)
-    loop = asyncio.get_running_loop()
-    stop, started = asyncio.Event(), asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    watcher = asyncio.create_task(_watch_parent(os.getppid(), stop))
-    server = asyncio.create_task(
-        serve(
-            app,
-            settings.host,
-            settings.port,
-            shutdown_timeout=settings.shutdown_timeout,
-            stop=stop,
-            started=started,
-            sock=socket.socket(fileno=spec.listen_fd),
+    started = asyncio.Event()
+    with stop_signal() as stop:
+        watcher = asyncio.create_task(_watch_parent(os.getppid(), stop))
+        server = asyncio.create_task(
+            serve(
+                app,
+                settings.host,
+                settings.port,
+                shutdown_timeout=settings.shutdown_timeout,
+                stop=stop,
+                started=started,
+                sock=socket.socket(fileno=spec.listen_fd),
+            )
         )
-    )
-    listening = asyncio.create_task(started.wait())
-    await asyncio.wait({server, listening}, return_when=asyncio.FIRST_COMPLETED)
-    if started.is_set():
-        os.write(ready_fd, b"1")
-    os.close(ready_fd)  # closed without a byte: the supervisor reads that this worker never listened
-    try:
-        await server  # raises why it could not start
-    finally:
-        listening.cancel()
-        watcher.cancel()
+        listening = asyncio.create_task(started.wait())
+        await asyncio.wait({server, listening}, return_when=asyncio.FIRST_COMPLETED)
+        if started.is_set():
+            os.write(ready_fd, b"1")
+        os.close(ready_fd)  # closed without a byte: the supervisor reads that this worker never listened
+        try:
+            await server  # raises why it could not start
+        finally:
+            listening.cancel()
+            watcher.cancel()
 
 
 def main(argv: list[str]) -> int:

@@ -48,6 +48,7 @@ import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from schema.cli import stop_signal
 from schema.database import open_database
 
 from .settings import GatewaySettings, worker_environment
@@ -277,11 +278,7 @@ async def serving_workers(settings: GatewaySettings, count: int, log_level: str)
 
 async def serve_workers(settings: GatewaySettings, count: int, log_level: str) -> None:
     """Serve with ``count`` workers until SIGINT/SIGTERM, then stop them all gracefully."""
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
+    with stop_signal() as stop:
         async with serving_workers(settings, count, log_level) as supervisor:
             log.info(
                 "gateway listening on http://%s:%s with %d workers",
@@ -295,7 +292,4 @@ async def serve_workers(settings: GatewaySettings, count: int, log_level: str) -
                 "stopping: every worker finishes its in-flight requests (up to %.0fs)",
                 settings.shutdown_timeout,
             )
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
     log.info("gateway stopped")
