@@ -268,20 +268,10 @@ def _add_gateway_flags(p: argparse.ArgumentParser) -> None:
 def _add_workers_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workers",
-        type=_workers,
+        type=int,
         default=None,
         help="gateway processes on the one port, 0 = one per core (env RAG_GATEWAY_WORKERS, default 0)",
     )
-
-
-def _workers(raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"--workers {raw!r}: a whole number, 0 for one per core")
-    return value
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

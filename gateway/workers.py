@@ -80,9 +80,7 @@ class WorkerSpec:
 
 
 def worker_count(requested: int) -> int:
-    """``requested`` workers, or one per core for 0 (the default)."""
-    if requested < 0:
-        raise ValueError(f"--workers must be 0 (one per core) or more, got {requested}")
+    """``requested`` workers (validated by the settings: 0 or more), or one per core for 0 (the default)."""
     return requested or (os.cpu_count() or 1)
 
 
