@@ -171,33 +171,35 @@ class Metrics:
         worker's collectors compute at scrape time."""
         if self.multiprocess_dir is None:
             return generate_latest(self.registry), CONTENT_TYPE_LATEST
-        workers = CollectorRegistry()
-        MultiProcessCollector(workers, path=str(self.multiprocess_dir))
-        for attempt in range(_MULTIPROCESS_READS):
+        in_files = self._workers_families()
+        # The metric objects of this registry are already in the files; only what is computed at
+        # scrape time (collectors of families not in the files) is this worker's own.
+        names = {family.name for family in in_files}
+        own = [family for family in self.registry.collect() if family.name not in names]
+        return generate_latest(_Families(in_files + own)), CONTENT_TYPE_LATEST
+
+    def _workers_families(self) -> list[Any]:
+        """Every worker's metric families, read from their files once."""
+        collector = MultiProcessCollector(None, path=str(self.multiprocess_dir))
+        for _ in range(_MULTIPROCESS_READS - 1):
             try:
-                summed = generate_latest(workers)
-                # The metric objects of this registry are already in the files; only what is
-                # computed at scrape time (collectors of families not in the files) is this worker's.
-                in_files = {family.name for family in workers.collect()}
-                break
+                return list(collector.collect())
             except FileNotFoundError:
                 # The supervisor removed a dead worker's gauge file between the collector's listing
                 # of the folder and its read (prometheus_client forgives that for `live` gauges
                 # only); the next listing no longer has it.
-                if attempt == _MULTIPROCESS_READS - 1:
-                    raise
-        return summed + generate_latest(_FamiliesExcept(self.registry, in_files)), CONTENT_TYPE_LATEST
+                continue
+        return list(collector.collect())
 
 
-class _FamiliesExcept:
-    """A registry's families other than ``names``, as ``generate_latest`` reads a collector."""
+class _Families:
+    """Metric families already collected, as ``generate_latest`` reads a collector."""
 
-    def __init__(self, registry: CollectorRegistry, names: set[str]) -> None:
-        self._registry = registry
-        self._names = names
+    def __init__(self, families: list[Any]) -> None:
+        self._families = families
 
     def collect(self) -> Iterator[Any]:
-        return (family for family in self._registry.collect() if family.name not in self._names)
+        return iter(self._families)
 
 
 class _ReadReplicaCollector(Collector):
