@@ -40,7 +40,6 @@ import dataclasses
 import logging
 import os
 import pickle
-import shutil
 import signal
 import socket
 import sys
@@ -96,14 +95,18 @@ class Supervisor:
     """Starts, watches, restarts and stops the workers of one ``mnemo gateway --workers N``."""
 
     def __init__(
-        self, settings: GatewaySettings, count: int, log_level: str, run_dir: Path, listener: socket.socket
+        self,
+        settings: GatewaySettings,
+        count: int,
+        log_level: str,
+        metrics_dir: Path,
+        listener: socket.socket,
     ) -> None:
         self.settings = settings
         self.listener = listener
         self.count = count
         self.log_level = log_level
-        self.run_dir = run_dir
-        self.metrics_dir = run_dir / "metrics"
+        self.metrics_dir = metrics_dir  # the workers' metric files (prometheus_client's multi-process mode)
         self.workers: dict[int, _Worker] = {}
         self._stopping = False
 
@@ -153,7 +156,6 @@ class Supervisor:
 
     async def start(self) -> None:
         """Every worker listening, or none (a failed start stops the ones already up)."""
-        self.metrics_dir.mkdir(parents=True, exist_ok=True)
         try:
             for index in range(self.count):
                 self.workers[index] = await self._spawn(index)
@@ -244,34 +246,28 @@ def listen(host: str, port: int, backlog: int = 128) -> socket.socket:
 
 
 @contextlib.asynccontextmanager
-async def run_directory() -> AsyncIterator[Path]:
-    """A fresh folder for the workers' metric files, removed after the run: counts from an
-    earlier run must never be summed into this one's."""
-    path = Path(tempfile.mkdtemp(prefix="mnemo-gateway-"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-@contextlib.asynccontextmanager
 async def serving_workers(settings: GatewaySettings, count: int, log_level: str) -> AsyncIterator[Supervisor]:
     """The database opened once, then ``count`` workers listening on ``settings.host:port``.
 
     Yields the running supervisor; on exit every worker is stopped gracefully and the database
     handle released (the embedded server stops when no other process holds it)."""
     listener = listen(settings.host, settings.port)
-    async with open_database(settings.database) as db, run_directory() as run_dir:
+    async with open_database(settings.database) as db:
         # Workers reach the server this process opened; none starts or migrates its own.
         opened = dataclasses.replace(
             settings, database=dataclasses.replace(settings.database, database_url=db.url)
         )
-        supervisor = Supervisor(opened, count, log_level, run_dir, listener)
-        await supervisor.start()
-        try:
-            yield supervisor
-        finally:
-            await supervisor.stop()
+        # A fresh folder for the workers' metric files, removed after the run: counts from an
+        # earlier run must never be summed into this one's.
+        with tempfile.TemporaryDirectory(
+            prefix="mnemo-gateway-metrics-", ignore_cleanup_errors=True
+        ) as metrics:
+            supervisor = Supervisor(opened, count, log_level, Path(metrics), listener)
+            await supervisor.start()
+            try:
+                yield supervisor
+            finally:
+                await supervisor.stop()
 
 
 async def serve_workers(settings: GatewaySettings, count: int, log_level: str) -> None:
