@@ -228,6 +228,11 @@ async def test_the_admin_budget_routes_refuse_bad_input_with_coded_400s(
 
         for body in (
             {"principal": "a\u0000b", "meter": "ask", "limit": 1},
+            {
+                "principal": "a\ud800b",
+                "meter": "ask",
+                "limit": 1,
+            },  # a lone surrogate: no text for the database
             {"principal": "x" * 300, "meter": "ask", "limit": 1},
             {"principal": "x", "meter": "gpu_hours", "limit": 1},
             {"principal": "x", "meter": "ask", "limit": True},
@@ -240,6 +245,15 @@ async def test_the_admin_budget_routes_refuse_bad_input_with_coded_400s(
             # a NUL is refused by the body reader already (request.invalid_text), the rest by the route
             assert status == 400, (body, answer)
             assert answer["error"]["code"] in ("request.invalid_options", "request.invalid_text"), answer
+        raw = (
+            '{"principal": "x", "meter": "ask", "limit": ' + "9" * 5000 + "}"
+        )  # past Python's int-string limit
+        async with http.post(
+            gw.url + "/v1/budgets/limit",
+            data=raw,
+            headers={"Authorization": f"Bearer {ADMIN}", "Content-Type": "application/json"},
+        ) as r:
+            assert r.status == 400, await r.text()
         status, answer = await post("/v1/budgets/reset", {"principal": "x", "meter": 3})
         assert (status, answer["error"]["code"]) == (400, "request.invalid_options")
         status, answer = await post(
