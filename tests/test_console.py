@@ -438,8 +438,9 @@ async def test_budgets_on_the_operations_page(
     browser: WebDriver, gateway: Gateway, screenshots: Path
 ) -> None:
     """An admin sees this window's use per principal, gives one principal its own limit (which the
-    next call meets as 429 budget_exhausted), resets its window and puts the role's limit back."""
-    sub = "budget-reader"
+    next call meets as 429 budget_exhausted), resets its window and puts the role's limit back. The
+    principal's name is markup: the page must show it as text, never parse it."""
+    sub = "<b>budget</b>-reader"
     reader = token(sub, projects=[1], oh1=1)
     assert (await gateway.call("semantic_search", {"query": "water"}, bearer=reader))[0] == 200
 
@@ -453,6 +454,7 @@ async def test_budgets_on_the_operations_page(
         sign_in(browser, gateway.url, ADMIN)
         tab(browser, "ops")
         wait(browser, lambda d: sub in d.find_element(By.ID, "ops-budgets").text)
+        assert not browser.find_elements(By.CSS_SELECTOR, "#ops-budgets b"), "the name was parsed as HTML"
         assert "Window 86400 s (UTC)" in browser.find_element(By.ID, "ops-budget-window").text
         set_limit("1")
         wait(browser, lambda d: d.find_element(By.ID, "ops-budget-done").text == f"{sub} query_embeddings: 1")
