@@ -57,6 +57,7 @@ from .resources import (
     SETTINGS_KEY,
     SIDECAR_KEY,
     VECTOR_CACHE_KEY,
+    WORKERS_KEY,
 )
 from .retrieval import Retriever
 from .server import GatewayRunner, concurrency_middleware, handler_args
@@ -79,7 +80,9 @@ async def _database_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def _budgets_ctx(app: web.Application) -> AsyncIterator[None]:
     """The budget ledger (on the main pool: its reservations write) and the fairness limiter."""
-    app[BUDGETS_KEY] = Budgets.configured(app[POOL_KEY], app[SETTINGS_KEY].budgets, app[METRICS_KEY])
+    app[BUDGETS_KEY] = Budgets.configured(
+        app[POOL_KEY], app[SETTINGS_KEY].budgets, app[METRICS_KEY], workers=app.get(WORKERS_KEY, 1)
+    )
     yield
 
 
@@ -312,10 +315,15 @@ def create_engine(settings: GatewaySettings) -> web.Application:
 
 
 def create_app(
-    settings: GatewaySettings, *, database_url: str | None = None, metrics_dir: Path | None = None
+    settings: GatewaySettings,
+    *,
+    database_url: str | None = None,
+    metrics_dir: Path | None = None,
+    workers: int = 1,
 ) -> web.Application:
     """The gateway app. ``database_url`` overrides the configured database (tests, eval).
-    ``metrics_dir``: the multi-process metrics folder of a worker of ``mnemo gateway --workers N``."""
+    ``metrics_dir`` and ``workers``: the multi-process metrics folder of a worker of ``mnemo gateway
+    --workers N``, and N."""
     if database_url is not None:
         settings = dataclasses.replace(
             settings, database=dataclasses.replace(settings.database, database_url=database_url)
@@ -326,6 +334,7 @@ def create_app(
         handler_args=handler_args(settings),
     )
     _add_engine(app, settings, Metrics(multiprocess_dir=metrics_dir))
+    app[WORKERS_KEY] = workers
     setup_auth(app, settings)
     app.router.add_post("/api/v1/json", json_api)
     app.router.add_get("/healthz", healthz)

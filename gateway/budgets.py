@@ -296,8 +296,18 @@ class Budgets:
         settings: BudgetSettings,
         metrics: Metrics,
         clock: Callable[[], float] = time.time,
+        *,
+        workers: int = 1,
     ) -> Budgets:
-        limiter = FairLimiter(settings.fair_rate, settings.fair_burst, settings.fair_concurrency)
+        """``workers``: the processes serving the port, each holding ``1/workers`` of every
+        principal's rate, burst and in-flight bound (rounded up), so ``RAG_FAIR_*`` are per gateway.
+        A flood's many connections spread over the workers; one caller's single connection stays
+        on one worker and gets that worker's share (a share, never more than the whole)."""
+        limiter = FairLimiter(
+            settings.fair_rate / workers,
+            math.ceil(settings.fair_burst / workers),
+            math.ceil(settings.fair_concurrency / workers),
+        )
         return cls(settings, Ledger(pool, settings, clock), limiter, metrics)
 
     def limited(self, principal: Principal) -> bool:

@@ -3,8 +3,9 @@
 Every metered action (they are the ones that call the sidecar or the language model) passes
 :meth:`FairLimiter.acquire` first, so a flooding principal is shed with its own 429 ``rate_limited``
 while other principals' calls go through untouched. It lives in the gateway's process: each worker
-of ``mnemo gateway --workers N`` holds its own buckets, so a principal's rate is per worker (the
-budgets in :mod:`gateway.budgets` are the database's and exact across workers).
+of ``mnemo gateway --workers N`` holds its own buckets with 1/N of the settings
+(:meth:`gateway.budgets.Budgets.configured`); the budgets in :mod:`gateway.budgets` are the
+database's and exact across workers.
 """
 
 from __future__ import annotations

@@ -40,6 +40,9 @@ VECTOR_CACHE_KEY: web.AppKey[VectorCache] = web.AppKey("vector_cache")
 LEXICAL_INDEX_KEY: web.AppKey[LexicalEngine] = web.AppKey("lexical_index", LexicalEngine)
 # The SQL lexical leg's corpus statistics (IDF), shared by the legs and the Tantivy engine's re-read.
 CORPUS_STATS_KEY: web.AppKey[CorpusStats] = web.AppKey("corpus_stats", CorpusStats)
+# How many processes serve this port (`mnemo gateway --workers N`): each enforces 1/N of a principal's
+# fairness limits, so RAG_FAIR_* mean the same per gateway whatever the worker count.
+WORKERS_KEY: web.AppKey[int] = web.AppKey("workers", int)
 
 # Per-request state.
 REQUEST_ID_KEY: web.RequestKey[str] = web.RequestKey("request_id", str)

@@ -36,7 +36,7 @@ async def _watch_parent(parent: int, stop: asyncio.Event) -> None:
 async def _serve(spec: WorkerSpec, ready_fd: int) -> None:
     settings = spec.settings
     configure_logging(settings.log_format, spec.log_level)
-    app = create_app(settings, metrics_dir=spec.metrics_dir)
+    app = create_app(settings, metrics_dir=spec.metrics_dir, workers=spec.workers)
     started = asyncio.Event()
     with stop_signal() as stop:
         watcher = asyncio.create_task(_watch_parent(os.getppid(), stop))

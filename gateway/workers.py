@@ -76,6 +76,7 @@ class WorkerSpec:
     log_level: str
     metrics_dir: Path
     listen_fd: int  # the shared listening socket, inherited
+    workers: int  # how many workers serve the port (the fairness limiter's share)
 
 
 def worker_count(requested: int) -> int:
@@ -129,7 +130,9 @@ class Supervisor:
             start_new_session=True,
         )
         os.close(ready_write)
-        spec = WorkerSpec(self.settings, index, self.log_level, self.metrics_dir, self.listener.fileno())
+        spec = WorkerSpec(
+            self.settings, index, self.log_level, self.metrics_dir, self.listener.fileno(), self.count
+        )
         assert process.stdin is not None
         process.stdin.write(pickle.dumps(spec))
         process.stdin.close()

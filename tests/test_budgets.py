@@ -210,6 +210,20 @@ def test_the_limiter_sheds_the_flooding_principal_only() -> None:
     assert limiter.active == 0  # idle, refilled principals are forgotten
 
 
+def test_each_of_n_workers_holds_its_share_of_the_fairness_limits(db_pool: asyncpg.Pool) -> None:
+    """RAG_FAIR_* are per gateway: with 3 workers, each admits a third of the rate and burst and
+    in-flight bound (rounded up), so a flood spread over the workers gets the settings' rate in all."""
+    settings = BudgetSettings(fair_rate=20.0, fair_burst=40, fair_concurrency=8)
+    one = Budgets.configured(db_pool, settings, Metrics()).limiter
+    share = Budgets.configured(db_pool, settings, Metrics(), workers=3).limiter
+    assert (one.rate, one.burst, one.concurrency) == (20.0, 40, 8)
+    assert (share.rate, share.burst, share.concurrency) == (20.0 / 3, 14, 3)
+    for _ in range(3):
+        share.acquire("flood")
+    with pytest.raises(ApiError):  # the worker's share of the in-flight bound (8 / 3, rounded up)
+        share.acquire("flood")
+
+
 def test_limits_are_parsed_strictly() -> None:
     assert parse_limits("user.ask=2, admin.query_embeddings=0") == {
         ("user", "ask"): 2,

@@ -1,0 +1,141 @@
+"""A cheap open-loop HTTP flood: pre-built requests pipelined over a few keep-alive connections.
+
+Why not aiohttp's client: on a 2-core machine the flooder shares the CPU with the service it floods.
+aiohttp's client spends about as much per request as the gateway does answering it, so at ten times
+the service's capacity the flooder alone took a core and the figure measured the flooder's CPU, not
+the gateway's shedding. A flooder on another host costs the service nothing; this one comes close on
+loopback: each request is bytes built once, written on schedule without waiting for the answer
+(HTTP/1.1 pipelining, which aiohttp's server answers in order), and each answer is read as a status
+line, a ``Content-Length`` and that many bytes.
+
+``python -m benchmarks.flood_client URL TOKEN RATE SECONDS < queries.json`` prints one JSON object:
+the requests sent, the rate that was sent, and the statuses (and error codes) that came back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+__all__ = ["flood", "search_requests"]
+
+CONNECTIONS = 8
+_LENGTH = re.compile(rb"\r\ncontent-length: *(\d+)", re.IGNORECASE)
+_CODE = re.compile(rb'"code": *"([a-z_.]+)"')
+
+
+def search_requests(url: str, token: str, queries: Sequence[str]) -> list[bytes]:
+    """One pipelined ``semantic_search`` request per query, as the bytes sent on the wire."""
+    parts = urlsplit(url)
+    out = []
+    for query in queries:
+        body = json.dumps(
+            {"dd_api": "dd_rag_api", "action": "semantic_search", "options": {"query": query, "limit": 10}}
+        ).encode()
+        head = (
+            f"POST /api/v1/json HTTP/1.1\r\nHost: {parts.hostname}:{parts.port}\r\n"
+            f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        out.append(head + body)
+    return out
+
+
+async def _connection(
+    host: str,
+    port: int,
+    requests: Sequence[bytes],
+    rate: float,
+    seconds: float,
+    offset: float,
+    codes: Counter,
+) -> int:
+    """Send ``rate`` requests/s on one connection for ``seconds`` while reading the answers; the count sent."""
+    reader, writer = await asyncio.open_connection(host, port)
+    sent = 0
+    answered = 0
+    owed: int | None = None  # set once sending stops: the reader ends at that many answers
+
+    async def read_answers() -> None:
+        nonlocal answered
+        while owed is None or answered < owed:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = _LENGTH.search(head)
+            body = await reader.readexactly(int(length.group(1))) if length else b""
+            status = head[9:12].decode()
+            if status != "200":
+                code = _CODE.search(body)
+                status = f"{status} {code.group(1).decode() if code else ''}".strip()
+            codes[status] += 1
+            answered += 1
+
+    reading = asyncio.create_task(read_answers())
+    started = time.perf_counter()
+    try:
+        while (now := time.perf_counter() - started) < seconds:
+            due = int((now * rate) + offset) - sent  # every request whose time has come
+            if due > 0:
+                writer.write(b"".join(requests[(sent + j) % len(requests)] for j in range(due)))
+                sent += due
+            await asyncio.sleep(0.002)
+        owed = sent  # the answers still owed: a bounded wait, then what never came is counted as lost
+        if answered < owed:
+            await asyncio.wait_for(asyncio.shield(reading), 30)
+    except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+        pass  # counted below as unanswered
+    finally:
+        reading.cancel()
+        writer.close()
+    if answered < sent:
+        codes["unanswered"] += sent - answered
+    return sent
+
+
+async def flood(
+    url: str, token: str, rate: float, seconds: float, queries: Sequence[str], connections: int = CONNECTIONS
+) -> dict[str, Any]:
+    """``rate`` searches/s for ``seconds`` over ``connections`` pipelined connections; what came back."""
+    parts = urlsplit(url)
+    requests = search_requests(url, token, queries)
+    codes: Counter = Counter()
+    started = time.perf_counter()
+    sent = await asyncio.gather(
+        *(
+            _connection(
+                parts.hostname or "127.0.0.1",
+                parts.port or 80,
+                requests,
+                rate / connections,
+                seconds,
+                k / connections,
+                codes,
+            )
+            for k in range(connections)
+        )
+    )
+    wall = time.perf_counter() - started
+    return {"sent": sum(sent), "sent_per_s": sum(sent) / seconds, "wall_s": wall, "codes": dict(codes)}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if len(args) != 4:
+        print(
+            "usage: python -m benchmarks.flood_client URL TOKEN RATE SECONDS < queries.json", file=sys.stderr
+        )
+        return 2
+    url, token, rate, seconds = args[0], args[1], float(args[2]), float(args[3])
+    queries = json.loads(sys.stdin.read())
+    print(json.dumps(asyncio.run(flood(url, token, rate, seconds, queries))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
