@@ -1,12 +1,14 @@
 """Budgets and fairness, measured (issue 45): a flood one principal sends, and what metering costs.
 
 - **flood** (the reliability suite's figure): principal A sends ``semantic_search`` open-loop at
-  ``factor`` (10) times the service's capacity, from its own process so its client does not share
-  the measuring loop; principal B calls at a steady rate meanwhile. Windows with and without the
-  flood alternate (:func:`benchmarks.measure.alternating_passes`), so B's p99 under the flood is
-  compared with its quiet p99 of the same run. Bars: B's success 100%, B's p99 <= 1.5x quiet.
-  Capacity is the served searches/s of a closed loop of ``RAG_FAIR_CONCURRENCY`` admin callers
-  (admins are not shed).
+  ``factor`` (10) times the service's capacity, from its own process (:mod:`benchmarks.flood_client`,
+  cheap pipelined requests) so its client does not share the measuring loop; principal B calls at a
+  steady rate within its share meanwhile. Windows with and without the flood alternate
+  (:func:`benchmarks.measure.alternating_passes`), so B's p99 under the flood is compared with its
+  quiet p99 of the same run. Bars: B's success 100%, B's p99 <= 1.5x quiet. Capacity is the served
+  searches/s of a closed loop of ``RAG_FAIR_CONCURRENCY`` admin callers (admins are not shed); the
+  limiter is sized as an operator sizes it, ``RAG_FAIR_RATE`` a share (``--fair-share``, 10%) of
+  that capacity, measured first on the unmetered twin.
 - **metering cost** (the gateway suite's figure): ``semantic_search`` p50 of one caller on a gateway
   with budgets on beside one with ``RAG_BUDGETS=false``, both over the same database, in
   interleaved windows. Bar: metered p50 <= 1.1x unmetered.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import secrets
 import subprocess
 import sys
@@ -33,6 +36,7 @@ from typing import Any
 from .measure import alternating_passes, closed_loop, percentile, ratio, spread
 
 FLOOD_FACTOR = 10.0
+B_SHARE_OF_WORKER_RATE = 0.8  # B's steady rate: this share of one worker's slice of RAG_FAIR_RATE
 B_P99_BAR = 1.5
 METERING_P50_BAR = 1.1
 SECTION_PERMS = {"bench1": 1}  # benchmarks.gateway.SECTION: the bench corpus's section
@@ -99,14 +103,16 @@ async def flood_figure(
     secret: str,
     queries: Sequence[str],
     *,
+    b_rate: float,
+    capacity_rps: float | None = None,
     seconds: float = 10.0,
     pairs: int = 2,
-    b_rate: float = 10.0,
     factor: float = FLOOD_FACTOR,
     fair_concurrency: int = 8,
     perms: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """A at ``factor`` x capacity beside B at ``b_rate``/s; B's success and p99 against its quiet p99.
+    ``capacity_rps``: the service's capacity when measured already (else measured here, on ``url``);
     ``perms``: what A and B may read (default: the bench corpus's section)."""
     import aiohttp
 
@@ -119,7 +125,7 @@ async def flood_figure(
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         for q in queries:  # query vectors cached: every window measures the same path
             await _search(http, url, admin, q)
-        cap = await capacity(http, url, admin, queries, fair_concurrency, min(seconds, 5.0))
+        cap = capacity_rps or await capacity(http, url, admin, queries, fair_concurrency, min(seconds, 5.0))
         flood_rate = factor * cap
 
         async def b_window() -> list[tuple[int, str, float]]:
@@ -221,8 +227,10 @@ def render(result: dict[str, Any]) -> str:
     lines = [
         f"# Budgets and fairness ({result['chunks']:,} chunks, {result['model']})",
         "",
-        f"Fairness limiter: RAG_FAIR_RATE={fair.get('rate')}, RAG_FAIR_CONCURRENCY={fair.get('concurrency')}; "
-        f"{fair.get('workers')} gateway workers.",
+        f"Fairness limiter: RAG_FAIR_RATE={fair.get('rate', 0):.2f} ({fair.get('share', 0):.0%} of the "
+        f"{fair.get('capacity_rps', 0):.1f} searches/s the unmetered twin served first), "
+        f"RAG_FAIR_BURST={fair.get('burst')}, RAG_FAIR_CONCURRENCY={fair.get('concurrency')}; "
+        f"{fair.get('workers')} gateway workers, each holding 1/{fair.get('workers')} of them.",
         "",
     ]
     if "b_p99_ratio" in flood:
@@ -283,46 +291,78 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         out["model"] = model.id
         queries = load_queries(args.queries)
         secret = secrets.token_urlsafe(48)
-        env = {
-            "RAG_GATEWAY_WORKERS": str(args.workers),
-            "RAG_FAISS_CACHE": "off",
-            "RAG_FAIR_RATE": str(args.fair_rate),
-            "RAG_FAIR_CONCURRENCY": str(args.fair_concurrency),
-        }
-        async with (
-            gateway_process(
-                url, stack.sidecar_url, secret, args.work / "budgets-on.log", text_model=model.id, **env
-            ) as on,
-            gateway_process(
+        env = {"RAG_GATEWAY_WORKERS": str(args.workers), "RAG_FAISS_CACHE": "off"}
+        async with gateway_process(
+            url,
+            stack.sidecar_url,
+            secret,
+            args.work / "budgets-off.log",
+            text_model=model.id,
+            RAG_BUDGETS="false",
+            **env,
+        ) as off:
+            # The limiter sized to this machine as an operator sizes it: a principal may take a share
+            # of what the service serves (measured here first, on the unmetered twin).
+            cap = await _capacity_of(off.url, secret, queries, args.fair_concurrency)
+            rate = args.fair_rate or max(0.5, args.fair_share * cap)
+            fair = {
+                "RAG_FAIR_RATE": f"{rate:.2f}",
+                "RAG_FAIR_BURST": str(max(4, math.ceil(rate))),
+                "RAG_FAIR_CONCURRENCY": str(args.fair_concurrency),
+            }
+            out["fair"] = {
+                "capacity_rps": cap,
+                "rate": rate,
+                "share": rate / cap,
+                "workers": args.workers,
+                "burst": int(fair["RAG_FAIR_BURST"]),
+                "concurrency": args.fair_concurrency,
+            }
+            async with gateway_process(
                 url,
                 stack.sidecar_url,
                 secret,
-                args.work / "budgets-off.log",
+                args.work / "budgets-on.log",
                 text_model=model.id,
-                RAG_BUDGETS="false",
                 **env,
-            ) as off,
-        ):
-            out["fair"] = {
-                "rate": args.fair_rate,
-                "concurrency": args.fair_concurrency,
-                "workers": args.workers,
-            }
-            try:
-                if args.skip_metering:
-                    raise RuntimeError("skipped (--skip-metering)")
-                out["metering"] = await metering_cost(
-                    on.url, off.url, secret, queries, requests=args.requests, pairs=args.pairs
-                )
-            except Exception as exc:  # the other figure still runs; the report says what broke
-                out["metering"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
-            try:
-                out["flood"] = await flood_figure(
-                    on.url, secret, queries, seconds=args.seconds, pairs=args.pairs, b_rate=args.b_rate
-                )
-            except Exception as exc:
-                out["flood"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+                **fair,
+            ) as on:
+                try:
+                    if args.skip_metering:
+                        raise RuntimeError("skipped (--skip-metering)")
+                    out["metering"] = await metering_cost(
+                        on.url, off.url, secret, queries, requests=args.requests, pairs=args.pairs
+                    )
+                except Exception as exc:  # the other figure still runs; the report says what broke
+                    out["metering"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+                try:
+                    # B stays within its share on one worker (its calls ride one keep-alive
+                    # connection, so one worker's 1/N of the rate), with a margin for timer jitter.
+                    out["flood"] = await flood_figure(
+                        on.url,
+                        secret,
+                        queries,
+                        b_rate=B_SHARE_OF_WORKER_RATE * rate / args.workers,
+                        capacity_rps=cap,
+                        seconds=args.seconds,
+                        pairs=args.pairs,
+                    )
+                except Exception as exc:
+                    out["flood"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
     return out
+
+
+async def _capacity_of(url: str, secret: str, queries: Sequence[str], callers: int) -> float:
+    """Served searches/s of ``url`` (an admin's closed loop of ``callers``, vectors cached first)."""
+    import aiohttp
+
+    from gateway.auth import issue_token
+
+    admin = issue_token(secret=secret, sub="bench-admin", projects=None, admin=True)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        for q in queries:
+            await _search(http, url, admin, q)
+        return await capacity(http, url, admin, queries, callers, 10.0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -336,16 +376,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     both.add_argument("--queries", type=int, default=50)
     both.add_argument("--requests", type=int, default=300, help="searches per metering window")
     both.add_argument("--pairs", type=int, default=4)
-    both.add_argument("--seconds", type=float, default=8.0, help="each flood window")
+    both.add_argument("--seconds", type=float, default=20.0, help="each flood window")
     both.add_argument("--sidecar-url", default=None)
-    both.add_argument("--fair-rate", type=float, default=20.0, help="RAG_FAIR_RATE of the metered gateway")
+    both.add_argument(
+        "--fair-share",
+        type=float,
+        default=0.1,
+        help="RAG_FAIR_RATE of the metered gateway as a share of the capacity measured first",
+    )
+    both.add_argument(
+        "--fair-rate", type=float, default=None, help="RAG_FAIR_RATE itself (overrides the share)"
+    )
     both.add_argument(
         "--fair-concurrency", type=int, default=8, help="RAG_FAIR_CONCURRENCY of the metered gateway"
     )
     both.add_argument(
         "--workers", type=int, default=2, help="RAG_GATEWAY_WORKERS of both gateways (2: this host's cores)"
     )
-    both.add_argument("--b-rate", type=float, default=10.0, help="B's steady calls/s")
     both.add_argument("--skip-metering", action="store_true", help="the flood figure only")
     both.add_argument("--work", type=Path, default=Path(".mnemo/bench-budgets"))
     both.add_argument("--out", type=Path, required=True)

@@ -362,7 +362,9 @@ async def run_suite(stack: BenchStack, plan: ReliabilityPlan) -> SuiteResult:
             await _attempt(
                 mixed,
                 "flood",
-                flood_figure(gateway.url, secret, _TEXTS, seconds=plan.mixed_seconds, perms={"oh1": 1}),
+                flood_figure(
+                    gateway.url, secret, _TEXTS, b_rate=4.0, seconds=plan.mixed_seconds, perms={"oh1": 1}
+                ),
             )
         result = {**await asyncio.to_thread(_run, gateway.url, stack.sidecar_url, secret, plan), **mixed}
     if plan.sigterm_callers > 0:
