@@ -282,7 +282,7 @@ async def test_the_gateways_v1_embeddings_is_the_sidecars_answer_metered_per_pri
 ) -> None:
     """Served with the sidecar's answer and charged exactly its usage.prompt_tokens; refused whole
     (429, nothing charged) when the input's bound passes the limit; a bad body and a missing token are
-    coded before anything is reserved."""
+    coded before anything is reserved; with budgets off, served and not counted."""
     texts = ["A mill on the river", "Élan — a façade"]
     body = {"model": TEXT_MODEL, "input": texts, "user": "an OpenAI client's field, ignored"}
     async with (
@@ -328,3 +328,12 @@ async def test_the_gateways_v1_embeddings_is_the_sidecars_answer_metered_per_pri
         assert await _used(database_url, "careless") == {"embedding_input_tokens": 0}  # refunded whole
         status, answer, _ = await post(body, None)
         assert (status, answer["error"]["code"]) == (401, "auth.not_logged"), answer
+    async with (
+        running_gateway(database_url, sidecar_url, RAG_BUDGETS="false") as gw,
+        aiohttp.ClientSession() as http,
+    ):
+        headers = {"Authorization": f"Bearer {_reader('embedder')}"}
+        async with http.post(gw.url + "/v1/embeddings", json=body, headers=headers) as r:
+            assert r.status == 200 and "RateLimit" not in r.headers  # served, unmetered
+            assert (await r.json())["usage"]["prompt_tokens"] == tokens
+        assert await _used(database_url, "embedder") == {"embedding_input_tokens": tokens}
