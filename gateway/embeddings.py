@@ -25,7 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
-from inference.client import SidecarError
+from inference.client import SidecarError, SidecarRejected
 
 from .auth import authenticate
 from .body import read_json
@@ -39,6 +39,7 @@ __all__ = [
     "RESPONSE_SCHEMA",
     "EmbeddingsRequest",
     "setup_embeddings_route",
+    "sidecar_failure",
     "token_bound",
 ]
 
@@ -171,7 +172,7 @@ def sidecar_failure(exc: SidecarError) -> ApiError:
     retry_after = None if exc.retry_after is None else max(1, math.ceil(exc.retry_after))
     code = f"embeddings.{exc.code}"
     if exc.code is not None and code in ERRORS and ERRORS[code].status == exc.status:
-        message = getattr(exc, "message", None)  # a refusal's own words (SidecarRejected); else the code's
+        message = exc.message if isinstance(exc, SidecarRejected) else None  # else the code's own words
         return ApiError(code, message, retry_after=retry_after)
     log.warning("POST /v1/embeddings: the sidecar failed: %s", exc)
     return ApiError("rag.embedding_unavailable", retry_after=retry_after)
