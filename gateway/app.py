@@ -39,6 +39,7 @@ from .budgets import BUDGETS_KEY, Budgets
 from .console import setup_console
 from .context import ASK_KEY, OBJECTS_KEY, PASSAGES_KEY, RETRIEVER_KEY, AskServices, PassageServices
 from .dispatch import json_api
+from .embeddings import setup_embeddings_route
 from .errors import ApiError, envelope_ok, error_middleware
 from .intake import DRAIN_KEY, setup_intake
 from .metrics import Metrics
@@ -343,6 +344,7 @@ def create_app(
     setup_intake(app)
     setup_thumbnails(app)
     setup_budget_routes(app)
+    setup_embeddings_route(app)
     app.router.add_get("/openapi.json", openapi)
     setup_console(app)
     return app

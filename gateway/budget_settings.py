@@ -11,7 +11,7 @@ from schema.settings import SettingsError, setting
 __all__ = ["ASK_GRANT_MODES", "METERS", "ROLES", "BudgetSettings", "parse_limits"]
 
 # Budgets (issue 45): what is metered, and the roles whose defaults RAG_BUDGET_LIMITS sets.
-METERS = ("ask", "llm_prompt_tokens", "llm_completion_tokens", "query_embeddings")
+METERS = ("ask", "llm_prompt_tokens", "llm_completion_tokens", "query_embeddings", "embedding_input_tokens")
 ROLES = ("user", "admin")
 ASK_GRANT_MODES = ("required", "open")
 
@@ -48,8 +48,9 @@ class BudgetSettings:
     enabled: bool = setting(
         "RAG_BUDGETS",
         True,
-        "Meter every principal's `ask` runs, language-model tokens and query embeddings in the ledger "
-        "and refuse (429 `budget_exhausted`) past the limit. Off: nothing is counted or refused.",
+        "Meter every principal's `ask` runs, language-model tokens, query embeddings and `POST "
+        "/v1/embeddings` input tokens in the ledger and refuse (429 `budget_exhausted`) past the limit. "
+        "Off: nothing is counted or refused.",
     )
     window: int = setting(
         "RAG_BUDGET_WINDOW",
@@ -59,9 +60,10 @@ class BudgetSettings:
     limits: str = setting(
         "RAG_BUDGET_LIMITS",
         "user.ask=200,user.llm_prompt_tokens=1000000,user.llm_completion_tokens=200000,"
-        "user.query_embeddings=10000",
+        "user.query_embeddings=10000,user.embedding_input_tokens=1000000",
         "Per-role limits per window, `role.meter=N` comma-separated (roles: user, admin; meters: ask, "
-        "llm_prompt_tokens, llm_completion_tokens, query_embeddings). Unnamed: unlimited but counted. "
+        "llm_prompt_tokens, llm_completion_tokens, query_embeddings, embedding_input_tokens). Unnamed: "
+        "unlimited but counted. "
         "`mnemo budgets set` overrides one principal.",
     )
     ask_grant: str = setting(

@@ -2,8 +2,9 @@
 
 What is metered (:data:`METERS`): ``ask`` runs, the language model's prompt and
 completion tokens (the provider's reported usage; the extractive provider's are
-estimated the same way the context budget is), and query embeddings (text and
-image). Each principal (the token's ``sub``) has, per meter and per window (a
+estimated the same way the context budget is), query embeddings (text and
+image), and the input tokens of the gateway's ``POST /v1/embeddings``
+(:mod:`gateway.embeddings`, settled to the sidecar's reported usage). Each principal (the token's ``sub``) has, per meter and per window (a
 UTC day by default, ``RAG_BUDGET_WINDOW``), the limit of its role
 (``RAG_BUDGET_LIMITS``) unless ``mnemo budgets set`` gave it its own.
 
@@ -349,6 +350,10 @@ class Metering:
         self.reservations.append(reservation)
         return reservation
 
+    def reservation(self, meter: str) -> Reservation | None:
+        """This call's reservation of ``meter`` (None: budgets off, or the call reserved none)."""
+        return next((r for r in self.reservations if r.meter == meter), None)
+
     async def settle(self, reservation: Reservation | None, used: int) -> Reservation | None:
         """Correct ``reservation`` to ``used`` units: refund the rest, or charge the excess."""
         if reservation is None:
@@ -419,9 +424,13 @@ def check_ask_grant(settings: BudgetSettings, principal: Principal) -> None:
 
 
 @asynccontextmanager
-async def metered(metering: Metering | None, meters: Sequence[str]) -> AsyncIterator[Metering | None]:
-    """Around one metered action: the ask grant, the fairness limiter, one unit of each of ``meters``
-    reserved; the call's failure refunds everything it reserved. Unmetered actions pass untouched."""
+async def metered(
+    metering: Metering | None, meters: Sequence[str] | Mapping[str, int]
+) -> AsyncIterator[Metering | None]:
+    """Around one metered action: the ask grant, the fairness limiter, then ``meters`` reserved (one
+    unit of each meter named, or a mapping's units per meter: a token meter's upper bound, settled
+    once the call says what it used); the call's failure refunds everything it reserved. Unmetered
+    actions pass untouched."""
     if metering is None or not meters:
         yield metering
         return
@@ -437,8 +446,9 @@ async def metered(metering: Metering | None, meters: Sequence[str]) -> AsyncIter
             raise
     try:
         try:
-            for meter in meters:
-                await metering.reserve(meter, 1)
+            units = meters if isinstance(meters, Mapping) else dict.fromkeys(meters, 1)
+            for meter, n in units.items():
+                await metering.reserve(meter, n)
             yield metering
         except BaseException:
             await metering.refund_all()

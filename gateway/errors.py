@@ -23,6 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
+from inference.errors import BadRequest, InputTooLong, ModelNotFound, Overloaded, PayloadTooLarge
 from inference.json_out import dumps
 from schema.database import database_unreachable
 
@@ -98,6 +99,30 @@ ERRORS: dict[str, ErrorSpec] = {
         429, "budget_exhausted", "This principal's budget for the window is spent", True
     ),
     "rate_limited": ErrorSpec(429, "rate_limited", "This principal is calling too fast; retry shortly", True),
+    # The sidecar's refusals of a call to the gateway's POST /v1/embeddings (gateway.embeddings),
+    # passed on as "embeddings." + the sidecar's own code with the sidecar's status (its error class's,
+    # so the two cannot drift). Any other sidecar failure is the service's: rag.embedding_unavailable.
+    "embeddings.model_not_found": ErrorSpec(
+        ModelNotFound.status, "embeddings", "The embedding sidecar serves no model of that id"
+    ),
+    "embeddings.wrong_model_kind": ErrorSpec(
+        BadRequest.status, "embeddings", "The model is not a text embedding model"
+    ),
+    "embeddings.unsupported_dimensions": ErrorSpec(
+        BadRequest.status, "embeddings", "The model's vectors have another dimension; they are never cut"
+    ),
+    "embeddings.too_many_inputs": ErrorSpec(
+        PayloadTooLarge.status, "embeddings", "More inputs than the model takes in one request"
+    ),
+    "embeddings.body_too_large": ErrorSpec(
+        PayloadTooLarge.status, "embeddings", "The request is over the embedding sidecar's body limit"
+    ),
+    "embeddings.input_too_long": ErrorSpec(
+        InputTooLong.status, "embeddings", "An input is over the model's token limit"
+    ),
+    "embeddings.overloaded": ErrorSpec(
+        Overloaded.status, "embeddings", "The embedding sidecar is at capacity; retry shortly", True
+    ),
     "rag.disabled": ErrorSpec(503, "rag", "RAG is disabled"),
     "rag.media_disabled": ErrorSpec(503, "rag", "RAG media is disabled"),
     "rag.embedding_unavailable": ErrorSpec(

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from index.intake import RECORD_SCHEMA
 
+from . import embeddings
 from .action_specs import ACTIONS
 from .errors import ERRORS, json_response
 
@@ -146,22 +147,30 @@ _REQUEST_BODIES: dict[tuple[str, str], dict[str, Any]] = {
         "properties": {"principal": {"type": "string"}, "meter": {"type": "string"}},
     },
     ("/v1/sections/{section_tipo}/reconcile", "post"): {"type": "object"},
+    ("/v1/embeddings", "post"): embeddings.REQUEST_SCHEMA,
+}
+# Routes whose success is not the v2 envelope: OpenAI's shape, for OpenAI-compatible clients.
+_SUCCESS_BODIES: dict[tuple[str, str], dict[str, Any]] = {
+    ("/v1/embeddings", "post"): embeddings.RESPONSE_SCHEMA,
 }
 
 
 # The 5xx codes every route may answer (it is stopping; the database did not answer; an unexpected
 # failure), and those some add.
 _ANY_ROUTE_5XX = ("internal", "service.stopping", "service.unavailable")
-_ROUTE_5XX: dict[tuple[str, str], tuple[str, ...]] = {("/readyz", "get"): ("service.unavailable",)}
+_ROUTE_5XX: dict[tuple[str, str], tuple[str, ...]] = {
+    ("/readyz", "get"): ("service.unavailable",),
+    ("/v1/embeddings", "post"): ("rag.embedding_unavailable",),
+}
 
 
 def _error_response(codes: list[str]) -> dict[str, Any]:
     """A documented error status: its codes, readable and as ``x-error-codes`` for tools (the fuzzer)."""
-    return {
-        "description": ", ".join(codes),
-        "x-error-codes": codes,
-        "content": {"application/json": {"schema": _ERROR_ENVELOPE}},
-    }
+    return {**_json_content(", ".join(codes), _ERROR_ENVELOPE), "x-error-codes": codes}
+
+
+def _json_content(description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
 def _server_errors(path: str, method: str) -> dict[str, Any]:
@@ -185,16 +194,14 @@ def build_spec(app: web.Application) -> dict[str, Any]:
         if path == "/api/v1/json" and method == "post":
             operation = _json_api_operation()
         else:
+            success = _SUCCESS_BODIES.get((path, method))
+            default = _ERROR_ENVELOPE if success else {"oneOf": [_OK_ENVELOPE, _ERROR_ENVELOPE]}
             operation = {
                 "summary": _summary(route.handler),
                 "responses": {
+                    **({} if success is None else {"200": _json_content("success", success)}),
                     **_server_errors(path, method),
-                    "default": {
-                        "description": "v2 envelope",
-                        "content": {
-                            "application/json": {"schema": {"oneOf": [_OK_ENVELOPE, _ERROR_ENVELOPE]}}
-                        },
-                    },
+                    "default": _json_content("v2 envelope", default),
                 },
             }
             body = _REQUEST_BODIES.get((path, method))

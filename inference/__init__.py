@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # the names type checkers and IDEs see
     from .client import (
         EmbedResult,
         ModelInfo,
+        OpenAIEmbeddings,
         SidecarClient,
         SidecarError,
         SidecarOverloaded,
@@ -42,6 +43,7 @@ if TYPE_CHECKING:  # the names type checkers and IDEs see
 __all__ = [
     "EmbedResult",
     "ModelInfo",
+    "OpenAIEmbeddings",
     "SidecarClient",
     "SidecarError",
     "SidecarOverloaded",

@@ -29,6 +29,7 @@ from .json_out import dumps
 __all__ = [
     "EmbedResult",
     "ModelInfo",
+    "OpenAIEmbeddings",
     "SidecarClient",
     "SidecarError",
     "SidecarOverloaded",
@@ -44,7 +45,26 @@ _PARALLEL_REQUESTS = 4  # split requests in flight at once; the sidecar batches 
 
 
 class SidecarError(Exception):
-    """Base of every sidecar client error."""
+    """Base of every sidecar client error.
+
+    ``status`` and ``code`` are the sidecar's answer when it gave one (None: no answer, such as a
+    refused connection or a timeout, or an answer that broke the contract); ``retry_after`` is its
+    ``Retry-After`` in seconds, when it sent one. A proxy (the gateway's ``/v1/embeddings``) passes
+    them on.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        code: ErrorCode | str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.retry_after = retry_after
 
 
 class SidecarUnavailable(SidecarError):
@@ -62,10 +82,11 @@ class SidecarRejected(SidecarError):
     the enum's members, never with substrings), or ``http_<status>`` from a peer that did not.
     """
 
+    status: int
+    code: ErrorCode | str
+
     def __init__(self, status: int, code: ErrorCode | str, message: str) -> None:
-        super().__init__(f"{status} {code}: {message}")
-        self.status = status
-        self.code = code
+        super().__init__(f"{status} {code}: {message}", status=status, code=code)
         self.message = message
 
 
@@ -84,6 +105,15 @@ class ModelInfo:
     def sparse(self) -> bool:
         """The model has a learned-sparse head (``return_sparse`` is accepted)."""
         return "sparse" in self.capabilities
+
+
+@dataclasses.dataclass(frozen=True)
+class OpenAIEmbeddings:
+    """A ``POST /v1/embeddings`` answer as the sidecar gave it (OpenAI's shape, for a proxy to pass on
+    unchanged) and the count a caller meters: its ``usage.prompt_tokens``."""
+
+    body: dict[str, Any]
+    prompt_tokens: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,16 +187,22 @@ class SidecarClient:
                 ) as response:
                     if response.status < 300:
                         return orjson.loads(await response.read())
+                    status = response.status
                     code, message = await self._error_body(response)
-                    if response.status not in _RETRY_STATUSES:
-                        if 400 <= response.status < 500:
-                            raise SidecarRejected(response.status, code, message)
-                        raise SidecarError(f"{method} {path}: {response.status} {code}: {message}")
+                    if status not in _RETRY_STATUSES:
+                        if 400 <= status < 500:
+                            raise SidecarRejected(status, code, message)
+                        raise SidecarError(
+                            f"{method} {path}: {status} {code}: {message}", status=status, code=code
+                        )
                     retry_after = retry_after_seconds(response.headers.get("Retry-After"))
                     failure: SidecarUnavailable = (
-                        SidecarOverloaded(f"{method} {path}: 429 {code}: {message}")
-                        if response.status == 429
-                        else SidecarUnavailable(f"{method} {path}: {response.status} {code}: {message}")
+                        SidecarOverloaded if status == 429 else SidecarUnavailable
+                    )(
+                        f"{method} {path}: {status} {code}: {message}",
+                        status=status,
+                        code=code,
+                        retry_after=retry_after,
                     )
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
                 failure = SidecarUnavailable(f"{method} {path}: {type(exc).__name__}: {exc}")
@@ -253,6 +289,35 @@ class SidecarClient:
 
         answers = await self._map_chunks(self._chunks(texts), call)
         return self._result(model, answers, len(texts), sparse=return_sparse)
+
+    async def openai_embeddings(
+        self,
+        model: str,
+        texts: str | Sequence[str],
+        *,
+        encoding_format: str = "float",
+        dimensions: int | None = None,
+    ) -> OpenAIEmbeddings:
+        """One ``POST /v1/embeddings`` call, never split: its ``data[].index`` and ``usage`` are the
+        sidecar's own, so a proxy passes the answer on as it came (more inputs than the model takes in
+        one request is the sidecar's 413 ``too_many_inputs``). ``texts`` as a string is sent as one."""
+        payload: dict[str, Any] = {
+            "model": model,
+            "input": texts if isinstance(texts, str) else list(texts),
+            "encoding_format": encoding_format,
+        }
+        if dimensions is not None:
+            payload["dimensions"] = dimensions
+        body = await self._request("POST", "/v1/embeddings", payload)
+        expected = 1 if isinstance(texts, str) else len(texts)
+        data = body.get("data") if isinstance(body, dict) else None
+        usage = body.get("usage") if isinstance(body, dict) else None
+        tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+        if not isinstance(data, list) or len(data) != expected:
+            raise SidecarError(f"POST /v1/embeddings: the answer holds no {expected} embeddings")
+        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
+            raise SidecarError("POST /v1/embeddings: the answer reports no usage.prompt_tokens")
+        return OpenAIEmbeddings(body, tokens)
 
     async def tokenize(self, model: str, texts: Sequence[str]) -> list[int]:
         async def call(chunk):

@@ -21,9 +21,12 @@ from hypothesis import strategies as st
 from gateway.auth import Principal
 from gateway.budget_settings import BudgetSettings, parse_limits
 from gateway.budgets import Budgets, Metering, Reservation, window_of
+from gateway.embeddings import sidecar_failure
 from gateway.errors import ApiError
 from gateway.fairness import FairLimiter
 from gateway.metrics import Metrics
+from inference.client import SidecarError, SidecarOverloaded, SidecarRejected, SidecarUnavailable
+from inference.errors import ErrorCode
 from schema.settings import SettingsError
 
 WINDOW = 100  # seconds: the property test crosses several windows
@@ -275,3 +278,35 @@ async def test_mnemo_budgets_set_show_reset(database_url: str, db_pool: asyncpg.
         "set", "--principal", "carol", "--meter", "ask", "--default", database_url=database_url
     )
     assert back.returncode == 0 and await db_pool.fetchval("SELECT count(*) FROM rag_budget_overrides") == 0
+
+
+def test_the_sidecars_refusals_of_v1_embeddings_pass_on_with_their_status_and_its_failures_are_503() -> None:
+    """The gateway's /v1/embeddings (tests/test_budgets_gateway.py serves it): the sidecar's 429 stays a
+    429 with its Retry-After (rounded up), a refusal of the input keeps its status and words; a refusal
+    that is the gateway's own doing (a wrong sidecar API key) or an outage is never the caller's."""
+    overloaded = SidecarOverloaded("429", status=429, code=ErrorCode.OVERLOADED, retry_after=2.5)
+    error = sidecar_failure(overloaded)
+    assert (error.status, error.code, error.retry_after, error.retryable) == (
+        429,
+        "embeddings.overloaded",
+        3,
+        True,
+    )
+    error = sidecar_failure(SidecarRejected(422, ErrorCode.INPUT_TOO_LONG, "input 0 has 300 tokens"))
+    assert (error.status, error.code, error.message) == (
+        422,
+        "embeddings.input_too_long",
+        "input 0 has 300 tokens",
+    )
+    error = sidecar_failure(SidecarRejected(413, ErrorCode.TOO_MANY_INPUTS, "65 inputs"))
+    assert (error.status, error.code) == (413, "embeddings.too_many_inputs")
+    for failure in (
+        SidecarRejected(401, ErrorCode.UNAUTHORIZED, "wrong key"),
+        SidecarUnavailable("503", status=503, code=ErrorCode.NOT_READY, retry_after=5),
+        SidecarError("500", status=500, code=ErrorCode.MODEL_ERROR),
+        SidecarUnavailable("ConnectionRefusedError"),
+    ):
+        error = sidecar_failure(failure)
+        assert (error.status, error.code, error.retryable) == (503, "rag.embedding_unavailable", True), (
+            failure
+        )

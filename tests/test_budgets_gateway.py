@@ -1,7 +1,8 @@
 """Budgets on the real gateway (PostgreSQL, the Ray sidecar, a local OpenAI-compatible server):
 exactly the budget served under 64 concurrent callers, the ledger equal to the answers that succeeded
-when the model fails half the calls, the ask grant, a flood shed as its own principal's 429s, and the
-ledger across a gateway restart and a real PostgreSQL restart (the MCP tool error: tests/test_mcp.py)."""
+when the model fails half the calls, the ask grant, a flood shed as its own principal's 429s, the
+ledger across a gateway restart and a real PostgreSQL restart (the MCP tool error: tests/test_mcp.py),
+and the gateway's own POST /v1/embeddings metered on embedding_input_tokens."""
 
 from __future__ import annotations
 
@@ -15,14 +16,18 @@ from typing import Any
 
 import aiohttp
 import asyncpg
+import numpy as np
 import pytest
 
+from gateway.budgets import BUDGETS_KEY
+from gateway.embeddings import token_bound
 from schema import EmbeddedPostgres, create_pool
 from tests.fixtures.chat_server import ChatServer, running_chat_server
 from tests.fixtures.gateway import (
     ADMIN,
     CORPUS,
     DESCRIPTORS,
+    TEXT_MODEL,
     Gateway,
     index_docs,
     put_sections,
@@ -348,3 +353,65 @@ async def test_the_admin_budget_routes_refuse_bad_input_with_coded_400s(
         assert shown["rows"] == [
             {**shown["rows"][0], "principal": "x", "meter": "ask", "used": 0, "limit": None, "override": True}
         ]
+
+
+async def test_the_gateways_v1_embeddings_is_the_sidecars_answer_metered_per_principal(
+    database_url: str, sidecar_url: str
+) -> None:
+    """Served with the sidecar's answer and charged exactly its usage.prompt_tokens; refused whole
+    (429, nothing charged) when the input's bound passes the limit; a bad body and a missing token are
+    coded before anything is reserved; with budgets off, served and not counted."""
+    texts = ["A mill on the river", "Élan — a façade"]
+    body = {"model": TEXT_MODEL, "input": texts, "user": "an OpenAI client's field, ignored"}
+    async with (
+        running_gateway(database_url, sidecar_url, RAG_FAIR_RATE="0") as gw,
+        aiohttp.ClientSession() as http,
+    ):
+
+        async def post(payload: Any, bearer: str | None) -> tuple[int, Any, Any]:
+            headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
+            async with http.post(gw.url + "/v1/embeddings", json=payload, headers=headers) as r:
+                return r.status, await r.json(), r.headers
+
+        status, answer, headers = await post(body, _reader("embedder"))
+        async with http.post(sidecar_url + "/v1/embeddings", json=body) as r:
+            direct = await r.json()
+        assert status == 200, answer
+        assert {**answer, "data": None} == {**direct, "data": None}  # object, model and usage exact
+        assert [(d["object"], d["index"]) for d in answer["data"]] == [("embedding", 0), ("embedding", 1)]
+        assert np.allclose([d["embedding"] for d in answer["data"]], [d["embedding"] for d in direct["data"]])
+        tokens = answer["usage"]["prompt_tokens"]
+        assert await _used(database_url, "embedder") == {"embedding_input_tokens": tokens}
+        limit = 1_000_000  # the role's default (RAG_BUDGET_LIMITS)
+        assert '"embedding_input_tokens";q=1000000' in headers["RateLimit-Policy"]
+        assert f'"embedding_input_tokens";r={limit - tokens};' in headers["RateLimit"]
+
+        # a limit below the bound of the request (its bytes and specials), above its real cost: refused
+        bound = token_bound(texts)
+        assert tokens < bound
+        await gw.app[BUDGETS_KEY].ledger.set_limit("tight", "embedding_input_tokens", bound - 1)
+        status, answer, headers = await post(body, _reader("tight"))
+        assert (status, answer["error"]["code"]) == (429, "budget_exhausted"), answer
+        assert (answer["error"]["meter"], answer["error"]["used"]) == ("embedding_input_tokens", 0)
+        assert int(headers["Retry-After"]) >= 1
+        assert await _used(database_url, "tight") == {}
+
+        for bad in ([], {"input": texts}, {"model": TEXT_MODEL, "input": []}, {**body, "input": [1]},
+                    {**body, "encoding_format": "int8"}, {**body, "dimensions": True}):  # fmt: skip
+            status, answer, _ = await post(bad, _reader("careless"))
+            assert (status, answer["error"]["code"]) == (400, "request.invalid_request"), (bad, answer)
+        assert await _used(database_url, "careless") == {}  # nothing reserved for a refused body
+        status, answer, _ = await post({**body, "model": "no-such-model"}, _reader("careless"))
+        assert (status, answer["error"]["code"]) == (404, "embeddings.model_not_found"), answer
+        assert await _used(database_url, "careless") == {"embedding_input_tokens": 0}  # refunded whole
+        status, answer, _ = await post(body, None)
+        assert (status, answer["error"]["code"]) == (401, "auth.not_logged"), answer
+    async with (
+        running_gateway(database_url, sidecar_url, RAG_BUDGETS="false") as gw,
+        aiohttp.ClientSession() as http,
+    ):
+        headers = {"Authorization": f"Bearer {_reader('embedder')}"}
+        async with http.post(gw.url + "/v1/embeddings", json=body, headers=headers) as r:
+            assert r.status == 200 and "RateLimit" not in r.headers  # served, unmetered
+            assert (await r.json())["usage"]["prompt_tokens"] == tokens
+        assert await _used(database_url, "embedder") == {"embedding_input_tokens": tokens}
