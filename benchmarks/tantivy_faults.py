@@ -1,8 +1,11 @@
 """The Tantivy lexical engine's reliability figures (issue 44), for the reliability suite.
 
-:func:`freshness`: ``mnemo lexical follow`` and a 2-worker ``mnemo gateway --workers 2`` on
-``RAG_LEXICAL_INDEX=tantivy``; records saved one by one through ``POST /v1/records`` (the gateway's
-intake and drain). From each save's commit (its change rows' ``changed_at``, taken inside the
+:func:`tantivy_gateway`: ``mnemo lexical follow`` and ``mnemo gateway --workers 2`` on
+``RAG_LEXICAL_INDEX=tantivy`` over a loaded store (the suite runs its ACL probe through it, with
+:func:`engine_searches` saying how many lexical searches the engine itself served).
+
+:func:`freshness`, through that gateway: records saved one by one through ``POST /v1/records`` (the
+gateway's intake and drain). From each save's commit (its change rows' ``changed_at``, taken inside the
 drain's transaction, so a little before the commit: the figure errs long) two times: until a
 ``semantic_search`` through the gateway returns the record with the lexical leg among the legs
 that found it (``explain``), and until the writer's committed index holds it (the index's
