@@ -4,6 +4,7 @@
     mnemo bench --suite gateway --full   # one suite, full plan (100k chunks, longer curves, peers)
     mnemo bench --device cuda            # GPU mode: batcher + model code in-process (no Ray, no database)
     mnemo eval --dataset DIR [--tune]    # retrieval quality on one BEIR data set, beside references
+    mnemo eval --dataset DIR --lexical-engines tantivy   # ... and the Tantivy engine's lexical and hybrid rows
 
 Each run writes ``results.json`` (machine, versions, config, every figure), ``REPORT.md`` (headlines
 beside their same-run baselines, tables, knees) and one PNG per curve into ``--out``.
@@ -139,7 +140,7 @@ def _run(args: argparse.Namespace) -> int:
 async def _eval(args: argparse.Namespace) -> int:
     import json
 
-    from gateway.settings import load_gateway_settings
+    from gateway.settings import LEXICAL_INDEX_MODES, load_gateway_settings
     from index.settings import SidecarClientSettings
     from schema.settings import SettingsError, load_settings
 
@@ -150,6 +151,15 @@ async def _eval(args: argparse.Namespace) -> int:
     unknown = sorted(set(modes) - set(MODES))
     if unknown or not modes:
         print(f"mnemo eval: unknown modes {unknown}; choose from {', '.join(MODES)}", file=sys.stderr)
+        return 2
+    engines = [e.strip() for e in args.lexical_engines.split(",") if e.strip()]
+    choices = [m for m in LEXICAL_INDEX_MODES if m != "off"]  # off: the SQL leg, always scored
+    unknown = sorted(set(engines) - set(choices))
+    if unknown:
+        print(
+            f"mnemo eval: --lexical-engines: unknown {unknown}; choose from {', '.join(choices)}",
+            file=sys.stderr,
+        )
         return 2
     try:
         sidecar = load_settings(SidecarClientSettings, sidecar_url=args.sidecar_url)
@@ -166,6 +176,7 @@ async def _eval(args: argparse.Namespace) -> int:
             tune=args.tune,
             keep=args.keep,
             apply=args.apply,
+            lexical_engines=engines,
         )
     except LookupError as exc:  # --apply to a section without a descriptor
         print(f"mnemo eval: --apply: {exc}", file=sys.stderr)
@@ -199,6 +210,13 @@ def _register_eval(subparsers: argparse._SubParsersAction) -> None:
         help="tune, then store the choice in SECTION's descriptor (the gateway fuses that section with it)",
     )
     p.add_argument("--no-references", action="store_true", help="skip exact-dense / BM25 / RRF references")
+    p.add_argument(
+        "--lexical-engines",
+        default="",
+        metavar="ENGINES",
+        help="also score these lexical engines (RAG_LEXICAL_INDEX values, e.g. tantivy: its index built "
+        "from the eval's store by the lexical writer) beside the gateway's lexical leg, in the same run",
+    )
     p.add_argument("--keep", action="store_true", help="keep the eval section indexed (faster re-runs)")
     p.add_argument("--sidecar-url", default=None, help="inference sidecar URL (env RAG_SIDECAR_URL)")
     p.set_defaults(run=lambda a: asyncio.run(_eval(a)))

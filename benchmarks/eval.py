@@ -11,6 +11,11 @@ scores nDCG@10, recall@100 and MRR@10 per mode:
 - ``dense``, ``lexical``, ``sparse``: one leg alone;
 - ``hybrid``: every leg the model supports, fused with the configured weights.
 
+The lexical leg is the gateway's (``RAG_LEXICAL_INDEX``): the SQL leg, or an engine loaded from the
+ingested store (:func:`lexical_engine`: the in-memory index, or a Tantivy index built by the lexical
+writer's own build). :meth:`EvalSession.lexical_legs` asks another engine for every query's lexical
+leg beside the legs already fetched, so one run scores engines side by side.
+
 Each query's legs are fetched once and fused per mode, which is the same as
 running each mode on its own (the legs are independent); :meth:`EvalSession.tune`
 reuses them to choose the fusion method and weights by 2-fold cross-validation
@@ -21,11 +26,13 @@ descriptor. Nothing here is read at query time by the gateway.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
 import math
 import re
+import tempfile
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -34,13 +41,20 @@ from typing import Any
 
 import asyncpg
 
+from gateway.acl import pushdown
 from gateway.auth import Principal
 from gateway.fusion import collapse
 from gateway.legs import LegResults, over_fetch
 from gateway.retrieval import Retriever
 from gateway.settings import FUSION_METHODS, LEGS, GatewaySettings
+from index.bm25 import CorpusStats
 from index.hits import Scope
+from index.lexical_engine import LexicalEngine
 from index.lexical_index import LexicalConfig, LexicalIndex
+from index.lexical_metrics import LexicalMetrics
+from index.partitions import ModelPartition
+from index.tantivy_lexical import MODE as TANTIVY_MODE
+from index.tantivy_lexical import TantivyLexical
 
 log = logging.getLogger(__name__)
 
@@ -205,6 +219,7 @@ class EvalSession:
     section_tipo: str
     ids: dict[int, str] = field(default_factory=dict)  # section_id -> doc id
     legs: dict[str, LegResults] = field(default_factory=dict)  # query id -> its legs (fetched once)
+    database_url: str | None = None  # the store's URL, for a lexical engine's own connections
 
     async def ingest(self, *, ingest_settings: Any = None, max_wait: float = 3600.0) -> dict[str, Any]:
         """Store the descriptor, queue every document through the intake, index this section only."""
@@ -267,15 +282,44 @@ class EvalSession:
 
         await asyncio.gather(*(one(q, t) for q, t in self.dataset.queries.items() if q not in self.legs))
 
+    async def lexical_legs(self, engine: LexicalEngine) -> dict[str, LegResults]:
+        """Every query's legs as fetched, with the lexical leg from ``engine`` instead.
+
+        The engine is asked directly (as :class:`gateway.legs.RetrievalLegs` asks it first), so a
+        search it declines (None: the gateway's SQL leg would answer) is an error here: the figure
+        must be the engine's own, never the SQL leg's under the engine's name.
+        """
+        model = await self.retriever.text_model()
+        partition = await self.retriever.partition(model.id)  # type: ignore[attr-defined]
+        if partition is None:
+            raise RuntimeError("the eval's store holds no partition of the text model")
+        scope = Scope(section_tipos=(self.section_tipo,), acl=pushdown(EVAL_PRINCIPAL))
+        fetch = over_fetch(EVAL_LIMIT)
+        out = {}
+        async with self.pool.acquire() as conn:
+            for qid, legs in self.legs.items():
+                hits = await engine.search(conn, partition, self.dataset.queries[qid], scope, fetch)
+                if hits is None:
+                    raise RuntimeError(f"the lexical engine declined query {qid} (the SQL leg would answer)")
+                out[qid] = LegResults({**legs.lists, "lexical": hits}, legs.exact)
+        return out
+
     def available_legs(self) -> list[str]:
         return [leg for leg in LEGS if any(leg in r.lists for r in self.legs.values())]
 
-    def runs(self, weights: Mapping[str, float], method: str | None = None) -> dict[str, list[str]]:
-        """Fuse each query's legs (``method``, ``weights``), gate, collapse to records: doc ids, best first."""
+    def runs(
+        self,
+        weights: Mapping[str, float],
+        method: str | None = None,
+        legs: Mapping[str, LegResults] | None = None,
+    ) -> dict[str, list[str]]:
+        """Fuse each query's legs (``method``, ``weights``), gate, collapse to records: doc ids, best first.
+
+        ``legs``: these instead of the session's (another lexical engine's, :meth:`lexical_legs`)."""
         scope = Scope(section_tipos=(self.section_tipo,))
         out = {}
-        for qid, legs in self.legs.items():
-            ranked = self.retriever.fuse(EVAL_PRINCIPAL, legs, scope, weights=weights, method=method)
+        for qid, query_legs in (self.legs if legs is None else legs).items():
+            ranked = self.retriever.fuse(EVAL_PRINCIPAL, query_legs, scope, weights=weights, method=method)
             records = collapse(ranked, lambda r: r.chunk.record)[:EVAL_LIMIT]
             out[qid] = [self.ids[r.chunk.section_id] for r in records if r.chunk.section_id in self.ids]
         return out
@@ -285,15 +329,18 @@ class EvalSession:
             return dict(self.retriever.settings.weights)
         return {leg: (1.0 if leg == mode else 0.0) for leg in LEGS}
 
-    def evaluate(self, modes: Iterable[str]) -> dict[str, dict[str, float]]:
-        """Metrics per mode; a leg the model does not provide (``sparse`` with MiniLM) is skipped."""
+    def evaluate(
+        self, modes: Iterable[str], legs: Mapping[str, LegResults] | None = None
+    ) -> dict[str, dict[str, float]]:
+        """Metrics per mode (over ``legs`` when given); a leg the model does not provide (``sparse``
+        with MiniLM) is skipped."""
         available = self.available_legs()
         results = {}
         for mode in modes:
             if mode != "hybrid" and mode not in available:
                 log.warning("mode %s skipped: the model provides no %s leg", mode, mode)
                 continue
-            results[mode] = score_runs(self.runs(self.mode_weights(mode)), self.dataset.qrels)
+            results[mode] = score_runs(self.runs(self.mode_weights(mode), legs=legs), self.dataset.qrels)
         return results
 
     def tune(self, grid: Sequence[float] = TUNE_GRID) -> dict[str, Any]:
@@ -363,6 +410,50 @@ async def apply_tuning(pool: asyncpg.Pool, section_tipo: str, tuned: Mapping[str
     await sections.put(section_tipo, descriptor)
 
 
+def searches_served(metrics: LexicalMetrics) -> dict[str, int]:
+    """A lexical engine's searches by outcome (``hit``: the engine served; the others: the SQL leg)."""
+    return {
+        s.labels["result"]: int(s.value)
+        for s in metrics.searches.collect()[0].samples
+        if s.name.endswith("_total")
+    }
+
+
+@asynccontextmanager
+async def lexical_engine(
+    mode: str, pool: asyncpg.Pool, database_url: str, partition: ModelPartition, stats: CorpusStats
+) -> AsyncIterator[LexicalEngine]:
+    """The lexical engine ``mode`` (``RAG_LEXICAL_INDEX``) loaded from the store's ``partition``.
+
+    ``tantivy``: an index built in a temporary folder by the lexical writer's own build (what
+    ``mnemo lexical rebuild`` runs), then read by the engine the gateway reads it with, on the SQL
+    leg's statistics ``stats`` (as the gateway shares them); removed afterwards. Otherwise the
+    in-memory index in that mode, loaded.
+    """
+    from index.tantivy_writer import LexicalWriter
+
+    if mode == TANTIVY_MODE:
+        with tempfile.TemporaryDirectory(prefix="mnemo-eval-tantivy-") as folder:
+            root = Path(folder)
+            writer = LexicalWriter(pool, database_url, root)
+            try:
+                await writer.rebuild(partition)
+            finally:
+                await writer.stop()
+            tantivy = TantivyLexical(root, stats)
+            try:
+                yield tantivy
+            finally:
+                await tantivy.stop()
+        return
+    memory = LexicalIndex(pool, database_url, LexicalConfig(mode=mode))
+    try:
+        await memory.load(partition)
+        yield memory
+    finally:
+        await memory.stop()
+
+
 @asynccontextmanager
 async def eval_session(
     dataset: BeirDataset,
@@ -386,27 +477,31 @@ async def eval_session(
         SidecarClient(
             sidecar.sidecar_url, api_key=sidecar.sidecar_api_key, timeout=sidecar.sidecar_timeout
         ) as client,
+        contextlib.AsyncExitStack() as engines,
     ):
-        # The gateway's in-memory lexical leg (RAG_LEXICAL_INDEX), loaded after the ingest (cold until
-        # then: the SQL leg answers); its hits are counted in lexical.metrics (the SQL leg answers
-        # whatever it declines).
-        lexical: LexicalIndex | None = None
-        if settings.lexical_index != "off":
-            lexical = LexicalIndex(db.pool, db.url, LexicalConfig(mode=settings.lexical_index))
-        retriever = Retriever(db.pool, client, settings, lexical_engine=lexical)
-        session = EvalSession(dataset, db.pool, client, retriever, section_for(dataset.name))
+        # One statistics cache for the SQL leg and a Tantivy engine's re-read, as the gateway shares it.
+        stats = CorpusStats(ttl=settings.lexical_stats_ttl)
+        retriever = Retriever(db.pool, client, settings, corpus_stats=stats)
+        session = EvalSession(
+            dataset, db.pool, client, retriever, section_for(dataset.name), database_url=db.url
+        )
+        engine: LexicalEngine | None = None
         try:
             await session.ingest()
-            if lexical is not None:
+            if settings.lexical_index != "off":
                 partition = await retriever.partition((await retriever.text_model()).id)
                 if partition is not None:
-                    await lexical.load(partition)
+                    # The gateway's lexical engine (RAG_LEXICAL_INDEX), loaded from the ingested
+                    # store, so it joins the retriever after the ingest; its searches by outcome
+                    # are logged at the end (the SQL leg answers whatever it declines).
+                    engine = await engines.enter_async_context(
+                        lexical_engine(settings.lexical_index, db.pool, db.url, partition, stats)
+                    )
+                    retriever.legs.lexical_engine = engine
             yield session
         finally:
-            if lexical is not None:
-                served = {s.labels["result"]: s.value for s in lexical.metrics.searches.collect()[0].samples
-                          if s.name.endswith("_total")}  # fmt: skip
-                log.info("lexical index searches by outcome: %s", served)
-                await lexical.stop()
+            if engine is not None:
+                metrics = engine.metrics  # type: ignore[attr-defined]
+                log.info("lexical engine searches by outcome: %s", searches_served(metrics))
             if not keep:
                 await session.cleanup()

@@ -6,7 +6,8 @@ comparison of a faulted store against it (records lost, rows written twice, vect
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import inspect
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -158,12 +159,15 @@ async def _clean_run(
 FAULT_INGEST = {"batch_records": 4, "embed_batch": 16, "outage_pause": 0.2, "drain_interval": 0.1}
 
 
-async def _wait_for(check: Callable[[], Awaitable[Any]], deadline: float) -> Any:
-    """Poll ``check`` until it returns something truthy (returned) or ``deadline`` passes (None)."""
+async def _wait_for(check: Callable[[], Any], deadline: float, every_s: float = 0.02) -> Any:
+    """Poll ``check`` (plain or async) until it returns something truthy (returned) or ``deadline``
+    (the loop's clock) passes (None)."""
     loop = asyncio.get_running_loop()
     while loop.time() < deadline:
-        result = await check()
+        result = check()
+        if inspect.isawaitable(result):
+            result = await result
         if result:
             return result
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(every_s)
     return None

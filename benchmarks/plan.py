@@ -107,6 +107,11 @@ class ReliabilityPlan:
     # Callers sending /embed while the worker node of a two-node Ray cluster is killed; the same
     # cluster then shows autoscaling 1 -> 2 -> 1 (0: skip the cluster part)
     cluster_callers: int = 16
+    # The Tantivy lexical engine (issue 44): the ACL check again through a 2-worker gateway on it,
+    # then this many records saved one by one, each timed until its lexical leg finds it (0: skip
+    # both); and `mnemo lexical follow` killed this many times under writes (0: skip).
+    tantivy_records: int = 40
+    tantivy_kills: int = 5
 
 
 @dataclasses.dataclass(frozen=True)

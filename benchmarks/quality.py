@@ -13,6 +13,11 @@ Bars: the dense leg within 0.01 nDCG@10 of ``exact_dense``; the lexical leg at
 least 95% of ``bm25``; hybrid at least ``rrf`` minus 0.005 and at least the best
 single leg minus 0.03.
 
+Other lexical engines (``lexical_engines``, ``mnemo eval --lexical-engines tantivy``) are scored in
+the same run on the same ingested store and query vectors: each one's lexical and hybrid rows beside
+the gateway's own lexical leg (``RAG_LEXICAL_INDEX``, the SQL leg when ``off``), with issue 44's bars:
+its lexical leg at least 95% of ``bm25`` and its hybrid no lower than the gateway leg's hybrid.
+
 ``python -m benchmarks.quality --dataset ../shared/datasets/med`` (a running
 sidecar at ``RAG_SIDECAR_URL``; the database at ``RAG_DATABASE_URL`` or embedded).
 """
@@ -42,8 +47,10 @@ from .eval import (
     apply_tuning,
     eval_session,
     format_table,
+    lexical_engine,
     load_beir,
     score_runs,
+    searches_served,
 )
 
 BM25_STOPWORDS = "en"
@@ -132,6 +139,32 @@ def check_bars(
     return bars
 
 
+def engine_label(mode: str) -> str:
+    """The name of a lexical leg in the report: its ``RAG_LEXICAL_INDEX`` value, ``sql`` for off."""
+    return "sql" if mode == "off" else mode
+
+
+def engine_bars(
+    name: str,
+    engine: Mapping[str, Mapping[str, float]],
+    modes: Mapping[str, Mapping[str, float]],
+    refs: Mapping[str, Mapping[str, float]],
+    baseline: str,
+) -> dict[str, Any]:
+    """Issue 44's bars for another lexical engine: its lexical leg at least 95% of ``bm25``, its
+    hybrid no lower than the hybrid of the gateway's lexical leg (``baseline``) in the same run."""
+    targets = {}
+    if "lexical" in engine and "bm25" in refs:
+        targets[f"lexical [{name}] >= 0.95 * bm25"] = ("lexical", 0.95 * refs["bm25"]["ndcg@10"])
+    if "hybrid" in engine and "hybrid" in modes:
+        targets[f"hybrid [{name}] >= hybrid [{baseline}]"] = ("hybrid", modes["hybrid"]["ndcg@10"])
+    bars = {}
+    for label, (mode, target) in targets.items():
+        value = engine[mode]["ndcg@10"]
+        bars[label] = {"value": value, "target": round(target, 4), "pass": value >= target - 1e-9}
+    return bars
+
+
 async def run_quality_benchmark(
     dataset_dir: Path,
     settings: GatewaySettings,
@@ -142,10 +175,13 @@ async def run_quality_benchmark(
     tune: bool = False,
     keep: bool = False,
     apply: str | None = None,
+    lexical_engines: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Ingest one data set, evaluate the modes (and references, bars, tuning); a JSON-able dict.
 
     ``apply``: store the tuned fusion (chosen on every query) in that section's descriptor.
+    ``lexical_engines``: ``RAG_LEXICAL_INDEX`` values whose lexical and hybrid rows are scored beside
+    the gateway's lexical leg (``engines``, with the searches each served and its bars).
     """
     dataset = load_beir(dataset_dir)
     started = time.perf_counter()
@@ -171,6 +207,9 @@ async def run_quality_benchmark(
                 "rrf": score_runs(rrf_runs(dense, bm25), dataset.qrels),
             }
             out["bars"] = check_bars(out["modes"], out["references"])
+        if lexical_engines:
+            out["lexical_leg"] = engine_label(settings.lexical_index)
+            out["engines"] = await _other_engines(session, lexical_engines, modes, out)
         if tune or apply:
             out["tuned"] = session.tune()
             if apply:
@@ -179,12 +218,40 @@ async def run_quality_benchmark(
     return out
 
 
+async def _other_engines(
+    session: EvalSession, names: Sequence[str], modes: Sequence[str], out: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Each engine's lexical and hybrid metrics over the session's store and query vectors, the
+    searches it served (every one: a declined search is an error) and its bars."""
+    model = await session.retriever.text_model()
+    partition = await session.retriever.partition(model.id)  # type: ignore[attr-defined]
+    assert partition is not None and session.database_url is not None
+    engines: dict[str, Any] = {}
+    for name in names:
+        started = time.perf_counter()
+        stats = session.retriever.legs.stats
+        async with lexical_engine(name, session.pool, session.database_url, partition, stats) as engine:
+            loaded_s = time.perf_counter() - started
+            legs = await session.lexical_legs(engine)
+            served = searches_served(engine.metrics)  # type: ignore[attr-defined]
+        scored = session.evaluate([m for m in ("lexical", "hybrid") if m in modes], legs)
+        engines[name] = {
+            "modes": scored,
+            "served": served,
+            "load_s": round(loaded_s, 1),
+            "bars": engine_bars(name, scored, out["modes"], out.get("references", {}), out["lexical_leg"]),
+        }
+    return engines
+
+
 def metrics_json(result: Mapping[str, Any]) -> dict[str, dict[str, float]]:
     """``{"<mode>": {"ndcg@10", "recall@100", "mrr@10"}}`` plus ``reference:<name>`` rows (and
     ``tuned:cross_validated`` after tuning)."""
     out = {mode: dict(m) for mode, m in result["modes"].items()}
     for name, m in result.get("references", {}).items():
         out[f"reference:{name}"] = dict(m)
+    for name, engine in result.get("engines", {}).items():
+        out.update({f"{mode}:{name}": dict(m) for mode, m in engine["modes"].items()})
     if "tuned" in result:
         out["tuned:cross_validated"] = dict(result["tuned"]["metrics"])
     return out
@@ -193,13 +260,23 @@ def metrics_json(result: Mapping[str, Any]) -> dict[str, dict[str, float]]:
 def render(result: Mapping[str, Any]) -> str:
     """The human report: one table of modes and references, the bars, the tuned weights."""
     rows = dict(result["modes"])
+    engines = result.get("engines", {})
+    for name, engine in engines.items():
+        rows.update({f"{mode} [{name}]": m for mode, m in engine["modes"].items()})
     rows.update({f"ref: {k}": v for k, v in result.get("references", {}).items()})
     title = (
         f"{result['dataset']}: {result['documents']} documents, {result['queries']} queries, "
         f"model {result['model']}, limit {EVAL_LIMIT}"
     )
     lines = [format_table(rows, title)]
-    for name, bar in result.get("bars", {}).items():
+    if engines:
+        lines.append(f"  lexical leg of the unmarked rows: {result['lexical_leg']}")
+    for name, engine in engines.items():
+        lines.append(f"  {name}: searches by outcome {engine['served']} (loaded in {engine['load_s']} s)")
+    bars = dict(result.get("bars", {}))
+    for engine in engines.values():
+        bars.update(engine["bars"])
+    for name, bar in bars.items():
         lines.append(
             f"  bar {name}: {bar['value']:.4f} vs {bar['target']:.4f}  {'PASS' if bar['pass'] else 'FAIL'}"
         )

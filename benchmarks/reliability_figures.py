@@ -208,6 +208,30 @@ FAULTS: tuple[tuple[str, tuple[Figure, ...] | Callable[[Mapping[str, Any]], list
                "bounded"),
         Figure("overload: served normally afterwards", "{served_after}", True),
     )),
+    ("acl_tantivy", (  # issue 44: the ACL figures must cover the Tantivy engine
+        Figure("ACL again through `mnemo gateway --workers {workers}` on RAG_LEXICAL_INDEX=tantivy: requests / "
+               "rows the restricted principal read", "{requests} / {restricted_rows}", "- / > 0"),
+        Figure("Tantivy engine: rows leaked to the restricted principal / forbidden vs missing answers that differ",
+               lambda f: f"{f['rows_leaked']} / {len(f['twins_differing'])}", "0 / 0"),
+        Figure("Tantivy engine: lexical searches it served / the SQL leg served instead (by outcome)",
+               lambda f: f"{f['engine_searches'].get('hit', 0)} / "
+                         f"{_codes({k: v for k, v in f['engine_searches'].items() if k != 'hit'})}",
+               "> 0 / -"),
+    )),
+    ("tantivy_freshness", (  # issue 44: found by the lexical leg within 2 s (p95) with 2 workers
+        Figure("record saved through the intake ({records}, one by one; {workers} workers, `mnemo lexical follow` "
+               "running): s from its commit until semantic_search returns it by its lexical leg, p50 / p95 / max",
+               "{found[p50_s]} / {found[p95_s]} / {found[max_s]}", lambda f: f"- / <= {f['bar_s']:g} / -"),
+        Figure("record saved: s from its commit until the writer's committed index holds it, p50 / p95 / max",
+               "{indexed[p50_s]} / {indexed[p95_s]} / {indexed[max_s]}", lambda f: f"- / <= {f['bar_s']:g} / -"),
+    )),
+    ("tantivy_writer_killed", (  # issue 44: kill -9 of the index writer mid-commit
+        Figure("`mnemo lexical follow` killed (SIGKILL) {kills} times under a stream of writes "
+               "({kills_with_changes_pending} with changes not yet committed), restarted: rows missing from / "
+               "duplicated in the index (of {store_rows})", "{missing} / {duplicated}", "0 / 0"),
+        Figure("writer killed: rows in the index the store no longer holds / s for the last restart to catch up",
+               "{stale} / {catch_up_s}", "0 / bounded"),
+    )),
     ("mixed_load", (
         Figure("gateway, {callers} mixed callers: failed requests / worst class p99 ms",
                lambda f: f"{f['failed']} / {max((v['p99_ms'] or 0) for v in f['classes'].values())}", "0 / -"),
@@ -305,6 +329,14 @@ CLUSTER_NOTE = (
     "(replicas and handles push every 10 s, averaged over 30 s) and a new replica's load."
 )
 
+TANTIVY_FRESHNESS_NOTE = (
+    "Tantivy freshness: the engine re-reads from PostgreSQL every change past its index's watermark, so "
+    "the gateway's lexical leg finds a saved record once the drain committed it, before the writer "
+    "applied it (that time is bound by the search's 50 ms poll); the writer's own lag is the second row. "
+    "Both are timed from the record's change rows' changed_at, taken inside the drain's transaction: "
+    "a little before its commit, so the figures err long."
+)
+
 
 def _notes(result: Mapping[str, Any]) -> list[str]:
     fuzz = result["fuzz"]
@@ -324,6 +356,8 @@ def _notes(result: Mapping[str, Any]) -> list[str]:
         notes.append(f"Hostile images skipped: the sidecar serves no {IMAGE_MODEL}.")
     if "cluster" in result and "error" not in result["cluster"]:
         notes.append(CLUSTER_NOTE)
+    if "tantivy_freshness" in result and "error" not in result["tantivy_freshness"]:
+        notes.append(TANTIVY_FRESHNESS_NOTE)
     return notes
 
 

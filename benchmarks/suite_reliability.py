@@ -165,14 +165,20 @@ def _healthy(gateway_url: str, sidecar_url: str) -> dict[str, bool]:
     return out
 
 
-def _run(gateway_url: str, sidecar_url: str, secret: str, plan: ReliabilityPlan) -> dict[str, Any]:
-    """Every part, blocking (the gateway is another process; the sidecar is Ray's)."""
+def _tokens(secret: str) -> tuple[str, str]:
+    """The admin's token and the restricted principal's (projects [1], oh1 read, oh1/oh23 denied)."""
     from gateway.auth import issue_token
 
     admin = issue_token(secret=secret, sub="bench-admin", projects=None, admin=True)
     restricted = issue_token(
         secret=secret, sub="bench-alice", projects=[1], perms={"oh1": 1, "oh1/oh23": 0}, grants=("ask",)
     )
+    return admin, restricted
+
+
+def _run(gateway_url: str, sidecar_url: str, secret: str, plan: ReliabilityPlan) -> dict[str, Any]:
+    """Every part, blocking (the gateway is another process; the sidecar is Ray's)."""
+    admin, restricted = _tokens(secret)
     served = {m["id"]: m for m in _get(sidecar_url + "/models")["models"]}
     budget = {"cases_per_route": plan.cases_per_route, "seconds": plan.seconds}
     # The ACL check first, on the corpus as loaded: the fuzz's valid cases replace descriptors and
@@ -366,6 +372,8 @@ async def run_suite(stack: BenchStack, plan: ReliabilityPlan) -> SuiteResult:
                     gateway.url, secret, _TEXTS, b_rate=4.0, seconds=plan.mixed_seconds, perms={"oh1": 1}
                 ),
             )
+        if plan.tantivy_records > 0:  # on the corpus as loaded, as the ACL check (the fuzz edits it)
+            await _tantivy_engine(stack, database, secret, plan, mixed)
         result = {**await asyncio.to_thread(_run, gateway.url, stack.sidecar_url, secret, plan), **mixed}
     if plan.sigterm_callers > 0:
         from .faults import sigterm_under_load
@@ -382,8 +390,44 @@ async def run_suite(stack: BenchStack, plan: ReliabilityPlan) -> SuiteResult:
         )
     if plan.faults:
         await _read_replica_fault(stack, database, secret, admin, result)
+    if plan.tantivy_kills > 0:
+        from .tantivy_faults import writer_killed
+
+        kill_database = await stack.fresh_database("bench_tantivy_kill")
+        await _attempt(
+            result,
+            "tantivy_writer_killed",
+            writer_killed(kill_database, stack.work_dir, kills=plan.tantivy_kills),
+        )
     await _faults(stack, plan, result)
     return as_suite(result)
+
+
+async def _tantivy_engine(
+    stack: BenchStack, database: str, secret: str, plan: ReliabilityPlan, result: dict[str, Any]
+) -> None:
+    """The ACL check through a 2-worker gateway on the Tantivy engine (with the lexical searches the
+    engine served during it: none would leave the leak count proving nothing about the engine),
+    then the freshness of records saved through it."""
+    from .tantivy_faults import engine_searches, freshness, tantivy_gateway
+
+    assert stack.sidecar_url is not None
+    admin, restricted = _tokens(secret)
+
+    async def run() -> dict[str, Any]:
+        async with tantivy_gateway(
+            database, stack.sidecar_url or "", secret, stack.work_dir, text_model=BENCH_MODEL
+        ) as gateway:
+            acl = await asyncio.to_thread(leak_check, gateway.url, _probe(admin, restricted))
+            searches = await engine_searches(gateway.url, admin)
+            await _attempt(
+                result,
+                "tantivy_freshness",
+                freshness(gateway, database, admin, records=plan.tantivy_records),
+            )
+        return {**acl, "workers": gateway.workers, "engine_searches": searches}
+
+    await _attempt(result, "acl_tantivy", run())
 
 
 async def _read_replica_fault(

@@ -76,8 +76,9 @@ def test_the_declared_reports_rebuild_the_tables_the_stored_runs_wrote() -> None
     from benchmarks.reliability_figures import as_suite as reliability_report
     from benchmarks.suite_sidecar import _as_suite as sidecar_report
 
-    reliability = _stored("reliability-quick", "reliability")
-    assert _as_written(reliability_report(reliability["figures"]))["tables"] == reliability["tables"]
+    for folder in ("reliability-quick", "tantivy-reliability"):  # the latter with the Tantivy figures
+        reliability = _stored(folder, "reliability")
+        assert _as_written(reliability_report(reliability["figures"]))["tables"] == reliability["tables"]
 
     sidecar = _stored("full-goal-table", "sidecar")
     grid, lengths = sidecar["figures"]["grid"], sidecar["figures"]["lengths"]

@@ -94,7 +94,9 @@ async def test_adi_modes_references_and_bars(database_url: str, sidecar_url: str
     settings = load_gateway_settings(
         {"RAG_SIDECAR_URL": sidecar_url, "RAG_TEXT_MODEL": "all-minilm-l6-v2"}, auth="off"
     )
-    result = await run_quality_benchmark(ADI, settings, database_url=database_url, tune=True)
+    result = await run_quality_benchmark(
+        ADI, settings, database_url=database_url, tune=True, lexical_engines=("tantivy",)
+    )
     modes, refs = result["modes"], result["references"]
     assert set(modes) == {"dense", "lexical", "hybrid"}  # MiniLM has no sparse head: that mode is skipped
     for row in [*modes.values(), *refs.values()]:
@@ -106,10 +108,19 @@ async def test_adi_modes_references_and_bars(database_url: str, sidecar_url: str
     assert tuned["in_sample"]["ndcg@10"] >= modes["hybrid"]["ndcg@10"]  # the defaults are a candidate
     assert 0.0 < tuned["metrics"]["ndcg@10"] <= 1.0 and tuned["fusion"] in ("dbsf", "minmax", "rrf")
     assert sum(f["test"] for f in tuned["folds"]) == result["queries"]
+    # The Tantivy engine, its index built from the eval's store by the writer, served every query;
+    # its candidates are re-read and scored by the SQL leg, so on ADI (every match a candidate) its
+    # rows are the SQL leg's.
+    tantivy = result["engines"]["tantivy"]
+    assert result["lexical_leg"] == "sql" and tantivy["served"] == {"hit": result["queries"]}
+    assert tantivy["modes"] == {"lexical": modes["lexical"], "hybrid": modes["hybrid"]}
+    assert set(tantivy["bars"]) == {"lexical [tantivy] >= 0.95 * bm25", "hybrid [tantivy] >= hybrid [sql]"}
     assert set(metrics_json(result)) == {
         "dense",
         "lexical",
         "hybrid",
+        "lexical:tantivy",
+        "hybrid:tantivy",
         "reference:exact_dense",
         "reference:bm25",
         "reference:rrf",
