@@ -387,11 +387,12 @@ async def eval_session(
             sidecar.sidecar_url, api_key=sidecar.sidecar_api_key, timeout=sidecar.sidecar_timeout
         ) as client,
     ):
-        # The gateway's in-memory lexical leg (RAG_LEXICAL_INDEX), loaded after the ingest (cold until
-        # then: the SQL leg answers); its hits are counted in lexical.metrics (the SQL leg answers
-        # whatever it declines).
+        # The gateway's in-memory lexical leg (RAG_LEXICAL_INDEX=memory), loaded after the ingest (cold
+        # until then: the SQL leg answers); its hits are counted in lexical.metrics (the SQL leg answers
+        # whatever it declines). `auto` and `tantivy` need a writer's index on disk, which a throw-away
+        # evaluation store never has: the SQL leg answers, as those modes do without one.
         lexical: LexicalIndex | None = None
-        if settings.lexical_index != "off":
+        if settings.lexical_index == "memory":
             lexical = LexicalIndex(db.pool, db.url, LexicalConfig(mode=settings.lexical_index))
         retriever = Retriever(db.pool, client, settings, lexical_engine=lexical)
         session = EvalSession(dataset, db.pool, client, retriever, section_for(dataset.name))
