@@ -341,8 +341,10 @@ class TantivyLexical:
         """The /readyz detail: the mode, the folder, and per partition its state. ``ready``: served
         from its index (folder, watermark, documents, changes behind the store once a search read
         its head, seconds since the writer last stamped it); ``behind``: more than ``max_behind``
-        changes behind; ``foreign``: built from another store; ``building``: a build's folder
-        without a finished index; ``missing``: none. All but ``ready``: the SQL leg serves."""
+        changes behind; ``foreign``: built from another store; ``indexed``: an index on disk this
+        process has not searched yet (its store and lag are checked on its first search);
+        ``building``: a build's folder without a finished index; ``missing``: none. All but
+        ``ready``: the SQL leg serves (``indexed`` until its first search)."""
         partitions: dict[str, dict[str, object]] = {}
         for name in self._on_disk():
             partitions[name] = self._disk_state(name)
@@ -376,7 +378,7 @@ class TantivyLexical:
         except FileNotFoundError:
             link = None
         if link is not None:
-            return {"state": "ready", "folder": link, "seq": None, "behind": None}
+            return {"state": "indexed", "folder": link}
         try:
             building = any(p.name.startswith("v-") for p in folder.iterdir())
         except FileNotFoundError:  # removed since the listing

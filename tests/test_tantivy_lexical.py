@@ -198,7 +198,7 @@ async def test_a_missing_index_goes_to_the_sql_leg_until_a_writer_builds_it(
     writer = LexicalWriter(db_pool, database_url, root)
     try:
         await writer.rebuild(partition)
-        assert engine.status()["partitions"][partition.partition]["state"] == "ready"  # seen on disk
+        assert engine.status()["partitions"][partition.partition]["state"] == "indexed"  # seen on disk
         _same(await _search(engine, db_pool, partition, "archive", Scope(), 5),
               await _sql(db_pool, partition, "archive", Scope(), 5))  # fmt: skip
         held = engine.status()["partitions"][partition.partition]
