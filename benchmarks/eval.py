@@ -53,8 +53,8 @@ from index.lexical_engine import LexicalEngine
 from index.lexical_index import LexicalConfig, LexicalIndex
 from index.lexical_metrics import LexicalMetrics
 from index.partitions import ModelPartition
+from index.tantivy_lexical import AUTO_MODE, TantivyLexical
 from index.tantivy_lexical import MODE as TANTIVY_MODE
-from index.tantivy_lexical import TantivyLexical
 
 log = logging.getLogger(__name__)
 
@@ -488,7 +488,10 @@ async def eval_session(
         engine: LexicalEngine | None = None
         try:
             await session.ingest()
-            if settings.lexical_index != "off":
+            # `auto` (the default) serves from a writer's index once one exists; a throw-away
+            # evaluation store never has one, so the SQL leg answers, as `auto` does without one.
+            # `tantivy` and `memory` are built here from the ingested store.
+            if settings.lexical_index not in ("off", AUTO_MODE):
                 partition = await retriever.partition((await retriever.text_model()).id)
                 if partition is not None:
                     # The gateway's lexical engine (RAG_LEXICAL_INDEX), loaded from the ingested

@@ -27,7 +27,7 @@ from index.lexical_index import LexicalConfig, LexicalIndex
 from index.lexical_metrics import LexicalMetrics
 from index.read_settings import read_session_settings
 from index.sections import SectionStore
-from index.tantivy_lexical import MODE as TANTIVY_LEXICAL_MODE
+from index.tantivy_lexical import MODES as TANTIVY_LEXICAL_MODES
 from index.tantivy_lexical import TantivyLexical
 from inference.eventloop import loop_name
 from schema.database import create_pool, open_database
@@ -143,18 +143,19 @@ async def _vector_cache_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def _lexical_index_ctx(app: web.Application) -> AsyncIterator[None]:
     """The lexical engine (``RAG_LEXICAL_INDEX``): the in-memory index (loads in the background; the
-    SQL leg serves until a partition is ready) or the Tantivy indexes on disk (opened read-only on
-    first search; their writer is ``mnemo lexical follow``)."""
+    SQL leg serves until a partition is ready) or the Tantivy indexes on disk (``auto``, the default,
+    or ``tantivy``: opened read-only on first search, the SQL leg serving a partition without one;
+    their writer is ``mnemo lexical follow``). Never fails the start for a missing index."""
     settings = app[SETTINGS_KEY]
     if settings.lexical_index == "off":
         yield
         return
     metrics = LexicalMetrics(app[METRICS_KEY].registry)
     engine: LexicalEngine
-    if settings.lexical_index == TANTIVY_LEXICAL_MODE:
+    if settings.lexical_index in TANTIVY_LEXICAL_MODES:
         # With the SQL leg's own statistics: the same plan, so the same scores.
         root = settings.ingest.lexical_root(settings.database.data_dir)
-        engine = TantivyLexical(root, app[CORPUS_STATS_KEY], metrics=metrics)
+        engine = TantivyLexical(root, app[CORPUS_STATS_KEY], metrics=metrics, mode=settings.lexical_index)
     else:
         engine = LexicalIndex(
             app[POOL_KEY], app[DATABASE_URL_KEY], LexicalConfig(mode=settings.lexical_index), metrics

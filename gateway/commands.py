@@ -119,7 +119,7 @@ async def _serve_gateway(args: argparse.Namespace) -> int:
 
 async def _up(args: argparse.Namespace) -> int:
     from .logs import configure_logging
-    from .up import SidecarStartError, jwt_secret, run_up
+    from .up import FollowerStartError, SidecarStartError, jwt_secret, run_up
     from .workers import ListenError, WorkerStartError
 
     try:
@@ -137,7 +137,7 @@ async def _up(args: argparse.Namespace) -> int:
         return await run_up(
             args, settings, own_sidecar=not (args.sidecar_url or configured("RAG_SIDECAR_URL"))
         )
-    except (SidecarStartError, ListenError, WorkerStartError) as exc:
+    except (SidecarStartError, FollowerStartError, ListenError, WorkerStartError) as exc:
         print(f"mnemo up: {exc}", file=sys.stderr, flush=True)
         return 1
 

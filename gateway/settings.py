@@ -16,12 +16,12 @@ from typing import Any
 
 from index.lexical_index import MODES as MEMORY_LEXICAL_MODES
 from index.settings import IngestSettings, MediaSettings, SidecarClientSettings
-from index.tantivy_lexical import MODE as TANTIVY_LEXICAL_MODE
+from index.tantivy_lexical import MODES as TANTIVY_LEXICAL_MODES
 from schema.settings import DatabaseSettings, SettingsError, load_settings, setting
 
 from .budget_settings import BudgetSettings
 
-LEXICAL_INDEX_MODES = (*MEMORY_LEXICAL_MODES, TANTIVY_LEXICAL_MODE)
+LEXICAL_INDEX_MODES = (*MEMORY_LEXICAL_MODES, *TANTIVY_LEXICAL_MODES)
 LEGS = ("dense", "lexical", "sparse")
 FAISS_MODES = ("off", "auto", "cpu", "cuda")
 FUSION_METHODS = ("dbsf", "minmax", "rrf")
@@ -397,15 +397,19 @@ class GatewaySettings:
     )
     lexical_index: str = setting(
         "RAG_LEXICAL_INDEX",
-        "off",
-        "Where the lexical leg searches: `off` (BM25 in SQL over the GIN index, as before) or `memory` "
-        "(an exact in-memory BM25 index per partition in the gateway's process, built from the store at "
-        "start and fed by the change feed; same scores and order as the SQL leg, for the memory of the "
-        "postings), or `tantivy` (the Tantivy indexes under `RAG_LEXICAL_DIR`, written by `mnemo lexical "
-        "follow` and opened read-only by every gateway process; Tantivy selects candidates, PostgreSQL "
-        "re-reads and scores them as the SQL leg, with the current ACL). A partition still loading or "
-        "without an index, image rows and an unprovable answer go to the SQL leg, counted in "
-        "`mnemo_lexical_searches`.",
+        "auto",
+        "Where the lexical leg searches: `auto` (the default: the Tantivy index of a partition under "
+        "`RAG_LEXICAL_DIR` once `mnemo lexical follow` has built it and while it keeps up, picked up "
+        "without a restart; the SQL leg for every other partition; nothing needs to exist at start), "
+        "`off` (always BM25 in SQL over the GIN index), `memory` (an exact in-memory BM25 index per "
+        "partition in the gateway's process, built from the store at start and fed by the change feed; "
+        "same scores and order as the SQL leg, for the memory of the postings), or `tantivy` (as `auto`, "
+        "said explicitly: a missing index folder is logged as a warning at start). Tantivy selects "
+        "candidates, PostgreSQL re-reads and scores them as the SQL leg, with the current ACL. A "
+        "partition still loading, without an index or behind, image rows and an unprovable answer go to "
+        "the SQL leg, counted in `mnemo_lexical_searches` and shown in `/readyz`.",
+        tradeoff="`auto` needs the writer (`mnemo lexical follow`, which `mnemo up` starts) to be fast; "
+        "without it, it is the SQL leg. `off` skips even the check of the index folder.",
     )
     similar_seed_chunks: int = setting(
         "RAG_SIMILAR_SEED_CHUNKS",
@@ -589,3 +593,8 @@ def worker_environment(metrics_dir: Path) -> dict[str, str]:
     """The environment of a ``mnemo gateway --workers N`` worker: this process's, plus
     prometheus_client's multi-process folder, which it reads from the environment only."""
     return {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
+
+
+def follower_environment(database_url: str) -> dict[str, str]:
+    """``mnemo up``'s lexical writer's: this process's, plus the database URL (kept out of argv)."""
+    return {**os.environ, "RAG_DATABASE_URL": database_url}

@@ -2,7 +2,9 @@
 
 Starts the database (embedded unless ``RAG_DATABASE_URL``), the sidecar (a
 ``mnemo sidecar`` subprocess with the offline profile, unless ``RAG_SIDECAR_URL``
-or ``--sidecar-url`` names a running one), and the gateway; loads the demo
+or ``--sidecar-url`` names a running one), the gateway, and, when the gateway's
+lexical leg reads Tantivy (``RAG_LEXICAL_INDEX=auto``, the default, or ``tantivy``),
+the one writer of its index (a ``mnemo lexical follow`` subprocess); loads the demo
 collection through the intake and waits for the drain; then prints two tokens
 (an admin and a restricted researcher) and example requests that show the
 difference. Ctrl-C (or SIGTERM) stops everything it started.
@@ -26,12 +28,13 @@ import psutil
 
 from index import queue
 from index.demo import load_demo
+from index.tantivy_lexical import MODES as TANTIVY_LEXICAL_MODES
 from inference.net import ProcessExited, await_ready, free_port, log_tail, stop_process
 from schema.cli import stop_signal
 from schema.database import create_pool
 
 from .auth import issue_token
-from .settings import GatewaySettings
+from .settings import GatewaySettings, follower_environment
 from .workers import serving_workers, worker_count
 
 # The researcher reads the oral histories and the coin catalogue, whose cards also draw on the
@@ -125,6 +128,43 @@ async def sidecar_process(data_dir: Path, port: int) -> AsyncIterator[str]:
                 leftover.kill()
 
 
+FOLLOWER_START_TIMEOUT_S = 120.0  # the writer opens the database and takes its lock: seconds
+FOLLOWING = "following the change feed"  # the line `mnemo lexical follow` prints once it runs
+
+
+class FollowerStartError(RuntimeError):
+    """The lexical writer ``mnemo up`` started died before it followed the feed (another writer
+    holds the folder's lock, the database refused it)."""
+
+
+@contextlib.asynccontextmanager
+async def lexical_follower(data_dir: Path, root: Path, database_url: str) -> AsyncIterator[Path]:
+    """``mnemo lexical follow`` into ``root`` (its log in ``<data dir>/lexical.log``) until it
+    follows the feed; stopped (SIGTERM, its graceful stop) on exit. Yields the log's path."""
+    log_path = data_dir / "lexical.log"
+    await asyncio.to_thread(data_dir.mkdir, parents=True, exist_ok=True)
+    with log_path.open("wb") as log:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway.cli", "lexical", "follow", "--dir", str(root),
+            stdout=log, stderr=log, env=follower_environment(database_url),
+        )  # fmt: skip
+    try:
+        for _ in range(int(FOLLOWER_START_TIMEOUT_S / 0.2)):
+            if proc.returncode is not None or FOLLOWING in log_tail(log_path):
+                break
+            await asyncio.sleep(0.2)
+        if proc.returncode is not None or FOLLOWING not in log_tail(log_path):
+            raise FollowerStartError(
+                f"the lexical writer did not start (exit code {proc.returncode}); last lines of "
+                f"{log_path}:\n{log_tail(log_path)}"
+            )
+        yield log_path
+    finally:
+        await stop_process(proc)
+        if proc.returncode not in (0, None):
+            print(f"  lexical   writer exited with code {proc.returncode}; see {log_path}", file=sys.stderr)
+
+
 def _curl(url: str, token_var: str, action: str, options: dict) -> str:
     body = json.dumps({"dd_api": "dd_rag_api", "action": action, "options": options}, ensure_ascii=False)
     return (
@@ -202,6 +242,14 @@ async def run_up(args: argparse.Namespace, settings: GatewaySettings, *, own_sid
         )
         print(f"  database  {database_url}  ({where}; migrations applied)", flush=True)
         print(f"  gateway   {url}  ({count} worker{'s' if count > 1 else ''})", flush=True)
+        if settings.lexical_index in TANTIVY_LEXICAL_MODES:
+            # The one writer of the gateways' Tantivy index: it builds each partition once its rows
+            # exist and follows the feed; the workers pick the index up without a restart.
+            root = settings.ingest.lexical_root(settings.database.data_dir).resolve()
+            log_path = await stack.enter_async_context(
+                lexical_follower(settings.database.data_dir, root, database_url)
+            )
+            print(f"  lexical   `mnemo lexical follow` into {root}  (log in {log_path})", flush=True)
         pool = await create_pool(database_url, max_size=2)
         try:
             queued = await load_demo(pool)

@@ -1,8 +1,8 @@
 """``mnemo lexical follow | rebuild | status``: the lexical leg's Tantivy indexes on disk.
 
 ``follow`` is the one writer (:mod:`index.tantivy_writer`): run one per host that serves gateways
-with ``RAG_LEXICAL_INDEX=tantivy`` (a second one, or a rebuild while it runs, is refused by the
-writer lock). ``rebuild`` builds a partition's index from the store into a new folder and swaps it
+with ``RAG_LEXICAL_INDEX=auto`` (the default) or ``tantivy`` (a second one, or a rebuild while it
+runs, is refused by the writer lock); ``mnemo up`` starts it. ``rebuild`` builds a partition's index from the store into a new folder and swaps it
 in; ``status`` prints each partition's folder, watermark and how many changes it is behind.
 """
 

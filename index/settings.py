@@ -127,7 +127,8 @@ class IngestSettings:
         "RAG_LEXICAL_DIR",
         None,
         "Where the lexical leg's Tantivy indexes live (one folder per model partition), written by "
-        "`mnemo lexical follow` and read by every gateway process with `RAG_LEXICAL_INDEX=tantivy`. "
+        "`mnemo lexical follow` and read by every gateway process with `RAG_LEXICAL_INDEX=auto` (the "
+        "default) or `tantivy`. "
         "Unset: `lexical/` under `RAG_DATA_DIR`. Local disk: every reader memory-maps it.",
     )
 

@@ -40,6 +40,7 @@ from .change_feed import RowKey, Watermark, row_key
 from .partitions import ModelPartition
 
 __all__ = [
+    "CURRENT",
     "STATE_FILE",
     "IndexState",
     "WriterLocked",
@@ -52,13 +53,14 @@ __all__ = [
     "partition_folder",
     "read_state",
     "record_text",
+    "store_identity",
     "swap_in",
     "write_state",
     "writer_lock",
 ]
 
 STATE_FILE = "watermark.json"
-CURRENT = "current"
+CURRENT = "current"  # the link naming the index folder readers search
 LOCK_FILE = "writer.lock"
 
 
@@ -109,19 +111,39 @@ def document(row: asyncpg.Record) -> tuple[tantivy.Document, int, AccessClass]:
     return doc, klass, access
 
 
+async def store_identity(conn: asyncpg.Connection) -> str:
+    """Which database an index was built from: its oid and when its first migration was applied.
+
+    A watermark only means something against the store that numbered its changes: an index left
+    from a database that was reset, or built against another one (the demo's under ``.mnemo`` while
+    tests point a default gateway at theirs), would otherwise pass for caught up and hide rows.
+    Readable by any role (no superuser-only ``pg_control_system``); a database copied from a
+    template gets its own oid."""
+    return str(
+        await conn.fetchval(
+            """SELECT d.oid::text || '/' || coalesce(
+                          (SELECT extract(epoch FROM min(applied_at))::text FROM schema_migrations), '')
+               FROM pg_database d WHERE d.datname = current_database()"""
+        )
+    )
+
+
 @dataclass(frozen=True)
 class IndexState:
-    """What a committed index holds: every change up to ``watermark``, and the access classes its
-    documents carry (id -> class), so a reader evaluates a scope over them without PostgreSQL."""
+    """What a committed index holds: every change up to ``watermark`` of the store named ``store``
+    (:func:`store_identity`), and the access classes its documents carry (id -> class), so a reader
+    evaluates a scope over them without PostgreSQL."""
 
     watermark: Watermark
     classes: Mapping[int, AccessClass] = field(default_factory=dict)
     documents: int = 0
+    store: str = ""  # empty: an index written before the identity was recorded (rebuilt on load)
 
     def as_json(self) -> dict[str, Any]:
         return {
             "seq": self.watermark.seq,
             "xmin": self.watermark.xmin,
+            "store": self.store,
             "documents": self.documents,
             "classes": [[str(i), list(c[:3]), list(c[3]), c[4], c[5]] for i, c in self.classes.items()],
         }
@@ -138,7 +160,12 @@ class IndexState:
                 None if pairs is None else tuple(pairs),
                 None if sections is None else tuple(sections),
             )
-        return cls(Watermark(int(raw["seq"]), int(raw["xmin"])), classes, int(raw["documents"]))
+        return cls(
+            Watermark(int(raw["seq"]), int(raw["xmin"])),
+            classes,
+            int(raw["documents"]),
+            str(raw.get("store", "")),
+        )
 
 
 def read_state(folder: Path) -> IndexState | None:

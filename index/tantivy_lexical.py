@@ -24,6 +24,16 @@ How a search stays the SQL leg's answer:
 Behind: when the store holds more than ``max_behind`` changes past the watermark (the writer is
 stopped or far behind), the SQL leg serves, counted as ``behind``.
 
+Another store: the watermark file names the database the index was built from
+(:func:`index.tantivy_files.store_identity`); an index of another database (or a reset one) is
+never searched, the SQL leg serves it (counted as ``cold``, shown as ``foreign``) until the
+writer rebuilds it.
+
+Found without a restart: the ``current`` link is read on every search (one ``readlink``), so an
+index that a writer started after the gateway builds (the folder itself created late included) is
+searched from the next search on; until then the partition is ``missing`` (or ``building`` while a
+build's folder exists without a link) and the SQL leg serves.
+
 What is not exact: when more than ``overfetch * limit`` rows match, Tantivy's top may miss a row
 the SQL leg's exact BM25 ranks in the top ``limit`` (``benchmarks/tantivy_recall.py`` measures
 how often). A partition without an index (never built, or missing) and image rows go to the SQL
@@ -53,13 +63,26 @@ from .lru import Lru
 from .partitions import ModelPartition
 from .read_settings import CUSTOM_PLANS, fetch_with_local_settings
 from .scope_sql import scope_where
-from .tantivy_files import STATE_FILE, IndexState, current_folder, lexical_schema, read_state, record_text
+from .tantivy_files import (
+    CURRENT,
+    STATE_FILE,
+    IndexState,
+    current_folder,
+    lexical_schema,
+    read_state,
+    record_text,
+    store_identity,
+)
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MODE", "TantivyConfig", "TantivyLexical"]
+__all__ = ["AUTO_MODE", "MODE", "MODES", "TantivyConfig", "TantivyLexical"]
 
 MODE = "tantivy"  # RAG_LEXICAL_INDEX value that selects this engine
+# The default: this engine too, wherever the writer has built an index; the SQL leg elsewhere. It
+# differs from `tantivy` in what it promises: nothing needs to exist for a gateway to start and serve.
+AUTO_MODE = "auto"
+MODES = (AUTO_MODE, MODE)
 
 
 @dataclass(frozen=True)
@@ -107,20 +130,35 @@ class TantivyLexical:
         stats: CorpusStats,
         config: TantivyConfig | None = None,
         metrics: LexicalMetrics | None = None,
+        *,
+        mode: str = MODE,
     ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"tantivy lexical engine mode {mode!r}: use one of {MODES}")
+        self.mode = mode
         self.root = root
         self.stats = stats  # the SQL leg's corpus statistics: the same plan, so the same scores
         self.config = config or TantivyConfig()
         self.metrics = metrics or LexicalMetrics()
         self.schema = lexical_schema()
         self.readers: dict[str, _Reader] = {}
-        self._heads: dict[str, tuple[float, int]] = {}
-        self._missing: set[str] = (
-            set()
-        )  # partitions searched without an index (the SQL leg served)  # partition -> (when read, the store's latest seq)
+        self._heads: dict[str, tuple[float, int]] = {}  # partition -> (when read, the store's latest seq)
+        self._missing: set[str] = set()  # partitions searched without an index (the SQL leg served)
+        self._foreign: set[str] = set()  # partitions whose index another store built (the SQL leg served)
+        self._store: str | None = None  # this store's identity, read on the first search
 
     async def start(self) -> None:
-        """Nothing to load: each partition's index opens on its first search."""
+        """Nothing to load: each partition's index opens on its first search, so a missing folder
+        never stops the gateway (said once here: explicitly configured, it is likely a mistake)."""
+        if not self.root.is_dir():
+            level = logging.WARNING if self.mode == MODE else logging.INFO
+            log.log(
+                level,
+                "lexical engine (%s): no index folder at %s yet; the SQL leg serves until `mnemo lexical "
+                "follow` builds one",
+                self.mode,
+                self.root,
+            )
 
     async def stop(self) -> None:
         self.readers.clear()
@@ -242,6 +280,13 @@ class TantivyLexical:
             self._missing.add(partition.partition)
             return None
         self._missing.discard(partition.partition)
+        if self._store is None:
+            self._store = await store_identity(conn)
+        if reader.state.store != self._store:
+            self.metrics.searches.labels("cold").inc()
+            self._foreign.add(partition.partition)
+            return None
+        self._foreign.discard(partition.partition)
         watermark = reader.state.watermark  # the index holds at least this: every later change is re-read
         if await self.behind(conn, partition, reader) > self.config.max_behind:
             self.metrics.searches.labels("behind").inc()
@@ -293,17 +338,49 @@ class TantivyLexical:
         )
 
     def status(self) -> dict[str, object]:
-        """The /readyz detail: the folder, and per partition searched so far its state (``ready``:
-        its folder, watermark, documents and changes behind the store, ``behind`` past
-        ``max_behind``; ``missing``: no index, the SQL leg serves it)."""
-        partitions: dict[str, object] = {name: {"state": "missing"} for name in self._missing}
+        """The /readyz detail: the mode, the folder, and per partition its state. ``ready``: served
+        from its index (folder, watermark, documents, changes behind the store once a search read
+        its head, seconds since the writer last stamped it); ``behind``: more than ``max_behind``
+        changes behind; ``foreign``: built from another store; ``indexed``: an index on disk this
+        process has not searched yet (its store and lag are checked on its first search);
+        ``building``: a build's folder without a finished index; ``missing``: none. All but
+        ``ready``: the SQL leg serves (``indexed`` until its first search)."""
+        partitions: dict[str, dict[str, object]] = {}
+        for name in self._on_disk():
+            partitions[name] = self._disk_state(name)
+        for name in self._missing:
+            partitions.setdefault(name, {"state": "missing"})
         for name, r in self.readers.items():
             behind = None if name not in self._heads else max(0, self._heads[name][1] - r.state.watermark.seq)
+            state = "behind" if behind is not None and behind > self.config.max_behind else "ready"
             partitions[name] = {
-                "state": "behind" if behind is not None and behind > self.config.max_behind else "ready",
+                "state": "foreign" if name in self._foreign else state,
                 "folder": r.folder.name,
                 "seq": r.state.watermark.seq,
                 "documents": r.state.documents,
                 "behind": behind,
+                "age_s": round(max(0.0, time.time() - r.stamp[1] / 1e9), 1),
             }
-        return {"mode": MODE, "running": True, "root": str(self.root), "partitions": partitions}
+        return {"mode": self.mode, "running": True, "root": str(self.root), "partitions": partitions}
+
+    def _on_disk(self) -> list[str]:
+        """The partition folders under the root (none when it does not exist yet)."""
+        try:
+            return sorted(e.name for e in os.scandir(self.root) if e.is_dir() and not e.name.startswith("."))
+        except FileNotFoundError:
+            return []
+
+    def _disk_state(self, name: str) -> dict[str, object]:
+        """A partition not opened yet, from its folder alone (no index or watermark file read)."""
+        folder = self.root / name
+        try:
+            link = os.readlink(folder / CURRENT)
+        except FileNotFoundError:
+            link = None
+        if link is not None:
+            return {"state": "indexed", "folder": link}
+        try:
+            building = any(p.name.startswith("v-") for p in folder.iterdir())
+        except FileNotFoundError:  # removed since the listing
+            building = False
+        return {"state": "building" if building else "missing"}

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import shutil
 import time
@@ -31,7 +32,7 @@ from .access_classes import LEXICAL_ROW_COLUMNS, AccessClass
 from .change_feed import KEY_COLUMNS, RowKey, Watermark, changed_rows, current_watermark, row_key
 from .feed_follower import FeedFollower
 from .lexical_metrics import LexicalMetrics
-from .partitions import ModelPartition
+from .partitions import ModelPartition, list_partitions
 from .tantivy_files import (
     IndexState,
     current_folder,
@@ -41,6 +42,7 @@ from .tantivy_files import (
     new_folder,
     partition_folder,
     read_state,
+    store_identity,
     swap_in,
     write_state,
     writer_lock,
@@ -102,7 +104,8 @@ class PartitionWriter:
         """Commit what was staged, then (never before) write the watermark that describes it."""
         self.writer.commit()
         self.index.reload()
-        done = IndexState(state.watermark, dict(self.classes), self.index.searcher().num_docs)
+        store = state.store or self.committed.store  # a build names its store; a sync keeps it
+        done = IndexState(state.watermark, dict(self.classes), self.index.searcher().num_docs, store)
         write_state(self.folder, done)
         self.committed = done
         return done
@@ -174,7 +177,20 @@ class LexicalWriter(FeedFollower):
         """Open the partition's current index and resume from its watermark; build it when there is none."""
         self._lock(partition)
         folder = current_folder(self.root, partition)
-        if folder is None or read_state(folder) is None:
+        state = None if folder is None else read_state(folder)
+        if state is None:
+            return await self.rebuild(partition)
+        async with self.pool.acquire() as conn:
+            store = await store_identity(conn)
+        if state.store != store:
+            # Built from another database (or before identities were recorded): its watermark means
+            # nothing here, so it is rebuilt rather than resumed.
+            log.warning(
+                "lexical writer: %s was built from another store (%r, this is %r); rebuilding",
+                partition.partition,
+                state.store,
+                store,
+            )
             return await self.rebuild(partition)
         held = await asyncio.to_thread(PartitionWriter.open, folder, partition, self.config.heap_bytes)
         self.partitions[partition.partition] = held
@@ -231,6 +247,7 @@ class LexicalWriter(FeedFollower):
         async with self.pool.acquire() as conn:
             # Read before any row: whatever commits during the build is replayed by the follower.
             watermark = await current_watermark(conn, partition)
+            store = await store_identity(conn)
             after: RowKey | None = None
             while True:
                 rows = await _rows_after(conn, partition, after, self.config.build_batch)
@@ -240,13 +257,16 @@ class LexicalWriter(FeedFollower):
                 if progress is not None:
                     progress(len(rows))
                 after = row_key(rows[-1])
-        await asyncio.to_thread(built.commit, IndexState(watermark))
+        await asyncio.to_thread(built.commit, IndexState(watermark, store=store))
 
     async def sync(self, models: Iterable[str] | None = None) -> int:
         """Apply, commit and stamp every change after each partition's watermark; returns the keys applied."""
         wanted = None if models is None else set(models)
-        if wanted is not None:
-            await self._load_new(wanted)
+        # A pass without named models (a poll, a reconnect) also builds partitions first seen since
+        # the last: one whose first rows committed before the listener listened has no other cue.
+        await self._load_new(
+            wanted if wanted is not None else [p.model for p in await list_partitions(self.pool)]
+        )
         applied = 0
         for held in list(self.partitions.values()):
             if wanted is None or held.partition.model in wanted:
@@ -262,7 +282,7 @@ class LexicalWriter(FeedFollower):
             )
         if not rows:
             if watermark != held.committed.watermark:  # nothing to index: only the watermark moves
-                held.committed = IndexState(watermark, held.committed.classes, held.committed.documents)
+                held.committed = dataclasses.replace(held.committed, watermark=watermark)
                 await asyncio.to_thread(write_state, held.folder, held.committed)
             return 0
         upserts, deletes = await asyncio.to_thread(held.apply, rows)

@@ -425,6 +425,10 @@ async def test_operations_for_admins(browser: WebDriver, gateway: Gateway, scree
         # reads as unreachable on a loaded machine) and the page shows that one answer: refreshed,
         # as an operator would, until it says ready.
         wait(browser, lambda d: "status\nready" in d.find_element(By.ID, "ops-ready").text or _refresh(d))
+        # The lexical engine from the same /readyz: the default mode, and no index built for this
+        # store, so the SQL leg serves its partition.
+        assert "Mode auto" in browser.find_element(By.ID, "ops-lexical-mode").text
+        assert "SQL leg" in browser.find_element(By.ID, "ops-lexical").text
         wait(browser, lambda d: "oh1 77" in d.find_element(By.ID, "ops-failed").text)
         assert "sidecar: 422 input.too_long" in browser.find_element(By.ID, "ops-failed").text
         shot(browser, screenshots, "operations")

@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -90,6 +91,26 @@ def _post(url: str, token: str, action: str, options: dict) -> dict:
         return json.loads(response.read())
 
 
+def _command(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
+    except psutil.Error:  # gone since the listing (Ray's short-lived helpers)
+        return []
+
+
+def _lexical_served_by_the_engine(url: str, token: str, query: dict) -> bool:
+    """Whether a worker's /readyz says a partition is served from its Tantivy index, asked after a
+    search (a worker opens an index on its first search), until the writer has built it."""
+    for _ in range(240):  # a bounded wait for the writer's build, not a time limit
+        _post(url, token, "semantic_search", query)
+        with urllib.request.urlopen(url + "/readyz", timeout=60) as response:
+            lexical = json.loads(response.read())["data"]["lexical_index"]
+        if lexical["mode"] == "auto" and any(p["state"] == "ready" for p in lexical["partitions"].values()):
+            return True
+        time.sleep(0.5)
+    return False
+
+
 @pytest.mark.timeout(900)
 def test_mnemo_up_serves_the_stack_and_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
     """The README's `make up` path: database, its own sidecar, gateway, demo, tokens; Ctrl-C stops it all."""
@@ -132,8 +153,16 @@ def test_mnemo_up_serves_the_stack_and_stops_everything_on_ctrl_c(tmp_path: Path
         assert {tipo for tipo, _ in researcher_records} <= set(RESEARCHER_PERMS)
         assert researcher_records < admin_records, "the admin also sees what the researcher may not"
 
+        # The one lexical writer runs beside the gateway (RAG_LEXICAL_INDEX=auto, the default) and
+        # builds the demo's index, which a worker opens on a search, without a restart.
+        assert f"lexical   `mnemo lexical follow` into {data_dir / 'lexical'}" in output, output
+        assert _lexical_served_by_the_engine(url, tokens["ADMIN"], query), (
+            data_dir / "lexical.log"
+        ).read_text()
+
         started = psutil.Process(proc.pid).children(recursive=True)
         assert started, "up runs the sidecar (and Ray) as child processes"
+        assert any(_command(p)[-4:-2] == ["lexical", "follow"] for p in started), "the writer is a child"
     except BaseException:
         proc.kill()
         proc.communicate(timeout=60)

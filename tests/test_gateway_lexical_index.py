@@ -38,7 +38,7 @@ async def assert_lexical_leg_is_the_sql_legs(retriever: Retriever, k: int = 20) 
 async def test_the_index_serves_the_lexical_leg_exactly(corpus_database_url: str, sidecar_url: str) -> None:
     async with (
         running_gateway(corpus_database_url, sidecar_url, RAG_LEXICAL_INDEX="memory") as on,
-        running_gateway(corpus_database_url, sidecar_url) as off,
+        running_gateway(corpus_database_url, sidecar_url, RAG_LEXICAL_INDEX="off") as off,
     ):
         lexical = await _wait_ready(on, "lexical_index")
         assert lexical["mode"] == "memory" and lexical["listening"] and lexical["running"]

@@ -15,6 +15,7 @@ import random
 import signal
 import sys
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import asyncpg
@@ -31,7 +32,7 @@ from index.hits import Scope
 from index.lexical_metrics import LexicalMetrics
 from index.partitions import ModelPartition
 from index.store import EmbeddingRow, delete_record, upsert_rows
-from index.tantivy_files import current_folder, read_state
+from index.tantivy_files import current_folder, read_state, write_state
 from index.tantivy_lexical import TantivyConfig, TantivyLexical
 from index.tantivy_writer import LexicalWriter
 from tests.test_lexical_index import VOCAB, _populate, _rows, _same, _sql, _write
@@ -176,16 +177,51 @@ async def test_the_writer_lock_admits_one_writer(built, database_url) -> None:
         await first.stop()
 
 
-async def test_a_missing_index_and_image_rows_go_to_the_sql_leg(db_pool, tmp_path) -> None:
+async def test_a_missing_index_goes_to_the_sql_leg_until_a_writer_builds_it(
+    db_pool, database_url, tmp_path
+) -> None:
+    """What `RAG_LEXICAL_INDEX=auto` (the default) meets: no folder at all, then an index that a
+    writer started after the engine builds, searched from the next search on, without a restart."""
     partition = await _populate(db_pool, 3)
     metrics = LexicalMetrics()
-    engine = _engine(tmp_path, metrics=metrics)
+    root = tmp_path / "lexical"  # not created: the writer makes it
+    engine = TantivyLexical(root, CorpusStats(ttl=0), WHOLE, metrics, mode="auto")
+    await engine.start()  # a missing folder never fails the start
     async with db_pool.acquire() as conn:
         assert await engine.search(conn, partition, "archive", Scope(), 5) is None
         assert await engine.search(conn, partition, "archive", Scope(), 5, modality="image") is None
     assert metrics.searches.labels("cold")._value.get() == 1
     assert metrics.searches.labels("image")._value.get() == 1
-    assert engine.status()["partitions"] == {partition.partition: {"state": "missing"}}
+    assert engine.status() == {
+        "mode": "auto", "running": True, "root": str(root), "partitions": {partition.partition: {"state": "missing"}}
+    }  # fmt: skip
+    writer = LexicalWriter(db_pool, database_url, root)
+    try:
+        await writer.rebuild(partition)
+        assert engine.status()["partitions"][partition.partition]["state"] == "indexed"  # seen on disk
+        _same(await _search(engine, db_pool, partition, "archive", Scope(), 5),
+              await _sql(db_pool, partition, "archive", Scope(), 5))  # fmt: skip
+        held = engine.status()["partitions"][partition.partition]
+        assert held["state"] == "ready" and held["behind"] == 0 and held["documents"] > 0
+        assert metrics.searches.labels("hit")._value.get() == 1
+
+        # An index whose watermark names another store (a reset database, another one's folder) is
+        # never searched; the writer rebuilds it instead of resuming from a meaningless watermark.
+        folder = current_folder(root, partition)
+        assert folder is not None
+        state = read_state(folder)
+        assert state is not None and state.store
+        write_state(folder, replace(state, store="another/store"))
+        async with db_pool.acquire() as conn:
+            assert await engine.search(conn, partition, "archive", Scope(), 5) is None
+        assert metrics.searches.labels("cold")._value.get() == 2
+        assert engine.status()["partitions"][partition.partition]["state"] == "foreign"
+        await writer.stop()
+        await writer.load(partition)
+        assert current_folder(root, partition) != folder  # rebuilt, not resumed
+        assert (await _search(engine, db_pool, partition, "archive", Scope(), 5)) is not None
+    finally:
+        await writer.stop()
 
 
 async def _store_keys(pool: asyncpg.Pool, partition: ModelPartition) -> list[list]:

@@ -1,5 +1,6 @@
-// Operations (admins): readiness, queue, failed records with a retry button, models, sections,
-// and budgets (use of this window per principal and meter; set a principal's limit, reset its window).
+// Operations (admins): readiness, the lexical engine per partition, queue, failed records with a
+// retry button, models, sections, and budgets (use of this window per principal and meter; set a
+// principal's limit, reset its window).
 
 import { get, post } from "./api.js";
 import { $, clear, el, showError } from "./dom.js";
@@ -33,7 +34,12 @@ async function settle(target, load, render) {
 export async function refreshOps() {
   showError("ops", null);
   await Promise.all([
-    settle($("#ops-ready"), () => get("/readyz"), (d) => clear($("#ops-ready"), facts(d))),
+    settle($("#ops-ready"), () => get("/readyz"), (d) => {
+      // The lexical engine's detail gets its own table below, from this same answer.
+      const { lexical_index: lexical, ...rest } = d;
+      clear($("#ops-ready"), facts(rest));
+      renderLexical(lexical);
+    }),
     settle($("#ops-queue"), () => get("/v1/queue/stats"), (d) => clear($("#ops-queue"), facts(d))),
     settle($("#ops-failed tbody"), () => get("/v1/queue/failed"), (d) =>
       clear(
@@ -54,6 +60,29 @@ export async function refreshOps() {
     settle($("#ops-sections"), () => get("/v1/sections"), (d) => clear($("#ops-sections"), json(d.sections))),
     settle($("#ops-budgets tbody"), () => get("/v1/budgets"), renderBudgets),
   ]);
+}
+
+// RAG_LEXICAL_INDEX and, per partition, what serves its lexical leg: the engine when its index is
+// ready (caught up), the SQL leg while it is missing, building, behind or another store's.
+const ENGINES = { auto: "Tantivy", tantivy: "Tantivy", memory: "in-memory index" };
+
+function renderLexical(lexical) {
+  const engine = ENGINES[lexical.mode];
+  clear(
+    $("#ops-lexical-mode"),
+    engine
+      ? `Mode ${lexical.mode}${lexical.root ? `, indexes in ${lexical.root}` : ""}; a partition not ready is served by the SQL leg`
+      : `Mode ${lexical.mode}: the SQL leg serves every search`,
+  );
+  const partitions = Object.entries(lexical.partitions || {});
+  clear(
+    $("#ops-lexical tbody"),
+    partitions.length
+      ? partitions.map(([name, p]) =>
+          row(name, p.state === "ready" ? engine : "SQL leg", p.state, p.seq, p.documents ?? p.chunks, p.behind, p.age_s),
+        )
+      : row(engine ? "No partition indexed or searched yet" : "—", "SQL leg", "", "", "", "", ""),
+  );
 }
 
 function renderBudgets(d) {
