@@ -37,6 +37,7 @@ import numpy as np
 
 from gateway.fusion import rrf
 from gateway.settings import GatewaySettings
+from index.tantivy_lexical import AUTO_MODE
 
 from .eval import (
     EVAL_LIMIT,
@@ -140,8 +141,9 @@ def check_bars(
 
 
 def engine_label(mode: str) -> str:
-    """The name of a lexical leg in the report: its ``RAG_LEXICAL_INDEX`` value, ``sql`` for off."""
-    return "sql" if mode == "off" else mode
+    """The name of a lexical leg in the report: its ``RAG_LEXICAL_INDEX`` value, ``sql`` for off and
+    for auto (an evaluation's store has no writer's index, so the SQL leg answers: benchmarks.eval)."""
+    return "sql" if mode in ("off", AUTO_MODE) else mode
 
 
 def engine_bars(
