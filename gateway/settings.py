@@ -23,7 +23,7 @@ from .budget_settings import BudgetSettings
 
 LEXICAL_INDEX_MODES = (*MEMORY_LEXICAL_MODES, TANTIVY_LEXICAL_MODE)
 LEGS = ("dense", "lexical", "sparse")
-FAISS_MODES = ("off", "auto", "cpu", "cuda")
+FAISS_MODES = ("off", "auto", "cpu", "cuda", "mmap")
 FUSION_METHODS = ("dbsf", "minmax", "rrf")
 MIN_SECRET_BYTES = 32
 
@@ -428,7 +428,9 @@ class GatewaySettings:
         "auto",
         "FAISS vector cache in the gateway's process: `auto` (on a GPU with `faiss-gpu`, each partition "
         "that fits `RAG_FAISS_MAX_BYTES`; off on CPU, where the flat scan measured slower than HNSW), "
-        "`cpu` (force it on CPU), `cuda` (refuses to start without a GPU), or `off`. On: exact dense search at any ACL selectivity and exact re-scoring, "
+        "`cpu` (force it on CPU), `cuda` (refuses to start without a GPU), `mmap` (CPU, every worker maps the "
+        "snapshots `mnemo vectors follow` writes under `RAG_VECTOR_DIR` instead of loading the store; a "
+        "partition without one is left to pgvector), or `off`. On: exact dense search at any ACL selectivity and exact re-scoring, "
         "for the memory of every vector and a load at start (pgvector serves meanwhile).",
     )
     faiss_max_bytes: int = setting(

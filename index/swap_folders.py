@@ -27,7 +27,7 @@ from .partitions import ModelPartition
 __all__ = [
     "WriterLocked",
     "current_folder",
-    "fsync_dir",
+    "fsync_path",
     "new_folder",
     "partition_folder",
     "swap_in",
@@ -43,8 +43,9 @@ class WriterLocked(RuntimeError):
     """Another process holds a partition's writer lock (one writer per index)."""
 
 
-def fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
+def fsync_path(path: Path) -> None:
+    """Flush a file's data, or a folder's entries (a rename or a new link in it), to disk."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -60,7 +61,7 @@ def write_json_atomically(path: Path, content: Mapping[str, Any]) -> None:
         out.flush()
         os.fsync(out.fileno())
     os.replace(tmp, path)
-    fsync_dir(path.parent)
+    fsync_path(path.parent)
 
 
 def partition_folder(root: Path, partition: ModelPartition) -> Path:
@@ -97,7 +98,7 @@ def swap_in(root: Path, partition: ModelPartition, folder: Path) -> Path | None:
         tmp.unlink()
     os.symlink(folder.name, tmp)
     os.replace(tmp, base / CURRENT)
-    fsync_dir(base)
+    fsync_path(base)
     return old
 
 
