@@ -54,13 +54,13 @@ def vectors(n: int, rng: np.random.Generator, centers: np.ndarray) -> np.ndarray
     return (out / np.linalg.norm(out, axis=1, keepdims=True)).astype(np.float32)
 
 
-async def populate(pool: Any, n: int, centers: np.ndarray, *, hnsw: bool = True) -> Any:
+async def populate(pool: Any, n: int, centers: np.ndarray, *, hnsw: bool = True, model: str = MODEL) -> Any:
     """``n`` clustered rows (bulk COPY), then the partition's HNSW index (``hnsw``: a run that never
     searches pgvector skips its build, minutes at 1M rows)."""
     from index.partitions import ensure_partition
     from index.store import EmbeddingRow, copy_rows
 
-    partition = await ensure_partition(pool, MODEL, DIM)
+    partition = await ensure_partition(pool, model, DIM)
     rng = np.random.default_rng(n)
     meta = {"contributors": ["c1"]}
     async with pool.acquire() as conn:

@@ -54,7 +54,11 @@ def _memory() -> dict[str, int]:
     }
 
 
-async def _worker(url: str, root: Path, mode: str) -> tuple[dict[str, Any], Any]:
+def _model(n: int) -> str:
+    return f"{MODEL}-{n}"  # a partition per size: each run builds its own (no HNSW to drop and restore)
+
+
+async def _worker(url: str, root: Path, mode: str, n: int) -> tuple[dict[str, Any], Any]:
     """One worker: load (or map) the partition, search every vector once; its time and memory, and
     the cache (the caller holds it: a cache let go unmaps its pages, and the next worker shares none)."""
     from index.cache_partition import CacheConfig
@@ -66,7 +70,7 @@ async def _worker(url: str, root: Path, mode: str) -> tuple[dict[str, Any], Any]
 
     pool = await create_pool(url, max_size=4)
     try:
-        (partition,) = [p for p in await list_partitions(pool) if p.model == MODEL]
+        (partition,) = [p for p in await list_partitions(pool) if p.model == _model(n)]
         before = _memory()
         common = {"max_bytes": 8 * 2**30, "cpu_broad_scan_max": 0}
         cache = (
@@ -100,15 +104,15 @@ async def _worker(url: str, root: Path, mode: str) -> tuple[dict[str, Any], Any]
         await pool.close()
 
 
-async def _child(url: str, root: Path, mode: str) -> None:
+async def _child(url: str, root: Path, mode: str, n: int) -> None:
     """The worker process's side: report as one JSON line, then hold the cache until stdin closes."""
-    report, cache = await _worker(url, root, mode)
+    report, cache = await _worker(url, root, mode, n)
     print(json.dumps(report), flush=True)
     await asyncio.to_thread(sys.stdin.read)
     del cache  # held until here
 
 
-async def _two_workers(url: str, root: Path, mode: str) -> list[dict[str, Any]]:
+async def _two_workers(url: str, root: Path, mode: str, n: int) -> list[dict[str, Any]]:
     """The first worker keeps its cache while the second loads: what a further worker costs."""
     procs = []
     out = []
@@ -116,7 +120,7 @@ async def _two_workers(url: str, root: Path, mode: str) -> list[dict[str, Any]]:
         for _ in range(2):
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "benchmarks.vector_mmap", "--child", mode, "--database-url", url,
-                "--dir", str(root), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                "--dir", str(root), "--sizes", str(n), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             )  # fmt: skip
             procs.append(proc)
             line = await proc.stdout.readline()  # type: ignore[union-attr]
@@ -141,11 +145,9 @@ async def run_vector_mmap_benchmark(sizes: Sequence[int], database_url: str | No
                 pool = await create_pool(url, max_size=4)
                 root = Path(tmp) / f"vectors-{n}"
                 try:
-                    async with pool.acquire() as conn:
-                        await conn.execute("DELETE FROM rag_embeddings WHERE model = $1", MODEL)
                     centers = np.random.default_rng(0).standard_normal((200, DIM), dtype=np.float32)
                     t0 = time.perf_counter()
-                    partition = await populate(pool, n, centers, hnsw=False)
+                    partition = await populate(pool, n, centers, hnsw=False, model=_model(n))
                     populate_s = time.perf_counter() - t0
                     writer = VectorWriter(pool, url, root)
                     t0 = time.perf_counter()
@@ -156,7 +158,7 @@ async def run_vector_mmap_benchmark(sizes: Sequence[int], database_url: str | No
                     await pool.close()
                 size: dict[str, Any] = {"populate_s": populate_s, "snapshot_s": snapshot_s}
                 for mode in MODES:
-                    size[mode] = await _two_workers(url, root, mode)
+                    size[mode] = await _two_workers(url, root, mode, n)
                 results[str(n)] = size
                 print(json.dumps({n: size}), flush=True)
     return results
@@ -218,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--dir", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        asyncio.run(_child(args.database_url, args.dir, args.child))
+        asyncio.run(_child(args.database_url, args.dir, args.child, int(args.sizes)))
         return 0
     if args.out is None:
         p.error("--out is required")
