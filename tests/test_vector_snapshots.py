@@ -59,6 +59,12 @@ async def mapped(db_pool, database_url, tmp_path):
     await _changes(db_pool, partition, 11)
     reader = MappedVectorCache(db_pool, database_url, CacheConfig(mode="mmap", snapshot_root=tmp_path))
     await reader.load(partition)
+    # Before the reader applies them, the changes are already in its answers (re-read as pending keys).
+    q = np.random.default_rng(2).standard_normal(DIM).astype(np.float32)
+    _same(
+        await _cached(reader, db_pool, partition, q, Scope(), 20),
+        await _exact(db_pool, partition, q, Scope(), 20),
+    )
     assert await reader.sync() > 0
     yield db_pool, partition, reader, tmp_path
     await reader.stop()
