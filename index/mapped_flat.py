@@ -3,22 +3,21 @@
 The snapshot's vectors (:mod:`index.vector_files`) are mapped copy-on-write: their pages stay the
 page cache's, shared by every gateway worker, until this process writes one (an update of a slot
 from the change feed: one private page). Vectors appended after the snapshot live in a private
-array behind the mapped ones. Searches are numpy matrix products over both parts (FAISS's flat
-index owns its storage and cannot search memory it did not allocate), with the slot-bitmap
-semantics of :class:`index.faiss_backend.FlatIndex`, which this stands in for.
+array behind the mapped ones. FAISS's flat index owns its storage and cannot search memory it did
+not allocate, so a search runs FAISS's brute-force scan (``knn_inner_product``, with the same
+bitmap selector) over each part and merges them; a batch of searches is one numpy product per part
+(:meth:`index.faiss_backend.FlatIndex.search_batch`). Both stand in for
+:class:`index.faiss_backend.FlatIndex` slot for slot.
 """
 
 from __future__ import annotations
 
+import faiss
 import numpy as np
 
-from .faiss_backend import FlatIndex, top_permitted
+from .faiss_backend import FlatIndex
 
 __all__ = ["MappedFlatIndex"]
-
-# Below this share of permitted slots a search gathers the permitted vectors and scores just
-# those; above it, one product over every slot reads less (no gather) for the same answer.
-GATHER_MAX_DENSITY = 0.125
 
 
 class MappedFlatIndex(FlatIndex):
@@ -63,15 +62,12 @@ class MappedFlatIndex(FlatIndex):
                 part[slots[inside] - offset] = vectors[inside]
 
     def vectors(self, slots: np.ndarray) -> np.ndarray:
-        with self.lock.read():
-            return self._gather(np.asarray(slots, dtype=np.int64))
-
-    def _gather(self, slots: np.ndarray) -> np.ndarray:
-        """Copies of the slots' vectors (the caller holds the lock)."""
+        slots = np.asarray(slots, dtype=np.int64)
         out = np.empty((len(slots), self.dimension), dtype=np.float32)
-        for offset, part in self._parts():
-            inside = (slots >= offset) & (slots < offset + len(part))
-            out[inside] = part[slots[inside] - offset]
+        with self.lock.read():
+            for offset, part in self._parts():
+                inside = (slots >= offset) & (slots < offset + len(part))
+                out[inside] = part[slots[inside] - offset]
         return out
 
     def _scores(self, queries: np.ndarray) -> np.ndarray:
@@ -79,16 +75,40 @@ class MappedFlatIndex(FlatIndex):
 
     def _search_cpu(self, query: np.ndarray, k: int, bitmap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         n = self.ntotal
-        if n == 0 or k <= 0:
+        k = min(k, n)
+        if k <= 0:
             return np.empty(0, np.float32), np.empty(0, np.int64)
-        permitted = np.unpackbits(bitmap[: (n + 7) // 8], bitorder="little", count=n).astype(bool)
-        q = np.asarray(query, dtype=np.float32).reshape(1, -1)
-        chosen = np.flatnonzero(permitted)
-        if len(chosen) <= GATHER_MAX_DENSITY * n:
-            scores, top = top_permitted(
-                (self._gather(chosen) @ q.T)[:, 0] if len(chosen) else np.empty(0, np.float32),
-                np.ones(len(chosen), dtype=bool),
-                k,
-            )
-            return scores, chosen[top]
-        return top_permitted(self._scores(q)[:, 0], permitted, k)
+        permitted = np.unpackbits(bitmap[: (n + 7) // 8], bitorder="little", count=n)
+        q = np.ascontiguousarray(query, dtype=np.float32).reshape(1, -1)
+        scores, slots = [], []
+        for offset, part in self._parts():
+            if len(part):
+                s, i = _knn(q, part, min(k, len(part)), permitted[offset : offset + len(part)])
+                scores.append(s)
+                slots.append(i + offset)
+        merged, at = np.concatenate(scores), np.concatenate(slots)
+        best = np.argsort(-merged, kind="stable")[:k]
+        return merged[best], at[best]
+
+
+def _knn(q: np.ndarray, vectors: np.ndarray, k: int, permitted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """FAISS's exact inner-product scan over memory it does not own (the mapped rows, or the tail),
+    skipping the rows not ``permitted`` (0/1 per row) as the flat index's selector does: 2-4x a
+    numpy product over the same rows for one query (measured at 100k x 384)."""
+    scores = np.empty((1, k), dtype=np.float32)
+    slots = np.empty((1, k), dtype=np.int64)
+    bits = np.packbits(permitted, bitorder="little")
+    selector = faiss.IDSelectorBitmap(len(vectors), faiss.swig_ptr(bits))
+    faiss.knn_inner_product(
+        faiss.swig_ptr(q),
+        faiss.swig_ptr(vectors),
+        vectors.shape[1],
+        1,
+        len(vectors),
+        k,
+        faiss.swig_ptr(scores),
+        faiss.swig_ptr(slots),
+        selector,
+    )
+    keep = slots[0] >= 0  # fewer permitted rows than k
+    return scores[0][keep], slots[0][keep]
