@@ -108,7 +108,7 @@ class MappedVectorCache(VectorCache):
     async def _follow_snapshots(self) -> None:
         """Map each partition's snapshot anew when the writer swapped another one in (or made a first)."""
         for pc in list(self.partitions.values()):
-            if pc.state not in ("ready", "missing"):
+            if pc.state not in ("ready", "missing", "failed"):  # a failed map is tried again
                 continue
             if current_folder(self.snapshot_root, pc.partition) == pc.folder:
                 continue

@@ -29,7 +29,7 @@ from .cache_metrics import CacheMetrics
 from .cache_partition import CacheConfig, PartitionCache
 from .mapped_cache import MappedVectorCache
 from .partitions import ModelPartition
-from .swap_folders import new_folder, partition_folder, swap_in, writer_lock
+from .swap_folders import current_folder, new_folder, partition_folder, swap_in, writer_lock
 from .vector_files import SnapshotState, write_snapshot
 
 log = logging.getLogger(__name__)
@@ -81,9 +81,9 @@ class VectorWriter(MappedVectorCache):
     async def load(self, partition: ModelPartition) -> PartitionCache:
         """Map the partition's snapshot; without one, load the store and write the first."""
         self._lock(partition)
-        pc = await self.map_snapshot(partition)
-        if pc.state == "missing":
+        if current_folder(self.root, partition) is None:
             return await self.rebuild(partition)
+        pc = await self.map_snapshot(partition)
         self.changed[partition.partition] = 0
         return pc
 
