@@ -174,3 +174,32 @@ async def test_two_processes_share_the_snapshot_pages(mapped) -> None:
     finally:
         other.stdin.close()
         await other.wait()
+
+
+def test_snapshot_keys_find_every_key_and_record_whatever_their_texts() -> None:
+    """Binary search over encoded keys: texts that JSON escapes, records whose ids share a prefix
+    (1, 10, 100), and keys or records that are absent."""
+    from index.slot_keys import KeyOf, RecordSlots, SlotOf, SnapshotKeys, encode_keys
+
+    keys = [
+        (section, record, component, lang, "", chunk)
+        for section in ("oh1", 'q"uote', "ñandú", "a\\b")
+        for record in (1, 10, 100, -1)
+        for component, lang in (("rag:card", "lg-spa"), ("oh22", "lg-€"))
+        for chunk in (0, 1)
+    ]
+    encoded = encode_keys(keys)
+    order = np.argsort(encoded, kind="stable")
+    base = SnapshotKeys(encoded[order])
+    slot_of, key_of, records = SlotOf(base), KeyOf(base), RecordSlots(base)
+    for slot, i in enumerate(order):
+        assert slot_of[keys[i]] == slot and key_of[slot] == keys[i]
+    for section in ("oh1", 'q"uote', "ñandú", "a\\b"):
+        for record in (1, 10, 100, -1):
+            assert {key_of[s] for s in records.get((section, record))} == {
+                k for k in keys if k[:2] == (section, record)
+            }
+    assert ("oh1", 2, "rag:card", "lg-spa", "", 0) not in slot_of
+    assert records.get(("oh1", 1000)) is None
+    del slot_of[keys[0]]
+    assert keys[0] not in slot_of and len(slot_of) == len(keys) - 1
