@@ -243,7 +243,7 @@ def as_suite(result: dict[str, Any]) -> SuiteResult:
             "USS growth MiB",
             "search p50 ms: unfiltered",
             "ACL 10%",
-        ],  # fmt: skip
+        ],
         rows,
     )
     notes = [
