@@ -40,7 +40,7 @@ from .acl_shares import VISIBILITY_PROJECT, projects_of
 from .measure import closed_loop, percentile, rss_bytes, summarize, tie_aware_recall
 from .report import Headline, SuiteResult, Table, write_report
 
-__all__ = ["run_faiss_cache_benchmark"]
+__all__ = ["DIM", "MODEL", "populate", "run_faiss_cache_benchmark", "vectors"]
 
 MODEL = "bench-faiss-384"
 DIM = 384
@@ -48,17 +48,19 @@ SECTION = "bench1"
 K = 10
 
 
-def _vectors(n: int, rng: np.random.Generator, centers: np.ndarray) -> np.ndarray:
+def vectors(n: int, rng: np.random.Generator, centers: np.ndarray) -> np.ndarray:
     picks = rng.integers(0, len(centers), n)
     out = centers[picks] + 0.35 * rng.standard_normal((n, DIM), dtype=np.float32)
     return (out / np.linalg.norm(out, axis=1, keepdims=True)).astype(np.float32)
 
 
-async def _populate(pool: Any, n: int, centers: np.ndarray) -> Any:
+async def populate(pool: Any, n: int, centers: np.ndarray, *, hnsw: bool = True, model: str = MODEL) -> Any:
+    """``n`` clustered rows (bulk COPY), then the partition's HNSW index (``hnsw``: a run that never
+    searches pgvector skips its build, minutes at 1M rows)."""
     from index.partitions import ensure_partition
     from index.store import EmbeddingRow, copy_rows
 
-    partition = await ensure_partition(pool, MODEL, DIM)
+    partition = await ensure_partition(pool, model, DIM)
     rng = np.random.default_rng(n)
     meta = {"contributors": ["c1"]}
     async with pool.acquire() as conn:
@@ -69,7 +71,7 @@ async def _populate(pool: Any, n: int, centers: np.ndarray) -> Any:
         )
         await conn.execute(f'DROP INDEX "{partition.partition}_hnsw"')  # bulk load first, index after
         for start in range(0, n, 20_000):
-            vecs = _vectors(min(20_000, n - start), rng, centers)
+            vecs = vectors(min(20_000, n - start), rng, centers)
             rows = [
                 EmbeddingRow("text", SECTION, start + i + 1, "rag:card", "lg-nolan", 0, f"h{start + i}", "t",
                              "t", vecs[i], projects=projects_of(start + i + 1), chunk_meta=meta)
@@ -77,8 +79,9 @@ async def _populate(pool: Any, n: int, centers: np.ndarray) -> Any:
             ]  # fmt: skip
             await copy_rows(conn, partition, rows)
         # The whole graph in memory (about 2 KiB per 384-d row): a build that spills is many times slower.
-        await conn.execute(f"SET maintenance_work_mem = '{max(512, n * 4096 // 2**20)}MB'")
-        await conn.execute(index_sql)
+        if hnsw:
+            await conn.execute(f"SET maintenance_work_mem = '{max(512, n * 4096 // 2**20)}MB'")
+            await conn.execute(index_sql)
         await conn.execute(f"ANALYZE {partition.table}")
     return partition
 
@@ -112,7 +115,7 @@ async def _sync_lag(
             async with conn.transaction():
                 for _ in range(32):
                     record = rng.randint(1, n)
-                    vec = _vectors(1, wrng, centers)[0]
+                    vec = vectors(1, wrng, centers)[0]
                     row = EmbeddingRow("text", SECTION, record, "rag:card", "lg-nolan", 0, f"w{written}", "t",
                                        "t", vec, projects=projects_of(record),
                                        chunk_meta={"contributors": ["c1"]})  # fmt: skip
@@ -208,7 +211,7 @@ async def _one_size(url: str, n: int, queries: int, seconds: float) -> dict[str,
     try:
         centers = np.random.default_rng(0).standard_normal((200, DIM), dtype=np.float32)
         t0 = time.perf_counter()
-        partition = await _populate(pool, n, centers)
+        partition = await populate(pool, n, centers)
         populate_s = time.perf_counter() - t0
         rss = rss_bytes()
         # cpu_broad_scan_max=0: the cache serves unfiltered scopes too, so its own recall and latency are
@@ -219,7 +222,7 @@ async def _one_size(url: str, n: int, queries: int, seconds: float) -> dict[str,
         load_s = time.perf_counter() - start
         rss_growth = rss_bytes() - rss
         pc = cache.partitions[partition.partition]
-        qs = _vectors(queries, np.random.default_rng(1), centers)
+        qs = vectors(queries, np.random.default_rng(1), centers)
         scopes = {"unfiltered (admin)": Scope()}
         for label, project in VISIBILITY_PROJECT.items():
             scopes[f"ACL {label}"] = Scope(acl=pushdown(Principal("r", frozenset({project}), {SECTION: 1})))

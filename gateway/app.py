@@ -102,6 +102,7 @@ def vector_cache_config(settings: GatewaySettings) -> CacheConfig:
     the gateway and the benchmarks that run its cache in-process build it here)."""
     return CacheConfig(
         mode=settings.faiss_cache,
+        snapshot_root=settings.ingest.vector_root(settings.database.data_dir),
         max_bytes=settings.faiss_max_bytes,
         cpu_broad_scan_max=settings.faiss_cpu_broad_scan_max,
         threads=settings.faiss_threads,
@@ -118,6 +119,7 @@ async def _vector_cache_ctx(app: web.Application) -> AsyncIterator[None]:
         return
     # Deliberately lazy: FAISS (a heavy optional dependency) loads only when a cache is configured.
     from index.faiss_backend import gpu_available
+    from index.mapped_cache import MappedVectorCache
     from index.vector_cache import VectorCache
 
     if settings.faiss_cache == "auto" and not gpu_available():
@@ -127,7 +129,9 @@ async def _vector_cache_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
         return
 
-    cache = VectorCache(
+    # mmap: every worker maps the snapshots `mnemo vectors follow` writes, instead of loading the store.
+    kind = MappedVectorCache if settings.faiss_cache == "mmap" else VectorCache
+    cache = kind(
         app[POOL_KEY],
         app[DATABASE_URL_KEY],
         vector_cache_config(settings),

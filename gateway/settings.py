@@ -23,7 +23,7 @@ from .budget_settings import BudgetSettings
 
 LEXICAL_INDEX_MODES = (*MEMORY_LEXICAL_MODES, *TANTIVY_LEXICAL_MODES)
 LEGS = ("dense", "lexical", "sparse")
-FAISS_MODES = ("off", "auto", "cpu", "cuda")
+FAISS_MODES = ("off", "auto", "cpu", "cuda", "mmap")
 FUSION_METHODS = ("dbsf", "minmax", "rrf")
 MIN_SECRET_BYTES = 32
 
@@ -432,7 +432,9 @@ class GatewaySettings:
         "auto",
         "FAISS vector cache in the gateway's process: `auto` (on a GPU with `faiss-gpu`, each partition "
         "that fits `RAG_FAISS_MAX_BYTES`; off on CPU, where the flat scan measured slower than HNSW), "
-        "`cpu` (force it on CPU), `cuda` (refuses to start without a GPU), or `off`. On: exact dense search at any ACL selectivity and exact re-scoring, "
+        "`cpu` (force it on CPU), `cuda` (refuses to start without a GPU), `mmap` (CPU, every worker maps the "
+        "snapshots `mnemo vectors follow` writes under `RAG_VECTOR_DIR` instead of loading the store; a "
+        "partition without one is left to pgvector), or `off`. On: exact dense search at any ACL selectivity and exact re-scoring, "
         "for the memory of every vector and a load at start (pgvector serves meanwhile).",
     )
     faiss_max_bytes: int = setting(
@@ -589,12 +591,8 @@ def env_settings_rows() -> list[tuple[str, str, str]]:
     return rows
 
 
-def worker_environment(metrics_dir: Path) -> dict[str, str]:
-    """The environment of a ``mnemo gateway --workers N`` worker: this process's, plus
-    prometheus_client's multi-process folder, which it reads from the environment only."""
-    return {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
-
-
-def follower_environment(database_url: str) -> dict[str, str]:
-    """``mnemo up``'s lexical writer's: this process's, plus the database URL (kept out of argv)."""
-    return {**os.environ, "RAG_DATABASE_URL": database_url}
+def child_environment(**extra: str) -> dict[str, str]:
+    """This process's environment plus ``extra``, for the processes the gateway's commands start: a
+    worker's ``PROMETHEUS_MULTIPROC_DIR`` (prometheus_client reads it from the environment only), the
+    lexical writer's ``RAG_DATABASE_URL`` (kept out of argv)."""
+    return {**os.environ, **extra}

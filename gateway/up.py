@@ -34,7 +34,7 @@ from schema.cli import stop_signal
 from schema.database import create_pool
 
 from .auth import issue_token
-from .settings import GatewaySettings, follower_environment
+from .settings import GatewaySettings, child_environment
 from .workers import serving_workers, worker_count
 
 # The researcher reads the oral histories and the coin catalogue, whose cards also draw on the
@@ -146,7 +146,7 @@ async def lexical_follower(data_dir: Path, root: Path, database_url: str) -> Asy
     with log_path.open("wb") as log:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "gateway.cli", "lexical", "follow", "--dir", str(root),
-            stdout=log, stderr=log, env=follower_environment(database_url),
+            stdout=log, stderr=log, env=child_environment(RAG_DATABASE_URL=database_url),
         )  # fmt: skip
     try:
         for _ in range(int(FOLLOWER_START_TIMEOUT_S / 0.2)):

@@ -50,7 +50,7 @@ from pathlib import Path
 from schema.cli import stop_signal
 from schema.database import open_database
 
-from .settings import GatewaySettings, worker_environment
+from .settings import GatewaySettings, child_environment
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ class Supervisor:
             "gateway.worker",
             str(ready_write),
             stdin=asyncio.subprocess.PIPE,
-            env=worker_environment(self.metrics_dir),
+            env=child_environment(PROMETHEUS_MULTIPROC_DIR=str(self.metrics_dir)),
             pass_fds=(ready_write, self.listener.fileno()),
             # Its own session: a terminal's Ctrl-C reaches the supervisor alone, which stops the
             # workers in order (a worker watches this process and stops when it is gone).

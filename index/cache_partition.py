@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, MutableMapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -23,10 +24,11 @@ from .partitions import ModelPartition
 
 if TYPE_CHECKING:  # FAISS loads with the cache itself, not with its configuration
     from .faiss_backend import FlatIndex
+    from .slot_keys import KeyOf, RecordSlots
 
 __all__ = ["MODES", "CacheConfig", "PartitionCache", "ScopeKey", "normalized", "unfiltered"]
 
-MODES = ("off", "auto", "cpu", "cuda")
+MODES = ("off", "auto", "cpu", "cuda", "mmap")
 ScopeKey = Hashable
 # Content versions come from one counter, so a partition cached anew never repeats an old one's.
 _CONTENT_VERSIONS = itertools.count()
@@ -37,6 +39,8 @@ class CacheConfig:
     """How the cache runs (built by the gateway from its settings)."""
 
     mode: str = "auto"
+    # mode mmap: where the writer (index.vector_writer) keeps each partition's snapshot to map.
+    snapshot_root: Path | None = None
     max_bytes: int = 2 * 1024**3
     load_batch: int = 50_000
     fp16_min_vectors: int = 1_000_000  # on GPU, store fp16 from this many vectors on
@@ -59,6 +63,8 @@ class CacheConfig:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"cache mode {self.mode!r}: use one of {MODES}")
+        if self.mode == "mmap" and self.snapshot_root is None:
+            raise ValueError("cache mode mmap needs the snapshots' folder (snapshot_root)")
         if self.threads < 0:
             raise ValueError("threads must be >= 0")
 
@@ -69,15 +75,16 @@ class PartitionCache:
 
     partition: ModelPartition
     index: FlatIndex
-    state: str = "loading"  # loading | ready | over_budget | failed
+    state: str = "loading"  # loading | ready | over_budget | failed | missing (mmap: no snapshot)
     watermark: Watermark = field(default_factory=lambda: Watermark(0, 0))
     version: int = 0  # bumped whenever the watermark moves (scope bitmaps built before are suspect)
     # Changed when applying changes starts and when it ends: a packed scope copy taken at another
     # content version may disagree with the index (index.packed_scopes).
     content: int = field(default_factory=lambda: next(_CONTENT_VERSIONS))
-    slot_of: dict[RowKey, int] = field(default_factory=dict)
-    key_of: list[RowKey | None] = field(default_factory=list)
-    record_slots: dict[tuple[str, int], set[int]] = field(default_factory=dict)
+    # Plain containers when loaded from the store; index.slot_keys's stand-ins over a mapped snapshot.
+    slot_of: MutableMapping[RowKey, int] = field(default_factory=dict)
+    key_of: list[RowKey | None] | KeyOf = field(default_factory=list)
+    record_slots: dict[tuple[str, int], set[int]] | RecordSlots = field(default_factory=dict)
     alive: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     free: list[int] = field(default_factory=list)
     scopes: Lru[ScopeKey, tuple[Scope, np.ndarray]] = field(
@@ -85,6 +92,7 @@ class PartitionCache:
     )
     applying: bool = False
     load_seconds: float | None = None
+    folder: Path | None = None  # mode mmap: the snapshot folder mapped (None: none was there)
     # Searches waiting for the batcher: (query, k, permitted slots, the caller's future).
     waiting: list[tuple[np.ndarray, int, np.ndarray, asyncio.Future[np.ndarray]]] = field(
         default_factory=list

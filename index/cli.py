@@ -18,6 +18,7 @@ from .cli_ingest import register_ingest
 from .cli_queue import register_queue
 from .cli_sections import register_reconcile, register_sections
 from .lexical_cli import register as register_lexical
+from .vector_cli import register as register_vectors
 
 # In the order `mnemo --help` lists them.
 COMMAND_GROUPS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
@@ -28,6 +29,7 @@ COMMAND_GROUPS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     register_sections,
     register_reconcile,
     register_lexical,  # mnemo lexical: the Tantivy indexes' one writer, rebuild, status
+    register_vectors,  # mnemo vectors: the CPU vector snapshots' one writer, rebuild, status
 )
 
 

@@ -26,7 +26,14 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FlatIndex", "GpuFlatIndex", "gpu_available", "limit_cpu_threads"]
+__all__ = [
+    "FlatIndex",
+    "GpuFlatIndex",
+    "ReadWriteLock",
+    "gpu_available",
+    "limit_cpu_threads",
+    "top_permitted",
+]
 
 # A GPU flat search returns at most this many neighbours per query (FAISS's GPU k limit).
 GPU_MAX_K = 2048
@@ -47,6 +54,17 @@ def limit_cpu_threads(threads: int) -> None:
 
     faiss.omp_set_num_threads(threads)
     threadpool_limits(limits=threads, user_api="blas")
+
+
+def top_permitted(scores: np.ndarray, permitted: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The top-``k`` (scores, slots) among the ``permitted`` slots of one query's ``scores``, best first."""
+    kk = min(k, int(permitted.sum()))
+    if kk <= 0:
+        return np.empty(0, np.float32), np.empty(0, np.int64)
+    column = np.where(permitted, scores, -np.inf)
+    top = np.argpartition(-column, kk - 1)[:kk]
+    top = top[np.argsort(-column[top], kind="stable")]
+    return column[top].astype(np.float32), top.astype(np.int64)
 
 
 class ReadWriteLock:
@@ -157,20 +175,20 @@ class FlatIndex:
         """
         with self.lock.read():
             n = self.ntotal
-            scores = self._view() @ np.ascontiguousarray(queries, dtype=np.float32).T if n else None
+            scores = self._scores(np.ascontiguousarray(queries, dtype=np.float32)) if n else None
         out = []
         for j, mask in enumerate(masks):
             permitted = np.zeros(n, dtype=bool)
             permitted[: min(n, len(mask))] = mask[:n]
-            kk = min(k, int(permitted.sum()))
-            if scores is None or kk == 0:
+            if scores is None:
                 out.append((np.empty(0, np.float32), np.empty(0, np.int64)))
                 continue
-            column = np.where(permitted, scores[:, j], -np.inf)
-            top = np.argpartition(-column, kk - 1)[:kk]
-            top = top[np.argsort(-column[top], kind="stable")]
-            out.append((column[top].astype(np.float32), top.astype(np.int64)))
+            out.append(top_permitted(scores[:, j], permitted, k))
         return out
+
+    def _scores(self, queries: np.ndarray) -> np.ndarray:
+        """Every slot's inner product with each query: (ntotal, len(queries)); under the read lock."""
+        return self._view() @ queries.T
 
     def refresh(self) -> None:
         """Bring derived copies up to date with the master (nothing to do on CPU)."""

@@ -22,12 +22,9 @@ since the older watermark, and a replay deletes each key before adding its row (
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
-import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +34,16 @@ import tantivy
 
 from .access_classes import AccessClass, access_class
 from .change_feed import RowKey, Watermark, row_key
-from .partitions import ModelPartition
+from .swap_folders import (
+    CURRENT,
+    WriterLocked,
+    current_folder,
+    new_folder,
+    partition_folder,
+    swap_in,
+    write_json_atomically,
+    writer_lock,
+)
 
 __all__ = [
     "CURRENT",
@@ -60,12 +66,6 @@ __all__ = [
 ]
 
 STATE_FILE = "watermark.json"
-CURRENT = "current"  # the link naming the index folder readers search
-LOCK_FILE = "writer.lock"
-
-
-class WriterLocked(RuntimeError):
-    """Another process holds a partition's writer lock (one writer per index)."""
 
 
 def lexical_schema() -> tantivy.Schema:
@@ -177,77 +177,6 @@ def read_state(folder: Path) -> IndexState | None:
     return IndexState.from_json(json.loads(raw))
 
 
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_state(folder: Path, state: IndexState) -> None:
     """Replace the watermark file atomically (temporary file, fsync, rename, fsync the folder)."""
-    tmp = folder / f".{STATE_FILE}.tmp"
-    with open(tmp, "w") as out:
-        json.dump(state.as_json(), out)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, folder / STATE_FILE)
-    _fsync_dir(folder)
-
-
-def partition_folder(root: Path, partition: ModelPartition) -> Path:
-    return root / partition.partition
-
-
-def current_folder(root: Path, partition: ModelPartition) -> Path | None:
-    """The index folder the partition's ``current`` link names; None before the first build."""
-    link = partition_folder(root, partition) / CURRENT
-    try:
-        target = os.readlink(link)
-    except FileNotFoundError:
-        return None
-    return link.parent / target
-
-
-def new_folder(root: Path, partition: ModelPartition) -> Path:
-    """A fresh, empty index folder beside the current one (a rebuild's target)."""
-    base = partition_folder(root, partition)
-    base.mkdir(parents=True, exist_ok=True)
-    taken = [int(p.name[2:]) for p in base.glob("v-*") if p.name[2:].isdigit()]
-    folder = base / f"v-{max(taken, default=0) + 1}"
-    folder.mkdir()
-    return folder
-
-
-def swap_in(root: Path, partition: ModelPartition, folder: Path) -> Path | None:
-    """Point ``current`` at ``folder`` atomically (a new link renamed over the old); returns the
-    folder it named before. Readers holding the old one keep reading its files until they reopen."""
-    base = partition_folder(root, partition)
-    old = current_folder(root, partition)
-    tmp = base / f".{CURRENT}.tmp"
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    os.symlink(folder.name, tmp)
-    os.replace(tmp, base / CURRENT)
-    _fsync_dir(base)
-    return old
-
-
-@contextlib.contextmanager
-def writer_lock(folder: Path) -> Iterator[None]:
-    """Hold the writer lock of ``folder`` (a partition's, or the lexical folder's for a whole
-    follower); released when the process dies, however it dies."""
-    folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise WriterLocked(
-                f"another writer holds {folder / LOCK_FILE} (a running `mnemo lexical follow` or rebuild): "
-                "one writer per index"
-            ) from None
-        yield
-    finally:
-        os.close(fd)
+    write_json_atomically(folder / STATE_FILE, state.as_json())

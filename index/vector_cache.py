@@ -23,6 +23,8 @@ How it stays correct (the invariants the tests pin):
   vectors (:mod:`index.packed_scopes`), valid only while no change has been applied since.
 - **Bounded.** A partition that would pass ``max_bytes`` is not cached (logged
   and counted); pgvector serves it. Cold partitions (loading) likewise.
+- **Shared on CPU.** Mode ``mmap`` maps each partition from a snapshot on disk instead of loading
+  the store (:mod:`index.mapped_cache`); the same invariants hold.
 
 With mode ``off``, or for any partition not ``ready``, :meth:`VectorCache.search`
 returns None and the caller runs the SQL leg exactly as without a cache.
@@ -81,7 +83,7 @@ class VectorCache(FeedFollower):
 
     label = "faiss cache"
     serves = "pgvector"
-    states = ("loading", "ready", "over_budget", "failed")
+    states = ("loading", "ready", "over_budget", "failed", "missing")
     partitions: dict[str, PartitionCache]
 
     def __init__(
@@ -111,7 +113,9 @@ class VectorCache(FeedFollower):
                 "RAG_FAISS_CACHE=cuda but FAISS has no GPU support or sees no GPU "
                 "(install the [gpu] extra on a CUDA machine, or use auto/cpu)"
             )
-        if mode == "cuda" or (mode == "auto" and gpu_available()):
+        if mode == "cuda" or (
+            mode == "auto" and gpu_available()
+        ):  # mmap is CPU only: a GPU copy is per process
             return "cuda"
         return "cpu"
 
@@ -140,6 +144,9 @@ class VectorCache(FeedFollower):
         return sum(pc.index.nbytes for name, pc in self.partitions.items() if name != exclude)
 
     async def load(self, partition: ModelPartition) -> PartitionCache:
+        return await self.load_store(partition)
+
+    async def load_store(self, partition: ModelPartition) -> PartitionCache:
         """Load a partition's text vectors with binary COPY in keyset batches (a progress line per batch)."""
         name = partition.partition
         start = time.perf_counter()
@@ -177,11 +184,7 @@ class VectorCache(FeedFollower):
                 if len(keys) < self.config.load_batch:
                     break
         await asyncio.to_thread(pc.index.refresh)
-        pc.publish([], watermark, applied=True)
-        pc.load_seconds = time.perf_counter() - start
-        self._set_state(pc, "ready")
-        self._observe(pc)
-        self.metrics.load_seconds.labels(name).set(pc.load_seconds)
+        self._ready(pc, watermark, start)
         log.info(
             "faiss cache: %s ready, %d vectors, %.1f MiB, loaded in %.2fs",
             name,
@@ -193,6 +196,14 @@ class VectorCache(FeedFollower):
         # the search adds every key changed after the watermark).
         self.notify(partition.model)
         return pc
+
+    def _ready(self, pc: PartitionCache, watermark: Watermark, start: float) -> None:
+        """A partition loaded (or mapped) up to ``watermark`` since ``start``: searchable from now on."""
+        pc.publish([], watermark, applied=True)
+        pc.load_seconds = time.perf_counter() - start
+        self._set_state(pc, "ready")
+        self._observe(pc)
+        self.metrics.load_seconds.labels(pc.partition.partition).set(pc.load_seconds)
 
     async def _copy_batch(
         self, conn: asyncpg.Connection, partition: ModelPartition, after: RowKey | None
@@ -237,9 +248,7 @@ class VectorCache(FeedFollower):
             self.used_bytes(exclude=pc.partition.partition) / 2**20,
         )
         pc.index = FlatIndex(pc.partition.dimension)  # release the vectors
-        pc.slot_of.clear()
-        pc.key_of.clear()
-        pc.record_slots.clear()
+        pc.slot_of, pc.key_of, pc.record_slots = {}, [], {}
         pc.alive = np.zeros(0, dtype=bool)
         pc.scopes.clear()
         self.metrics.over_budget.inc()
@@ -418,7 +427,8 @@ class VectorCache(FeedFollower):
             return None
         pc = self.partitions.get(partition.partition)
         if pc is None or pc.state != "ready":
-            self.metrics.searches.labels("over_budget" if pc and pc.state == "over_budget" else "cold").inc()
+            state = pc.state if pc is not None else None
+            self.metrics.searches.labels(state if state in ("over_budget", "missing") else "cold").inc()
             return None
         if self._broad_on_cpu(pc, scope):
             self.metrics.searches.labels("broad").inc()

@@ -220,7 +220,11 @@ INFERENCE_INSIDERS = {
 # Function-level imports of first-party code the gateway keeps on purpose: module -> imported prefixes.
 GATEWAY_LAZY_IMPORTS = {
     "gateway.commands": ("",),  # registration stays light: `mnemo --help` imports no app, no driver
-    "gateway.app": ("index.faiss_backend", "index.vector_cache"),  # FAISS only when a cache is configured
+    "gateway.app": (
+        "index.faiss_backend",
+        "index.vector_cache",
+        "index.mapped_cache",
+    ),  # FAISS only when a cache is configured
 }
 
 
