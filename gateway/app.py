@@ -211,9 +211,12 @@ async def _retriever_ctx(app: web.Application) -> AsyncIterator[None]:
     )
     app[RETRIEVER_KEY] = retriever
     app[OBJECTS_KEY] = ObjectRetriever(retriever)
+    # Expired corpus statistics are recounted in the background on the read pool (index.bm25).
+    app[CORPUS_STATS_KEY].refresh_on(reads)
     try:
         yield
     finally:
+        await app[CORPUS_STATS_KEY].stop()
         await client.close()
         await reads.close()
 

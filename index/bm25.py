@@ -7,10 +7,16 @@ formula (:func:`bm25_score_sql`), so their scores and tie order agree.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
+from typing import Protocol
+
+import asyncpg
 
 from .hits import Executor
 from .lru import Lru
@@ -31,6 +37,10 @@ __all__ = [
     "query_terms",
     "scored_terms",
 ]
+
+log = logging.getLogger(__name__)
+
+RECOUNT_RETRY_S = 5.0  # a failed background recount is tried again after this long
 
 # BM25 parameters (Robertson/Lucene defaults, as in bm25s).
 BM25_K1 = 1.5
@@ -98,6 +108,15 @@ class _Stats:
     df: dict[str, int] = field(default_factory=dict)
 
 
+_StatsKey = tuple[str, tuple[str, ...] | None, str]  # (partition, sections, modality)
+
+
+class ConnectionSource(Protocol):
+    """What a background recount reads through: an ``asyncpg.Pool`` or the gateway's read pool."""
+
+    def acquire(self) -> AbstractAsyncContextManager[asyncpg.Connection]: ...
+
+
 class CorpusStats:
     """BM25 statistics (chunk count, mean length, document frequencies) per partition and section scope, cached.
 
@@ -106,18 +125,72 @@ class CorpusStats:
 
     A query scoped to sections is scored with those sections' statistics (a
     term common in one collection can be rare in another); an unscoped query
-    with the whole partition's. Statistics older than ``ttl`` seconds are
-    recomputed; document frequencies are counted per term on first use (a GIN
-    index probe) and cached with them. Corpus statistics drift slowly, so a
-    short staleness only nudges scores.
+    with the whole partition's. Document frequencies are counted per term on
+    first use (a GIN index probe) and cached with them. Corpus statistics
+    drift slowly, so a short staleness only nudges scores.
+
+    Statistics older than ``ttl`` seconds are recounted. With a pool attached
+    (:meth:`refresh_on`, as the gateway's legs do), the held statistics keep
+    serving while one background task per scope recounts them and the terms
+    used since the last count (stale-while-revalidate): at 100k chunks a
+    common term's count takes most of a second, at 1M seconds, and without it
+    the requests that found the statistics expired paid that (the p99 spikes of
+    every ``ttl``, per gateway worker). ``ttl`` 0 recounts on every use.
     """
 
-    def __init__(self, ttl: float = 60.0) -> None:
+    def __init__(self, ttl: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl = ttl
-        self._stats: dict[tuple[str, tuple[str, ...] | None, str], _Stats] = {}
+        self._clock = clock
+        self._stats: dict[_StatsKey, _Stats] = {}
+        self._pool: ConnectionSource | None = None
+        self._refreshing: dict[_StatsKey, asyncio.Task[None]] = {}
+
+    def refresh_on(self, pool: ConnectionSource) -> None:
+        """Recount expired statistics in the background on ``pool`` (the first attached is kept)."""
+        if self._pool is None:
+            self._pool = pool
 
     def invalidate(self) -> None:
         self._stats.clear()
+
+    async def stop(self) -> None:
+        """Cancel the recounts under way (the app's cleanup, before its pools close)."""
+        tasks = list(self._refreshing.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _count(
+        self, db: Executor, partition: ModelPartition, sections: tuple[str, ...] | None, modality: str
+    ) -> _Stats:
+        row = await db.fetchrow(
+            f"""SELECT count(*) AS n, coalesce(avg(e.lexical_length), 0) AS avgdl
+                FROM {partition.table} e
+                WHERE e.modality = $2 AND ($1::text[] IS NULL OR e.section_tipo = ANY($1::text[]))""",
+            None if sections is None else list(sections),
+            checked_modality(modality),
+        )
+        return _Stats(n=int(row["n"]), avgdl=float(row["avgdl"] or 0.0), at=self._clock())
+
+    async def _dfs(
+        self,
+        db: Executor,
+        partition: ModelPartition,
+        terms: Sequence[str],
+        sections: tuple[str, ...] | None,
+        modality: str,
+    ) -> dict[str, int]:
+        rows = await db.fetch(
+            f"""SELECT t.term, (SELECT count(*) FROM {partition.table} e
+                                WHERE e.modality = $4 AND e.lexical @@ t.q
+                                  AND ($3::text[] IS NULL OR e.section_tipo = ANY($3::text[]))) AS df
+                FROM unnest($1::text[], $2::tsquery[]) AS t(term, q)""",
+            list(terms),
+            [_tsquery_literal(t) for t in terms],
+            None if sections is None else list(sections),
+            checked_modality(modality),
+        )
+        return {r["term"]: int(r["df"]) for r in rows}
 
     async def _base(
         self,
@@ -126,23 +199,42 @@ class CorpusStats:
         sections: tuple[str, ...] | None,
         modality: str = "text",
     ) -> _Stats:
-        now = time.monotonic()
+        now = self._clock()
         key = (partition.partition, sections, modality)
         cached = self._stats.get(key)
         if cached is not None and now - cached.at < self.ttl:
             return cached
-        row = await db.fetchrow(
-            f"""SELECT count(*) AS n, coalesce(avg(e.lexical_length), 0) AS avgdl
-                FROM {partition.table} e
-                WHERE e.modality = $2 AND ($1::text[] IS NULL OR e.section_tipo = ANY($1::text[]))""",
-            None if sections is None else list(sections),
-            checked_modality(modality),
-        )
-        stats = _Stats(n=int(row["n"]), avgdl=float(row["avgdl"] or 0.0), at=now)
-        for old in [k for k, v in self._stats.items() if now - v.at >= self.ttl]:  # scopes vary: prune
-            del self._stats[old]
-        self._stats[key] = stats
+        if cached is not None and self._pool is not None and self.ttl > 0:
+            if key not in self._refreshing:
+                self._refreshing[key] = asyncio.create_task(self._refresh(key, partition, cached))
+            return cached  # stale while the task recounts
+        stats = await self._count(db, partition, sections, modality)
+        self._keep(key, stats)
         return stats
+
+    def _keep(self, key: _StatsKey, stats: _Stats) -> None:
+        for old in [k for k, v in self._stats.items() if stats.at - v.at >= 4 * max(self.ttl, 1.0)]:
+            del self._stats[old]  # scopes vary: prune those long unused (a refresh keeps the used fresh)
+        self._stats[key] = stats
+
+    async def _refresh(self, key: _StatsKey, partition: ModelPartition, stale: _Stats) -> None:
+        """Recount ``key``'s statistics and the terms counted under ``stale``, then swap them in."""
+        _, sections, modality = key
+        assert self._pool is not None
+        try:
+            async with self._pool.acquire() as conn:
+                fresh = await self._count(conn, partition, sections, modality)
+                terms = list(stale.df)
+                if terms:
+                    fresh.df.update(await self._dfs(conn, partition, terms, sections, modality))
+            # Terms first counted under the stale statistics while this ran: their counts are as new.
+            fresh.df.update({t: n for t, n in stale.df.items() if t not in fresh.df})
+            self._keep(key, fresh)
+        except Exception as exc:  # the stale statistics keep serving; retried in a few seconds
+            log.warning("corpus statistics of %s: recount failed (%s); the held ones serve", key[0], exc)
+            stale.at = self._clock() - max(0.0, self.ttl - RECOUNT_RETRY_S)
+        finally:
+            self._refreshing.pop(key, None)
 
     async def idf(
         self,
@@ -157,18 +249,7 @@ class CorpusStats:
         stats = await self._base(db, partition, sections, modality)
         missing = [t for t in terms if t not in stats.df]
         if missing:
-            rows = await db.fetch(
-                f"""SELECT t.term, (SELECT count(*) FROM {partition.table} e
-                                    WHERE e.modality = $4 AND e.lexical @@ t.q
-                                      AND ($3::text[] IS NULL OR e.section_tipo = ANY($3::text[]))) AS df
-                    FROM unnest($1::text[], $2::tsquery[]) AS t(term, q)""",
-                missing,
-                [_tsquery_literal(t) for t in missing],
-                None if sections is None else list(sections),
-                checked_modality(modality),
-            )
-            for r in rows:
-                stats.df[r["term"]] = int(r["df"])
+            stats.df.update(await self._dfs(db, partition, missing, sections, modality))
         out = {}
         for t in terms:
             df = stats.df.get(t, 0)

@@ -50,8 +50,8 @@ async def test_chunk_length_counts_what_bm25_scores(db_pool: asyncpg.Pool) -> No
     assert await db_pool.fetchval("SELECT rag_bm25_length($1)", text) == 4
 
 
-async def _store(pool: asyncpg.Pool, docs: list[str]):
-    partition = await ensure_partition(pool, "bm25-test", 3)
+async def _store(pool: asyncpg.Pool, docs: list[str], model: str = "bm25-test"):
+    partition = await ensure_partition(pool, model, 3)
     async with pool.acquire() as conn:
         for i, text in enumerate(docs, start=1):
             row = store.EmbeddingRow(
@@ -77,3 +77,33 @@ async def test_scores_match_bm25s(db_pool: asyncpg.Pool, query: str) -> None:
     assert set(got) == {i + 1 for i, s in enumerate(expected) if s > 0}
     for section_id, score in got.items():
         assert score == pytest.approx(float(expected[section_id - 1]), rel=1e-5)
+
+
+async def test_expired_statistics_serve_while_one_background_recount_runs(db_pool: asyncpg.Pool) -> None:
+    """Past the ttl the held statistics answer at once and one task recounts them (the count, and the
+    frequencies of the terms used), so no request waits for a recount; then the new counts serve."""
+    now = [1000.0]
+    stats = CorpusStats(ttl=60, clock=lambda: now[0])
+    stats.refresh_on(db_pool)
+    partition = await _store(db_pool, DOCS, model="bm25-recount")  # its own: rows are added below
+    first, idf = await stats.idf(db_pool, partition, ["message", "clocks"])
+    assert (first.n, first.df["message"], first.df["clocks"]) == (6, 2, 1)
+    async with db_pool.acquire() as conn:  # two more chunks with "clocks" after the count
+        rows = [
+            store.EmbeddingRow("text", "bm25", 7 + i, "rag:doc", "lg-eng", 0, f"n{i}", t, t, np.ones(3))
+            for i, t in enumerate(["clocks drift", "vector clocks"])
+        ]
+        await store.upsert_rows(conn, partition, rows)
+    now[0] += 30  # within the ttl: the held counts
+    held, _ = await stats.idf(db_pool, partition, ["clocks"])
+    assert held is first and held.df["clocks"] == 1
+    now[0] += 31  # past it: still the held counts, answered without waiting, and one recount started
+    stale, stale_idf = await stats.idf(db_pool, partition, ["clocks"])
+    again, _ = await stats.idf(db_pool, partition, ["message"])
+    assert stale is first and again is first and stale_idf["clocks"] == idf["clocks"]
+    (recount,) = stats._refreshing.values()  # one task for the scope, however many callers
+    await recount
+    fresh, fresh_idf = await stats.idf(db_pool, partition, ["clocks", "message"])
+    assert (fresh.n, fresh.df["clocks"], fresh.df["message"]) == (8, 3, 2)
+    assert fresh_idf["clocks"] < idf["clocks"]  # a commoner term now
+    await stats.stop()
