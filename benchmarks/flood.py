@@ -52,6 +52,29 @@ async def _search(http: Any, url: str, token: str, query: str) -> tuple[int, str
     return r.status, code, time.perf_counter() - started
 
 
+WARM_PASSES = 6  # each query this many times on fresh connections: every worker sees it (1 in 2**5 misses)
+
+
+async def warm(url: str, token: str, queries: Sequence[str], passes: int = WARM_PASSES) -> None:
+    """Send every query ``passes`` times, 8 at once, each on a new connection, so every worker of
+    ``--workers N`` has embedded and cached it (each holds its own query cache and statistics):
+    otherwise a window's first call of a query on the other worker pays the sidecar and a cold
+    statistics count, which is the warm-up's cost, not the figure's."""
+    import aiohttp
+
+    gate = asyncio.Semaphore(8)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:
+
+        async def one(q: str) -> None:
+            async with gate:
+                status, code, _ = await _search(http, url, token, q)
+            if status != 200:
+                raise RuntimeError(f"warm-up: {code}")
+
+        for _ in range(passes):
+            await asyncio.gather(*(one(q) for q in queries))
+
+
 async def open_loop(call: Callable[[int], Awaitable[Any]], rate: float, seconds: float) -> list[Any]:
     """Start ``call(i)`` every ``1/rate`` s for ``seconds`` whether or not earlier calls finished (an
     arrival process that does not slow down with the server, as a flood does not); their results."""
@@ -123,8 +146,7 @@ async def flood_figure(
     a = issue_token(secret=secret, sub="bench-flood-a", projects=None, perms=perms)
     b = issue_token(secret=secret, sub="bench-steady-b", projects=None, perms=perms)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-        for q in queries:  # query vectors cached: every window measures the same path
-            await _search(http, url, admin, q)
+        await warm(url, admin, queries)  # query vectors cached: every window measures the same path
         cap = capacity_rps or await capacity(http, url, admin, queries, fair_concurrency, min(seconds, 5.0))
         flood_rate = factor * cap
 
@@ -205,9 +227,8 @@ async def metering_cost(
 
             return run
 
-        for q in queries:
-            await _search(http, metered_url, caller, q)
-            await _search(http, unmetered_url, caller, q)
+        await warm(metered_url, caller, queries)
+        await warm(unmetered_url, caller, queries)
         passes = await alternating_passes(
             {"metered": window(metered_url), "unmetered": window(unmetered_url)}, pairs
         )
@@ -360,8 +381,7 @@ async def _capacity_of(url: str, secret: str, queries: Sequence[str], callers: i
 
     admin = issue_token(secret=secret, sub="bench-admin", projects=None, admin=True)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-        for q in queries:
-            await _search(http, url, admin, q)
+        await warm(url, admin, queries)
         return await capacity(http, url, admin, queries, callers, 10.0)
 
 

@@ -41,6 +41,7 @@ import psutil
 
 from .acl_shares import VISIBILITY_PROJECT
 from .datasets import find_datasets
+from .flood import warm
 from .gateway import gateway_process, gateway_read_pool, load_queries, mixed_vectors
 from .lexical import SECTION, build_corpus, dataset_queries, populate
 from .measure import closed_loop, interleaved_windows, percentile
@@ -228,8 +229,7 @@ async def _gateway(
                     await r.read()
 
             ready_s = await _ready(session, gateway.url, search, started)
-            for i in range(len(queries)):  # each query embedded once; the gateway caches its vector
-                await search(i)
+            await warm(gateway.url, admin, queries)  # every worker embeds and counts each query once
             cells = {}
             for c in callers:
                 load = await closed_loop(search, concurrency=c, requests=10**6, max_seconds=seconds)
