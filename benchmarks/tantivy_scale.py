@@ -10,7 +10,7 @@
   the Tantivy engine, the in-memory index (``RAG_LEXICAL_INDEX=memory``, built here) and the SQL leg,
   in interleaved windows, for an admin and a researcher who sees 1% of the chunks: p50 and p99 per
   leg. Bars: Tantivy's p50 <= 1.2x the in-memory leg's, its p99 <= 25 ms;
-- **gateways as an operator starts them** (``mnemo gateway``): the in-memory index on one worker
+- **gateways as an operator starts them** (``mnemo gateway``, defaults otherwise): the in-memory index on one worker
   (today's fast configuration: its ready time and memory), then the Tantivy engine on one worker and
   on two (``--workers 2``): seconds from the command's start until ``/readyz`` is ready with every
   lexical partition served by the engine, and each process's RSS, USS and PSS once searches ran.
@@ -287,8 +287,9 @@ async def run_tantivy_scale(
         await pool.close()
     configs = {
         "memory, 1 worker": {"RAG_LEXICAL_INDEX": "memory", "RAG_GATEWAY_WORKERS": "1"},
-        "tantivy, 1 worker": {"RAG_LEXICAL_INDEX": "tantivy", "RAG_GATEWAY_WORKERS": "1"},
-        "tantivy, 2 workers": {"RAG_LEXICAL_INDEX": "tantivy", "RAG_GATEWAY_WORKERS": "2"},
+        # The defaults (RAG_LEXICAL_INDEX=auto: Tantivy once its index exists), as installed.
+        "tantivy, 1 worker": {"RAG_GATEWAY_WORKERS": "1"},
+        "tantivy, 2 workers": {"RAG_GATEWAY_WORKERS": "2"},
         "off (SQL leg), 2 workers": {"RAG_LEXICAL_INDEX": "off", "RAG_GATEWAY_WORKERS": "2"},
     }
     out["gateways"] = {}
