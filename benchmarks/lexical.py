@@ -48,7 +48,7 @@ from .acl_shares import VISIBILITY_PROJECT, projects_of
 from .corpus_text import zipf_texts
 from .datasets import find_datasets
 from .gateway import gateway_read_pool
-from .measure import interleaved_windows, percentile, rss_bytes, spread, window_ratios
+from .measure import interleaved_windows, p50_p99_ms, rss_bytes, spread, window_ratios
 from .report import Headline, SuiteResult, Table, write_report
 from .stack import BenchStack, open_stack
 
@@ -190,10 +190,6 @@ async def _timed(fn: Callable[[str], Awaitable[Any]], queries: Sequence[str]) ->
     return times
 
 
-def _ms(times: Sequence[float]) -> dict[str, float]:
-    return {"p50_ms": percentile(times, 50) * 1e3, "p99_ms": percentile(times, 99) * 1e3}
-
-
 async def _one_size(url: str, n: int, n_dataset_queries: int, each: int) -> dict[str, Any]:
     pool = await gateway_read_pool(url)
     try:
@@ -312,7 +308,7 @@ def _by_set(sets: dict[str, list[str]], times: Sequence[float]) -> dict[str, Any
     set_of = [label for label, qs in sets.items() for _ in qs]
     labels = set_of * (len(times) // len(set_of))
     per_set = {label: [t for t, s in zip(times, labels, strict=True) if s == label] for label in sets}
-    return {"all": _ms(times), **{label: _ms(ts) for label, ts in per_set.items()}}
+    return {"all": p50_p99_ms(times), **{label: p50_p99_ms(ts) for label, ts in per_set.items()}}
 
 
 # The headline ratios of the fast legs: value over baseline, per interleaved window.
@@ -331,8 +327,8 @@ async def _latencies(
     for name, per_window in windowed.items():
         latency[name] = _by_set(sets, [t for w in per_window for t in w])
     ratios = {f"{v} / {b}": window_ratios(windowed[v], windowed[b]) for v, b in WINDOW_RATIOS}
-    latency["sql 1% ACL"] = {"all": _ms(await _timed(lambda q: sql(q, narrow), queries))}
-    latency["index 1% ACL"] = {"all": _ms(await _timed(lambda q: legs["index"](q, narrow), queries))}
+    latency["sql 1% ACL"] = {"all": p50_p99_ms(await _timed(lambda q: sql(q, narrow), queries))}
+    latency["index 1% ACL"] = {"all": p50_p99_ms(await _timed(lambda q: legs["index"](q, narrow), queries))}
     return latency, ratios
 
 

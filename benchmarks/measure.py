@@ -58,6 +58,11 @@ def tie_aware_recall(got: Sequence[tuple[Any, float]], exact: Sequence[tuple[Any
     return sum(1 for key, distance in got[: len(exact)] if key in truth or distance <= floor) / len(exact)
 
 
+def p50_p99_ms(samples: Sequence[float]) -> dict[str, float]:
+    """The median and p99 of ``samples`` (seconds) in milliseconds, as the reports print them."""
+    return {"p50_ms": percentile(samples, 50) * 1e3, "p99_ms": percentile(samples, 99) * 1e3}
+
+
 def summarize(samples: Sequence[float]) -> Summary:
     return Summary(
         n=len(samples),

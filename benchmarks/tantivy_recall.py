@@ -29,7 +29,7 @@ from .acl_shares import VISIBILITY_PROJECT
 from .datasets import find_datasets
 from .gateway import gateway_read_pool
 from .lexical import SECTION, build_corpus, dataset_queries, populate
-from .measure import percentile
+from .measure import p50_p99_ms
 from .report import Headline, SuiteResult, Table, write_report
 from .stack import BenchStack, open_stack
 
@@ -123,10 +123,7 @@ async def _measure(stack: BenchStack, name: str, texts: list[str], queries: list
                         "exact": {f: exact[f] / max(asked, 1) for f in OVERFETCH},
                     }
             await memory.stop()
-        latency = {
-            leg: {"p50_ms": percentile(t, 50) * 1e3, "p99_ms": percentile(t, 99) * 1e3}
-            for leg, t in times.items()
-        }
+        latency = {leg: p50_p99_ms(t) for leg, t in times.items()}
         return {"chunks": len(texts), "queries": len(queries), "rows": rows, "latency": latency}
     finally:
         await pool.close()

@@ -44,7 +44,7 @@ from .datasets import find_datasets
 from .flood import warm
 from .gateway import gateway_process, gateway_read_pool, load_queries, mixed_vectors
 from .lexical import SECTION, build_corpus, dataset_queries, populate
-from .measure import closed_loop, interleaved_windows, percentile
+from .measure import closed_loop, interleaved_windows, p50_p99_ms
 from .stack import BENCH_MODEL, BenchStack, open_stack
 
 __all__ = ["run_tantivy_scale"]
@@ -55,14 +55,6 @@ LEXICAL_P50_BAR = 1.2  # x the in-memory leg's
 LEXICAL_P99_BAR_MS = 25.0
 SEARCH_P99_BAR_MS = 50.0
 LIMIT = 10
-
-
-def _ms(samples: Sequence[float]) -> dict[str, float]:
-    return {
-        "p50_ms": percentile(samples, 50) * 1e3,
-        "p99_ms": percentile(samples, 99) * 1e3,
-        "n": len(samples),
-    }
 
 
 def _folder_bytes(folder: Path) -> int:
@@ -145,7 +137,9 @@ async def _lexical_legs(
                     "sql": leg(lambda q, s: lexical_search(conn, partition, q, s, 4 * LIMIT, stats=stats)),
                 }
                 times = await interleaved_windows(legs, list(queries), windows)
-                out[name] = {leg_name: _ms([t for w in ts for t in w]) for leg_name, ts in times.items()}
+                out[name] = {
+                    leg_name: p50_p99_ms([t for w in ts for t in w]) for leg_name, ts in times.items()
+                }
     finally:
         await memory.stop()
     return out
