@@ -80,11 +80,23 @@ async def _database_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _budgets_ctx(app: web.Application) -> AsyncIterator[None]:
-    """The budget ledger (on the main pool: its reservations write) and the fairness limiter."""
-    app[BUDGETS_KEY] = Budgets.configured(
-        app[POOL_KEY], app[SETTINGS_KEY].budgets, app[METRICS_KEY], workers=app.get(WORKERS_KEY, 1)
+    """The budget ledger and the fairness limiter. The ledger writes through a pool of its own: one
+    statement per call leaves no session state, so no reset round trip on release (the main pool's
+    0.4-0.8 ms), and its sessions commit as ``RAG_BUDGET_DURABLE_COMMIT`` says."""
+    settings = app[SETTINGS_KEY]
+    ledger_pool = await create_pool(
+        app[DATABASE_URL_KEY],
+        max_size=settings.database.pool_size,
+        reset_session=False,
+        session={"synchronous_commit": "on" if settings.budgets.durable_commit else "off"},
     )
-    yield
+    app[BUDGETS_KEY] = Budgets.configured(
+        ledger_pool, settings.budgets, app[METRICS_KEY], workers=app.get(WORKERS_KEY, 1)
+    )
+    try:
+        yield
+    finally:
+        await ledger_pool.close()
 
 
 async def _sidecar_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -90,6 +90,16 @@ class BudgetSettings:
         "Metered calls one non-admin principal may have in flight (the sidecar and the language model "
         "serve the others meanwhile); beyond it, 429 `rate_limited`. 0: no bound.",
     )
+    durable_commit: bool = setting(
+        "RAG_BUDGET_DURABLE_COMMIT",
+        False,
+        "Wait for each ledger write to reach the disk (PostgreSQL's `synchronous_commit`) before the "
+        "metered call goes on. Off: the write is visible to every other reservation at once (the limit "
+        "holds under any concurrency) and reaches the disk within PostgreSQL's `wal_writer_delay`.",
+        tradeoff="Off saves a disk flush per metered call (about a tenth of a search's median here); a "
+        "PostgreSQL or host crash may then forget the last fraction of a second of use (an under-count, "
+        "never a refusal). On: nothing counted is ever forgotten.",
+    )
     fair_admins: bool = setting(
         "RAG_FAIR_ADMINS",
         False,

@@ -167,6 +167,11 @@ class Ledger:
         self.role_limits = settings.role_limits
         self.clock = clock  # epoch seconds: windows are UTC (a test moves it across windows)
 
+    @property
+    def pool(self) -> asyncpg.Pool:
+        """The pool the ledger writes through (the gateway's: its own, see ``gateway.app``)."""
+        return self._pool
+
     def default_limit(self, role: str, meter: str) -> int | None:
         return self.role_limits.get((role, meter))
 

@@ -21,6 +21,7 @@ import pytest
 
 from gateway.budgets import BUDGETS_KEY
 from gateway.embeddings import token_bound
+from gateway.resources import POOL_KEY
 from schema import EmbeddedPostgres, create_pool
 from tests.fixtures.chat_server import ChatServer, running_chat_server
 from tests.fixtures.gateway import (
@@ -180,6 +181,19 @@ async def test_ask_needs_its_grant_before_any_retrieval(corpus_database_url: str
         assert await _used(corpus_database_url, sub) == {"query_embeddings": 1}  # unmetered
     async with running_gateway(corpus_database_url, sidecar_url, RAG_ASK_GRANT="open") as gw:
         assert (await gw.call("ask", {"query": DAM}, bearer=bare))[0] == 200
+
+
+async def test_the_ledger_commits_without_a_disk_flush_unless_told(
+    corpus_database_url: str, sidecar_url: str
+) -> None:
+    """The ledger's own pool: its sessions skip the flush (RAG_BUDGET_DURABLE_COMMIT off, the
+    default) while the main pool's writes keep it; told, the ledger flushes too."""
+    for durable, expected in (("false", "off"), ("true", "on")):
+        async with running_gateway(corpus_database_url, sidecar_url, RAG_BUDGET_DURABLE_COMMIT=durable) as gw:
+            assert await gw.app[BUDGETS_KEY].ledger.pool.fetchval("SHOW synchronous_commit") == expected
+            assert await gw.app[POOL_KEY].fetchval("SHOW synchronous_commit") == "on"
+            assert (await gw.call("semantic_search", {"query": DAM}, bearer=_reader("flush")))[0] == 200
+    assert await _used(corpus_database_url, "flush") == {"query_embeddings": 2}
 
 
 async def test_a_flood_is_shed_as_its_own_429s_while_another_principal_is_served(
