@@ -275,6 +275,8 @@ class _TantivyLegs:
         return self.hits(q, K)
 
     async def kept_exact(self, q: str) -> Any:
+        from index.lexical_reread import reread_candidates
+
         hits = self.hits(q, K + 8)  # the index leg's first fetch (limit + 8)
         if not hits:
             return []
@@ -284,8 +286,8 @@ class _TantivyLegs:
             if plan is None:
                 return []
             scores = np.asarray([score for score, _ in hits])
-            rows, _ = await self.index.reread(
-                conn, self.partition, plan, self.scope, keys, scores, self.lexicon.watermark
+            rows, _ = await reread_candidates(
+                conn, self.partition, plan, self.scope, keys, scores.tolist(), self.lexicon.watermark
             )
         self.reread_rows += len(rows)
         return rows

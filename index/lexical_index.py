@@ -34,32 +34,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 import asyncpg
 import numpy as np
 
 from .access_classes import LEXICAL_ROW_COLUMNS, permitted_classes
-from .bm25 import Bm25Plan, bm25_idf, bm25_plan, bm25_score_sql, query_terms, scored_terms
+from .bm25 import Bm25Plan, bm25_idf, bm25_plan, query_terms, scored_terms
 from .change_feed import (
     KEY_COLUMNS,
     RowKey,
-    Watermark,
-    candidates_params,
-    candidates_sql,
     changed_rows,
     current_watermark,
     row_key,
 )
 from .feed_follower import FeedFollower
-from .hits import ChunkHit, Scope, chunk_from_row, hit_columns, identity_order, scope_key
+from .hits import ChunkHit, Scope, chunk_from_row, scope_key
 from .lexical_metrics import LexicalMetrics
+from .lexical_reread import reread_candidates
 from .lru import Lru
 from .partition_lexicon import SCOPE_CACHE_SIZE, PartitionLexicon
 from .partitions import ModelPartition
-from .read_settings import CUSTOM_PLANS, fetch_with_local_settings
-from .scope_sql import scope_where
 
 log = logging.getLogger(__name__)
 
@@ -286,7 +282,9 @@ class LexicalIndex(FeedFollower):
         while True:
             slots, scores, whole = lexicon.top(plan, allowed, excluded, fetch)
             keys = [lexicon.key_of[s] for s in slots]  # live slots: no await since top()
-            rows, trusted = await self.reread(conn, partition, plan, scope, keys, scores, watermark)
+            rows, trusted = await reread_candidates(
+                conn, partition, plan, scope, keys, scores.tolist(), watermark
+            )
             # Exact when the trusted (unchanged since the watermark) candidates cover the top-k, or
             # when the index gave its whole match set.
             if trusted >= limit or whole:
@@ -297,40 +295,3 @@ class LexicalIndex(FeedFollower):
                 log.info("lexical index: too many pending changes among the candidates; the SQL leg serves")
                 return None
             fetch *= 4
-
-    async def reread(
-        self,
-        conn: asyncpg.Connection,
-        partition: ModelPartition,
-        plan: Bm25Plan,
-        scope: Scope,
-        keys: Sequence[RowKey],
-        scores: np.ndarray,
-        watermark: Watermark,
-    ) -> tuple[list[asyncpg.Record], int]:
-        """The candidates plus every key changed after the watermark, through the scope's SQL filter
-        and the plan's match set, in the SQL leg's order; with the number of candidates that had not
-        changed. A candidate keeps the index's score (the same BM25 over the same row); a changed
-        key is scored by the SQL leg's own expression."""
-        where, params = scope_where(scope, [plan.terms, plan.weights, plan.tsquery, plan.avgdl])
-        ctes, source = candidates_sql(len(params) + 1, partition.table, scored=True)
-        query = f"""
-            WITH {ctes}
-            SELECT {hit_columns()}, k.cached AND NOT k.pending AS trusted,
-                   CASE WHEN k.pending OR k.cand_score IS NULL
-                        THEN ({bm25_score_sql("$1", "$2", "$4")}) ELSE k.cand_score END AS score
-            FROM {source}
-            WHERE {where} AND e.lexical @@ $3::tsquery
-            ORDER BY score DESC, {identity_order()}"""
-        # Planned with its values every time: a generic plan (PostgreSQL's choice after five runs of
-        # one prepared statement) of an earlier join could not see how few keys it joins (16 ms
-        # against 0.8 on 20k chunks). The keys' lookups (candidates_sql) now leave that join no
-        # other plan; a generic plan of the rest is not measured, so the read pool's sessions and
-        # CUSTOM_PLANS keep custom plans.
-        rows = await fetch_with_local_settings(
-            conn,
-            CUSTOM_PLANS,
-            query,
-            [*params, *candidates_params(keys, partition.model, watermark, scores.tolist())],
-        )
-        return rows, sum(1 for r in rows if r["trusted"])

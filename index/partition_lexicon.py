@@ -19,7 +19,7 @@ import asyncpg
 import numpy as np
 
 from .access_classes import AccessClass, access_class
-from .bm25 import BM25_B, BM25_K1, Bm25Plan
+from .bm25 import Bm25Plan, bm25_summand
 from .change_feed import RowKey, Watermark, row_key
 from .lru import Lru
 from .partitions import ModelPartition
@@ -228,7 +228,7 @@ class PartitionLexicon:
                 self.postings[term] = tuple(grown)  # type: ignore[assignment]
             kept = self.term_bounds.get(term)
             if kept is not None:  # raised by the added postings only: dropped ones can only lower it
-                peak = float(_summand(1.0, added[1], added[2], kept[0]).max())
+                peak = float(bm25_summand(1.0, added[1], added[2], kept[0]).max())
                 self.term_bounds[term] = (kept[0], max(kept[1], peak))
 
     # -- reads -------------------------------------------------------------------------------------
@@ -290,7 +290,7 @@ class PartitionLexicon:
         kept = self.term_bounds.get(term)
         if kept is None:
             _, tfs, lengths = self.postings[term]
-            peak = float(_summand(1.0, tfs, lengths, avgdl).max()) if len(tfs) else 0.0
+            peak = float(bm25_summand(1.0, tfs, lengths, avgdl).max()) if len(tfs) else 0.0
             kept = self.term_bounds[term] = (avgdl, peak)
         kept_avgdl, peak = kept
         return peak * max(1.0, avgdl / kept_avgdl)
@@ -323,7 +323,7 @@ class PartitionLexicon:
         at[at == len(posting)] = 0
         found = posting[at] == slots
         at = at[found]
-        out[found] = _summand(weight, tfs[at], lengths[at], avgdl)
+        out[found] = bm25_summand(weight, tfs[at], lengths[at], avgdl)
         return out
 
     def _add_marked(
@@ -333,7 +333,7 @@ class PartitionLexicon:
         term's list; a slot is once in it)."""
         posting, tfs, lengths = self.postings[term]
         hit = member[posting]
-        total[posting[hit]] += _summand(weight, tfs[hit], lengths[hit], avgdl)
+        total[posting[hit]] += bm25_summand(weight, tfs[hit], lengths[hit], avgdl)
 
     def _add_held(self, total: np.ndarray, term: str, weight: float, avgdl: float) -> None:
         """Add ``term``'s summand to ``total`` at its postings whose sum is already positive (the
@@ -341,7 +341,7 @@ class PartitionLexicon:
         posting, tfs, lengths = self.postings[term]
         held = total[posting]
         hit = held > 0.0
-        total[posting[hit]] = held[hit] + _summand(weight, tfs[hit], lengths[hit], avgdl)
+        total[posting[hit]] = held[hit] + bm25_summand(weight, tfs[hit], lengths[hit], avgdl)
 
     def top(
         self, plan: Bm25Plan, allowed: np.ndarray | None, exclude: Sequence[int], fetch: int
@@ -431,7 +431,7 @@ class PartitionLexicon:
                         if not ok.all():
                             slots, tf, dl = posting[ok], tfs[ok], lengths[ok]
                     before = total[slots]
-                    total[slots] = before + _summand(weight, tf, dl, plan.avgdl)
+                    total[slots] = before + bm25_summand(weight, tf, dl, plan.avgdl)
                     cand = np.concatenate([cand, slots[before == 0.0]])  # in no particular order
                 else:
                     complete = complete and term not in selective
@@ -462,20 +462,6 @@ class PartitionLexicon:
                 cand, scores, complete = cand[above], scores[above], False
         slots, scores, whole = _best(cand, scores, fetch)
         return slots, scores, whole and complete
-
-
-def _summand(weight: float, tfs: np.ndarray, lengths: np.ndarray, avgdl: float) -> np.ndarray:
-    """One term's BM25 summand in chunks of ``lengths`` holding it ``tfs`` times: the one formula
-    of the index (the SQL leg's :func:`index.bm25.bm25_score_sql`), in float64."""
-    # weight * tf / (tf + k1 * (1 - b + b * length / avgdl)), in place on two arrays: this runs
-    # over every posting a search admits, where each temporary is a pass over memory.
-    tf = tfs.astype(np.float64)
-    out = lengths.astype(np.float64)
-    out *= BM25_K1 * BM25_B / avgdl
-    out += BM25_K1 * (1 - BM25_B) + tf
-    np.divide(tf, out, out=out)
-    out *= weight
-    return out
 
 
 def _counts(values: Sequence[int] | np.ndarray) -> np.ndarray:

@@ -14,20 +14,28 @@ How a search stays the SQL leg's answer:
   boosted by its query frequency; the scope's permitted access classes (evaluated by the legs' own
   SQL over the classes the watermark file lists) and sections filter inside the query, so a narrow
   scope is never starved by a post-filter. Tantivy ranks by its own BM25 (its statistics, its
-  quantized lengths): it only *selects*, ``overfetch`` times ``limit`` candidates.
-- **Scores and ACL from PostgreSQL.** The candidates plus every key changed after the watermark
-  are re-read from the store through the scope's SQL filter and the plan's match set, and scored
-  by the SQL leg's own expression (:func:`index.bm25.bm25_score_sql`) with the SQL leg's corpus
-  statistics: scores and order are the SQL leg's, a deleted row or a revoked ACL is never served
-  (the index can only hide a row, never reveal one), and a row written after the watermark is found.
+  quantized lengths) without counting the matches (so it skips blocks that cannot rank): it only
+  *selects*, ``overfetch`` times ``limit`` candidates.
+- **Exact scores from the index.** Each candidate's stored document holds what the SQL leg's BM25
+  reads of the row (its lexeme counts and ``lexical_length``): it is scored here by the SQL leg's
+  formula (:func:`index.bm25.bm25_summand`) with the SQL leg's corpus statistics, and the
+  candidates are ranked by that score.
+- **ACL and freshness from PostgreSQL.** The best ``limit + 8`` (widened while too few come back
+  unchanged) plus every key changed after the watermark are re-read from the store through the
+  scope's SQL filter and the plan's match set (:func:`index.lexical_reread.reread_candidates`, the
+  in-memory engine's re-read too): an unchanged candidate keeps its exact score, a changed key is
+  scored by the SQL leg's own expression. Scores and order are the SQL leg's, a deleted row or a
+  revoked ACL is never served (the index can only hide a row, never reveal one), and a row written
+  after the watermark is found.
 
 Behind: when the store holds more than ``max_behind`` changes past the watermark (the writer is
 stopped or far behind), the SQL leg serves, counted as ``behind``.
 
 Another store: the watermark file names the database the index was built from
-(:func:`index.tantivy_files.store_identity`); an index of another database (or a reset one) is
-never searched, the SQL leg serves it (counted as ``cold``, shown as ``foreign``) until the
-writer rebuilds it.
+(:func:`index.tantivy_files.store_identity`) and its documents' format
+(:data:`index.tantivy_files.FORMAT`); an index of another database (or a reset one) or of another
+format is never searched, the SQL leg serves it (counted as ``cold``, shown as ``foreign``) until
+the writer rebuilds it.
 
 Found without a restart: the ``current`` link is read on every search (one ``readlink``), so an
 index that a writer started after the gateway builds (the folder itself created late included) is
@@ -43,8 +51,8 @@ leg, counted in ``mnemo_lexical_searches``.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
+import math
 import os
 import time
 from collections.abc import Hashable, Sequence
@@ -52,26 +60,29 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import asyncpg
+import numpy as np
 import tantivy
 
 from .access_classes import permitted_classes
-from .bm25 import Bm25Plan, CorpusStats, bm25_plan, bm25_score_sql, query_terms, scored_terms
-from .change_feed import RowKey, Watermark, candidates_params, candidates_sql
-from .hits import ChunkHit, Scope, chunk_from_row, hit_columns, identity_order, scope_key
+from .bm25 import Bm25Plan, CorpusStats, bm25_plan, bm25_summand, query_terms, scored_terms
+from .change_feed import Watermark
+from .hits import ChunkHit, Scope, chunk_from_row, scope_key
 from .lexical_metrics import LexicalMetrics
+from .lexical_reread import reread_candidates
 from .lru import Lru
 from .partitions import ModelPartition
-from .read_settings import CUSTOM_PLANS, fetch_with_local_settings
-from .scope_sql import scope_where
 from .tantivy_files import (
     CURRENT,
+    FORMAT,
     STATE_FILE,
     IndexState,
     current_folder,
+    key_of,
     lexical_schema,
     read_state,
     record_text,
     store_identity,
+    term_counts_of,
 )
 
 log = logging.getLogger(__name__)
@@ -255,10 +266,23 @@ class TantivyLexical:
             clauses.append((tantivy.Occur.MustNot, record))
         return tantivy.Query.boolean_query(clauses)
 
-    def _top(self, reader: _Reader, query: tantivy.Query, fetch: int) -> list[RowKey]:
+    def _candidates(
+        self, reader: _Reader, query: tantivy.Query, fetch: int, plan: Bm25Plan
+    ) -> tuple[list[str], list[float | None]]:
+        """Tantivy's top ``fetch`` (its own BM25 selects them) as their key terms, each with the SQL
+        leg's exact score from its stored lexeme counts and length (None: a document that holds no
+        counts), best first."""
         searcher = reader.index.searcher()
-        hits = searcher.search(query, fetch).hits
-        return [tuple(json.loads(searcher.doc(address)["key"][0])) for _score, address in hits]  # type: ignore[misc]
+        hits = searcher.search(query, fetch, count=False).hits  # no count: Tantivy skips what cannot rank
+        docs = [searcher.doc(address) for _score, address in hits]
+        counts = [(d["tfs"] or [None])[0] for d in docs]
+        lengths = np.array([d["dl"][0] for d in docs], dtype=np.int64)
+        total = np.zeros(len(docs))
+        for term, weight in zip(plan.terms, plan.weights, strict=True):
+            total += bm25_summand(weight, term_counts_of(counts, term), lengths, plan.avgdl)
+        scores = [float(t) if c else None for t, c in zip(total, counts, strict=True)]
+        order = sorted(range(len(docs)), key=lambda i: -(scores[i] if scores[i] is not None else math.inf))
+        return [docs[i]["key"][0] for i in order], [scores[i] for i in order]
 
     async def search(
         self,
@@ -282,7 +306,7 @@ class TantivyLexical:
         self._missing.discard(partition.partition)
         if self._store is None:
             self._store = await store_identity(conn)
-        if reader.state.store != self._store:
+        if reader.state.store != self._store or reader.state.format != FORMAT:
             self.metrics.searches.labels("cold").inc()
             self._foreign.add(partition.partition)
             return None
@@ -301,47 +325,56 @@ class TantivyLexical:
             self.metrics.searches.labels("hit").inc()
             return []
         allowed = await self._allowed(conn, reader, scope)
-        keys: list[RowKey] = []
+        keys: list[str] = []
+        scores: list[float | None] = []
         if allowed is None or allowed:
             tq = self._query(plan, terms, scope, allowed)
             fetch = max(limit * self.config.overfetch, limit + 8)
-            keys = await asyncio.to_thread(self._top, reader, tq, fetch)
-        rows = await self.reread(conn, partition, plan, scope, keys, watermark, limit)
+            keys, scores = await asyncio.to_thread(self._candidates, reader, tq, fetch, plan)
+        rows = await self._reread(conn, partition, plan, scope, keys, scores, watermark, limit)
         self.metrics.searches.labels("hit").inc()
-        return [chunk_from_row(r, float(r["score"])) for r in rows]
+        return [chunk_from_row(r, float(r["score"])) for r in rows[:limit]]
 
-    async def reread(
+    async def _reread(
         self,
         conn: asyncpg.Connection,
         partition: ModelPartition,
         plan: Bm25Plan,
         scope: Scope,
-        keys: Sequence[RowKey],
+        keys: Sequence[str],
+        scores: Sequence[float | None],
         watermark: Watermark,
         limit: int,
     ) -> list[asyncpg.Record]:
-        """The candidates plus every key changed after the watermark, through the scope's SQL filter
-        and the plan's match set, scored by the SQL leg's expression, in its order, cut to ``limit``."""
-        where, params = scope_where(scope, [plan.terms, plan.weights, plan.tsquery, plan.avgdl])
-        ctes, source = candidates_sql(len(params) + 1, partition.table)
-        sql = f"""
-            WITH {ctes}
-            SELECT {hit_columns()}, s.score
-            FROM {source}
-            CROSS JOIN LATERAL ({bm25_score_sql("$1", "$2", "$4")}) s
-            WHERE {where} AND e.lexical @@ $3::tsquery
-            ORDER BY s.score DESC, {identity_order()}
-            LIMIT {int(limit)}"""
-        # Custom plans, as the in-memory engine's re-read (see index.lexical_index.LexicalIndex.reread).
-        return await fetch_with_local_settings(
-            conn, CUSTOM_PLANS, sql, [*params, *candidates_params(keys, partition.model, watermark)]
-        )
+        """The best candidates re-read (:func:`index.lexical_reread.reread_candidates`): the first
+        ``limit + 8`` by their exact scores (and every one tied with the last, so PostgreSQL breaks
+        the tie, and every one without a score), widened while fewer than ``limit`` of them come
+        back unchanged since the watermark (changed ones were re-scored, hidden ones dropped)."""
+        take = limit + 8
+        while True:
+            cut = take
+            while cut < len(keys) and scores[cut] is not None and scores[cut] == scores[cut - 1]:
+                cut += 1
+            unscored = [i for i in range(cut, len(keys)) if scores[i] is None]
+            chosen = [*range(min(cut, len(keys))), *unscored]
+            rows, trusted = await reread_candidates(
+                conn,
+                partition,
+                plan,
+                scope,
+                [key_of(keys[i]) for i in chosen],
+                [scores[i] for i in chosen],
+                watermark,
+            )
+            if trusted >= limit or cut >= len(keys):
+                return rows
+            take *= 4
 
     def status(self) -> dict[str, object]:
         """The /readyz detail: the mode, the folder, and per partition its state. ``ready``: served
         from its index (folder, watermark, documents, changes behind the store once a search read
         its head, seconds since the writer last stamped it); ``behind``: more than ``max_behind``
-        changes behind; ``foreign``: built from another store; ``indexed``: an index on disk this
+        changes behind; ``foreign``: built from another store or in another format; ``indexed``: an index on disk this
         process has not searched yet (its store and lag are checked on its first search);
         ``building``: a build's folder without a finished index; ``missing``: none. All but
         ``ready``: the SQL leg serves (``indexed`` until its first search)."""

@@ -34,7 +34,9 @@ from .feed_follower import FeedFollower
 from .lexical_metrics import LexicalMetrics
 from .partitions import ModelPartition, list_partitions
 from .tantivy_files import (
+    FORMAT,
     IndexState,
+    create_index,
     current_folder,
     document,
     key_text,
@@ -78,6 +80,8 @@ class PartitionWriter:
 
     @classmethod
     def open(cls, folder: Path, partition: ModelPartition, heap_bytes: int) -> PartitionWriter:
+        if not (folder / "meta.json").exists():
+            create_index(folder)
         index = tantivy.Index(lexical_schema(), path=str(folder), reuse=True)
         committed = read_state(folder) or IndexState(Watermark(0, 0))
         writer = index.writer(heap_bytes, 1)
@@ -190,6 +194,14 @@ class LexicalWriter(FeedFollower):
                 partition.partition,
                 state.store,
                 store,
+            )
+            return await self.rebuild(partition)
+        if state.format != FORMAT:  # documents of another layout: resumed, they would mix with new ones
+            log.warning(
+                "lexical writer: %s holds format %d documents (this writer writes %d); rebuilding",
+                partition.partition,
+                state.format,
+                FORMAT,
             )
             return await self.rebuild(partition)
         held = await asyncio.to_thread(PartitionWriter.open, folder, partition, self.config.heap_bytes)

@@ -32,7 +32,7 @@ from index.hits import Scope
 from index.lexical_metrics import LexicalMetrics
 from index.partitions import ModelPartition
 from index.store import EmbeddingRow, delete_record, upsert_rows
-from index.tantivy_files import current_folder, read_state, write_state
+from index.tantivy_files import DOCSTORE_SETTINGS, FORMAT, current_folder, read_state, write_state
 from index.tantivy_lexical import TantivyConfig, TantivyLexical
 from index.tantivy_writer import LexicalWriter
 from tests.test_lexical_index import VOCAB, _populate, _rows, _same, _sql, _write
@@ -99,6 +99,25 @@ async def test_default_overfetch_serves_the_sql_legs_scores_in_its_order(built) 
     assert found / wanted > 0.5  # recall@10 (benchmarks/tantivy_recall.py reports it on real data)
 
 
+async def test_candidates_without_stored_counts_are_scored_by_postgresql(
+    db_pool, database_url, tmp_path, monkeypatch
+) -> None:
+    """A row whose lexemes cannot be stored as counts (one holding a space) carries no score from
+    the index: PostgreSQL scores it, and the answer is still the SQL leg's."""
+    partition = await _populate(db_pool, 60)
+    monkeypatch.setattr("index.tantivy_files.term_counts_bytes", lambda lexemes, tfs: None)
+    writer = LexicalWriter(db_pool, database_url, tmp_path)
+    try:
+        await writer.rebuild(partition)
+    finally:
+        await writer.stop()
+    engine = _engine(tmp_path, TantivyConfig())
+    for query in ["archive letter", "mayor harbour vessel", "bishop quarry archive"]:
+        for k in (1, 10, 40):
+            _same(await _search(engine, db_pool, partition, query, Scope(), k),
+                  await _sql(db_pool, partition, query, Scope(), k))  # fmt: skip
+
+
 async def test_a_change_is_served_before_and_after_the_writer_applies_it(built) -> None:
     pool, partition, writer, root = built
     engine = _engine(root)
@@ -153,6 +172,40 @@ async def test_a_restart_resumes_from_the_watermark(built, database_url) -> None
         after = read_state(folder)
         assert after is not None and after.watermark.seq > before.watermark.seq
         await _assert_index_matches_store(pool, partition, root)
+    finally:
+        await again.stop()
+
+
+async def test_an_index_of_another_format_is_not_searched_and_is_rebuilt(built, database_url) -> None:
+    """An index whose documents lack what this engine reads (format 1: no stored lengths or
+    counts, as every index written before them) is never searched, and the writer rebuilds it."""
+    pool, partition, writer, root = built
+    folder = current_folder(root, partition)
+    assert folder is not None
+    meta = json.loads((folder / "meta.json").read_text())
+    assert meta["index_settings"] == {**meta["index_settings"], **DOCSTORE_SETTINGS}  # kept by commits
+    await writer.stop()
+    old = read_state(folder)
+    assert old is not None and old.format == FORMAT
+    raw = old.as_json()
+    del raw["format"]  # as a watermark file of format 1 was written
+    (folder / "watermark.json").write_text(json.dumps(raw))
+    metrics = LexicalMetrics()
+    engine = TantivyLexical(root, CorpusStats(ttl=0), WHOLE, metrics)
+    async with pool.acquire() as conn:
+        assert await engine.search(conn, partition, "archive", Scope(), 5) is None  # the SQL leg serves
+    assert metrics.searches.labels("cold")._value.get() == 1
+    assert engine.status()["partitions"][partition.partition]["state"] == "foreign"
+    again = LexicalWriter(pool, database_url, root)
+    try:
+        await again.load(partition)
+        rebuilt = current_folder(root, partition)
+        assert rebuilt is not None and rebuilt != folder
+        state = read_state(rebuilt)
+        assert state is not None and state.format == FORMAT
+        _same(await _search(engine, pool, partition, "archive letter", Scope(), 20),
+              await _sql(pool, partition, "archive letter", Scope(), 20))  # fmt: skip
+        assert engine.status()["partitions"][partition.partition]["state"] == "ready"
     finally:
         await again.stop()
 
