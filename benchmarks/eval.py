@@ -53,7 +53,7 @@ from index.lexical_engine import LexicalEngine
 from index.lexical_index import LexicalConfig, LexicalIndex
 from index.lexical_metrics import LexicalMetrics
 from index.partitions import ModelPartition
-from index.tantivy_lexical import AUTO_MODE, TantivyLexical
+from index.tantivy_lexical import AUTO_MODE, TantivyConfig, TantivyLexical
 from index.tantivy_lexical import MODE as TANTIVY_MODE
 
 log = logging.getLogger(__name__)
@@ -426,8 +426,8 @@ async def lexical_engine(
     """The lexical engine ``mode`` (``RAG_LEXICAL_INDEX``) loaded from the store's ``partition``.
 
     ``tantivy``: an index built in a temporary folder by the lexical writer's own build (what
-    ``mnemo lexical rebuild`` runs), then read by the engine the gateway reads it with, on the SQL
-    leg's statistics ``stats`` (as the gateway shares them); removed afterwards. Otherwise the
+    ``mnemo lexical rebuild`` runs), then read by the engine the gateway reads it with, its statistics
+    held as long as ``stats`` (the SQL leg's); removed afterwards. Otherwise the
     in-memory index in that mode, loaded.
     """
     from index.tantivy_writer import LexicalWriter
@@ -440,7 +440,7 @@ async def lexical_engine(
                 await writer.rebuild(partition)
             finally:
                 await writer.stop()
-            tantivy = TantivyLexical(root, stats)
+            tantivy = TantivyLexical(root, TantivyConfig(stats_ttl_s=stats.ttl))
             try:
                 yield tantivy
             finally:

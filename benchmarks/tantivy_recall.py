@@ -75,8 +75,10 @@ async def _measure(stack: BenchStack, name: str, texts: list[str], queries: list
             writer = LexicalWriter(pool, url, Path(root))
             await writer.rebuild(partition)
             await writer.stop()
-            stats = CorpusStats(ttl=3600)
-            engines = {f: TantivyLexical(Path(root), stats, TantivyConfig(overfetch=f)) for f in OVERFETCH}
+            stats = CorpusStats(ttl=3600)  # the SQL leg's; each engine counts its own from its index
+            engines = {
+                f: TantivyLexical(Path(root), TantivyConfig(overfetch=f, stats_ttl_s=3600)) for f in OVERFETCH
+            }
             memory = LexicalIndex(pool, url, LexicalConfig())
             await memory.load(partition)
             rows: dict[str, Any] = {}
@@ -89,8 +91,8 @@ async def _measure(stack: BenchStack, name: str, texts: list[str], queries: list
                     wanted = asked = 0
                     async with pool.acquire() as conn:
                         for query in queries:
-                            # The SQL leg and the Tantivy engine share the statistics cache: counted
-                            # first, untimed, so no leg pays the query's document frequencies.
+                            # The SQL leg's statistics counted first, untimed, so it does not pay the
+                            # query's document frequencies (the engines count theirs from the index).
                             terms = list(scored_terms(await query_terms(conn, query)))
                             await stats.idf(conn, partition, terms, scope.section_tipos)
                             # Every leg once per query, in a shuffled order (none always runs first).

@@ -110,7 +110,7 @@ async def _lexical_legs(
     from index.tantivy_lexical import TantivyConfig, TantivyLexical
 
     stats = CorpusStats(ttl=3600)
-    engine = TantivyLexical(root, stats, TantivyConfig())
+    engine = TantivyLexical(root, TantivyConfig(stats_ttl_s=3600))
     memory = LexicalIndex(pool, url, LexicalConfig())
     started = time.perf_counter()
     await memory.load(partition)

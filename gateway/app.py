@@ -28,7 +28,7 @@ from index.lexical_metrics import LexicalMetrics
 from index.read_settings import read_session_settings
 from index.sections import SectionStore
 from index.tantivy_lexical import MODES as TANTIVY_LEXICAL_MODES
-from index.tantivy_lexical import TantivyLexical
+from index.tantivy_lexical import TantivyConfig, TantivyLexical
 from inference.eventloop import loop_name
 from schema.database import create_pool, open_database
 from schema.read_pool import ReadPool
@@ -169,9 +169,10 @@ async def _lexical_index_ctx(app: web.Application) -> AsyncIterator[None]:
     metrics = LexicalMetrics(app[METRICS_KEY].registry)
     engine: LexicalEngine
     if settings.lexical_index in TANTIVY_LEXICAL_MODES:
-        # With the SQL leg's own statistics: the same plan, so the same scores.
+        # Its statistics from its index, held as long as the SQL leg's (RAG_LEXICAL_STATS_TTL).
         root = settings.ingest.lexical_root(settings.database.data_dir)
-        engine = TantivyLexical(root, app[CORPUS_STATS_KEY], metrics=metrics, mode=settings.lexical_index)
+        config = TantivyConfig(stats_ttl_s=settings.lexical_stats_ttl)
+        engine = TantivyLexical(root, config, metrics=metrics, mode=settings.lexical_index)
     else:
         engine = LexicalIndex(
             app[POOL_KEY], app[DATABASE_URL_KEY], LexicalConfig(mode=settings.lexical_index), metrics

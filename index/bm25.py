@@ -36,6 +36,7 @@ __all__ = [
     "bm25_plan",
     "bm25_score_sql",
     "bm25_summand",
+    "count_doc_freqs",
     "query_terms",
     "scored_terms",
 ]
@@ -119,6 +120,28 @@ class ConnectionSource(Protocol):
     def acquire(self) -> AbstractAsyncContextManager[asyncpg.Connection]: ...
 
 
+async def count_doc_freqs(
+    db: Executor,
+    partition: ModelPartition,
+    terms: Sequence[str],
+    sections: tuple[str, ...] | None,
+    modality: str = "text",
+) -> dict[str, int]:
+    """How many of the store's chunks (of ``modality``, in ``sections``; None: all) hold each term:
+    a GIN probe per term, cheap for a rare term, most of a second for a common one at 1M chunks."""
+    rows = await db.fetch(
+        f"""SELECT t.term, (SELECT count(*) FROM {partition.table} e
+                            WHERE e.modality = $4 AND e.lexical @@ t.q
+                              AND ($3::text[] IS NULL OR e.section_tipo = ANY($3::text[]))) AS df
+            FROM unnest($1::text[], $2::tsquery[]) AS t(term, q)""",
+        list(terms),
+        [_tsquery_literal(t) for t in terms],
+        None if sections is None else list(sections),
+        checked_modality(modality),
+    )
+    return {r["term"]: int(r["df"]) for r in rows}
+
+
 class CorpusStats:
     """BM25 statistics (chunk count, mean length, document frequencies) per partition and section scope, cached.
 
@@ -174,26 +197,6 @@ class CorpusStats:
         )
         return _Stats(n=int(row["n"]), avgdl=float(row["avgdl"] or 0.0), at=self._clock())
 
-    async def _dfs(
-        self,
-        db: Executor,
-        partition: ModelPartition,
-        terms: Sequence[str],
-        sections: tuple[str, ...] | None,
-        modality: str,
-    ) -> dict[str, int]:
-        rows = await db.fetch(
-            f"""SELECT t.term, (SELECT count(*) FROM {partition.table} e
-                                WHERE e.modality = $4 AND e.lexical @@ t.q
-                                  AND ($3::text[] IS NULL OR e.section_tipo = ANY($3::text[]))) AS df
-                FROM unnest($1::text[], $2::tsquery[]) AS t(term, q)""",
-            list(terms),
-            [_tsquery_literal(t) for t in terms],
-            None if sections is None else list(sections),
-            checked_modality(modality),
-        )
-        return {r["term"]: int(r["df"]) for r in rows}
-
     async def _base(
         self,
         db: Executor,
@@ -228,7 +231,7 @@ class CorpusStats:
                 fresh = await self._count(conn, partition, sections, modality)
                 terms = list(stale.df)
                 if terms:
-                    fresh.df.update(await self._dfs(conn, partition, terms, sections, modality))
+                    fresh.df.update(await count_doc_freqs(conn, partition, terms, sections, modality))
             # Terms first counted under the stale statistics while this ran: their counts are as new.
             fresh.df.update({t: n for t, n in stale.df.items() if t not in fresh.df})
             self._keep(key, fresh)
@@ -251,7 +254,7 @@ class CorpusStats:
         stats = await self._base(db, partition, sections, modality)
         missing = [t for t in terms if t not in stats.df]
         if missing:
-            stats.df.update(await self._dfs(db, partition, missing, sections, modality))
+            stats.df.update(await count_doc_freqs(db, partition, missing, sections, modality))
         out = {}
         for t in terms:
             df = stats.df.get(t, 0)

@@ -86,7 +86,7 @@ DOCSTORE_SETTINGS = {"docstore_compression": "lz4", "docstore_blocksize": 2048} 
 def lexical_schema() -> tantivy.Schema:
     builder = tantivy.SchemaBuilder()
     builder.add_text_field("key", stored=True, tokenizer_name="raw", index_option="basic")
-    builder.add_unsigned_field("dl", stored=True)
+    builder.add_unsigned_field("dl", stored=True, fast=True)  # fast: the statistics' mean length
     builder.add_bytes_field("tfs", stored=True, indexed=False)
     builder.add_text_field("record", tokenizer_name="raw", index_option="basic")
     builder.add_text_field("section", tokenizer_name="raw", index_option="basic")

@@ -18,13 +18,15 @@ How a search stays the SQL leg's answer:
   *selects*, ``overfetch`` times ``limit`` candidates.
 - **Exact scores from the index.** Each candidate's stored document holds what the SQL leg's BM25
   reads of the row (its lexeme counts and ``lexical_length``): it is scored here by the SQL leg's
-  formula (:func:`index.bm25.bm25_summand`) with the SQL leg's corpus statistics, and the
+  formula (:func:`index.bm25.bm25_summand`) with the index's own corpus statistics
+  (:mod:`index.tantivy_stats`: counted in the mapped index, never a PostgreSQL probe), and the
   candidates are ranked by that score.
 - **ACL and freshness from PostgreSQL.** The best ``limit + 8`` (widened while too few come back
   unchanged) plus every key changed after the watermark are re-read from the store through the
   scope's SQL filter and the plan's match set (:func:`index.lexical_reread.reread_candidates`, the
   in-memory engine's re-read too): an unchanged candidate keeps its exact score, a changed key is
-  scored by the SQL leg's own expression. Scores and order are the SQL leg's, a deleted row or a
+  scored by the SQL leg's own expression. Scores and order are the SQL leg's (its expression under
+  the index's statistics: equal to its answer once the writer has caught up), a deleted row or a
   revoked ACL is never served (the index can only hide a row, never reveal one), and a row written
   after the watermark is found.
 
@@ -64,7 +66,7 @@ import numpy as np
 import tantivy
 
 from .access_classes import permitted_classes
-from .bm25 import Bm25Plan, CorpusStats, bm25_plan, bm25_summand, query_terms, scored_terms
+from .bm25 import Bm25Plan, bm25_idf, bm25_plan, bm25_summand, count_doc_freqs, query_terms, scored_terms
 from .change_feed import Watermark
 from .hits import ChunkHit, Scope, chunk_from_row, scope_key
 from .lexical_metrics import LexicalMetrics
@@ -84,6 +86,7 @@ from .tantivy_files import (
     store_identity,
     term_counts_of,
 )
+from .tantivy_stats import IndexStats, index_corpus, index_doc_freqs
 
 log = logging.getLogger(__name__)
 
@@ -106,10 +109,15 @@ class TantivyConfig:
     # writer stopped or far behind) the SQL leg serves instead, counted as `behind`.
     max_behind: int = 10_000
     head_check_s: float = 1.0  # how long the store's latest change number is taken as current
+    # How long the index's BM25 statistics of a section scope are held (0: counted on every search);
+    # the gateway passes the SQL leg's RAG_BM25_STATS_TTL.
+    stats_ttl_s: float = 60.0
 
     def __post_init__(self) -> None:
-        if self.overfetch < 1 or self.max_behind < 0 or self.head_check_s < 0:
-            raise ValueError("tantivy lexical engine: overfetch >= 1, max_behind >= 0, head_check_s >= 0")
+        if self.overfetch < 1 or self.max_behind < 0 or self.head_check_s < 0 or self.stats_ttl_s < 0:
+            raise ValueError(
+                "tantivy lexical engine: overfetch >= 1, max_behind >= 0, head_check_s >= 0, stats_ttl_s >= 0"
+            )
 
 
 @dataclass
@@ -122,6 +130,8 @@ class _Reader:
     stamp: tuple[int, int]  # the watermark file's inode and mtime when it was read
     # Per scope: the permitted class ids among the first n of state.classes (n = how many were evaluated).
     scopes: Lru[Hashable, tuple[int, list[int]]] = field(default_factory=lambda: Lru(256))
+    # Per section scope (None: all): the index's BM25 statistics (index.tantivy_stats).
+    stats: Lru[Hashable, IndexStats] = field(default_factory=lambda: Lru(256))
 
 
 def _stamp(path: Path) -> tuple[int, int] | None:
@@ -138,7 +148,6 @@ class TantivyLexical:
     def __init__(
         self,
         root: Path,
-        stats: CorpusStats,
         config: TantivyConfig | None = None,
         metrics: LexicalMetrics | None = None,
         *,
@@ -148,7 +157,6 @@ class TantivyLexical:
             raise ValueError(f"tantivy lexical engine mode {mode!r}: use one of {MODES}")
         self.mode = mode
         self.root = root
-        self.stats = stats  # the SQL leg's corpus statistics: the same plan, so the same scores
         self.config = config or TantivyConfig()
         self.metrics = metrics or LexicalMetrics()
         self.schema = lexical_schema()
@@ -266,6 +274,36 @@ class TantivyLexical:
             clauses.append((tantivy.Occur.MustNot, record))
         return tantivy.Query.boolean_query(clauses)
 
+    async def _plan(
+        self,
+        conn: asyncpg.Connection,
+        partition: ModelPartition,
+        reader: _Reader,
+        terms: dict[str, int],
+        sections: tuple[str, ...] | None,
+    ) -> Bm25Plan | None:
+        """The query's BM25 plan under the index's statistics for the section scope (held
+        ``stats_ttl_s``; a term counted on first use). A term the index does not hold is counted in
+        the store on every search (cheap: it is rare there, if it exists at all), so a row written
+        after the watermark with a new word is still found. The index's counts run off the event
+        loop; the cache is only touched on it."""
+        key = None if sections is None else tuple(sorted(set(sections)))
+        searcher = reader.index.searcher()
+        stats = reader.stats.get(key)
+        if stats is None or time.monotonic() - stats.at >= self.config.stats_ttl_s:
+            stats = await asyncio.to_thread(index_corpus, searcher, self.schema, key)
+            reader.stats.put(key, stats)
+        missing = [t for t in terms if t not in stats.df]
+        if missing:
+            stats.df.update(await asyncio.to_thread(index_doc_freqs, searcher, self.schema, missing, key))
+        df = {t: stats.df[t] for t in terms}
+        absent = [t for t, n in df.items() if n == 0]
+        if absent:
+            df.update(await count_doc_freqs(conn, partition, absent, key))
+        chunks = max(stats.n, *df.values())  # an index still empty: the store's rows are pending
+        idf = {t: bm25_idf(chunks, n) for t, n in df.items() if n > 0}
+        return bm25_plan(terms, idf, df, chunks, stats.avgdl)
+
     def _candidates(
         self, reader: _Reader, query: tantivy.Query, fetch: int, plan: Bm25Plan
     ) -> tuple[list[str], list[float | None]]:
@@ -319,8 +357,7 @@ class TantivyLexical:
         if not terms:
             self.metrics.searches.labels("hit").inc()
             return []
-        corpus, idf = await self.stats.idf(conn, partition, list(terms), scope.section_tipos)
-        plan = bm25_plan(terms, idf, corpus.df, corpus.n, corpus.avgdl)
+        plan = await self._plan(conn, partition, reader, terms, scope.section_tipos)
         if plan is None:
             self.metrics.searches.labels("hit").inc()
             return []

@@ -32,8 +32,16 @@ from index.hits import Scope
 from index.lexical_metrics import LexicalMetrics
 from index.partitions import ModelPartition
 from index.store import EmbeddingRow, delete_record, upsert_rows
-from index.tantivy_files import DOCSTORE_SETTINGS, FORMAT, current_folder, read_state, write_state
+from index.tantivy_files import (
+    DOCSTORE_SETTINGS,
+    FORMAT,
+    current_folder,
+    lexical_schema,
+    read_state,
+    write_state,
+)
 from index.tantivy_lexical import TantivyConfig, TantivyLexical
+from index.tantivy_stats import index_corpus, index_doc_freqs
 from index.tantivy_writer import LexicalWriter
 from tests.test_lexical_index import VOCAB, _populate, _rows, _same, _sql, _write
 from tests.test_vector_cache import _scope, principals, scopes
@@ -41,13 +49,13 @@ from tests.waiting import until
 
 REPO = Path(__file__).resolve().parents[1]
 # Every match is a candidate: the engine is then exact (the SQL leg's answer, whatever Tantivy's ranking).
-WHOLE = TantivyConfig(overfetch=10_000)
+WHOLE = TantivyConfig(overfetch=10_000, stats_ttl_s=0)
 
 
 def _engine(
     root: Path, config: TantivyConfig = WHOLE, metrics: LexicalMetrics | None = None
 ) -> TantivyLexical:
-    return TantivyLexical(root, CorpusStats(ttl=0), config, metrics)
+    return TantivyLexical(root, replace(config, stats_ttl_s=0), metrics)
 
 
 async def _search(engine: TantivyLexical, pool: asyncpg.Pool, partition: ModelPartition, query, scope, k):
@@ -97,6 +105,31 @@ async def test_default_overfetch_serves_the_sql_legs_scores_in_its_order(built) 
         found += len({h.key for h in hits} & {h.key for h in exact[:10]})
         wanted += min(10, len(exact))
     assert found / wanted > 0.5  # recall@10 (benchmarks/tantivy_recall.py reports it on real data)
+
+
+async def test_the_index_statistics_are_the_stores_after_writes_and_deletes(built) -> None:
+    """The engine's BM25 statistics come from its index (never a PostgreSQL probe): chunk count,
+    mean length and each term's count equal the SQL leg's, per section scope, with deleted and
+    replaced documents left out."""
+    pool, partition, writer, root = built
+
+    async def same() -> None:
+        searcher = (await _engine(root).reader(partition)).index.searcher()
+        schema = lexical_schema()
+        terms = [*VOCAB, "unknownword"]
+        for sections in (None, ("oh1",), ("oh1", "oh2"), ("nosuchsection",)):
+            async with pool.acquire() as conn:
+                expected, _ = await CorpusStats(ttl=0).idf(conn, partition, terms, sections)
+            counted = index_corpus(searcher, schema, sections)
+            assert (counted.n, counted.avgdl) == (expected.n, pytest.approx(expected.avgdl, rel=1e-12))
+            assert index_doc_freqs(searcher, schema, terms, sections) == expected.df
+
+    await same()
+    rng = random.Random(5)
+    await _write(pool, partition, _rows(rng, 7, 3))  # record 7 rewritten: its documents replaced
+    await delete_record(pool, ("oh1", 3))
+    await writer.sync()
+    await same()
 
 
 async def test_candidates_without_stored_counts_are_scored_by_postgresql(
@@ -191,7 +224,7 @@ async def test_an_index_of_another_format_is_not_searched_and_is_rebuilt(built, 
     del raw["format"]  # as a watermark file of format 1 was written
     (folder / "watermark.json").write_text(json.dumps(raw))
     metrics = LexicalMetrics()
-    engine = TantivyLexical(root, CorpusStats(ttl=0), WHOLE, metrics)
+    engine = TantivyLexical(root, WHOLE, metrics)
     async with pool.acquire() as conn:
         assert await engine.search(conn, partition, "archive", Scope(), 5) is None  # the SQL leg serves
     assert metrics.searches.labels("cold")._value.get() == 1
@@ -238,7 +271,7 @@ async def test_a_missing_index_goes_to_the_sql_leg_until_a_writer_builds_it(
     partition = await _populate(db_pool, 3)
     metrics = LexicalMetrics()
     root = tmp_path / "lexical"  # not created: the writer makes it
-    engine = TantivyLexical(root, CorpusStats(ttl=0), WHOLE, metrics, mode="auto")
+    engine = TantivyLexical(root, WHOLE, metrics, mode="auto")
     await engine.start()  # a missing folder never fails the start
     async with db_pool.acquire() as conn:
         assert await engine.search(conn, partition, "archive", Scope(), 5) is None
@@ -366,11 +399,11 @@ import asyncpg
 from index.partitions import list_partitions
 from index.bm25 import CorpusStats
 from index.hits import Scope
-from index.tantivy_lexical import TantivyLexical
+from index.tantivy_lexical import TantivyConfig, TantivyLexical
 
 async def main():
     pool = await asyncpg.create_pool(sys.argv[1], min_size=1, max_size=2)
-    engine = TantivyLexical(Path(sys.argv[2]), CorpusStats(ttl=0))
+    engine = TantivyLexical(Path(sys.argv[2]), TantivyConfig(stats_ttl_s=0))
     [partition] = [p for p in await list_partitions(pool) if p.model == sys.argv[3]]
     for line in sys.stdin:
         async with pool.acquire() as conn:
