@@ -34,6 +34,7 @@ __all__ = [
     "CorpusStats",
     "bm25_idf",
     "bm25_plan",
+    "bm25_plan_of_counts",
     "bm25_score_sql",
     "bm25_summand",
     "count_doc_freqs",
@@ -294,6 +295,15 @@ def bm25_plan(
     scored = list(idf)
     selective = [t for t in scored if df[t] <= COMMON_TERM_SHARE * n] or scored
     return Bm25Plan(scored, [terms[t] * idf[t] for t in scored], selective, max(avgdl, 1.0))
+
+
+def bm25_plan_of_counts(
+    terms: Mapping[str, int], df: Mapping[str, int], n: int, avgdl: float
+) -> Bm25Plan | None:
+    """:func:`bm25_plan` from counted statistics: each term's ``df`` among ``n`` chunks (a term in
+    none is dropped), as the lexical engines count them from their own index."""
+    idf = {t: bm25_idf(n, df[t]) for t in terms if df[t] > 0}
+    return bm25_plan(terms, idf, df, n, avgdl)
 
 
 def bm25_idf(n: int, df: int) -> float:

@@ -41,7 +41,7 @@ import asyncpg
 import numpy as np
 
 from .access_classes import LEXICAL_ROW_COLUMNS, permitted_classes
-from .bm25 import Bm25Plan, bm25_idf, bm25_plan, query_terms, scored_terms
+from .bm25 import Bm25Plan, bm25_plan_of_counts, query_terms, scored_terms
 from .change_feed import (
     KEY_COLUMNS,
     RowKey,
@@ -247,9 +247,7 @@ class LexicalIndex(FeedFollower):
         if not terms:
             return None
         n, avgdl, mask = lexicon.corpus(None if sections is None else tuple(sorted(set(sections))))
-        df = {t: lexicon.df(t, mask) for t in terms}
-        idf = {t: bm25_idf(n, d) for t, d in df.items() if d > 0}
-        return bm25_plan(terms, idf, df, n, avgdl)
+        return bm25_plan_of_counts(terms, {t: lexicon.df(t, mask) for t in terms}, n, avgdl)
 
     async def search(
         self,

@@ -65,7 +65,7 @@ import numpy as np
 import tantivy
 
 from .access_classes import permitted_classes
-from .bm25 import Bm25Plan, bm25_idf, bm25_plan, bm25_summand, count_doc_freqs, query_terms, scored_terms
+from .bm25 import Bm25Plan, bm25_plan_of_counts, bm25_summand, count_doc_freqs, query_terms, scored_terms
 from .change_feed import Watermark
 from .hits import ChunkHit, Scope, chunk_from_row, scope_key
 from .lexical_metrics import LexicalMetrics
@@ -103,8 +103,9 @@ class TantivyConfig:
     # Candidates asked of Tantivy per result (at least limit + 8), each read and scored exactly:
     # more finds more of the SQL leg's exact top (Tantivy selects by its own BM25) at about 7 us a
     # candidate. At 2 the recall of the exact top was 1.000 on every real data set and 0.964-0.980
-    # on a 100k Zipf corpus (4: 0.997-0.999; benchmarks/results/2026-12-04/tantivy-recall), and
-    # the leg's p50 at 1M 1.14-1.21x the in-memory index's (4: 1.39-1.43x; issue 44's bar, 1.2x).
+    # on a 100k Zipf corpus (4: 0.997-0.999; benchmarks/results/2026-12-04/tantivy-recall); at 1M
+    # the leg's p50 was 1.08-1.17x the in-memory index's against 1.37-1.40x at 4 (one profiling
+    # run, legs interleaved); benchmarks/results/2026-12-05/tantivy-scale-1m: 1.21-1.27x at 2.
     overfetch: int = 2
     scope_cache_size: int = 256
     # Every change after the index's watermark is re-read by every search: past this many (the
@@ -112,7 +113,7 @@ class TantivyConfig:
     max_behind: int = 10_000
     head_check_s: float = 1.0  # how long the store's latest change number is taken as current
     # How long the index's BM25 statistics of a section scope are held (0: counted on every search);
-    # the gateway passes the SQL leg's RAG_BM25_STATS_TTL.
+    # the gateway passes the SQL leg's RAG_LEXICAL_STATS_TTL.
     stats_ttl_s: float = 60.0
 
     def __post_init__(self) -> None:
@@ -309,8 +310,7 @@ class TantivyLexical:
         if absent:
             df.update(await count_doc_freqs(conn, partition, absent, key))
         chunks = max(stats.n, *df.values())  # an index still empty: the store's rows are pending
-        idf = {t: bm25_idf(chunks, n) for t, n in df.items() if n > 0}
-        return bm25_plan(terms, idf, df, chunks, stats.avgdl)
+        return bm25_plan_of_counts(terms, df, chunks, stats.avgdl)
 
     def _candidates(
         self, reader: _Reader, query: tantivy.Query, fetch: int, plan: Bm25Plan
@@ -420,10 +420,10 @@ class TantivyLexical:
         """The /readyz detail: the mode, the folder, and per partition its state. ``ready``: served
         from its index (folder, watermark, documents, changes behind the store once a search read
         its head, seconds since the writer last stamped it); ``behind``: more than ``max_behind``
-        changes behind; ``foreign``: built from another store or in another format; ``indexed``: an index on disk this
-        process has not searched yet (its store and lag are checked on its first search);
-        ``building``: a build's folder without a finished index; ``missing``: none. All but
-        ``ready``: the SQL leg serves (``indexed`` until its first search)."""
+        changes behind; ``foreign``: built from another store or in another format; ``indexed``: an
+        index on disk this process has not searched yet (its store and lag are checked on its first
+        search); ``building``: a build's folder without a finished index; ``missing``: none. All
+        but ``ready``: the SQL leg serves (``indexed`` until its first search)."""
         partitions: dict[str, dict[str, object]] = {}
         for name in self._on_disk():
             partitions[name] = self._disk_state(name)
