@@ -311,15 +311,17 @@ def bm25_idf(n: int, df: int) -> float:
     return math.log(1.0 + (n - df + 0.5) / (df + 0.5))
 
 
-def bm25_summand(weight: float, tfs: np.ndarray, lengths: np.ndarray, avgdl: float) -> np.ndarray:
+def bm25_summand(
+    weight: float | np.ndarray, tfs: np.ndarray, lengths: np.ndarray, avgdl: float
+) -> np.ndarray:
     """One term's BM25 summand in chunks of ``lengths`` holding it ``tfs`` times: the one formula
-    of the lexical engines, :func:`bm25_score_sql`'s in float64 (equal to about 1e-15)."""
-    # weight * tf / (tf + k1 * (1 - b + b * length / avgdl)), in place on two arrays: this runs
-    # over every posting a search admits, where each temporary is a pass over memory.
+    of the lexical engines, :func:`bm25_score_sql`'s in float64 (equal to about 1e-15). Broadcast:
+    ``tfs`` of ``terms x chunks`` with ``weight`` of ``terms x 1`` gives every term's summands."""
+    # weight * tf / (tf + k1 * (1 - b + b * length / avgdl)), in place where the shapes allow: this
+    # runs over every posting a search admits, where each temporary is a pass over memory.
     tf = tfs.astype(np.float64)
-    out = lengths.astype(np.float64)
-    out *= BM25_K1 * BM25_B / avgdl
-    out += BM25_K1 * (1 - BM25_B) + tf
+    out = tf + BM25_K1 * (1 - BM25_B)
+    out += lengths * (BM25_K1 * BM25_B / avgdl)
     np.divide(tf, out, out=out)
     out *= weight
     return out

@@ -14,7 +14,7 @@ section (raw: the scope's section filter), its access class (an indexed fast u64
 classes filter the query) and its lexemes: PostgreSQL's tsvector terms, each repeated as often as
 the row holds it, under Tantivy's whitespace tokenizer, so each lexeme is one term and tokenizing
 and stemming stay PostgreSQL's (per record language). Stored beside the key, what the SQL leg's
-BM25 reads of the row (format 2): its ``lexical_length`` (``dl``) and each lexeme's count (``tfs``,
+BM25 reads of the row (format 3): its ``lexical_length`` (``dl``) and each lexeme's count (``tfs``,
 :func:`term_counts_bytes`), so a reader scores a candidate exactly without PostgreSQL.
 
 The watermark file names the index's :data:`FORMAT`: a reader searches only an index of its own
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +52,7 @@ from .swap_folders import (
 )
 
 __all__ = [
+    "COUNT_ENTRY",
     "CURRENT",
     "FORMAT",
     "STATE_FILE",
@@ -64,6 +64,7 @@ __all__ = [
     "document",
     "key_of",
     "key_text",
+    "lexeme_hash",
     "lexical_schema",
     "new_folder",
     "partition_folder",
@@ -78,8 +79,14 @@ __all__ = [
 ]
 
 STATE_FILE = "watermark.json"
-# The documents' layout: 1 had no stored BM25 inputs (dl, tfs); an index of another format is rebuilt.
-FORMAT = 2
+# The documents' layout: 1 had no stored BM25 inputs (dl, tfs), 2 stored the counts as text
+# (" lexeme\0count ..."), 3 as COUNT_ENTRY records; an index of another format is rebuilt.
+FORMAT = 3
+# One lexeme's count in a document's ``tfs``: a 64-bit hash names the lexeme, so a reader finds a
+# query term's entries by comparing integers. Two lexemes of one row that share a hash store no
+# counts (term_counts_bytes); a query term that shares one with a lexeme of a candidate that does
+# not hold it would be scored as holding it: at 2**-64 a pair, about 1e-15 a search.
+COUNT_ENTRY = np.dtype([("term", "<u8"), ("tf", "<u4")])
 DOCSTORE_SETTINGS = {"docstore_compression": "lz4", "docstore_blocksize": 2048}  # see create_index
 
 
@@ -123,35 +130,41 @@ def key_text(key: RowKey) -> str:
     return json.dumps(list(key), ensure_ascii=False, separators=(",", ":"))
 
 
+def lexeme_hash(lexeme: str) -> int:
+    """A lexeme's stable 64-bit name in :func:`term_counts_bytes` (the same in every process and run)."""
+    return int.from_bytes(hashlib.blake2b(lexeme.encode(), digest_size=8).digest(), "little")
+
+
 def term_counts_bytes(lexemes: Sequence[str], tfs: Sequence[int]) -> bytes | None:
-    """The row's lexemes with their counts as ``b" lexeme\\0count lexeme\\0count "``: the entry of
-    lexeme ``t`` is the one place ``b" t\\0"`` occurs (PostgreSQL text holds no NUL, and a lexeme no
-    space; one that does gets no entries, None: its score is then PostgreSQL's)."""
-    if any(" " in lexeme for lexeme in lexemes):
+    """The row's lexemes with their counts as packed :data:`COUNT_ENTRY` records (the lexeme's
+    :func:`lexeme_hash`, its count), or None when two of its lexemes share a hash (its score is
+    then PostgreSQL's, never a guess)."""
+    hashes = [lexeme_hash(lexeme) for lexeme in lexemes]
+    if len(set(hashes)) < len(hashes):
         return None
-    entries = b" ".join(f"{lexeme}\0{tf}".encode() for lexeme, tf in zip(lexemes, tfs, strict=True))
-    return b" " + entries + b" "
+    entries = np.empty(len(hashes), dtype=COUNT_ENTRY)
+    entries["term"] = hashes
+    entries["tf"] = tfs
+    return entries.tobytes()
 
 
 def term_counts_of(counts: Sequence[bytes | None], terms: Sequence[str]) -> np.ndarray:
     """How often each row (its :func:`term_counts_bytes`; None: none, counted 0) holds each term,
-    as a ``len(terms) x len(counts)`` array: one scan of all the rows for all the terms (a search
-    scores a few hundred rows on about ten terms)."""
+    as a ``len(terms) x len(counts)`` array: all the rows' entries in one array, one comparison
+    per term (a search scores about a hundred rows on about ten terms: 67 us where a regular
+    expression over the lexemes' text took 181, at 1M chunks)."""
     out = np.zeros((len(terms), len(counts)), dtype=np.int64)
     held = [i for i, c in enumerate(counts) if c]
     if not held or not terms:
         return out
-    joined = b"".join(counts[i] for i in held)  # type: ignore[misc]
-    ends = np.cumsum([len(counts[i]) for i in held])  # type: ignore[arg-type]
-    row_of = {term.encode(): j for j, term in enumerate(terms)}
-    # An entry is " lexeme\0count" before a space: a term matches only a whole lexeme (the NUL after
-    # it), and the space is looked at, not taken, so the next entry still starts with its own.
-    alternatives = b"|".join(re.escape(t) for t in row_of)
-    pattern = re.compile(b" (" + alternatives + rb")\x00([0-9]+)(?= )")
-    found = [(m.start(), row_of[m.group(1)], int(m.group(2))) for m in pattern.finditer(joined)]
-    if found:
-        starts, rows, tfs = zip(*found, strict=True)
-        out[list(rows), np.asarray(held)[np.searchsorted(ends, starts, side="right")]] = tfs
+    entries = np.frombuffer(b"".join(counts[i] for i in held), dtype=COUNT_ENTRY)  # type: ignore[misc]
+    ends = np.cumsum([len(counts[i]) for i in held]) // COUNT_ENTRY.itemsize  # type: ignore[arg-type]
+    rows = np.asarray(held)
+    hashes = entries["term"]
+    for j, term in enumerate(terms):
+        found = np.flatnonzero(hashes == lexeme_hash(term))
+        if found.size:
+            out[j, rows[np.searchsorted(ends, found, side="right")]] = entries["tf"][found]
     return out
 
 

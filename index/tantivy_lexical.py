@@ -324,9 +324,9 @@ class TantivyLexical:
         docs = [searcher.doc(address) for address in addresses]
         counts = [(d["tfs"] or [None])[0] for d in docs]
         lengths = np.asarray(searcher.fast_field_values("dl", addresses), dtype=np.int64)
-        total = np.zeros(len(docs))
-        for weight, tfs in zip(plan.weights, term_counts_of(counts, plan.terms), strict=True):
-            total += bm25_summand(weight, tfs, lengths, plan.avgdl)
+        weights = np.asarray(plan.weights, dtype=np.float64)[:, None]
+        # Summed term by term in the plan's order, as the in-memory engine adds them.
+        total = bm25_summand(weights, term_counts_of(counts, plan.terms), lengths, plan.avgdl).sum(axis=0)
         unscored = np.array([c is None for c in counts], dtype=bool)
         order = np.argsort(np.where(unscored, -np.inf, -total), kind="stable").tolist()
         return [docs[i] for i in order], [None if unscored[i] else float(total[i]) for i in order]
