@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import secrets
 import statistics
 import sys
@@ -25,6 +26,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+from .flood_client import closed_loop_searches
 from .gateway import (
     bench_database,
     gateway_process,
@@ -33,31 +37,10 @@ from .gateway import (
     load_queries,
     load_sentences,
 )
-from .measure import alternating_passes, closed_loop, spread
+from .measure import alternating_passes, cores_used, cpu_by_process, spread
 from .settings import configured_database_url, configured_sidecar, configured_text_model
 
 WARM_PASSES = 5  # each worker holds its own query-vector cache: enough passes that each has seen most
-
-
-async def _searcher(
-    session: Any, url: str, texts: Sequence[str], limit: int, *, warming: bool = False
-) -> Any:
-    """One ``semantic_search`` per call. ``warming``: a retryable answer (the sidecar, which shares
-    the cores, timing out a query embedding while the caches are cold) is let pass; a measured
-    window raises on anything but 200."""
-
-    async def search(i: int) -> None:
-        body = {"dd_api": "dd_rag_api", "action": "semantic_search",
-                "options": {"query": texts[i % len(texts)], "limit": limit}}  # fmt: skip
-        async with session.post(url + "/api/v1/json", json=body) as r:
-            payload = await r.json()
-            if r.status == 200 and payload.get("ok"):
-                return
-            if warming and payload.get("error", {}).get("retryable"):
-                return
-            raise RuntimeError(f"semantic_search failed: {r.status} {payload}")
-
-    return search
 
 
 async def run_workers_benchmark(
@@ -79,8 +62,6 @@ async def run_workers_benchmark(
 
     ``lexical``: the gateways' ``RAG_LEXICAL_INDEX``; ``tantivy`` builds the store's index first
     (``mnemo lexical rebuild``'s writer) so the lexical leg is the engine's, not PostgreSQL's."""
-    import aiohttp
-
     from gateway.auth import issue_token
     from index.models import resolve_model
     from inference.client import SidecarClient
@@ -101,7 +82,6 @@ async def run_workers_benchmark(
         texts = load_queries(queries)
         secret = secrets.token_urlsafe(48)
         bearer = issue_token(secret=secret, sub="bench", projects=None, admin=True)
-        headers = {"Authorization": f"Bearer {bearer}"}
         async with (
             gateway_process(
                 database_url, sidecar_url, secret, workdir / "one.log", text_model=model.id, **engine
@@ -115,29 +95,29 @@ async def run_workers_benchmark(
                 RAG_GATEWAY_WORKERS=str(workers),
                 **engine,
             ) as many,
-            aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=callers * 2, force_close=False), headers=headers
-            ) as session,
         ):
-            searches = {
-                "1 worker": await _searcher(session, one.url, texts, limit),
-                f"{workers} workers": await _searcher(session, many.url, texts, limit),
-            }
-            for url in (one.url, many.url):  # query vectors cached in every worker, pages warm
-                warm = await _searcher(session, url, texts, limit, warming=True)
-                await closed_loop(warm, concurrency=4, requests=len(texts) * WARM_PASSES, max_seconds=600)
+            urls = {"1 worker": one.url, f"{workers} workers": many.url}
+            for url in urls.values():  # query vectors cached in every worker, pages warm
+                await closed_loop_searches(
+                    url, bearer, texts, callers=4, seconds=600, requests=len(texts) * WARM_PASSES,
+                    limit=limit, let_retryable_pass=True,
+                )  # fmt: skip
+            group = _process_groups({"1 worker": one.process.pid, f"{workers} workers": many.process.pid})
 
             def window(name: str) -> Any:
                 async def run() -> dict[str, Any]:
-                    result = await closed_loop(
-                        searches[name], concurrency=callers, requests=10**9, max_seconds=window_s
+                    before = cpu_by_process()
+                    result = await closed_loop_searches(
+                        urls[name], bearer, texts, callers=callers, seconds=window_s, limit=limit
                     )
-                    return result.as_dict()
+                    out = result.as_dict()
+                    out["cores"] = cores_used(before, cpu_by_process(), result.wall_s, group)
+                    return out
 
                 return run
 
-            runs = await alternating_passes({name: window(name) for name in searches}, passes)
-    names = list(searches)
+            runs = await alternating_passes({name: window(name) for name in urls}, passes)
+    names = list(urls)
     ratios = [run[names[1]]["requests_per_s"] / run[names[0]]["requests_per_s"] for run in runs]
     return {
         "suite": "gateway_workers",
@@ -157,7 +137,38 @@ async def run_workers_benchmark(
             name: round(statistics.median(run[name]["latency_s"]["median"] for run in runs) * 1000, 1)
             for name in names
         },
+        "cores": {name: _median_cores([run[name]["cores"] for run in runs]) for name in names},
     }
+
+
+def _process_groups(gateways: dict[str, int]) -> Any:
+    """``group(pid, command line)`` for :func:`benchmarks.measure.cores_used`: each gateway's process
+    tree by name, then PostgreSQL, the sidecar (its Ray processes included), this client, the rest."""
+    trees = {
+        pid: name
+        for name, root in gateways.items()
+        for pid in [root, *(c.pid for c in psutil.Process(root).children(recursive=True))]
+    }
+    here = os.getpid()
+
+    def group(pid: int, command: str) -> str:
+        if pid in trees:
+            return f"gateway ({trees[pid]})"
+        if pid == here:
+            return "client (this benchmark)"
+        if "postgres" in command:
+            return "postgresql"
+        if "sidecar" in command or "ray" in command:
+            return "sidecar"
+        return "other"
+
+    return group
+
+
+def _median_cores(windows: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Each group's median cores over the windows (a group absent from a window used none there)."""
+    names = sorted({name for w in windows for name in w})
+    return {name: round(statistics.median(w.get(name, 0.0) for w in windows), 2) for name in names}
 
 
 async def _tantivy_index(database_url: str, partition: Any, root: Path) -> Path:
@@ -182,13 +193,19 @@ def render(result: dict[str, Any]) -> str:
         f"{result['callers']} callers, {len(result['passes'])} alternating passes of {result['window_s']:.0f} s, "
         f"RAG_LEXICAL_INDEX={result['lexical']})",
         "",
-        "| gateway | req/s (median) | p50 ms (median) |",
-        "| --- | --- | --- |",
-        *(f"| {n} | {result['requests_per_s'][n]} | {result['p50_ms'][n]} |" for n in names),
+        "| gateway | req/s (median) | p50 ms (median) | cores used (median of the windows) |",
+        "| --- | --- | --- | --- |",
+        *(
+            f"| {n} | {result['requests_per_s'][n]} | {result['p50_ms'][n]} | "
+            + ", ".join(f"{g} {c}" for g, c in result["cores"][n].items() if c >= 0.01)
+            + " |"
+            for n in names
+        ),
         "",
         f"Throughput ratio {names[1]} / {names[0]}: **{result['throughput_ratio']}x** "
         f"(windows {result['throughput_ratio_spread'][0]}-{result['throughput_ratio_spread'][1]}; "
-        "goal >= 1.3x; PostgreSQL and the sidecar share the same 2 cores).",
+        "goal >= 1.3x; PostgreSQL, the sidecar and this client share the machine's cores: the last "
+        "column says where they went).",
     ]
     return "\n".join(lines)
 

@@ -255,3 +255,32 @@ def descendants_cpu_s() -> float:
             continue
         total += times.user + times.system
     return total
+
+
+def cpu_by_process() -> dict[int, tuple[str, float]]:
+    """Every process's command line and CPU time so far (user + system, seconds): two snapshots
+    around a window give where the machine's cores went (:func:`cores_used`)."""
+    out: dict[int, tuple[str, float]] = {}
+    for p in psutil.process_iter(["cmdline", "name", "cpu_times"]):
+        times = p.info["cpu_times"]
+        if times is not None:
+            out[p.pid] = (" ".join(p.info["cmdline"] or [p.info["name"] or ""]), times.user + times.system)
+    return out
+
+
+def cores_used(
+    before: Mapping[int, tuple[str, float]],
+    after: Mapping[int, tuple[str, float]],
+    wall_s: float,
+    group: Callable[[int, str], str],
+) -> dict[str, float]:
+    """Cores each group (``group(pid, command line)``) used between two :func:`cpu_by_process`
+    snapshots ``wall_s`` apart. A process started inside the window counts from zero; one that
+    ended inside it is not seen, so each figure is a floor."""
+    out: dict[str, float] = {}
+    for pid, (command, cpu_s) in after.items():
+        prior = before.get(pid)
+        used = cpu_s - (prior[1] if prior is not None and prior[0] == command else 0.0)
+        name = group(pid, command)
+        out[name] = out.get(name, 0.0) + used / wall_s
+    return out
