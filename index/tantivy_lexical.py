@@ -77,6 +77,7 @@ from .tantivy_files import (
     FORMAT,
     STATE_FILE,
     IndexState,
+    any_term,
     current_folder,
     key_of,
     lexical_schema,
@@ -85,7 +86,7 @@ from .tantivy_files import (
     store_identity,
     term_counts_of,
 )
-from .tantivy_stats import IndexStats, any_term, index_corpus, index_doc_freqs
+from .tantivy_stats import IndexStats, index_corpus, index_doc_freqs
 
 log = logging.getLogger(__name__)
 
@@ -297,13 +298,13 @@ class TantivyLexical:
         after the watermark with a new word is still found. The index's counts run off the event
         loop; the cache is only touched on it."""
         key = None if sections is None else tuple(sorted(set(sections)))
-        searcher = reader.index.searcher()
         stats = reader.stats.get(key)
         if stats is None or time.monotonic() - stats.at >= self.config.stats_ttl_s:
-            stats = await asyncio.to_thread(index_corpus, searcher, self.schema, key)
+            stats = await asyncio.to_thread(index_corpus, reader.index.searcher(), self.schema, key)
             reader.stats.put(key, stats)
         missing = [t for t in terms if t not in stats.df]
         if missing:
+            searcher = reader.index.searcher()
             stats.df.update(await asyncio.to_thread(index_doc_freqs, searcher, self.schema, missing, key))
         df = {t: stats.df[t] for t in terms}
         absent = [t for t, n in df.items() if n == 0]

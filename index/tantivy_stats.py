@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 
 import tantivy
 
-__all__ = ["IndexStats", "any_term", "index_corpus", "index_doc_freqs"]
+from .tantivy_files import any_term
+
+__all__ = ["IndexStats", "index_corpus", "index_doc_freqs"]
 
 
 @dataclass
@@ -31,14 +33,6 @@ class IndexStats:
     avgdl: float
     at: float = field(default_factory=time.monotonic)
     df: dict[str, int] = field(default_factory=dict)
-
-
-def any_term(schema: tantivy.Schema, field_name: str, values: Sequence[str | int]) -> tantivy.Query:
-    """Documents whose ``field_name`` holds any of ``values``. One value is a term query: at 1M
-    chunks a search filtered by one access class took 0.52 ms with it, 0.81 with a term set."""
-    if len(values) == 1:
-        return tantivy.Query.term_query(schema, field_name, values[0])
-    return tantivy.Query.term_set_query(schema, field_name, list(values))
 
 
 def _in_sections(
