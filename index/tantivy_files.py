@@ -27,6 +27,7 @@ since the older watermark, and a replay deletes each key before adding its row (
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
@@ -157,23 +158,31 @@ def term_counts_bytes(lexemes: Sequence[str], tfs: Sequence[int]) -> bytes | Non
     return entries.tobytes()
 
 
+@functools.lru_cache(maxsize=4096)
+def _query_term_hash(term: str) -> int:
+    """A query term's :func:`lexeme_hash`, held: a search hashes its ten-odd terms again otherwise."""
+    return lexeme_hash(term)
+
+
 def term_counts_of(counts: Sequence[bytes | None], terms: Sequence[str]) -> np.ndarray:
     """How often each row (its :func:`term_counts_bytes`; None: none, counted 0) holds each term,
-    as a ``len(terms) x len(counts)`` array: all the rows' entries in one array, one comparison
-    per term (a search scores about a hundred rows on about ten terms: 67 us where a regular
-    expression over the lexemes' text took 181, at 1M chunks)."""
+    as a ``len(terms) x len(counts)`` array: all the rows' entries in one array, each entry's term
+    found among the sorted query hashes at once (a search scores about a hundred rows on about ten
+    terms: 66 us where a regular expression over the lexemes' text took 181, at 1M chunks)."""
     out = np.zeros((len(terms), len(counts)), dtype=np.int64)
     held = [i for i, c in enumerate(counts) if c]
     if not held or not terms:
         return out
     entries = np.frombuffer(b"".join(counts[i] for i in held), dtype=COUNT_ENTRY)  # type: ignore[misc]
     ends = np.cumsum([len(counts[i]) for i in held]) // COUNT_ENTRY.itemsize  # type: ignore[arg-type]
-    rows = np.asarray(held)
+    wanted = np.fromiter(map(_query_term_hash, terms), dtype=np.uint64, count=len(terms))
+    order = np.argsort(wanted)
+    ranked = wanted[order]
     hashes = entries["term"]
-    for j, term in enumerate(terms):
-        found = np.flatnonzero(hashes == lexeme_hash(term))
-        if found.size:
-            out[j, rows[np.searchsorted(ends, found, side="right")]] = entries["tf"][found]
+    at = np.searchsorted(ranked, hashes)
+    at[at == len(ranked)] = 0  # past the largest: compared with the first, which it is not
+    hit = np.flatnonzero(ranked[at] == hashes)
+    out[order[at[hit]], np.asarray(held)[np.searchsorted(ends, hit, side="right")]] = entries["tf"][hit]
     return out
 
 

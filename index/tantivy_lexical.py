@@ -136,6 +136,11 @@ class _Reader:
     scopes: Lru[Hashable, tuple[int, list[int]]] = field(default_factory=lambda: Lru(256))
     # Per section scope (None: all): the index's BM25 statistics (index.tantivy_stats).
     stats: Lru[Hashable, IndexStats] = field(default_factory=lambda: Lru(256))
+    # The partition's `current` link and this folder's watermark file, as strings (TantivyLexical._unchanged).
+    paths: tuple[str, str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.paths = (str(self.folder.parent / CURRENT), str(self.folder / STATE_FILE))
 
 
 def _stamp(path: Path) -> tuple[int, int] | None:
@@ -195,8 +200,24 @@ class TantivyLexical:
         index = tantivy.Index.open(str(folder))
         return _Reader(folder, index, state, stamp, Lru(self.config.scope_cache_size))
 
+    def _unchanged(self, held: _Reader) -> bool:
+        """The held reader's index is still current: its link names its folder and its watermark
+        file is the one it read. The same two system calls as the full check, on the paths as held
+        strings (the Path arithmetic cost about as much as the calls, on every search)."""
+        link, state_file = held.paths
+        try:
+            if os.readlink(link) != held.folder.name:
+                return False
+            st = os.stat(state_file)
+        except FileNotFoundError:
+            return False
+        return (st.st_ino, st.st_mtime_ns) == held.stamp
+
     async def reader(self, partition: ModelPartition) -> _Reader | None:
         """The partition's reader, reopened or reloaded when the writer committed or a rebuild swapped."""
+        held = self.readers.get(partition.partition)
+        if held is not None and self._unchanged(held):
+            return held
         folder = current_folder(self.root, partition)
         if folder is None:
             self.readers.pop(partition.partition, None)
@@ -204,7 +225,6 @@ class TantivyLexical:
         stamp = _stamp(folder / STATE_FILE)
         if stamp is None:
             return None
-        held = self.readers.get(partition.partition)
         if held is not None and held.folder == folder and held.stamp == stamp:
             return held
         if held is not None and held.folder == folder:
