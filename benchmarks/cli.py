@@ -140,11 +140,11 @@ def _run(args: argparse.Namespace) -> int:
 async def _eval(args: argparse.Namespace) -> int:
     import json
 
-    from gateway.settings import LEXICAL_INDEX_MODES, load_gateway_settings
+    from gateway.settings import load_gateway_settings
     from index.settings import SidecarClientSettings
     from schema.settings import SettingsError, load_settings
 
-    from .eval import MODES
+    from .eval import LEXICAL_ENGINES, MODES
     from .quality import metrics_json, render, run_quality_benchmark
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -153,11 +153,10 @@ async def _eval(args: argparse.Namespace) -> int:
         print(f"mnemo eval: unknown modes {unknown}; choose from {', '.join(MODES)}", file=sys.stderr)
         return 2
     engines = [e.strip() for e in args.lexical_engines.split(",") if e.strip()]
-    choices = [m for m in LEXICAL_INDEX_MODES if m != "off"]  # off: the SQL leg, always scored
-    unknown = sorted(set(engines) - set(choices))
+    unknown = sorted(set(engines) - set(LEXICAL_ENGINES))  # the SQL leg is always scored
     if unknown:
         print(
-            f"mnemo eval: --lexical-engines: unknown {unknown}; choose from {', '.join(choices)}",
+            f"mnemo eval: --lexical-engines: unknown {unknown}; choose from {', '.join(LEXICAL_ENGINES)}",
             file=sys.stderr,
         )
         return 2
@@ -214,8 +213,9 @@ def _register_eval(subparsers: argparse._SubParsersAction) -> None:
         "--lexical-engines",
         default="",
         metavar="ENGINES",
-        help="also score these lexical engines (RAG_LEXICAL_INDEX values, e.g. tantivy: its index built "
-        "from the eval's store by the lexical writer) beside the gateway's lexical leg, in the same run",
+        help="also score these lexical engines beside the gateway's lexical leg, in the same run: tantivy "
+        "(its index built from the eval's store by the lexical writer), memory (the in-memory benchmark "
+        "baseline)",
     )
     p.add_argument("--keep", action="store_true", help="keep the eval section indexed (faster re-runs)")
     p.add_argument("--sidecar-url", default=None, help="inference sidecar URL (env RAG_SIDECAR_URL)")

@@ -11,10 +11,11 @@ scores nDCG@10, recall@100 and MRR@10 per mode:
 - ``dense``, ``lexical``, ``sparse``: one leg alone;
 - ``hybrid``: every leg the model supports, fused with the configured weights.
 
-The lexical leg is the gateway's (``RAG_LEXICAL_INDEX``): the SQL leg, or an engine loaded from the
-ingested store (:func:`lexical_engine`: the in-memory index, or a Tantivy index built by the lexical
-writer's own build). :meth:`EvalSession.lexical_legs` asks another engine for every query's lexical
-leg beside the legs already fetched, so one run scores engines side by side.
+The lexical leg is the gateway's (``RAG_LEXICAL_INDEX``): the SQL leg, or the Tantivy engine over
+an index built from the ingested store by the lexical writer's own build (:func:`lexical_engine`).
+:meth:`EvalSession.lexical_legs` asks another engine (:data:`LEXICAL_ENGINES`: Tantivy, or the
+benchmarks' in-memory baseline, :mod:`benchmarks.memory_lexical`) for every query's lexical leg
+beside the legs already fetched, so one run scores engines side by side.
 
 Each query's legs are fetched once and fused per mode, which is the same as
 running each mode on its own (the legs are independent); :meth:`EvalSession.tune`
@@ -50,15 +51,20 @@ from gateway.settings import FUSION_METHODS, LEGS, GatewaySettings
 from index.bm25 import CorpusStats
 from index.hits import Scope
 from index.lexical_engine import LexicalEngine
-from index.lexical_index import LexicalConfig, LexicalIndex
 from index.lexical_metrics import LexicalMetrics
 from index.partitions import ModelPartition
-from index.tantivy_lexical import AUTO_MODE, TantivyConfig, TantivyLexical
 from index.tantivy_lexical import MODE as TANTIVY_MODE
+from index.tantivy_lexical import TantivyConfig, TantivyLexical
+
+from .memory_lexical import MODE as MEMORY_MODE
+from .memory_lexical import LexicalConfig, LexicalIndex
 
 log = logging.getLogger(__name__)
 
 MODES = ("dense", "lexical", "sparse", "hybrid")
+# The lexical engines :func:`lexical_engine` builds from an evaluation's store (``--lexical-engines``):
+# the product's Tantivy engine, and the in-memory index, the benchmarks' reference baseline.
+LEXICAL_ENGINES = (TANTIVY_MODE, MEMORY_MODE)
 EVAL_LIMIT = 100
 METRICS = ("ndcg@10", "recall@100", "mrr@10")
 EVAL_PRINCIPAL = Principal("mnemo-eval", projects=None, admin=True)
@@ -423,15 +429,17 @@ def searches_served(metrics: LexicalMetrics) -> dict[str, int]:
 async def lexical_engine(
     mode: str, pool: asyncpg.Pool, database_url: str, partition: ModelPartition, stats: CorpusStats
 ) -> AsyncIterator[LexicalEngine]:
-    """The lexical engine ``mode`` (``RAG_LEXICAL_INDEX``) loaded from the store's ``partition``.
+    """The lexical engine ``mode`` (one of :data:`LEXICAL_ENGINES`) loaded from the store's ``partition``.
 
     ``tantivy``: an index built in a temporary folder by the lexical writer's own build (what
     ``mnemo lexical rebuild`` runs), then read by the engine the gateway reads it with, its statistics
-    held as long as ``stats`` (the SQL leg's); removed afterwards. Otherwise the
-    in-memory index in that mode, loaded.
+    held as long as ``stats`` (the SQL leg's); removed afterwards. ``memory``: the benchmarks'
+    in-memory baseline (no product engine), loaded.
     """
     from index.tantivy_writer import LexicalWriter
 
+    if mode not in LEXICAL_ENGINES:
+        raise ValueError(f"lexical engine {mode!r}: use one of {', '.join(LEXICAL_ENGINES)}")
     if mode == TANTIVY_MODE:
         with tempfile.TemporaryDirectory(prefix="mnemo-eval-tantivy-") as folder:
             root = Path(folder)
@@ -446,7 +454,7 @@ async def lexical_engine(
             finally:
                 await tantivy.stop()
         return
-    memory = LexicalIndex(pool, database_url, LexicalConfig(mode=mode))
+    memory = LexicalIndex(pool, database_url, LexicalConfig())
     try:
         await memory.load(partition)
         yield memory
@@ -490,8 +498,8 @@ async def eval_session(
             await session.ingest()
             # `auto` (the default) serves from a writer's index once one exists; a throw-away
             # evaluation store never has one, so the SQL leg answers, as `auto` does without one.
-            # `tantivy` and `memory` are built here from the ingested store.
-            if settings.lexical_index not in ("off", AUTO_MODE):
+            # `tantivy` is built here from the ingested store.
+            if settings.lexical_index == TANTIVY_MODE:
                 partition = await retriever.partition((await retriever.text_model()).id)
                 if partition is not None:
                     # The gateway's lexical engine (RAG_LEXICAL_INDEX), loaded from the ingested

@@ -239,6 +239,23 @@ async def cache_ready(session: Any, url: str, wait_s: float = 300.0) -> dict[str
     return await readyz_until(session, url, "faiss", settled, wait_s, 0.5)
 
 
+async def tantivy_index(database_url: str, partition: Any, root: Path) -> Path:
+    """The store's Tantivy index of ``partition`` under ``root`` (a gateway's ``RAG_LEXICAL_DIR``),
+    built as ``mnemo lexical rebuild`` builds it: what a ``RAG_LEXICAL_INDEX=auto|tantivy`` gateway
+    reads from its start."""
+    from index.tantivy_writer import LexicalWriter
+    from schema import create_pool
+
+    pool = await create_pool(database_url, max_size=4)
+    writer = LexicalWriter(pool, database_url, root)
+    try:
+        await writer.rebuild(partition, lambda _n: None)
+    finally:
+        await writer.stop()
+        await pool.close()
+    return root
+
+
 async def gateway_read_pool(database_url: str) -> Any:
     """A pool like the gateway's read pool at its default settings: ``RAG_DB_POOL_SIZE``'s size, no
     reset query, sessions opened with the legs' settings. :class:`RawLegs` on it runs the SQL the

@@ -36,6 +36,7 @@ from .gateway import (
     load_corpus,
     load_queries,
     load_sentences,
+    tantivy_index,
 )
 from .measure import alternating_passes, cores_used, cpu_by_process, spread
 from .settings import configured_database_url, configured_sidecar, configured_text_model
@@ -76,9 +77,7 @@ async def run_workers_benchmark(
         await pool.close()
         engine = {"RAG_LEXICAL_INDEX": lexical}
         if lexical == "tantivy":
-            engine["RAG_LEXICAL_DIR"] = str(
-                await _tantivy_index(database_url, partition, workdir / "lexical")
-            )
+            engine["RAG_LEXICAL_DIR"] = str(await tantivy_index(database_url, partition, workdir / "lexical"))
         texts = load_queries(queries)
         secret = secrets.token_urlsafe(48)
         bearer = issue_token(secret=secret, sub="bench", projects=None, admin=True)
@@ -171,21 +170,6 @@ def _median_cores(windows: Sequence[dict[str, float]]) -> dict[str, float]:
     return {name: round(statistics.median(w.get(name, 0.0) for w in windows), 2) for name in names}
 
 
-async def _tantivy_index(database_url: str, partition: Any, root: Path) -> Path:
-    """The store's Tantivy index under ``root``, built as ``mnemo lexical rebuild`` builds it."""
-    from index.tantivy_writer import LexicalWriter
-    from schema import create_pool
-
-    pool = await create_pool(database_url, max_size=4)
-    writer = LexicalWriter(pool, database_url, root)
-    try:
-        await writer.rebuild(partition, lambda _n: None)
-    finally:
-        await writer.stop()
-        await pool.close()
-    return root
-
-
 def render(result: dict[str, Any]) -> str:
     names = list(result["requests_per_s"])
     lines = [
@@ -222,9 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--passes", type=int, default=4)
     p.add_argument("--window-s", type=float, default=15.0)
-    p.add_argument(
-        "--lexical", choices=("off", "memory", "tantivy"), default="off", help="the gateways' lexical leg"
-    )
+    p.add_argument("--lexical", choices=("off", "tantivy"), default="off", help="the gateways' lexical leg")
     p.add_argument("--out", type=Path, default=None, help="a folder for result.json and result.md")
     args = p.parse_args(argv)
     started = time.perf_counter()

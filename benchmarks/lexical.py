@@ -1,5 +1,9 @@
 """The lexical leg at scale: the in-memory index against the SQL leg and Tantivy BM25, in one run.
 
+The in-memory index (:mod:`benchmarks.memory_lexical`) is no product engine (the gateway's lexical
+leg is the SQL leg or the on-disk Tantivy engine): it is the exact reference baseline these legs,
+and :mod:`benchmarks.tantivy_scale`'s bars, are measured against.
+
 ``python -m benchmarks.lexical --sizes 100000 --out DIR`` builds, per size, one partition of ``n``
 chunks with realistic term statistics (issue 24): every unique sentence of the shared data sets
 (``../shared/datasets``: their corpora split into sentences), then text drawn from real word
@@ -14,7 +18,7 @@ mixed (2-12 words, half common). Then, all in the same run, one caller, ``k`` = 
 over-fetch for ``limit`` 10):
 
 - **SQL leg**: :func:`index.lexical_leg.lexical_search` (statistics cached, warm), admin and 1% ACL;
-- **index leg**: :meth:`index.lexical_index.LexicalIndex.search`, the whole leg (plan, in-memory
+- **index leg**: :meth:`benchmarks.memory_lexical.LexicalIndex.search`, the whole leg (plan, in-memory
   top-k, the re-read of the hits' rows scored in SQL), admin and 1% ACL;
 - **index core**: the in-memory part alone (plan + top-k slots), what a search engine returns;
 - **Tantivy BM25** (PyPI ``tantivy``) over the same folded texts, the same scored terms as one
@@ -204,9 +208,9 @@ async def _one_size(url: str, n: int, n_dataset_queries: int, each: int) -> dict
 
 
 class _IndexLegs:
-    """Mnemo's lexical legs over one partition, in ``scope`` unless told another: the SQL leg, the
-    in-memory index leg (its re-read included, as the gateway runs it) and the index's core alone
-    (planning and top-k, no re-read)."""
+    """The lexical legs over one partition, in ``scope`` unless told another: the SQL leg, the
+    in-memory baseline's leg (its re-read included, as the retired ``RAG_LEXICAL_INDEX=memory`` ran
+    it) and the baseline's core alone (planning and top-k, no re-read)."""
 
     def __init__(self, pool: Any, partition: Any, index: Any, lexicon: Any, scope: Any) -> None:
         from index.bm25 import CorpusStats
@@ -389,8 +393,9 @@ async def measure_lexical(
     from gateway.acl import pushdown
     from gateway.auth import Principal
     from index.hits import Scope
-    from index.lexical_index import LexicalConfig, LexicalIndex
     from index.text import fold
+
+    from .memory_lexical import LexicalConfig, LexicalIndex
 
     n = len(texts)
     real = min(n, len(real_sentences()))

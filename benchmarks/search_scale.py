@@ -21,16 +21,20 @@ database of the bench stack's PostgreSQL:
   visibility, and issue 24's goal cell: the 1% researcher's dense leg against the admin's, same
   probes, in interleaved windows, with the cache and without it;
 - **the lexical section** over it (:func:`benchmarks.lexical.measure_lexical`: the in-memory index,
-  the SQL leg and Tantivy BM25, same chunks and queries; the fast legs in interleaved windows);
+  the benchmarks' reference baseline, the SQL leg and Tantivy BM25, same chunks and queries; the
+  fast legs in interleaved windows);
 - **``semantic_search``** through a ``mnemo gateway`` subprocess per configuration of
-  :data:`GATEWAY_CONFIGS` (``RAG_LEXICAL_INDEX=memory``; the same with ``RAG_FAISS_CACHE=cpu``;
-  ``off``), defaults otherwise, each measured once its lexical index and cache are ready: the data
+  :data:`GATEWAY_CONFIGS` (``RAG_LEXICAL_INDEX=tantivy`` over the store's Tantivy index, built
+  before the gateways start as ``mnemo lexical rebuild`` builds it; the same with
+  ``RAG_FAISS_CACHE=cpu``; ``off``), defaults otherwise, each measured once its lexical engine
+  serves every partition and its cache is ready: the data
   sets' queries, each sent once first (the gateway embeds it through the sidecar and caches its
   vector), then a closed loop per caller count as an admin, and one caller as a researcher who sees
   1% of the chunks; p50, p99, requests/s and the gateway's CPU per request, per cell.
 
 Growth: every latency at the largest size against itself at the smallest, same run. A gateway whose
-lexical index does not become ready, or a search answered with anything but 200, stops the run.
+lexical engine does not serve every partition, or a search answered with anything but 200, stops
+the run.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ from .gateway import (
     mixed_vectors,
     partition_states,
     readyz_until,
+    tantivy_index,
 )
 from .lexical import SECTION, build_corpus, measure_lexical, populate
 from .measure import (
@@ -76,10 +81,11 @@ from .stack import BENCH_MODEL, BenchStack, open_stack
 __all__ = ["SearchScalePlan", "as_suite", "run_search_scale"]
 
 LIMIT = 10  # semantic_search's limit: the gateway over-fetches max(4 * limit, 20) per leg
-# The gateway configurations semantic_search runs under: name -> environment beyond the defaults.
+# The gateway configurations semantic_search runs under: name -> environment beyond the defaults
+# (and RAG_LEXICAL_DIR: the store's Tantivy index, built before the gateways start).
 GATEWAY_CONFIGS: dict[str, dict[str, str]] = {
-    "memory": {"RAG_LEXICAL_INDEX": "memory"},
-    "memory, FAISS cpu": {"RAG_LEXICAL_INDEX": "memory", "RAG_FAISS_CACHE": "cpu"},
+    "tantivy": {"RAG_LEXICAL_INDEX": "tantivy"},
+    "tantivy, FAISS cpu": {"RAG_LEXICAL_INDEX": "tantivy", "RAG_FAISS_CACHE": "cpu"},
     "off": {"RAG_LEXICAL_INDEX": "off"},
 }
 
@@ -102,22 +108,19 @@ class SearchScalePlan:
     windows: int = 3  # interleaved windows of the lexical legs and of the dense goal cell
 
 
-async def _wait_lexical_ready(session: Any, url: str, wait_s: float) -> dict[str, Any]:
-    """Until every partition of the gateway's lexical index is ready (``/readyz``); its status.
+async def _wait_lexical_ready(session: Any, url: str, search: Any, wait_s: float) -> dict[str, Any]:
+    """Until the gateway's lexical engine serves every partition (``/readyz``); its status.
 
-    The SQL leg would serve a cold partition, which is not the configuration being measured, so a
-    partition that fails, or one still loading past ``wait_s``, stops the run.
+    The Tantivy engine opens a partition's index at its first search, so ``search`` sends one. The
+    SQL leg would serve a partition without its index (missing, behind, from another store), which
+    is not the configuration being measured, so such a partition stops the run.
     """
+    await search(0)
     status = await readyz_until(
-        session,
-        url,
-        "lexical_index",
-        lambda s: partition_states(s) == {"ready"} or "failed" in partition_states(s),
-        wait_s,
-        1.0,
+        session, url, "lexical_index", lambda s: "indexed" not in partition_states(s), wait_s, 1.0
     )
-    if "failed" in partition_states(status):
-        raise RuntimeError(f"the gateway's lexical index failed to load: {status}")
+    if partition_states(status) != {"ready"}:
+        raise RuntimeError(f"the gateway's lexical engine does not serve every partition: {status}")
     return status
 
 
@@ -294,10 +297,12 @@ async def measure_semantic_search(
     plan: SearchScalePlan,
     mode: str,
     workdir: Path,
+    lexical_dir: Path,
 ) -> dict[str, Any]:
     """``semantic_search`` through a gateway in configuration ``mode`` (:data:`GATEWAY_CONFIGS`),
-    once its lexical index and FAISS cache (when on) are ready: one cell per caller count (admin)
-    and one for a researcher at 1% visibility, one caller."""
+    its Tantivy index the one under ``lexical_dir``, once its lexical engine serves every partition
+    and its FAISS cache (when on) is ready: one cell per caller count (admin) and one for a
+    researcher at 1% visibility, one caller."""
     import aiohttp
 
     from gateway.auth import issue_token
@@ -307,20 +312,13 @@ async def measure_semantic_search(
         "admin": issue_token(secret=secret, sub="bench", projects=None, admin=True),
         "1% ACL": issue_token(secret=secret, sub="researcher", projects=[3], perms={SECTION: 1}),
     }
-    env = GATEWAY_CONFIGS[mode]
+    env = {**GATEWAY_CONFIGS[mode], "RAG_LEXICAL_DIR": str(lexical_dir)}
     log = workdir / f"gateway-{mode.replace(' ', '').replace(',', '-')}.log"
     started = time.perf_counter()
     async with gateway_process(database_url, sidecar_url, secret, log, text_model=model_id, **env) as gateway:
         async with aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=max(plan.callers) * 2)
         ) as session:
-            if env.get("RAG_LEXICAL_INDEX", "off") != "off":
-                await _wait_lexical_ready(session, gateway.url, wait_s=1800.0)
-            if env.get("RAG_FAISS_CACHE", "off") != "off":
-                faiss = await cache_ready(session, gateway.url, wait_s=1800.0)
-                if partition_states(faiss) != {"ready"}:
-                    raise RuntimeError(f"the gateway's FAISS cache did not load: {faiss}")
-            ready_s = time.perf_counter() - started
 
             def caller(who: str) -> Any:
                 headers = {"Authorization": f"Bearer {tokens[who]}"}
@@ -336,6 +334,13 @@ async def measure_semantic_search(
                 return search
 
             admin, narrow = caller("admin"), caller("1% ACL")
+            if env.get("RAG_LEXICAL_INDEX", "off") != "off":
+                await _wait_lexical_ready(session, gateway.url, admin, wait_s=1800.0)
+            if env.get("RAG_FAISS_CACHE", "off") != "off":
+                faiss = await cache_ready(session, gateway.url, wait_s=1800.0)
+                if partition_states(faiss) != {"ready"}:
+                    raise RuntimeError(f"the gateway's FAISS cache did not load: {faiss}")
+            ready_s = time.perf_counter() - started
             for i in range(len(queries)):  # embeds each query once; the gateway caches the vectors
                 await admin(i)
                 await narrow(i)
@@ -385,13 +390,20 @@ async def _one_size(stack: BenchStack, n: int, bases: np.ndarray, queries: Seque
         )
     finally:
         await pool.close()
+    # The gateways' Tantivy index, built before they start (what `mnemo lexical rebuild` writes).
+    start = time.perf_counter()
+    lexical_dir = await tantivy_index(url, partition, workdir / f"lexical-{n}")
+    tantivy_build_s = time.perf_counter() - start
     search = {
-        mode: await measure_semantic_search(url, stack.sidecar_url, BENCH_MODEL, queries, plan, mode, workdir)
+        mode: await measure_semantic_search(
+            url, stack.sidecar_url, BENCH_MODEL, queries, plan, mode, workdir, lexical_dir
+        )
         for mode in plan.gateway_configs
     }
     return {
         "chunks": n,
         "store_s": store_s,
+        "tantivy_build_s": tantivy_build_s,
         "dense_recall": recall,
         "dense_cache": cache,
         "lexical": lexical,

@@ -47,11 +47,12 @@ GROWTH = (
 )
 NOTES = (
     "semantic_search: a mnemo gateway subprocess with default settings but RAG_LEXICAL_INDEX (and "
-    "RAG_FAISS_CACHE=cpu where the configuration names the cache); the data sets' queries, each sent once "
-    "before the loops so its vector is cached (no sidecar in the loops); hybrid retrieval (dense + "
-    "lexical), fusion, ACL, JSON over HTTP on 127.0.0.1.",
-    "gateway ready s: from the process's start until its lexical index (and its cache) served every "
-    "partition.",
+    "RAG_FAISS_CACHE=cpu where the configuration names the cache); with RAG_LEXICAL_INDEX=tantivy it reads "
+    "the store's Tantivy index, built before the gateways started as `mnemo lexical rebuild` builds it; "
+    "the data sets' queries, each sent once before the loops so its vector is cached (no sidecar in the "
+    "loops); hybrid retrieval (dense + lexical), fusion, ACL, JSON over HTTP on 127.0.0.1.",
+    "gateway ready s: from the process's start until its lexical engine served every partition (the "
+    "Tantivy engine opens a partition's index at its first search: one is sent) and its cache had loaded.",
     "FAISS cache on CPU: the gateway's cache settings; an admin's unfiltered search over more than "
     "RAG_FAISS_CPU_BROAD_SCAN_MAX vectors goes to pgvector's HNSW (its served share says so), a scope of at "
     "most RAG_FAISS_PACKED_SCOPE_ROWS vectors is searched over a packed copy of its vectors.",

@@ -3,8 +3,9 @@
 ``python -m benchmarks.tantivy_recall --out DIR`` loads each shared data set's corpus
 (``../shared/datasets``) as one partition (one chunk per document, as :mod:`benchmarks.lexical`
 loads its corpus), builds its Tantivy index with the writer (:mod:`index.tantivy_writer`), and runs
-the data set's queries through the Tantivy engine (:mod:`index.tantivy_lexical`) and the SQL leg,
-for an administrator and for a researcher who sees 1% of the chunks (the classes filter inside the
+the data set's queries through the Tantivy engine (:mod:`index.tantivy_lexical`) and the SQL leg
+(timed beside them, the benchmarks' in-memory baseline, :mod:`benchmarks.memory_lexical`), for an
+administrator and for a researcher who sees 1% of the chunks (the classes filter inside the
 query). The engine's hits are the SQL leg's rows with the SQL leg's scores; what can differ is which
 rows: Tantivy ranks its ``overfetch * k`` candidates by its own BM25 (its statistics over the whole
 index, field lengths quantized to a byte, k1 1.2 against the SQL leg's 1.5), and a row it ranks
@@ -58,10 +59,11 @@ async def _measure(stack: BenchStack, name: str, texts: list[str], queries: list
     from gateway.auth import Principal
     from index.bm25 import CorpusStats, query_terms, scored_terms
     from index.hits import Scope
-    from index.lexical_index import LexicalConfig, LexicalIndex
     from index.lexical_leg import lexical_search
     from index.tantivy_lexical import TantivyConfig, TantivyLexical
     from index.tantivy_writer import LexicalWriter
+
+    from .memory_lexical import LexicalConfig, LexicalIndex
 
     url = await stack.fresh_database(f"recall_{name.replace('-', '_')}")
     pool = await gateway_read_pool(url)

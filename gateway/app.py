@@ -22,12 +22,9 @@ from aiohttp import web
 from index.bm25 import CorpusStats
 from index.cache_metrics import CacheMetrics
 from index.cache_partition import CacheConfig  # configuration only: FAISS loads with the cache
-from index.lexical_engine import LexicalEngine
-from index.lexical_index import LexicalConfig, LexicalIndex
 from index.lexical_metrics import LexicalMetrics
 from index.read_settings import read_session_settings
 from index.sections import SectionStore
-from index.tantivy_lexical import MODES as TANTIVY_LEXICAL_MODES
 from index.tantivy_lexical import TantivyConfig, TantivyLexical
 from inference.eventloop import loop_name
 from schema.database import create_pool, open_database
@@ -158,25 +155,19 @@ async def _vector_cache_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _lexical_index_ctx(app: web.Application) -> AsyncIterator[None]:
-    """The lexical engine (``RAG_LEXICAL_INDEX``): the in-memory index (loads in the background; the
-    SQL leg serves until a partition is ready) or the Tantivy indexes on disk (``auto``, the default,
+    """The lexical engine (``RAG_LEXICAL_INDEX``): the Tantivy indexes on disk (``auto``, the default,
     or ``tantivy``: opened read-only on first search, the SQL leg serving a partition without one;
-    their writer is ``mnemo lexical follow``). Never fails the start for a missing index."""
+    their writer is ``mnemo lexical follow``), or none (``off``: the SQL leg alone). Never fails the
+    start for a missing index."""
     settings = app[SETTINGS_KEY]
     if settings.lexical_index == "off":
         yield
         return
+    # Its statistics from its index, held as long as the SQL leg's (RAG_LEXICAL_STATS_TTL).
+    root = settings.ingest.lexical_root(settings.database.data_dir)
+    config = TantivyConfig(stats_ttl_s=settings.lexical_stats_ttl)
     metrics = LexicalMetrics(app[METRICS_KEY].registry)
-    engine: LexicalEngine
-    if settings.lexical_index in TANTIVY_LEXICAL_MODES:
-        # Its statistics from its index, held as long as the SQL leg's (RAG_LEXICAL_STATS_TTL).
-        root = settings.ingest.lexical_root(settings.database.data_dir)
-        config = TantivyConfig(stats_ttl_s=settings.lexical_stats_ttl)
-        engine = TantivyLexical(root, config, metrics=metrics, mode=settings.lexical_index)
-    else:
-        engine = LexicalIndex(
-            app[POOL_KEY], app[DATABASE_URL_KEY], LexicalConfig(mode=settings.lexical_index), metrics
-        )
+    engine = TantivyLexical(root, config, metrics=metrics, mode=settings.lexical_index)
     app[LEXICAL_INDEX_KEY] = engine
     await engine.start()
     try:

@@ -36,7 +36,7 @@ DATABASE_URL_KEY: web.AppKey[str] = web.AppKey("database_url", str)
 READ_POOL_KEY: web.AppKey[ReadPool] = web.AppKey("read_pool", ReadPool)
 # The FAISS cache, present unless RAG_FAISS_CACHE=off.
 VECTOR_CACHE_KEY: web.AppKey[VectorCache] = web.AppKey("vector_cache")
-# The lexical engine (the in-memory index with RAG_LEXICAL_INDEX=memory), present unless it is off.
+# The lexical engine (the Tantivy index on disk: RAG_LEXICAL_INDEX=auto|tantivy), present unless it is off.
 LEXICAL_INDEX_KEY: web.AppKey[LexicalEngine] = web.AppKey("lexical_index", LexicalEngine)
 # The SQL lexical leg's corpus statistics (IDF), shared by the legs and the Tantivy engine's re-read.
 CORPUS_STATS_KEY: web.AppKey[CorpusStats] = web.AppKey("corpus_stats", CorpusStats)

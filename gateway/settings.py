@@ -14,14 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from index.lexical_index import MODES as MEMORY_LEXICAL_MODES
 from index.settings import IngestSettings, MediaSettings, SidecarClientSettings
 from index.tantivy_lexical import MODES as TANTIVY_LEXICAL_MODES
 from schema.settings import DatabaseSettings, SettingsError, load_settings, setting
 
 from .budget_settings import BudgetSettings
 
-LEXICAL_INDEX_MODES = (*MEMORY_LEXICAL_MODES, *TANTIVY_LEXICAL_MODES)
+LEXICAL_INDEX_MODES = (*TANTIVY_LEXICAL_MODES, "off")  # `memory` was retired: see validate
 LEGS = ("dense", "lexical", "sparse")
 FAISS_MODES = ("off", "auto", "cpu", "cuda", "mmap")
 FUSION_METHODS = ("dbsf", "minmax", "rrf")
@@ -313,8 +312,8 @@ class GatewaySettings:
         "Gateway processes sharing the port (`mnemo gateway --workers`, `mnemo up`); 0 is one per core, "
         "1 serves in the command's own process.",
         tradeoff="Each worker is one event loop on one core, sharing the database and on-disk indexes; "
-        "what a worker builds in its heap (the FAISS cache, the in-memory lexical index) is built once "
-        "per worker, so fewer workers where those caches are large and memory is short.",
+        "what a worker builds in its heap (the FAISS cache on CPU or GPU) is built once per worker, so "
+        "fewer workers where that cache is large and memory is short.",
     )
     max_concurrency: int = setting(
         "RAG_GATEWAY_MAX_CONCURRENCY",
@@ -401,13 +400,11 @@ class GatewaySettings:
         "Where the lexical leg searches: `auto` (the default: the Tantivy index of a partition under "
         "`RAG_LEXICAL_DIR` once `mnemo lexical follow` has built it and while it keeps up, picked up "
         "without a restart; the SQL leg for every other partition; nothing needs to exist at start), "
-        "`off` (always BM25 in SQL over the GIN index), `memory` (an exact in-memory BM25 index per "
-        "partition in the gateway's process, built from the store at start and fed by the change feed; "
-        "same scores and order as the SQL leg, for the memory of the postings), or `tantivy` (as `auto`, "
-        "said explicitly: a missing index folder is logged as a warning at start). Tantivy selects "
-        "candidates, PostgreSQL re-reads and scores them as the SQL leg, with the current ACL. A "
-        "partition still loading, without an index or behind, image rows and an unprovable answer go to "
-        "the SQL leg, counted in `mnemo_lexical_searches` and shown in `/readyz`.",
+        "`off` (always BM25 in SQL over the GIN index), or `tantivy` (as `auto`, said explicitly: a "
+        "missing index folder is logged as a warning at start). Tantivy selects candidates, PostgreSQL "
+        "re-reads and scores them as the SQL leg, with the current ACL. A partition without an index or "
+        "behind, image rows and an unprovable answer go to the SQL leg, counted in "
+        "`mnemo_lexical_searches` and shown in `/readyz`. `memory` (an in-memory index) was retired.",
         tradeoff="`auto` needs the writer (`mnemo lexical follow`, which `mnemo up` starts) to be fast; "
         "without it, it is the SQL leg. `off` skips even the check of the index folder.",
     )
@@ -547,6 +544,11 @@ class GatewaySettings:
             )
         if self.faiss_packed_bytes < 0:
             raise SettingsError("RAG_FAISS_PACKED_BYTES must be >= 0")
+        if self.lexical_index == "memory":  # retired: one lexical engine beside the SQL leg, not two
+            raise SettingsError(
+                "RAG_LEXICAL_INDEX=memory: the in-memory lexical index was retired; use auto (the default) "
+                "or tantivy, the on-disk index that `mnemo lexical follow` writes (see docs/scale.md), or off"
+            )
         if self.lexical_index not in LEXICAL_INDEX_MODES:
             raise SettingsError(
                 f"RAG_LEXICAL_INDEX={self.lexical_index!r}: use one of {', '.join(LEXICAL_INDEX_MODES)}"

@@ -1,8 +1,9 @@
 """BM25 for the lexical legs: query parsing, corpus statistics and the per-query plan.
 
-The SQL leg (:func:`index.lexical_leg.lexical_search`) and the in-memory index
-(:mod:`index.lexical_index`) score with the same plan (:func:`bm25_plan`) and the same per-chunk
-formula (:func:`bm25_score_sql`), so their scores and tie order agree.
+The SQL leg (:func:`index.lexical_leg.lexical_search`) and the Tantivy engine
+(:mod:`index.tantivy_lexical`; the benchmarks' in-memory baseline, :mod:`benchmarks.memory_lexical`,
+too) score with the same plan (:func:`bm25_plan`) and the same per-chunk formula
+(:func:`bm25_score_sql`, :func:`bm25_summand`), so their scores and tie order agree.
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """What every in-process index beside the store shares: load each partition, then follow the feed.
 
-The FAISS cache (:mod:`index.vector_cache`) and the lexical index (:mod:`index.lexical_index`) are
-both derived copies of the store's partitions, rebuilt from it alone and kept current by the change
-feed (:mod:`index.change_feed`). :class:`FeedFollower` is that lifecycle, once: start loads every
-partition in the background (a failed load is logged and marked, and the SQL leg serves that
-partition), then a follower applies the feed on every notification, after every reconnect, and
-every ``poll_s`` regardless; a failed apply is retried and the answers stay exact meanwhile (each
-search re-reads the keys changed after its partition's watermark).
+The FAISS cache (:mod:`index.vector_cache`) and the Tantivy index its writer keeps
+(:mod:`index.tantivy_writer`) are both derived copies of the store's partitions, rebuilt from it
+alone and kept current by the change feed (:mod:`index.change_feed`). :class:`FeedFollower` is that
+lifecycle, once: start loads every partition in the background (a failed load is logged and
+marked, and the SQL leg serves that partition), then a follower applies the feed on every
+notification, after every reconnect, and every ``poll_s`` regardless; a failed apply is retried and
+the answers stay exact meanwhile (each search re-reads the keys changed after its partition's
+watermark).
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """The lexical leg as a swappable engine: what the retriever needs from one.
 
 Two implementations answer the same leg. The SQL leg (:func:`index.lexical_leg.lexical_search`)
-always can; an engine that holds its own copy of the text (today's in-memory
-:class:`index.lexical_index.LexicalIndex`, an on-disk Tantivy index) answers faster when it can
-answer *exactly*: its scores and tie order are the SQL leg's, and its candidates are re-read from
-PostgreSQL under the caller's current ACL, so an engine can only hide a row, never reveal one.
-When it cannot (still loading, behind the change feed, a modality it does not hold) it says so
-with None and the retriever asks the SQL leg: never a partial or stale answer.
+always can; an engine that holds its own copy of the text (the on-disk Tantivy index,
+:class:`index.tantivy_lexical.TantivyLexical`) answers faster when it can answer *exactly*: its
+scores and tie order are the SQL leg's, and its candidates are re-read from PostgreSQL under the
+caller's current ACL, so an engine can only hide a row, never reveal one. When it cannot (still
+loading, behind the change feed, a modality it does not hold) it says so with None and the retriever
+asks the SQL leg: never a partial or stale answer.
 
 The engine is matched structurally (a :class:`typing.Protocol`): an engine imports nothing from
 here, it only has these methods.

@@ -1,4 +1,6 @@
-"""Prometheus metrics of the in-memory lexical index (:mod:`index.lexical_index`), on the gateway's registry."""
+"""Prometheus metrics of the lexical engine beside the SQL leg: the Tantivy engine a gateway reads
+(:mod:`index.tantivy_lexical`, on the gateway's registry) and its writer (:mod:`index.tantivy_writer`).
+The in-memory baseline of the benchmarks (:mod:`benchmarks.memory_lexical`) counts in them too."""
 
 from __future__ import annotations
 

@@ -1,11 +1,12 @@
 """The lexical engines' re-read: their candidates plus every key changed after their watermark,
 through the scope's SQL filter and the plan's match set, in the SQL leg's order.
 
-Both engines (the in-memory :mod:`index.lexical_index` and Tantivy's :mod:`index.tantivy_lexical`)
-only *select*: this statement decides what is served. A candidate unchanged since the watermark
-keeps the engine's score (the same BM25 over the same row, :func:`index.bm25.bm25_summand`); a
-changed key, or a candidate the engine could not score, is scored by the SQL leg's own expression.
-A deleted row or a revoked ACL is never served: every row passes the scope's filter here.
+The engine (Tantivy's :mod:`index.tantivy_lexical`; the benchmarks' in-memory baseline,
+:mod:`benchmarks.memory_lexical`, too) only *selects*: this statement decides what is served. A
+candidate unchanged since the watermark keeps the engine's score (the same BM25 over the same row,
+:func:`index.bm25.bm25_summand`); a changed key, or a candidate the engine could not score, is
+scored by the SQL leg's own expression. A deleted row or a revoked ACL is never served: every row
+passes the scope's filter here.
 """
 
 from __future__ import annotations

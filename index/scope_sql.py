@@ -2,8 +2,9 @@
 
 A :class:`~index.hits.Scope` (sections, group facet, view, excluded record, ACL) becomes WHERE
 clauses over the embeddings alias ``e`` with positional parameters. Values are always bound
-parameters; identifiers come from ``rag_models``. The FAISS cache and the in-memory lexical index
-build their scope bitmaps from :func:`scope_where`, so a scope means the same rows everywhere.
+parameters; identifiers come from ``rag_models``. The FAISS cache and the Tantivy lexical engine
+(through :func:`index.access_classes.permitted_classes`) build their scope bitmaps from
+:func:`scope_where`, so a scope means the same rows everywhere.
 """
 
 from __future__ import annotations

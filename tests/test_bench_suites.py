@@ -483,23 +483,23 @@ def test_retrieval_growth_puts_each_cell_at_the_largest_size_against_itself_at_t
             },
             "lexical": _lexical_size(chunks),
             "semantic_search": {
-                "memory": {"mode": "memory", "ready_s": 1.0, "cells": cells(1.0)},
+                "tantivy": {"mode": "tantivy", "ready_s": 1.0, "cells": cells(1.0)},
                 "off": {"mode": "off", "ready_s": 1.0, "cells": cells(10.0)},
             },
         }
 
     suite = as_suite({"sizes": [size(100_000, 4.0), size(200_000, 5.0), size(1_000_000, 8.0)]})
     growth = {h.name: h for h in suite.headlines if "growth" in h.name}
-    memory_one = growth[
-        "semantic_search p50 growth 1,000,000 vs 100,000 (lexical index memory, admin, 1 caller)"
+    tantivy_one = growth[
+        "semantic_search p50 growth 1,000,000 vs 100,000 (lexical index tantivy, admin, 1 caller)"
     ]
-    assert (memory_one.value, memory_one.baseline, memory_one.ratio) == (8.0, 4.0, 2.0)
-    assert memory_one.bar == 1.5 and memory_one.meets_bar is False
+    assert (tantivy_one.value, tantivy_one.baseline, tantivy_one.ratio) == (8.0, 4.0, 2.0)
+    assert tantivy_one.bar == 1.5 and tantivy_one.meets_bar is False
     off_32 = growth["semantic_search p50 growth 1,000,000 vs 100,000 (lexical index off, admin, 32 callers)"]
     assert off_32.ratio == 2.0 and off_32.bar is None  # the SQL leg's growth is reported, not judged
     assert len(growth) == 4  # admin cells only, per mode; the 1% researcher is its own headline
     (narrow,) = [
-        h for h in suite.headlines if h.name.endswith("1% ACL researcher (lexical index memory, 1 caller)")
+        h for h in suite.headlines if h.name.endswith("1% ACL researcher (lexical index tantivy, 1 caller)")
     ]
     assert (narrow.value, narrow.baseline, narrow.bar) == (24.0, 8.0, 2.0)
     (recall,) = [h for h in suite.headlines if "recall" in h.name and "HNSW" in h.name]  # default ef_search

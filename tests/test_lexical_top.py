@@ -1,6 +1,8 @@
-"""The in-memory lexical index's top-k against a brute-force BM25 over the same chunks.
+"""The in-memory lexical index's top-k against a brute-force BM25 over the same chunks. The index is the
+benchmarks' reference baseline (:mod:`benchmarks.memory_lexical`, no product engine): the bars of the
+Tantivy engine are ratios to its latency, so its answers must stay exact.
 
-:meth:`index.partition_lexicon.PartitionLexicon.top` scores a query two ways. Exhaustively, it builds
+:meth:`benchmarks.memory_lexicon.PartitionLexicon.top` scores a query two ways. Exhaustively, it builds
 the match set three ways (one selective term's postings as they are; a small union sorted; a large
 one marked in per-slot scratch and scanned) and scores all of it. With MaxScore it skips what
 cannot reach the cut. Each way must give the best chunks (every tie at the cut included) their
@@ -16,9 +18,9 @@ import random
 import numpy as np
 import pytest
 
-from index import partition_lexicon
+from benchmarks import memory_lexicon
+from benchmarks.memory_lexicon import PartitionLexicon
 from index.bm25 import BM25_B, BM25_K1, Bm25Plan, bm25_idf, bm25_plan
-from index.partition_lexicon import PartitionLexicon
 from index.partitions import ModelPartition
 
 VOCAB = [f"w{i}" for i in range(300)]
@@ -53,7 +55,7 @@ def _bm25(tf: int, dl: int, avgdl: float = AVGDL) -> float:
 
 @pytest.mark.parametrize("seed", range(8))
 def test_top_scores_every_match_exactly_and_leaves_its_scratch_clean(lexicon, seed: int, monkeypatch) -> None:
-    monkeypatch.setattr(partition_lexicon, "MAX_SCORE_MIN_POSTINGS", math.inf)  # every match scored
+    monkeypatch.setattr(memory_lexicon, "MAX_SCORE_MIN_POSTINGS", math.inf)  # every match scored
     lx, chunks = lexicon
     rng = random.Random(seed)
     ways = set()
@@ -232,10 +234,10 @@ def test_the_lexicon_keeps_one_copy_of_each_key_text() -> None:
 def test_counts_past_uint16_widen_the_postings_and_still_score_exactly() -> None:
     """Term frequencies and chunk lengths are kept per posting as uint16; a chunk longer than 65,535
     lexemes widens that term's arrays (never wraps), and its summand stays the exact BM25."""
-    assert partition_lexicon._counts([1, 65_535]).dtype == np.uint16
-    assert partition_lexicon._counts([1, 65_536]).tolist() == [1, 65_536]
+    assert memory_lexicon._counts([1, 65_535]).dtype == np.uint16
+    assert memory_lexicon._counts([1, 65_536]).tolist() == [1, 65_536]
     with pytest.raises(ValueError):
-        partition_lexicon._counts([-1])
+        memory_lexicon._counts([-1])
     lx = PartitionLexicon(ModelPartition("m", 4, "vector", "t"))
     for i, (length, tf) in enumerate([(5, 2), (70_000, 3), (9, 1)]):
         row = _Row(key=("s", i, "c", "l", "", 0), lexical_length=length, lexemes=["w", f"only{i}"], tfs=[tf, 1],

@@ -64,7 +64,7 @@ export async function refreshOps() {
 
 // RAG_LEXICAL_INDEX and, per partition, what serves its lexical leg: the engine when its index is
 // ready (caught up), the SQL leg while it is missing, building, behind or another store's.
-const ENGINES = { auto: "Tantivy", tantivy: "Tantivy", memory: "in-memory index" };
+const ENGINES = { auto: "Tantivy", tantivy: "Tantivy" };
 
 function renderLexical(lexical) {
   const engine = ENGINES[lexical.mode];
@@ -79,7 +79,7 @@ function renderLexical(lexical) {
     $("#ops-lexical tbody"),
     partitions.length
       ? partitions.map(([name, p]) =>
-          row(name, p.state === "ready" ? engine : "SQL leg", p.state, p.seq, p.documents ?? p.chunks, p.behind, p.age_s),
+          row(name, p.state === "ready" ? engine : "SQL leg", p.state, p.seq, p.documents, p.behind, p.age_s),
         )
       : row(engine ? "No partition indexed or searched yet" : "—", "SQL leg", "", "", "", "", ""),
   );

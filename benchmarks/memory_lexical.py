@@ -1,10 +1,16 @@
-"""The in-memory lexical index: each model partition's BM25 postings in the gateway's process.
+"""The in-memory lexical index: the reference baseline of the lexical benchmarks, no product engine.
 
-Why (issue 24): the SQL lexical leg scores BM25 over the GIN index with OR semantics, so a common
-query term walks a long posting list in PostgreSQL on every search; at 100k chunks it was the leg
-that grew, 24x behind a search engine at the median. Here each term's postings are three numpy
+The gateway's lexical leg is the SQL leg (:mod:`index.lexical_leg`) or the on-disk Tantivy engine
+(:mod:`index.tantivy_lexical`, written by ``mnemo lexical follow``); ``RAG_LEXICAL_INDEX=memory``,
+which ran this index in every gateway worker, was retired (one lexical engine beside the SQL leg,
+not two). What stays is the yardstick: Tantivy's latency bar is a ratio to this index's
+(:mod:`benchmarks.tantivy_scale`, :mod:`benchmarks.lexical`, :mod:`benchmarks.tantivy_recall`,
+``mnemo eval --lexical-engines memory``), so it must stay exact: its answer is the SQL leg's
+(``tests/test_lexical_index.py``, ``tests/test_lexical_top.py``).
+
+Each model partition's BM25 postings live in this process: each term's postings are three numpy
 arrays (chunk slot, term frequency, the chunk's length), and a query is a vectorized gather and sum
-over its terms, with MaxScore skipping what cannot reach the top k (:mod:`index.partition_lexicon`).
+over its terms, with MaxScore skipping what cannot reach the top k (:mod:`benchmarks.memory_lexicon`).
 
 How it stays correct (the invariants the tests pin):
 
@@ -12,21 +18,21 @@ How it stays correct (the invariants the tests pin):
   term, over the query's section scope) are counted exactly from the live postings, and the query
   plan is the SQL leg's (:func:`index.bm25.bm25_plan`). The index only *selects* candidates: their
   rows are re-read from the store and scored there by the SQL leg's own expression
-  (:func:`index.bm25.bm25_score_sql`), so scores and tie order are the SQL leg's.
+  (:func:`index.lexical_reread.reread_candidates`, the Tantivy engine's re-read too), so scores and
+  tie order are the SQL leg's.
 - **Exact ACL push-down.** The scope and ACL filter is the legs' own SQL (:func:`index.scope_sql.scope_where`),
-  evaluated once per distinct *access class* of chunks (section, component, view, projects and the
-  ACL arrays of migration 0013: a handful of rows, however many chunks) and cached per scope. A
-  candidate is selected only when its class passes, so ``limit`` is never starved by a post-filter.
-- **Never stale.** Each partition follows the change feed (:mod:`index.change_feed`) from a
-  watermark. The re-read adds every key changed after it, scored in SQL, and trusts an index
-  candidate only when its key has not changed since: the answer is exact while the index lags.
-  When pending keys crowd the candidates the search widens; past a bound it says so (``fallback``)
-  and the SQL leg serves.
+  evaluated once per distinct *access class* of chunks (:mod:`index.access_classes`) and cached per
+  scope. A candidate is selected only when its class passes, so ``limit`` is never starved by a
+  post-filter.
+- **Never stale.** Each partition follows the change feed (:mod:`index.change_feed`,
+  :class:`index.feed_follower.FeedFollower`) from a watermark. The re-read adds every key changed
+  after it, scored in SQL, and trusts an index candidate only when its key has not changed since:
+  the answer is exact while the index lags. When pending keys crowd the candidates the search
+  widens; past a bound it says so (``fallback``: None, the SQL leg's turn).
 - **Rebuildable.** Everything comes from the stored ``lexical`` tsvectors and ``lexical_length``.
 
-Modes (``RAG_LEXICAL_INDEX``): ``off`` (the SQL leg, as before) or ``memory``. A partition still
-loading (``cold``), one whose load failed, image rows and a ``fallback`` are served by the SQL leg
-and counted in ``mnemo_lexical_searches``.
+A search it cannot answer (a partition not loaded, ``cold``; one whose load failed; image rows; a
+``fallback``) returns None, counted in its :class:`index.lexical_metrics.LexicalMetrics`.
 """
 
 from __future__ import annotations
@@ -40,44 +46,40 @@ from dataclasses import dataclass, replace
 import asyncpg
 import numpy as np
 
-from .access_classes import LEXICAL_ROW_COLUMNS, permitted_classes
-from .bm25 import Bm25Plan, bm25_plan_of_counts, query_terms, scored_terms
-from .change_feed import (
+from index.access_classes import LEXICAL_ROW_COLUMNS, permitted_classes
+from index.bm25 import Bm25Plan, bm25_plan_of_counts, query_terms, scored_terms
+from index.change_feed import (
     KEY_COLUMNS,
     RowKey,
     changed_rows,
     current_watermark,
     row_key,
 )
-from .feed_follower import FeedFollower
-from .hits import ChunkHit, Scope, chunk_from_row, scope_key
-from .lexical_metrics import LexicalMetrics
-from .lexical_reread import reread_candidates
-from .lru import Lru
-from .partition_lexicon import SCOPE_CACHE_SIZE, PartitionLexicon
-from .partitions import ModelPartition
+from index.feed_follower import FeedFollower
+from index.hits import ChunkHit, Scope, chunk_from_row, scope_key
+from index.lexical_metrics import LexicalMetrics
+from index.lexical_reread import reread_candidates
+from index.lru import Lru
+from index.partitions import ModelPartition
+
+from .memory_lexicon import SCOPE_CACHE_SIZE, PartitionLexicon
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MODES", "LexicalConfig", "LexicalIndex", "PartitionLexicon"]
+__all__ = ["MODE", "LexicalConfig", "LexicalIndex", "PartitionLexicon"]
 
-MODES = ("off", "memory")
+MODE = "memory"  # its name among the lexical legs a benchmark compares (``--lexical-engines memory``)
 
 
 @dataclass(frozen=True)
 class LexicalConfig:
-    """How the index runs (built by the gateway from its settings)."""
+    """How the index runs (a benchmark's choice; the defaults are the retired gateway setting's)."""
 
-    mode: str = "memory"
     load_batch: int = 20_000
     poll_s: float = 5.0  # safety net: catch up this often even without a notification
     scope_cache_size: int = SCOPE_CACHE_SIZE
     # A search widens while pending changes crowd its candidates, up to this many times `limit`.
     max_fetch_factor: int = 64
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"lexical index mode {self.mode!r}: use one of {MODES}")
 
 
 class LexicalIndex(FeedFollower):
@@ -99,7 +101,7 @@ class LexicalIndex(FeedFollower):
 
     @property
     def enabled(self) -> bool:
-        return self.config.mode != "off"
+        return True
 
     def _observe(self, lexicon: PartitionLexicon) -> None:
         name = lexicon.partition.partition
@@ -191,10 +193,10 @@ class LexicalIndex(FeedFollower):
         return len(rows)
 
     def status(self) -> dict[str, object]:
-        """The /readyz detail: mode, feed connection, per-partition state and size."""
+        """The engine's status (the Protocol's): mode, feed connection, per-partition state and size."""
         return {
-            "mode": self.config.mode,
-            "running": self.enabled,
+            "mode": MODE,
+            "running": True,
             "listening": bool(self.listener and self.listener.connected),
             "partitions": {
                 name: {"state": lx.state, "chunks": lx.live, "postings": lx.posting_count, "bytes": lx.nbytes}
@@ -260,8 +262,6 @@ class LexicalIndex(FeedFollower):
         modality: str = "text",
     ) -> list[ChunkHit] | None:
         """The lexical top-``limit`` for ``scope`` (scores as the SQL leg's), or None: use the SQL leg."""
-        if not self.enabled:
-            return None
         if modality != "text":
             self.metrics.searches.labels("image").inc()
             return None

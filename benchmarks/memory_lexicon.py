@@ -1,6 +1,7 @@
 """One partition's BM25 postings in memory (:class:`PartitionLexicon`): the arithmetic of the
-in-memory lexical index (:mod:`index.lexical_index`), which loads lexicons, follows the change feed
-and serves the lexical leg with them.
+in-memory lexical index (:mod:`benchmarks.memory_lexical`), the reference baseline the lexical
+benchmarks measure the Tantivy engine against. It is no product engine: the gateway's lexical leg is
+the SQL leg or the on-disk Tantivy index (``RAG_LEXICAL_INDEX=memory`` was retired).
 
 Each term's postings are three numpy arrays (chunk slot, term frequency, the chunk's length); a
 query is a vectorized gather and sum over its terms, with MaxScore skipping what cannot reach the
@@ -18,11 +19,11 @@ from dataclasses import dataclass, field
 import asyncpg
 import numpy as np
 
-from .access_classes import AccessClass, access_class
-from .bm25 import Bm25Plan, bm25_summand
-from .change_feed import RowKey, Watermark, row_key
-from .lru import Lru
-from .partitions import ModelPartition
+from index.access_classes import AccessClass, access_class
+from index.bm25 import Bm25Plan, bm25_summand
+from index.change_feed import RowKey, Watermark, row_key
+from index.lru import Lru
+from index.partitions import ModelPartition
 
 __all__ = ["SCOPE_CACHE_SIZE", "PartitionLexicon"]
 
