@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import random
 import secrets
 import sys
@@ -87,14 +86,14 @@ def index_keys(root: Path, partition: Any) -> list[tuple[Any, ...]]:
     """Every document's row key in the partition's current committed index (one per document)."""
     import tantivy
 
-    from index.tantivy_files import current_folder
+    from index.tantivy_files import current_folder, key_of
 
     folder = current_folder(root, partition)
     if folder is None:
         return []
     searcher = tantivy.Index.open(str(folder)).searcher()
     hits = searcher.search(tantivy.Query.all_query(), max(searcher.num_docs, 1)).hits
-    return [tuple(json.loads(searcher.doc(address)["key"][0])) for _score, address in hits]
+    return [key_of(searcher.doc(address)["key"][0]) for _score, address in hits]
 
 
 def _indexed_seq(root: Path, partition: Any) -> int:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from index import tantivy_files
 from index.bm25 import bm25_summand
-from index.tantivy_files import term_counts_bytes, term_counts_of
+from index.tantivy_files import MAX_COUNT, key_of, key_text, term_counts_bytes, term_counts_of
 
 lexemes = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=8)
 rows = st.dictionaries(lexemes, st.integers(1, 300), max_size=12)
@@ -28,6 +28,10 @@ def test_each_rows_count_of_each_term_is_read_back_exactly(held, extra) -> None:
     probes |= {t[:-1] for t in probes if len(t) > 1} | {t[1:] for t in probes if len(t) > 1}
     probes |= {str(tf) for row in held for tf in row.values()} | {f"{t}:1" for t in list(probes)[:3]}
     terms = sorted(probes)
+    # A row holding a lexeme more than MAX_COUNT times stores no counts: PostgreSQL scores it.
+    readable = [row if max(row.values(), default=0) <= MAX_COUNT else {} for row in held]
+    assert [s is None for s in stored] == [r is not row for r, row in zip(readable, held, strict=True)]
+    held = readable
     expected = [[row.get(term, 0) for row in held] for term in terms]
     assert term_counts_of(stored, terms).tolist() == expected  # all the terms in one pass
     for term in terms[:5]:
@@ -47,6 +51,22 @@ def test_a_row_whose_lexemes_share_a_hash_stores_no_counts_and_counts_nothing(mo
     assert term_counts_of(stored, []).shape == (0, 2)
 
 
+def test_a_count_past_the_largest_stored_is_left_to_postgresql() -> None:
+    assert term_counts_of([term_counts_bytes(["bell"], [MAX_COUNT])], ["bell"]).tolist() == [[MAX_COUNT]]
+    assert term_counts_bytes(["bell", "tower"], [1, MAX_COUNT + 1]) is None
+
+
+texts = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), max_size=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(key=st.tuples(texts, st.integers(-(2**31), 2**31 - 1), texts, texts, texts, st.integers(0, 2**31 - 1)))
+def test_a_row_key_survives_its_text(key) -> None:
+    """The key term a document is found and deleted by names its row and no other (PostgreSQL
+    text holds no NUL, the separator)."""
+    assert key_of(key_text(key)) == key
+
+
 @settings(max_examples=100, deadline=None)
 @given(
     tfs=st.lists(st.lists(st.integers(0, 50), min_size=3, max_size=3), min_size=1, max_size=6),
@@ -54,8 +74,8 @@ def test_a_row_whose_lexemes_share_a_hash_stores_no_counts_and_counts_nothing(mo
     lengths=st.lists(st.integers(1, 500), min_size=3, max_size=3),
 )
 def test_every_terms_summands_at_once_equal_each_terms_own(tfs, weights, lengths) -> None:
-    """The Tantivy engine scores all its candidates' terms in one broadcast call; the in-memory
-    engine one term at a time: the same floats, bit for bit, summed in the plan's order."""
+    """The Tantivy engine scores all its candidates' terms in one broadcast call; the benchmarks'
+    in-memory baseline one term at a time: the same floats, bit for bit, summed in the plan's order."""
     n = min(len(tfs), len(weights))
     matrix, w, dl = np.array(tfs[:n]), np.array(weights[:n]), np.array(lengths)
     at_once = bm25_summand(w[:, None], matrix, dl, 87.5).sum(axis=0)

@@ -27,7 +27,8 @@ from hypothesis import strategies as st
 
 from gateway.acl import pushdown
 from gateway.auth import Principal
-from index.bm25 import CorpusStats
+from index import tantivy_lexical
+from index.bm25 import CorpusStats, query_terms, scored_terms
 from index.hits import Scope
 from index.lexical_metrics import LexicalMetrics
 from index.partitions import ModelPartition
@@ -36,6 +37,7 @@ from index.tantivy_files import (
     DOCSTORE_SETTINGS,
     FORMAT,
     current_folder,
+    key_of,
     lexical_schema,
     read_state,
     write_state,
@@ -79,15 +81,58 @@ queries = st.lists(st.sampled_from([*VOCAB, "the", "of", "unknownword", "a"]), m
 )
 
 
+EVERY_SCOPE = 10_000  # SCOPED_CLASSES_MAX: every scope searched in its classes' own postings
+
+
+@pytest.fixture(params=[EVERY_SCOPE, 0], ids=["class-postings", "class-filter"])
+def scoped_classes_max(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Both ways a scope narrows Tantivy's query: its classes' ``klex`` postings, a class filter."""
+    monkeypatch.setattr(tantivy_lexical, "SCOPED_CLASSES_MAX", request.param)
+    return request.param
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(principal=principals, raw=scopes, query=queries, k=st.sampled_from([1, 5, 20, 60]))
-async def test_engine_equals_the_sql_leg_under_random_scopes(built, principal, raw, query, k) -> None:
+async def test_engine_equals_the_sql_leg_under_random_scopes(
+    built, scoped_classes_max, principal, raw, query, k
+) -> None:
     pool, partition, _writer, root = built
     scope = _scope(principal, raw)
     engine = _engine(root)
     _same(
         await _search(engine, pool, partition, query, scope, k), await _sql(pool, partition, query, scope, k)
     )
+
+
+async def test_a_narrow_scope_reads_its_classes_postings_and_ranks_as_the_class_filter(
+    built, monkeypatch
+) -> None:
+    """A scope of a few access classes asks each term in those classes' ``klex`` postings: Tantivy
+    matches the rows a class filter over every row's postings matches, with the same scores (the
+    boost puts the whole index's IDF back), so it selects the same candidates."""
+    pool, partition, _writer, root = built
+    engine = _engine(root, TantivyConfig())
+    reader = await engine.reader(partition)
+    searcher = reader.index.searcher()
+    classes = list(reader.state.classes)
+    assert len(classes) >= 3
+    compared = 0
+    for allowed in (classes[:1], classes[1:4], classes[-2:]):
+        for query in ["archive letter", "mayor harbour vessel vessel", "the bishop of the quarry"]:
+            async with pool.acquire() as conn:
+                terms = scored_terms(await query_terms(conn, query))
+                plan = await engine._plan(conn, partition, reader, terms, None)
+            assert plan is not None
+            ranked = []
+            for most in (len(allowed), 0):  # the classes' postings, then the class filter
+                monkeypatch.setattr(tantivy_lexical, "SCOPED_CLASSES_MAX", most)
+                tq = engine._query(searcher, plan, terms, Scope(), allowed)
+                ranked.append({(a.segment_ord, a.doc): s for s, a in searcher.search(tq, 10_000).hits})
+            postings, filtered = ranked
+            assert postings.keys() == filtered.keys()
+            assert [postings[a] for a in filtered] == pytest.approx(list(filtered.values()), rel=1e-5)
+            compared += len(filtered)
+    assert compared > 20  # the scopes and queries matched rows: the comparison was not vacuous
 
 
 async def test_default_overfetch_serves_the_sql_legs_scores_in_its_order(built) -> None:
@@ -325,7 +370,7 @@ def _index_keys(root: Path, partition: ModelPartition) -> list[list]:
     index = tantivy.Index.open(str(folder))
     searcher = index.searcher()
     hits = searcher.search(tantivy.Query.all_query(), max(searcher.num_docs, 1)).hits
-    return sorted(json.loads(searcher.doc(a)["key"][0]) for _s, a in hits)
+    return sorted(list(key_of(searcher.doc(a)["key"][0])) for _s, a in hits)
 
 
 async def _assert_index_matches_store(pool: asyncpg.Pool, partition: ModelPartition, root: Path) -> None:
@@ -399,6 +444,8 @@ import asyncpg
 from index.partitions import list_partitions
 from index.bm25 import CorpusStats
 from index.hits import Scope
+from index import tantivy_lexical
+from index.bm25 import query_terms, scored_terms
 from index.tantivy_lexical import TantivyConfig, TantivyLexical
 
 async def main():
