@@ -22,13 +22,14 @@ class LexicalMetrics:
         )
         self.bytes = Gauge(
             "mnemo_lexical_bytes",
-            "Bytes of the lexical index's arrays (postings, per-chunk columns), per partition.",
+            "Bytes of the lexical index a gateway reads, per partition: the Tantivy index's files on disk "
+            "(memory-mapped: one copy in the page cache for every worker).",
             ("partition",),
             registry=r,
         )
         self.chunks = Gauge(
             "mnemo_lexical_chunks",
-            "Live chunks in the lexical index, per partition.",
+            "Chunks (documents) in the lexical index a gateway reads, per partition.",
             ("partition",),
             registry=r,
         )
@@ -40,9 +41,9 @@ class LexicalMetrics:
         )
         self.searches = Counter(
             "mnemo_lexical_searches",
-            "Lexical searches with the index on, by outcome: hit (served by the index), cold (partition "
-            "still loading), failed (its load failed), image (image rows: not indexed), fallback (the "
-            "index could not prove an exact answer), behind (the on-disk Tantivy index is too far behind the store). "
+            "Lexical searches with the engine on, by outcome: hit (served by the index), cold (no index "
+            "of this store and format yet), image (image rows: not indexed), behind (the index is more than "
+            "its bound behind the store); the benchmarks' in-memory baseline adds failed and fallback. "
             "Every outcome but hit is served by the SQL leg.",
             ("result",),
             registry=r,

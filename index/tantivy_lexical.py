@@ -211,7 +211,18 @@ class TantivyLexical:
         if state is None:
             return None
         index = tantivy.Index.open(str(folder))
+        self._observe(partition, folder, state)
         return _Reader(folder, index, state, stamp, Lru(self.config.scope_cache_size))
+
+    def _observe(self, partition: ModelPartition, folder: Path, state: IndexState) -> None:
+        """The opened index in ``mnemo_lexical_bytes`` (its files on disk: mapped, so shared by
+        every worker through the page cache) and ``mnemo_lexical_chunks`` (its documents)."""
+        try:
+            size = sum(e.stat().st_size for e in os.scandir(folder) if e.is_file())
+        except FileNotFoundError:  # swapped out and removed meanwhile: the next search reopens
+            return
+        self.metrics.bytes.labels(partition.partition).set(size)
+        self.metrics.chunks.labels(partition.partition).set(state.documents)
 
     def _unchanged(self, held: _Reader) -> bool:
         """The held reader's index is still current: its link names its folder and its watermark
@@ -245,6 +256,7 @@ class TantivyLexical:
             if state is None:
                 return None
             await asyncio.to_thread(held.index.reload)
+            await asyncio.to_thread(self._observe, partition, folder, state)
             if state.classes != held.state.classes:
                 held.scopes = Lru(self.config.scope_cache_size)
             held.state, held.stamp = state, stamp

@@ -335,6 +335,9 @@ async def test_a_missing_index_goes_to_the_sql_leg_until_a_writer_builds_it(
         held = engine.status()["partitions"][partition.partition]
         assert held["state"] == "ready" and held["behind"] == 0 and held["documents"] > 0
         assert metrics.searches.labels("hit")._value.get() == 1
+        assert metrics.chunks.labels(partition.partition)._value.get() == held["documents"]
+        on_disk = sum(p.stat().st_size for p in (root / partition.partition / held["folder"]).iterdir())
+        assert metrics.bytes.labels(partition.partition)._value.get() == on_disk
 
         # An index whose watermark names another store (a reset database, another one's folder) is
         # never searched; the writer rebuilds it instead of resuming from a meaningless watermark.
