@@ -45,6 +45,7 @@ __all__ = [
     "current_watermark",
     "pending_sql",
     "row_key",
+    "store_identity",
 ]
 
 CHANNEL = "rag_embeddings_changed"
@@ -272,3 +273,21 @@ class ChangeListener:
             self.reconnects += 1
             await asyncio.sleep(delay)
             delay = min(delay * 2, self.max_retry_s)
+
+
+async def store_identity(conn: asyncpg.Connection) -> str:
+    """Which database a copy beside it (a Tantivy index, a vector snapshot) was built from: its oid
+    and when its first migration was applied.
+
+    A watermark only means something against the store that numbered its changes: a copy left
+    from a database that was reset, or built against another one (the demo's under ``.mnemo`` while
+    tests point a default gateway at theirs), would otherwise pass for caught up and hide rows.
+    Readable by any role (no superuser-only ``pg_control_system``); a database copied from a
+    template gets its own oid."""
+    return str(
+        await conn.fetchval(
+            """SELECT d.oid::text || '/' || coalesce(
+                          (SELECT extract(epoch FROM min(applied_at))::text FROM schema_migrations), '')
+               FROM pg_database d WHERE d.datname = current_database()"""
+        )
+    )

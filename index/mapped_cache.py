@@ -8,7 +8,9 @@ worker. The snapshot's watermark is the partition's; the change feed then applie
 exactly as after a load (an update writes one private page, an append goes behind the mapped
 rows), so :mod:`index.vector_cache`'s invariants (exact, never stale, ACL re-read in SQL) hold
 unchanged. A new snapshot swapped in is mapped at the next sync (a notification or the poll); a
-partition without one is ``missing`` and pgvector serves it, counted, until one appears. The GPU
+partition without one is ``missing`` and pgvector serves it, counted, until one appears; so is a
+partition whose snapshot another store wrote (a reset database, another deployment's folder: its
+watermark numbers other changes), until the writer rebuilds it. The GPU
 cache stays per process: a device copy cannot be shared through a file.
 """
 
@@ -23,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from .cache_partition import PartitionCache
+from .change_feed import store_identity
 from .faiss_backend import FlatIndex
 from .feed_follower import RETRYABLE
 from .lru import Lru
@@ -41,6 +44,8 @@ __all__ = ["MappedVectorCache"]
 class MappedVectorCache(VectorCache):
     """The vector cache with every partition mapped from its snapshot (mode ``mmap``)."""
 
+    _store: str | None = None  # this store's identity, read on first use (store)
+
     @property
     def snapshot_root(self) -> Path:
         if self.config.mode != "mmap" or self.config.snapshot_root is None:
@@ -49,6 +54,13 @@ class MappedVectorCache(VectorCache):
 
     async def load(self, partition: ModelPartition) -> PartitionCache:
         return await self.map_snapshot(partition)
+
+    async def store(self) -> str:
+        """This store's identity (:func:`index.change_feed.store_identity`), read once."""
+        if self._store is None:
+            async with self.pool.acquire() as conn:
+                self._store = await store_identity(conn)
+        return self._store
 
     async def sync(self, models: Iterable[str] | None = None) -> int:
         await self._follow_snapshots()
@@ -60,16 +72,13 @@ class MappedVectorCache(VectorCache):
         start = time.perf_counter()
         snapshot = await asyncio.to_thread(open_current, self.snapshot_root, partition)
         if snapshot is None:
-            pc = PartitionCache(partition, FlatIndex(partition.dimension))
-            self.partitions[name] = pc
-            log.warning(
-                "faiss cache: %s has no vector snapshot in %s (run `mnemo vectors follow`); pgvector serves it",
-                name,
-                self.snapshot_root,
+            return self._missing(partition, None, f"has no vector snapshot in {self.snapshot_root}")
+        if snapshot.state.store != await self.store():
+            # Left unmapped until the writer swaps a snapshot of this store in (the folder is held so
+            # that the next sync does not map it again).
+            return self._missing(
+                partition, snapshot.folder, f"has a vector snapshot of another store ({snapshot.folder})"
             )
-            self._set_state(pc, "missing")
-            self._observe(pc)
-            return pc
         if snapshot.state.dimension != partition.dimension or snapshot.state.model != partition.model:
             raise ValueError(
                 f"vector snapshot {snapshot.folder} holds {snapshot.state.model} at {snapshot.state.dimension} "
@@ -90,6 +99,16 @@ class MappedVectorCache(VectorCache):
             pc.load_seconds,
         )
         self.notify(partition.model)  # what is newer than the snapshot is applied by the follower
+        return pc
+
+    def _missing(self, partition: ModelPartition, folder: Path | None, why: str) -> PartitionCache:
+        pc = PartitionCache(partition, FlatIndex(partition.dimension), folder=folder)
+        self.partitions[partition.partition] = pc
+        log.warning(
+            "faiss cache: %s %s (run `mnemo vectors follow`); pgvector serves it", partition.partition, why
+        )
+        self._set_state(pc, "missing")
+        self._observe(pc)
         return pc
 
     def _mapped(self, partition: ModelPartition, snapshot: Snapshot) -> PartitionCache:

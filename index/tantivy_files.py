@@ -78,7 +78,6 @@ __all__ = [
     "partition_folder",
     "read_state",
     "record_text",
-    "store_identity",
     "swap_in",
     "term_counts_bytes",
     "term_counts_of",
@@ -247,27 +246,10 @@ def document(row: asyncpg.Record) -> tuple[tantivy.Document, int, AccessClass]:
     return doc, klass, access
 
 
-async def store_identity(conn: asyncpg.Connection) -> str:
-    """Which database an index was built from: its oid and when its first migration was applied.
-
-    A watermark only means something against the store that numbered its changes: an index left
-    from a database that was reset, or built against another one (the demo's under ``.mnemo`` while
-    tests point a default gateway at theirs), would otherwise pass for caught up and hide rows.
-    Readable by any role (no superuser-only ``pg_control_system``); a database copied from a
-    template gets its own oid."""
-    return str(
-        await conn.fetchval(
-            """SELECT d.oid::text || '/' || coalesce(
-                          (SELECT extract(epoch FROM min(applied_at))::text FROM schema_migrations), '')
-               FROM pg_database d WHERE d.datname = current_database()"""
-        )
-    )
-
-
 @dataclass(frozen=True)
 class IndexState:
     """What a committed index holds: every change up to ``watermark`` of the store named ``store``
-    (:func:`store_identity`), and the access classes its documents carry (id -> class), so a reader
+    (:func:`index.change_feed.store_identity`), and the access classes its documents carry (id -> class), so a reader
     evaluates a scope over them without PostgreSQL."""
 
     watermark: Watermark

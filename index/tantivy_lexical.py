@@ -34,7 +34,7 @@ Behind: when the store holds more than ``max_behind`` changes past the watermark
 stopped or far behind), the SQL leg serves, counted as ``behind``.
 
 Another store: the watermark file names the database the index was built from
-(:func:`index.tantivy_files.store_identity`) and its documents' format
+(:func:`index.change_feed.store_identity`) and its documents' format
 (:data:`index.tantivy_files.FORMAT`); an index of another database (or a reset one) or of another
 format is never searched, the SQL leg serves it (counted as ``cold``, shown as ``foreign``) until
 the writer rebuilds it.
@@ -74,7 +74,7 @@ from .bm25 import (
     query_terms,
     scored_terms,
 )
-from .change_feed import Watermark
+from .change_feed import Watermark, store_identity
 from .hits import ChunkHit, Scope, chunk_from_row, scope_key
 from .lexical_metrics import LexicalMetrics
 from .lexical_reread import reread_candidates
@@ -92,7 +92,6 @@ from .tantivy_files import (
     lexical_schema,
     read_state,
     record_text,
-    store_identity,
     term_counts_of,
 )
 from .tantivy_stats import IndexStats, index_corpus, index_doc_freqs

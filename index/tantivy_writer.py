@@ -29,7 +29,15 @@ import asyncpg
 import tantivy
 
 from .access_classes import LEXICAL_ROW_COLUMNS, AccessClass
-from .change_feed import KEY_COLUMNS, RowKey, Watermark, changed_rows, current_watermark, row_key
+from .change_feed import (
+    KEY_COLUMNS,
+    RowKey,
+    Watermark,
+    changed_rows,
+    current_watermark,
+    row_key,
+    store_identity,
+)
 from .feed_follower import FeedFollower
 from .lexical_metrics import LexicalMetrics
 from .partitions import ModelPartition, list_partitions
@@ -44,7 +52,6 @@ from .tantivy_files import (
     new_folder,
     partition_folder,
     read_state,
-    store_identity,
     swap_in,
     write_state,
     writer_lock,

@@ -6,7 +6,9 @@ per model partition, swapped as the lexical indexes are (:mod:`index.swap_folder
     <root>/<partition>/current -> v-<n>
     <root>/<partition>/v-<n>/vectors.f32    n x d float32, L2-normalized, slot i = the i-th key
     <root>/<partition>/v-<n>/keys.npy       n encoded row keys, sorted (index.slot_keys)
-    <root>/<partition>/v-<n>/snapshot.json  the watermark the rows are consistent with, n, d
+    <root>/<partition>/v-<n>/snapshot.json  the watermark the rows are consistent with, n, d, and
+                                             the store that numbered it (a snapshot of another
+                                             store is never mapped: the writer rebuilds it)
 
 Every slot of a snapshot is live (the writer compacts), in key order, so the keys file is both
 slot -> key and, by binary search, key -> slot. ``snapshot.json`` is written last, after the two
@@ -38,12 +40,15 @@ WRITE_ROWS = 65_536  # vectors gathered and written at a time (the writer never 
 
 @dataclass(frozen=True)
 class SnapshotState:
-    """What a snapshot holds: ``rows`` vectors of ``dimension``, every change up to ``watermark``."""
+    """What a snapshot holds: ``rows`` vectors of ``dimension``, every change up to ``watermark`` of
+    the store named ``store`` (:func:`index.change_feed.store_identity`; empty: a snapshot written
+    before it was recorded, rebuilt)."""
 
     model: str
     dimension: int
     rows: int
     watermark: Watermark
+    store: str = ""
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,11 @@ def read_state(folder: Path) -> SnapshotState | None:
     except FileNotFoundError:
         return None
     return SnapshotState(
-        raw["model"], int(raw["dimension"]), int(raw["rows"]), Watermark(int(raw["seq"]), int(raw["xmin"]))
+        raw["model"],
+        int(raw["dimension"]),
+        int(raw["rows"]),
+        Watermark(int(raw["seq"]), int(raw["xmin"])),
+        str(raw.get("store", "")),
     )
 
 
@@ -71,12 +80,13 @@ def write_snapshot(
     folder: Path,
     partition: ModelPartition,
     watermark: Watermark,
+    store: str,
     keys: Sequence[RowKey],
     slots: np.ndarray,
     read_vectors: Callable[[np.ndarray], np.ndarray],
 ) -> SnapshotState:
     """Write the live ``keys`` (at ``slots`` of the caller's index, read with ``read_vectors``) into
-    ``folder`` in key order, consistent with ``watermark``; fsynced, the state file last."""
+    ``folder`` in key order, consistent with ``watermark`` of ``store``; fsynced, the state file last."""
     encoded = encode_keys(keys)
     order = np.argsort(encoded, kind="stable")
     with open(folder / VECTORS_FILE, "wb") as out:
@@ -87,7 +97,7 @@ def write_snapshot(
         np.save(out, encoded[order])
     for name in (VECTORS_FILE, KEYS_FILE):
         fsync_path(folder / name)
-    state = SnapshotState(partition.model, partition.dimension, len(keys), watermark)
+    state = SnapshotState(partition.model, partition.dimension, len(keys), watermark, store)
     write_json_atomically(
         folder / STATE_FILE,
         {
@@ -96,6 +106,7 @@ def write_snapshot(
             "rows": state.rows,
             "seq": watermark.seq,
             "xmin": watermark.xmin,
+            "store": store,
         },
     )
     return state

@@ -30,7 +30,7 @@ from .cache_partition import CacheConfig, PartitionCache
 from .mapped_cache import MappedVectorCache
 from .partitions import ModelPartition
 from .swap_folders import current_folder, new_folder, partition_folder, swap_in, writer_lock
-from .vector_files import SnapshotState, write_snapshot
+from .vector_files import SnapshotState, read_state, write_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +79,11 @@ class VectorWriter(MappedVectorCache):
         await super().start(listen=listen)
 
     async def load(self, partition: ModelPartition) -> PartitionCache:
-        """Map the partition's snapshot; without one, load the store and write the first."""
+        """Map the partition's snapshot; without one of this store, load the store and write one."""
         self._lock(partition)
-        if current_folder(self.root, partition) is None:
+        folder = current_folder(self.root, partition)
+        state = None if folder is None else await asyncio.to_thread(read_state, folder)
+        if state is None or state.store != await self.store():
             return await self.rebuild(partition)
         pc = await self.map_snapshot(partition)
         self.changed[partition.partition] = 0
@@ -99,13 +101,14 @@ class VectorWriter(MappedVectorCache):
         """Write ``pc`` as the partition's new snapshot, swap it in, and map it in its place."""
         partition = pc.partition
         start = time.perf_counter()
+        store = await self.store()
         folder = new_folder(self.root, partition)
         try:
             async with pc.lock:  # no change is applied meanwhile: the rows are the watermark's
                 live = np.flatnonzero(pc.alive).astype(np.int64)
                 keys = [pc.key_of[int(s)] for s in live]
                 state: SnapshotState = await asyncio.to_thread(
-                    write_snapshot, folder, partition, pc.watermark, keys, live, pc.index.vectors
+                    write_snapshot, folder, partition, pc.watermark, store, keys, live, pc.index.vectors
                 )
         except BaseException:
             await asyncio.to_thread(shutil.rmtree, folder, True)  # the current snapshot stays as it was

@@ -5,6 +5,7 @@ file's pages with another process (real PostgreSQL, real files, a second real pr
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import sys
 import textwrap
@@ -23,7 +24,7 @@ from index.mapped_flat import MappedFlatIndex
 from index.packed_scopes import PackedScopes
 from index.store import delete_record
 from index.swap_folders import current_folder
-from index.vector_files import VECTORS_FILE
+from index.vector_files import STATE_FILE, VECTORS_FILE
 from index.vector_writer import VectorWriter
 from tests.test_vector_cache import (
     DIM,
@@ -101,6 +102,43 @@ async def test_missing_snapshot_is_left_to_pgvector_and_counted(db_pool, databas
     await writer.stop()
     await cache.sync()  # the first snapshot is mapped at the next sync
     assert cache.partitions[partition.partition].state == "ready"
+    await cache.stop()
+
+
+async def test_a_snapshot_of_another_store_is_not_mapped_and_is_rebuilt(
+    db_pool, database_url, tmp_path
+) -> None:
+    """A snapshot's watermark numbers its own store's changes: one left from a reset database (or
+    another deployment's folder) would pass for caught up and serve its vectors. Readers leave it to
+    pgvector, the writer rebuilds it instead of resuming from it."""
+    partition = await _populate(db_pool, 5)
+    writer = VectorWriter(db_pool, database_url, tmp_path)
+    await writer.rebuild(partition)
+    await writer.stop()
+    folder = current_folder(tmp_path, partition)
+    assert folder is not None
+    raw = json.loads((folder / STATE_FILE).read_text())
+    assert raw["store"]  # this store's identity, written with the snapshot
+    (folder / STATE_FILE).write_text(json.dumps({**raw, "store": "another/store"}))
+    cache = MappedVectorCache(db_pool, database_url, CacheConfig(mode="mmap", snapshot_root=tmp_path))
+    await cache.load(partition)
+    assert cache.partitions[partition.partition].state == "missing"
+    async with db_pool.acquire() as conn:
+        assert await cache.search(conn, partition, np.ones(DIM, np.float32), Scope(), 5) is None
+    await cache.sync()  # the same foreign folder: not mapped again
+    assert cache.partitions[partition.partition].state == "missing"
+    writer = VectorWriter(db_pool, database_url, tmp_path)
+    await writer.load(partition)
+    await writer.stop()
+    rebuilt = current_folder(tmp_path, partition)
+    assert rebuilt is not None and rebuilt != folder
+    await cache.sync()
+    assert cache.partitions[partition.partition].state == "ready"
+    q = np.random.default_rng(3).standard_normal(DIM).astype(np.float32)
+    _same(
+        await _cached(cache, db_pool, partition, q, Scope(), 5),
+        await _exact(db_pool, partition, q, Scope(), 5),
+    )
     await cache.stop()
 
 
