@@ -6,7 +6,8 @@ against), the body is the sidecar's ``/v1/embeddings`` body, and the answer is t
 unchanged. The sidecar's own route stays as it is: an infrastructure endpoint behind
 ``RAG_SIDECAR_API_KEY``, with no database and so no principals (``inference`` stands alone).
 
-In order: the token (401); the body, read strictly (:func:`gateway.body.read_json`) and checked here
+In order: the token (401); the kill switch (``RAG_ENABLED`` off: 503 ``rag.disabled``, as every
+action that reaches the sidecar); the body, read strictly (:func:`gateway.body.read_json`) and checked here
 field by field as the sidecar declares them, so a bad one is the gateway's coded 400 before anything
 is reserved; the fairness limiter and the reservation of an upper bound of the input's tokens on
 ``embedding_input_tokens`` (429, :func:`gateway.budgets.metered`); one sidecar call; the settlement
@@ -31,7 +32,7 @@ from .auth import authenticate
 from .body import read_json
 from .budgets import BUDGETS_KEY, Metering, metered
 from .errors import ERRORS, ApiError, json_response
-from .resources import SIDECAR_KEY
+from .resources import SETTINGS_KEY, SIDECAR_KEY
 
 __all__ = [
     "METER",
@@ -181,6 +182,8 @@ def sidecar_failure(exc: SidecarError) -> ApiError:
 async def embeddings(request: web.Request) -> web.Response:
     """OpenAI's embeddings for the gateway's tokens, metered per principal (``embedding_input_tokens``)."""
     principal = authenticate(request)
+    if not request.app[SETTINGS_KEY].enabled:
+        raise ApiError.rag_disabled()
     call = EmbeddingsRequest.read(await read_json(request))
     budgets = request.app.get(BUDGETS_KEY)
     metering = None if budgets is None else Metering(budgets, principal)

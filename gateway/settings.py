@@ -252,8 +252,8 @@ class GatewaySettings:
     enabled: bool = setting(
         "RAG_ENABLED",
         True,
-        "Kill switch. Off: every dd_rag_api action declines `rag.disabled` (503) except "
-        "`embed_groups`, which answers `{groups: []}`.",
+        "Kill switch. Off: every dd_rag_api action and `POST /v1/embeddings` decline `rag.disabled` "
+        "(503), except `embed_groups`, which answers `{groups: []}`.",
     )
     media_enabled: bool = setting(
         "RAG_MEDIA_ENABLED",

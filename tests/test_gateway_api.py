@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 
+import aiohttp
 import pytest
 
 from tests.fixtures.gateway import ADMIN, Gateway, running_gateway, token
@@ -159,6 +160,15 @@ async def test_kill_switch(corpus_database_url: str, sidecar_url: str) -> None:
             error = _error(await gw.call(action, {"query": "x"}), 503, "rag.disabled")
             assert error["message"] == "RAG is disabled" and error["retryable"] is False
         assert await gw.ok("embed_groups", {"section_tipo": "oh1"}) == {"groups": []}
+        # The OpenAI-shaped embeddings route is behind the same switch (it spends the sidecar too).
+        body = {"model": "minilm", "input": ["x"]}
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(
+                gw.url + "/v1/embeddings", json=body, headers={"Authorization": f"Bearer {ADMIN}"}
+            ) as r,
+        ):
+            _error((r.status, await r.json()), 503, "rag.disabled")
     async with running_gateway(corpus_database_url, sidecar_url, RAG_MEDIA_ENABLED="true") as gw:
         # Media on: the action runs; a record with text but no image rows is no seed for it.
         error = _error(
