@@ -350,8 +350,11 @@ class TantivyLexical:
         df_class = searcher.doc_freq("klex", scoped)
         if df_class == 0:
             return None
-        n = searcher.num_docs
-        boost = frequency * bm25_idf(n, searcher.doc_freq("lex", term)) / bm25_idf(n, df_class)
+        df = searcher.doc_freq("lex", term)  # >= df_class: every klex posting has its lex one
+        # A deleted document counts in a term's frequency until a merge drops it, never in num_docs:
+        # n at least df keeps both IDFs positive, so a boost never turns a class's matches last.
+        n = max(searcher.num_docs, df)
+        boost = frequency * bm25_idf(n, df) / bm25_idf(n, df_class)
         return tantivy.Query.boost_query(tantivy.Query.term_query(self.schema, "klex", scoped), boost)
 
     async def _plan(
