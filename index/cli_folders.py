@@ -63,20 +63,24 @@ async def print_status(
     args: argparse.Namespace,
     root: Path,
     what: str,
-    describe: Callable[[Path], dict[str, Any] | None],
+    describe: Callable[[Path, str], dict[str, Any] | None],
     line: Callable[[dict[str, Any]], str],
     missing: str,
+    foreign: str,
 ) -> int:
-    """Each partition's current folder as ``describe`` reads it (None: missing; else at least its
-    ``seq``), with how many changes it is behind the store; JSON with ``--json``."""
-    from .change_feed import current_watermark
+    """Each partition's current folder as ``describe`` reads it, given this store's identity (None:
+    missing; else at least its ``seq`` and whether it is ``foreign``: another store's, or a layout
+    readers do not search), with how many changes it is behind the store; JSON with ``--json``."""
+    from .change_feed import current_watermark, store_identity
     from .swap_folders import current_folder
 
     out: dict[str, Any] = {}
     async with database(args) as (pool, _url):
+        async with pool.acquire() as conn:
+            store = await store_identity(conn)
         for partition in await partitions(pool, args.model, f"mnemo {what}"):
             folder = current_folder(root, partition)
-            found = None if folder is None else describe(folder)
+            found = None if folder is None else describe(folder, store)
             async with pool.acquire() as conn:
                 head = await current_watermark(conn, partition)
             if found is None:
@@ -84,7 +88,7 @@ async def print_status(
             else:
                 behind = max(0, head.seq - found["seq"])
                 out[partition.partition] = {
-                    "state": "ready",
+                    "state": "foreign" if found.pop("foreign") else "ready",
                     "folder": str(folder),
                     **found,
                     "store_seq": head.seq,
@@ -95,7 +99,8 @@ async def print_status(
     else:
         print(f"{what} in {root}")
         for name, row in out.items():
-            print(f"  {name}: {missing if row['state'] == 'missing' else line(row)}")
+            text = {"missing": missing, "foreign": foreign}.get(row["state"]) or line(row)
+            print(f"  {name}: {text}")
     return 0
 
 

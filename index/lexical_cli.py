@@ -65,13 +65,19 @@ async def _rebuild(args: argparse.Namespace) -> int:
 
 
 async def _status(args: argparse.Namespace) -> int:
-    from .tantivy_files import read_state
+    from .tantivy_files import FORMAT, read_state
 
-    def describe(folder: Path) -> dict[str, Any] | None:
+    def describe(folder: Path, store: str) -> dict[str, Any] | None:
         state = read_state(folder)
         if state is None:
             return None
-        return {"seq": state.watermark.seq, "documents": state.documents, "classes": len(state.classes)}
+        return {
+            "seq": state.watermark.seq,
+            "documents": state.documents,
+            "classes": len(state.classes),
+            "format": state.format,
+            "foreign": state.store != store or state.format != FORMAT,
+        }
 
     return await print_status(
         args,
@@ -80,6 +86,7 @@ async def _status(args: argparse.Namespace) -> int:
         describe,
         lambda row: f"{row['documents']} documents, seq {row['seq']} ({row['behind']} changes behind)",
         "missing (the SQL leg serves it; run `mnemo lexical rebuild`)",
+        "another store's or an older format's (the SQL leg serves it; `mnemo lexical follow` rebuilds it)",
     )
 
 

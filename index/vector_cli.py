@@ -62,11 +62,16 @@ async def _rebuild(args: argparse.Namespace) -> int:
 async def _status(args: argparse.Namespace) -> int:
     from .vector_files import read_state
 
-    def describe(folder: Path) -> dict[str, Any] | None:
+    def describe(folder: Path, store: str) -> dict[str, Any] | None:
         state = read_state(folder)
         if state is None:
             return None
-        return {"seq": state.watermark.seq, "vectors": state.rows, "dimension": state.dimension}
+        return {
+            "seq": state.watermark.seq,
+            "vectors": state.rows,
+            "dimension": state.dimension,
+            "foreign": state.store != store,
+        }
 
     return await print_status(
         args,
@@ -75,6 +80,7 @@ async def _status(args: argparse.Namespace) -> int:
         describe,
         lambda row: f"{row['vectors']} vectors, seq {row['seq']} ({row['behind']} changes behind)",
         "missing (pgvector serves it; run `mnemo vectors follow` or rebuild)",
+        "another store's (pgvector serves it; `mnemo vectors follow` rebuilds it)",
     )
 
 

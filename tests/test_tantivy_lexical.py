@@ -47,6 +47,7 @@ from index.tantivy_stats import index_corpus, index_doc_freqs
 from index.tantivy_writer import LexicalWriter
 from tests.test_lexical_index import VOCAB, _populate, _rows, _same, _sql, _write
 from tests.test_vector_cache import _scope, principals, scopes
+from tests.test_vector_snapshots import folder_status
 from tests.waiting import until
 
 REPO = Path(__file__).resolve().parents[1]
@@ -350,6 +351,7 @@ async def test_a_missing_index_goes_to_the_sql_leg_until_a_writer_builds_it(
             assert await engine.search(conn, partition, "archive", Scope(), 5) is None
         assert metrics.searches.labels("cold")._value.get() == 2
         assert engine.status()["partitions"][partition.partition]["state"] == "foreign"
+        assert (await folder_status("lexical", database_url, root))[partition.partition]["state"] == "foreign"
         await writer.stop()
         await writer.load(partition)
         assert current_folder(root, partition) != folder  # rebuilt, not resumed

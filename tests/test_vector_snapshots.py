@@ -105,6 +105,17 @@ async def test_missing_snapshot_is_left_to_pgvector_and_counted(db_pool, databas
     await cache.stop()
 
 
+async def folder_status(group: str, database_url: str, root: Path) -> dict:
+    """`mnemo <group> status --json`'s partitions, from a real process."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway.cli", group, "status", "--json", "--database-url", database_url,
+        "--dir", str(root), stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, _ = await process.communicate()
+    assert process.returncode == 0
+    return json.loads(out)["partitions"]
+
+
 async def test_a_snapshot_of_another_store_is_not_mapped_and_is_rebuilt(
     db_pool, database_url, tmp_path
 ) -> None:
@@ -127,6 +138,7 @@ async def test_a_snapshot_of_another_store_is_not_mapped_and_is_rebuilt(
         assert await cache.search(conn, partition, np.ones(DIM, np.float32), Scope(), 5) is None
     await cache.sync()  # the same foreign folder: not mapped again
     assert cache.partitions[partition.partition].state == "missing"
+    assert (await folder_status("vectors", database_url, tmp_path))[partition.partition]["state"] == "foreign"
     writer = VectorWriter(db_pool, database_url, tmp_path)
     await writer.load(partition)
     await writer.stop()
@@ -134,6 +146,7 @@ async def test_a_snapshot_of_another_store_is_not_mapped_and_is_rebuilt(
     assert rebuilt is not None and rebuilt != folder
     await cache.sync()
     assert cache.partitions[partition.partition].state == "ready"
+    assert (await folder_status("vectors", database_url, tmp_path))[partition.partition]["state"] == "ready"
     q = np.random.default_rng(3).standard_normal(DIM).astype(np.float32)
     _same(
         await _cached(cache, db_pool, partition, q, Scope(), 5),
