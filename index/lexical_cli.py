@@ -65,7 +65,7 @@ async def _rebuild(args: argparse.Namespace) -> int:
 
 
 async def _status(args: argparse.Namespace) -> int:
-    from .tantivy_files import FORMAT, read_state
+    from .tantivy_files import read_state
 
     def describe(folder: Path, store: str) -> dict[str, Any] | None:
         state = read_state(folder)
@@ -76,7 +76,7 @@ async def _status(args: argparse.Namespace) -> int:
             "documents": state.documents,
             "classes": len(state.classes),
             "format": state.format,
-            "foreign": state.store != store or state.format != FORMAT,
+            "foreign": not state.searchable_in(store),
         }
 
     return await print_status(

@@ -258,6 +258,10 @@ class IndexState:
     store: str = ""  # empty: an index written before the identity was recorded (rebuilt on load)
     format: int = FORMAT  # the documents' layout (1: a file written before formats were recorded)
 
+    def searchable_in(self, store: str) -> bool:
+        """A reader of ``store`` searches this index: built from it, in this reader's :data:`FORMAT`."""
+        return self.store == store and self.format == FORMAT
+
     def as_json(self) -> dict[str, Any]:
         return {
             "seq": self.watermark.seq,

@@ -14,7 +14,7 @@ How a search stays the SQL leg's answer:
   boosted by its query frequency; the scope's permitted access classes (evaluated by the legs' own
   SQL over the classes the watermark file lists) and sections filter inside the query, so a narrow
   scope is never starved by a post-filter (a scope of a few classes reads those classes' own
-  postings instead: ``klex``, :meth:`TantivyLexical._class_term`). Tantivy ranks by its own BM25 (its statistics, its
+  postings instead: ``klex``, :meth:`TantivyLexical._class_terms`). Tantivy ranks by its own BM25 (its statistics, its
   quantized lengths) without counting the matches (so it skips blocks that cannot rank): it only
   *selects*, ``overfetch`` times ``limit`` candidates.
 - **Exact scores from the index.** Each candidate's stored document holds what the SQL leg's BM25
@@ -82,7 +82,6 @@ from .lru import Lru
 from .partitions import ModelPartition
 from .tantivy_files import (
     CURRENT,
-    FORMAT,
     STATE_FILE,
     IndexState,
     any_term,
@@ -213,6 +212,11 @@ class TantivyLexical:
         self._observe(partition, folder, state)
         return _Reader(folder, index, state, stamp, Lru(self.config.scope_cache_size))
 
+    def _reload(self, held: _Reader, partition: ModelPartition, state: IndexState) -> None:
+        """Reload the held index after a commit and observe it (one hand-off to a thread)."""
+        held.index.reload()
+        self._observe(partition, held.folder, state)
+
     def _observe(self, partition: ModelPartition, folder: Path, state: IndexState) -> None:
         """The opened index in ``mnemo_lexical_bytes`` (its files on disk: mapped, so shared by
         every worker through the page cache) and ``mnemo_lexical_chunks`` (its documents)."""
@@ -254,8 +258,7 @@ class TantivyLexical:
             state = read_state(folder)
             if state is None:
                 return None
-            await asyncio.to_thread(held.index.reload)
-            await asyncio.to_thread(self._observe, partition, folder, state)
+            await asyncio.to_thread(self._reload, held, partition, state)
             if state.classes != held.state.classes:
                 held.scopes = Lru(self.config.scope_cache_size)
             held.state, held.stamp = state, stamp
@@ -308,12 +311,12 @@ class TantivyLexical:
         queries where a term appears once, the shape Tantivy scores fastest (0.65 against 0.77 ms
         at 1M chunks, with the same matches). A scope of at most :data:`SCOPED_CLASSES_MAX`
         classes asks each term in each class's own ``klex`` postings instead of filtering every
-        match of the term by class (:meth:`_class_term`)."""
+        match of the term by class (:meth:`_class_terms`)."""
         scoped = allowed is not None and len(allowed) <= SCOPED_CLASSES_MAX
 
         def term(t: str) -> list[tantivy.Query]:
             if scoped:
-                return [q for klass in allowed or () if (q := self._class_term(searcher, t, klass, terms[t]))]
+                return self._class_terms(searcher, t, allowed or [], terms[t])
             query = tantivy.Query.term_query(self.schema, "lex", t)
             return [query if terms[t] == 1 else tantivy.Query.boost_query(query, float(terms[t]))]
 
@@ -338,24 +341,28 @@ class TantivyLexical:
             [(must, tantivy.Query.boolean_query(any_selective)), *common, *filters]
         )
 
-    def _class_term(
-        self, searcher: tantivy.Searcher, term: str, klass: int, frequency: int
-    ) -> tantivy.Query | None:
-        """``term`` in one class's ``klex`` postings (None: the class holds none), boosted so that
-        Tantivy's BM25 of it is the one of ``term`` in ``lex``: the same lengths, its IDF over the
-        whole index instead of over the class. Candidates rank as under a class filter, at the cost
-        of the class's postings alone (at 1M chunks, a scope of 1% of the rows: 2.26 against 2.70
-        ms a search, the same answers on 60 of 60 queries)."""
-        scoped = class_term(klass, term)
-        df_class = searcher.doc_freq("klex", scoped)
-        if df_class == 0:
-            return None
-        df = searcher.doc_freq("lex", term)  # >= df_class: every klex posting has its lex one
+    def _class_terms(
+        self, searcher: tantivy.Searcher, term: str, classes: Sequence[int], frequency: int
+    ) -> list[tantivy.Query]:
+        """``term`` in each class's ``klex`` postings (none for a class that holds none), boosted so
+        that Tantivy's BM25 of it is the one of ``term`` in ``lex``: the same lengths, its IDF over
+        the whole index instead of over the class. Candidates rank as under a class filter, at the
+        cost of the classes' postings alone (at 1M chunks, a scope of 1% of the rows: 2.26 against
+        2.70 ms a search, the same answers on 60 of 60 queries)."""
+        df = searcher.doc_freq("lex", term)  # >= any class's: every klex posting has its lex one
         # A deleted document counts in a term's frequency until a merge drops it, never in num_docs:
         # n at least df keeps both IDFs positive, so a boost never turns a class's matches last.
         n = max(searcher.num_docs, df)
-        boost = frequency * bm25_idf(n, df) / bm25_idf(n, df_class)
-        return tantivy.Query.boost_query(tantivy.Query.term_query(self.schema, "klex", scoped), boost)
+        queries = []
+        for klass in classes:
+            scoped = class_term(klass, term)
+            df_class = searcher.doc_freq("klex", scoped)
+            if df_class:
+                boost = frequency * bm25_idf(n, df) / bm25_idf(n, df_class)
+                queries.append(
+                    tantivy.Query.boost_query(tantivy.Query.term_query(self.schema, "klex", scoped), boost)
+                )
+        return queries
 
     async def _plan(
         self,
@@ -426,7 +433,7 @@ class TantivyLexical:
         self._missing.discard(partition.partition)
         if self._store is None:
             self._store = await store_identity(conn)
-        if reader.state.store != self._store or reader.state.format != FORMAT:
+        if not reader.state.searchable_in(self._store):
             self.metrics.searches.labels("cold").inc()
             self._foreign.add(partition.partition)
             return None
