@@ -80,7 +80,7 @@ async def _measure(
     rerank: bool,
     other: str,
 ) -> dict[str, Any]:
-    from gateway.action_specs import ACTIONS
+    from gateway.actions.specs import ACTIONS
 
     retrieve, ask = ACTIONS["retrieve"], ACTIONS["ask"]
     dataset = session.dataset
@@ -125,14 +125,14 @@ async def run_ask_benchmark(
     sidecar_url: str, *, questions: int, database_url: str | None = None, datasets: Path = DATASETS
 ) -> dict[str, Any]:
     """Ingest the sets and the out-of-scope section, then measure every (set, reranked) pair."""
-    from gateway.auth import ANONYMOUS_ADMIN
-    from gateway.context import ActionContext, AskServices, PassageServices
-    from gateway.metrics import Metrics
-    from gateway.providers import build_provider
-    from gateway.rerank import Reranker
-    from gateway.retrieval import Retriever
-    from gateway.settings import load_gateway_settings
-    from index.sections import SectionStore
+    from gateway.access.auth import ANONYMOUS_ADMIN
+    from gateway.actions.context import ActionContext, AskServices, PassageServices
+    from gateway.actions.providers import build_provider
+    from gateway.base.metrics import Metrics
+    from gateway.base.settings import load_gateway_settings
+    from gateway.retrieval.rerank import Reranker
+    from gateway.retrieval.retriever import Retriever
+    from index.store.sections import SectionStore
     from schema.database import open_database
 
     env = {"RAG_SIDECAR_URL": sidecar_url, "RAG_QUERY_CACHE_SIZE": "8192", "RAG_AUTH": "off"}

@@ -100,7 +100,7 @@ async def _progress_at_kill(pool: Any, table: str) -> tuple[int, int]:
 
 async def _duplicate_keys(pool: Any, model: str) -> int:
     """Chunk keys of ``model``'s partition written more than once (after the swap)."""
-    from index.partitions import get_partition
+    from index.store.partitions import get_partition
 
     final = await get_partition(pool, model)
     assert final is not None
@@ -124,10 +124,10 @@ async def backfill_killed_mid_build(
     Bounded by ``deadline_s``."""
     import asyncpg
 
-    from index import shadow
-    from index.intake import enqueue_records
-    from index.partitions import get_partition
+    from index.bulk import shadow
+    from index.ingest.intake import enqueue_records
     from index.settings import IngestSettings
+    from index.store.partitions import get_partition
     from inference.client import SidecarClient
 
     batch = drain_records(records)

@@ -9,10 +9,10 @@ from typing import Any
 
 import asyncpg
 
-from index import store
-from index.change_feed import current_watermark
-from index.partitions import ModelPartition
-from index.shadow import build_indexes, create_shadow, hnsw_build_bytes, shadow_of, swap
+from index.bulk.shadow import build_indexes, create_shadow, hnsw_build_bytes, shadow_of, swap
+from index.store import store
+from index.store.change_feed import current_watermark
+from index.store.partitions import ModelPartition
 
 __all__ = ["bulk_load"]
 

@@ -140,7 +140,7 @@ def _run(args: argparse.Namespace) -> int:
 async def _eval(args: argparse.Namespace) -> int:
     import json
 
-    from gateway.settings import load_gateway_settings
+    from gateway.base.settings import load_gateway_settings
     from index.settings import SidecarClientSettings
     from schema.settings import SettingsError, load_settings
 

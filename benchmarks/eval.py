@@ -4,7 +4,7 @@
 :class:`EvalSession` ingests the corpus into its own section (descriptor, then
 ``enqueue_records`` + a drain pass scoped to that section, exactly what
 ``POST /v1/records`` and the gateway's drain do; beside a running gateway it waits
-for whichever drain takes its records), asks every query through :class:`gateway.retrieval.Retriever`
+for whichever drain takes its records), asks every query through :class:`gateway.retrieval.retriever.Retriever`
 with ``limit`` 100 (the API's [1, 50] clamp is the API's, not retrieval's) and
 scores nDCG@10, recall@100 and MRR@10 per mode:
 
@@ -42,19 +42,19 @@ from typing import Any
 
 import asyncpg
 
-from gateway.acl import pushdown
-from gateway.auth import Principal
-from gateway.fusion import collapse
-from gateway.legs import LegResults, over_fetch
-from gateway.retrieval import Retriever
-from gateway.settings import FUSION_METHODS, LEGS, GatewaySettings
-from index.bm25 import CorpusStats
-from index.hits import Scope
-from index.lexical_engine import LexicalEngine
-from index.lexical_metrics import LexicalMetrics
-from index.partitions import ModelPartition
-from index.tantivy_lexical import MODE as TANTIVY_MODE
-from index.tantivy_lexical import TantivyConfig, TantivyLexical
+from gateway.access.acl import pushdown
+from gateway.access.auth import Principal
+from gateway.base.settings import FUSION_METHODS, LEGS, GatewaySettings
+from gateway.retrieval.fusion import collapse
+from gateway.retrieval.legs import LegResults, over_fetch
+from gateway.retrieval.retriever import Retriever
+from index.lexical.engine import MODE as TANTIVY_MODE
+from index.lexical.engine import TantivyConfig, TantivyLexical
+from index.lexical.metrics import LexicalMetrics
+from index.search.bm25 import CorpusStats
+from index.search.lexical_engine import LexicalEngine
+from index.store.hits import Scope
+from index.store.partitions import ModelPartition
 
 from .memory_lexical import MODE as MEMORY_MODE
 from .memory_lexical import LexicalConfig, LexicalIndex
@@ -181,7 +181,7 @@ async def index_section(
     indexes them). A record that fails (it would be retried only minutes later) or
     a sidecar outage ends the wait with an error.
     """
-    from index.drain import drain_once
+    from index.ingest.drain import drain_once
 
     totals: dict[str, Any] = {"passes": 0, "indexed": 0, "chunks_embedded": 0, "rows_written": 0}
     deadline = asyncio.get_running_loop().time() + max_wait
@@ -229,9 +229,9 @@ class EvalSession:
 
     async def ingest(self, *, ingest_settings: Any = None, max_wait: float = 3600.0) -> dict[str, Any]:
         """Store the descriptor, queue every document through the intake, index this section only."""
-        from index.intake import enqueue_records
-        from index.sections import SectionStore
+        from index.ingest.intake import enqueue_records
         from index.settings import IngestSettings
+        from index.store.sections import SectionStore
         from schema.settings import load_settings
 
         settings = ingest_settings or load_settings(IngestSettings, {})
@@ -291,7 +291,7 @@ class EvalSession:
     async def lexical_legs(self, engine: LexicalEngine) -> dict[str, LegResults]:
         """Every query's legs as fetched, with the lexical leg from ``engine`` instead.
 
-        The engine is asked directly (as :class:`gateway.legs.RetrievalLegs` asks it first), so a
+        The engine is asked directly (as :class:`gateway.retrieval.legs.RetrievalLegs` asks it first), so a
         search it declines (None: the gateway's SQL leg would answer) is an error here: the figure
         must be the engine's own, never the SQL leg's under the engine's name.
         """
@@ -402,7 +402,7 @@ async def apply_tuning(pool: asyncpg.Pool, section_tipo: str, tuned: Mapping[str
 
     Raises ``LookupError`` when the section has no descriptor (nothing to tune for).
     """
-    from index.sections import SectionStore
+    from index.store.sections import SectionStore
 
     sections = SectionStore(pool)
     descriptor = await sections.get(section_tipo)
@@ -436,7 +436,7 @@ async def lexical_engine(
     held as long as ``stats`` (the SQL leg's); removed afterwards. ``memory``: the benchmarks'
     in-memory baseline (no product engine), loaded.
     """
-    from index.tantivy_writer import LexicalWriter
+    from index.lexical.writer import LexicalWriter
 
     if mode not in LEXICAL_ENGINES:
         raise ValueError(f"lexical engine {mode!r}: use one of {', '.join(LEXICAL_ENGINES)}")

@@ -7,7 +7,7 @@ every 10th in project 2 (10%), every 100th in project 3 (1%). Then, all in the s
 
 - **recall@10** of the dense leg against exact search (a full scan, ``dense_search(exact=True)``),
   unfiltered (admin) and for a researcher holding project 1, 2 or 3: the cache
-  (:meth:`index.vector_cache.VectorCache.search`) beside pgvector's HNSW leg with the gateway's
+  (:meth:`index.vectors.cache.VectorCache.search`) beside pgvector's HNSW leg with the gateway's
   settings (``ef_search`` 100, iterative scans up to 20 000 tuples). Tie-aware: a hit counts when
   its exact score reaches the 10th exact score.
 - **latency of the dense leg** (the part of ``semantic_search`` the cache replaces; query
@@ -57,8 +57,8 @@ def vectors(n: int, rng: np.random.Generator, centers: np.ndarray) -> np.ndarray
 async def populate(pool: Any, n: int, centers: np.ndarray, *, hnsw: bool = True, model: str = MODEL) -> Any:
     """``n`` clustered rows (bulk COPY), then the partition's HNSW index (``hnsw``: a run that never
     searches pgvector skips its build, minutes at 1M rows)."""
-    from index.partitions import ensure_partition
-    from index.store import EmbeddingRow, copy_rows
+    from index.store.partitions import ensure_partition
+    from index.store.store import EmbeddingRow, copy_rows
 
     partition = await ensure_partition(pool, model, DIM)
     rng = np.random.default_rng(n)
@@ -97,7 +97,7 @@ async def _sync_lag(
     """Sync lag: a drain-like writer rewrites records in transactions of 32 for ``seconds`` while the
     cache follows the change feed; each change's write -> applied lag and each transaction's
     commit -> applied lag (the first application whose watermark covers its changes)."""
-    from index.store import EmbeddingRow, upsert_rows
+    from index.store.store import EmbeddingRow, upsert_rows
 
     await cache.start()  # listener + follow loop (the partition is already loaded)
     for _ in range(100):
@@ -156,7 +156,7 @@ async def _recall_by_scope(
     pool: Any, partition: Any, qs: np.ndarray, scopes: dict[str, Any], legs: dict[str, Any]
 ) -> dict[str, dict[str, float]]:
     """Each leg's mean recall@10 against exact search, per scope (``legs``: name -> search(q, scope))."""
-    from index.dense_leg import dense_search
+    from index.search.dense_leg import dense_search
 
     recall: dict[str, dict[str, float]] = {}
     for label, scope in scopes.items():
@@ -184,7 +184,7 @@ async def _latency_p50s(qs: np.ndarray, legs: dict[str, Any], scopes: dict[str, 
             times.append(time.perf_counter() - t)
         return percentile(times, 50) * 1e3
 
-    from index.hits import Scope
+    from index.store.hits import Scope
 
     admin, non_admin, one_percent = Scope(), scopes["ACL 100%"], scopes["ACL 1%"]  # admin: a fresh scope
     cached, hnsw = legs["cache"], legs["hnsw"]
@@ -199,12 +199,12 @@ async def _latency_p50s(qs: np.ndarray, legs: dict[str, Any], scopes: dict[str, 
 
 
 async def _one_size(url: str, n: int, queries: int, seconds: float) -> dict[str, Any]:
-    from gateway.acl import pushdown
-    from gateway.auth import Principal
-    from index.cache_partition import CacheConfig
-    from index.dense_leg import dense_search
-    from index.hits import Scope
-    from index.vector_cache import VectorCache
+    from gateway.access.acl import pushdown
+    from gateway.access.auth import Principal
+    from index.search.dense_leg import dense_search
+    from index.store.hits import Scope
+    from index.vectors.cache import VectorCache
+    from index.vectors.partition import CacheConfig
     from schema import create_pool
 
     pool = await create_pool(url, max_size=40)

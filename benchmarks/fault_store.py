@@ -46,7 +46,7 @@ async def store_snapshot(pool: Any, model: str) -> dict[tuple[Any, ...], tuple[s
     """(section, id, component, lang, chunk) -> (source hash, text, vector) for every stored chunk."""
     import numpy as np
 
-    from index.partitions import get_partition
+    from index.store.partitions import get_partition
 
     partition = await get_partition(pool, model)
     if partition is None:
@@ -97,7 +97,7 @@ async def _fresh_pool(server_url: str, name: str) -> Any:
 
 async def _fresh_database(server_url: str, name: str) -> tuple[str, Any]:
     """:func:`_fresh_pool`, with the database's URL."""
-    from index.sections import SectionStore
+    from index.store.sections import SectionStore
     from schema import create_pool
 
     from .stack import BenchStack
@@ -147,8 +147,8 @@ async def _clean_run(
     pool: Any, client: Any, settings: Any, batch: list[dict[str, Any]], model: str, deadline: float
 ) -> dict[tuple, tuple]:
     """The reference: ``batch`` drained with no fault, pass after pass; the store it leaves."""
-    from index.drain import drain_once
-    from index.intake import enqueue_records
+    from index.ingest.drain import drain_once
+    from index.ingest.intake import enqueue_records
 
     await enqueue_records(pool, batch)
     while await _queue_size(pool) and asyncio.get_running_loop().time() < deadline:

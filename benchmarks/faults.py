@@ -214,10 +214,10 @@ async def _interrupted_drain(
     interrupt: Callable[[Any], Awaitable[dict[str, Any]]],
 ) -> dict[str, Any]:
     """A clean drain of ``records`` into database ``names[0]``, then the same drain into ``names[1]``
-    by a :class:`~index.drain.DrainLoop`, interrupted by ``interrupt(drain)`` (a fault: stop, wait,
+    by a :class:`~index.ingest.drain.DrainLoop`, interrupted by ``interrupt(drain)`` (a fault: stop, wait,
     start; it returns figures of its own) once about a third is indexed; the stores are compared."""
-    from index.drain import DrainLoop
-    from index.intake import enqueue_records
+    from index.ingest.drain import DrainLoop
+    from index.ingest.intake import enqueue_records
     from index.settings import IngestSettings
 
     settings = IngestSettings(**FAULT_INGEST)
@@ -458,7 +458,7 @@ async def drain_worker_killed(
     text or vector), duplicate rows (rows written twice, so their ``updated_at`` moved, or not in
     the clean run), the seconds from the kill until the last orphaned record is indexed. Databases
     on ``server_url`` (created, then dropped). Bounded by ``deadline_s``."""
-    from index.intake import enqueue_records
+    from index.ingest.intake import enqueue_records
     from index.settings import IngestSettings
     from inference.client import SidecarClient
 
@@ -549,7 +549,7 @@ async def _kill_mid_drain(
 
 async def _rows_rewritten(pool: Any, model: str) -> int:
     """Rows of ``model``'s partition written more than once (their ``updated_at`` moved)."""
-    from index.partitions import get_partition
+    from index.store.partitions import get_partition
 
     partition = await get_partition(pool, model)
     if partition is None:

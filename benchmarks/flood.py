@@ -139,7 +139,7 @@ async def flood_figure(
     ``perms``: what A and B may read (default: the bench corpus's section)."""
     import aiohttp
 
-    from gateway.auth import issue_token
+    from gateway.access.auth import issue_token
 
     admin = issue_token(secret=secret, sub="bench-admin", projects=None, admin=True)
     perms = SECTION_PERMS if perms is None else perms
@@ -210,7 +210,7 @@ async def metering_cost(
     searches a second as a flood, does not apply to it (its in-memory bucket costs microseconds)."""
     import aiohttp
 
-    from gateway.auth import issue_token
+    from gateway.access.auth import issue_token
 
     caller = issue_token(secret=secret, sub="bench-metered", projects=None, admin=True)
     async with aiohttp.ClientSession() as http:
@@ -377,7 +377,7 @@ async def _capacity_of(url: str, secret: str, queries: Sequence[str], callers: i
     """Served searches/s of ``url`` (an admin's closed loop of ``callers``, vectors cached first)."""
     import aiohttp
 
-    from gateway.auth import issue_token
+    from gateway.access.auth import issue_token
 
     admin = issue_token(secret=secret, sub="bench-admin", projects=None, admin=True)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:

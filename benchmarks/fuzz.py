@@ -374,7 +374,7 @@ def gateway_contract(status: int, headers: dict[str, str], body: bytes, path: st
         payload = json.loads(body)
     except ValueError:
         return f"{status} answer is not JSON: {body[:80]!r}"
-    # OpenAI's embeddings list: gateway.embeddings answers the sidecar's shape, for OpenAI clients.
+    # OpenAI's embeddings list: gateway.web.embeddings answers the sidecar's shape, for OpenAI clients.
     if status == 200 and route == "/v1/embeddings":
         listed = isinstance(payload, dict) and payload.get("object") == "list"
         return None if listed else f"200 answer is not an embeddings list: {body[:120]!r}"

@@ -115,8 +115,8 @@ async def load_corpus(
     ``projects_of(record_id)`` gives each record's projects (default ``[1]`` for all), for callers
     that measure filters of a known selectivity.
     """
-    from index.partitions import ensure_partition
-    from index.store import EmbeddingRow
+    from index.store.partitions import ensure_partition
+    from index.store.store import EmbeddingRow
     from index.text import fold
 
     real = np.asarray((await client.embed(model.id, list(sentences[:embedded]), truncate=True)).embeddings)
@@ -243,7 +243,7 @@ async def tantivy_index(database_url: str, partition: Any, root: Path) -> Path:
     """The store's Tantivy index of ``partition`` under ``root`` (a gateway's ``RAG_LEXICAL_DIR``),
     built as ``mnemo lexical rebuild`` builds it: what a ``RAG_LEXICAL_INDEX=auto|tantivy`` gateway
     reads from its start."""
-    from index.tantivy_writer import LexicalWriter
+    from index.lexical.writer import LexicalWriter
     from schema import create_pool
 
     pool = await create_pool(database_url, max_size=4)
@@ -260,8 +260,8 @@ async def gateway_read_pool(database_url: str) -> Any:
     """A pool like the gateway's read pool at its default settings: ``RAG_DB_POOL_SIZE``'s size, no
     reset query, sessions opened with the legs' settings. :class:`RawLegs` on it runs the SQL the
     gateway runs, in as many round trips."""
-    from gateway.settings import GatewaySettings
-    from index.read_settings import read_session_settings
+    from gateway.base.settings import GatewaySettings
+    from index.search.read_settings import read_session_settings
     from schema import create_pool
 
     defaults = GatewaySettings()
@@ -277,15 +277,15 @@ class RawLegs:
     The gateway's over-fetch (``max(limit * 4, 20)``) and scope; no HTTP, JSON, fusion or gate.
 
     A scoped dense leg takes the gateway's path too: exact where the gateway's default
-    ``RAG_DENSE_EXACT_MAX_ROWS`` sends the scope (:func:`index.dense_leg.reads_exactly`, decided once
+    ``RAG_DENSE_EXACT_MAX_ROWS`` sends the scope (:func:`index.search.dense_leg.reads_exactly`, decided once
     per scope as the gateway remembers it), HNSW otherwise. Without it the baseline of a 10% caller
     was an HNSW scan while the gateway read the scope's 10,000 rows exactly, and the suite put that
     difference on the gateway (2.9x its "own cost" at 100k chunks, 2026-12-03)."""
 
     def __init__(self, pool: Any, partition: Any, texts: Sequence[str], vectors: np.ndarray, limit: int):
-        from gateway.settings import GatewaySettings
-        from index.bm25 import CorpusStats
-        from index.hits import Scope
+        from gateway.base.settings import GatewaySettings
+        from index.search.bm25 import CorpusStats
+        from index.store.hits import Scope
 
         self.pool, self.partition, self.texts, self.vectors = pool, partition, texts, vectors
         self.fetch = max(limit * 4, 20)
@@ -295,7 +295,7 @@ class RawLegs:
         self._exact: dict[Any, bool] = {}  # scope_key -> the exact path's decision
 
     async def dense(self, i: int) -> None:
-        from index.dense_leg import dense_search
+        from index.search.dense_leg import dense_search
 
         vector = self.vectors[i % len(self.vectors)]
         async with self.pool.acquire() as conn:
@@ -303,8 +303,8 @@ class RawLegs:
             await dense_search(conn, self.partition, vector, self.scope, self.fetch, exact=exact)
 
     async def _reads_exactly(self, conn: Any, vector: np.ndarray) -> bool:
-        from index.dense_leg import reads_exactly
-        from index.hits import scope_key
+        from index.search.dense_leg import reads_exactly
+        from index.store.hits import scope_key
 
         key = scope_key(self.scope)
         if key not in self._exact:
@@ -314,7 +314,7 @@ class RawLegs:
         return self._exact[key]
 
     async def lexical(self, i: int) -> None:
-        from index.lexical_leg import lexical_search
+        from index.search.lexical_leg import lexical_search
 
         async with self.pool.acquire() as conn:
             await lexical_search(
@@ -434,7 +434,7 @@ async def run_gateway_benchmark(
     caches: Sequence[str] = CACHE_MODES,
 ) -> dict[str, Any]:
     """Set up the corpus, measure the gateway (per FAISS cache mode) beside the legs' raw SQL."""
-    from gateway.auth import issue_token
+    from gateway.access.auth import issue_token
     from index.models import resolve_model
     from inference.client import SidecarClient
 

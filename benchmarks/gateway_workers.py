@@ -63,7 +63,7 @@ async def run_workers_benchmark(
 
     ``lexical``: the gateways' ``RAG_LEXICAL_INDEX``; ``tantivy`` builds the store's index first
     (``mnemo lexical rebuild``'s writer) so the lexical leg is the engine's, not PostgreSQL's."""
-    from gateway.auth import issue_token
+    from gateway.access.auth import issue_token
     from index.models import resolve_model
     from inference.client import SidecarClient
 

@@ -1,6 +1,6 @@
 """The FAISS section of GPU mode: exact flat search at 1M x 1024 fp16, against the HBM bound.
 
-What the gateway's cache does on a GPU (:class:`index.faiss_backend.GpuFlatIndex`): a
+What the gateway's cache does on a GPU (:class:`index.vectors.faiss_backend.GpuFlatIndex`): a
 ``GpuIndexFlatIP`` with fp16 storage, searched for the top 10. Measured:
 
 - single-query latency (p50/p95 of synchronous searches: every call scans the whole matrix);

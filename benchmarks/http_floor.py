@@ -53,7 +53,7 @@ def read_queries(path: Path) -> tuple[list[str], np.ndarray]:
 async def _serve(args: argparse.Namespace) -> None:
     from aiohttp import web
 
-    from index.partitions import ensure_partition
+    from index.store.partitions import ensure_partition
 
     from .gateway import RawLegs, gateway_read_pool
 

@@ -4,7 +4,7 @@
 
 Measured in one run, on the same images (default: the coins collection, repeated to ``--count``):
 
-1. **decode/resize per worker**: :func:`index.images.prepare_file` (read, hash, decode, orient,
+1. **decode/resize per worker**: :func:`index.ingest.images.prepare_file` (read, hash, decode, orient,
    downsize, thumbnail) in a process pool of 1..N workers, images/s per pool size (the scaling curve,
    and per-worker throughput = images/s / workers);
 2. **sidecar ``/image`` alone**: the already-downsized JPEGs embedded batch after batch through the
@@ -68,7 +68,7 @@ def decode_curve(files: Sequence[str], workers_max: int, media: Any) -> list[dic
     """images/s of the job's worker step in pools of 1..workers_max processes."""
     import multiprocessing
 
-    from index.images import prepare_file
+    from index.ingest.images import prepare_file
 
     work = functools.partial(
         prepare_file,
@@ -100,7 +100,7 @@ async def sidecar_alone(client: Any, jpegs: Sequence[bytes], batch: int) -> floa
 
 
 async def bulk_job(pool: Any, client: Any, files: Sequence[str], options: Any, tmp: Path) -> dict[str, Any]:
-    from index.image_jobs import run_image_job
+    from index.bulk.image_jobs import run_image_job
 
     manifest = tmp / "bench.jsonl"
     manifest.write_text("".join(json.dumps({"path": f, "section_id": i}) + "\n" for i, f in enumerate(files)))
@@ -144,10 +144,10 @@ def _services(sidecar_url: str | None, database_url: str | None) -> Iterator[tup
 
 
 async def run(args: argparse.Namespace, sidecar_url: str, database_url: str) -> dict[str, Any]:
-    from index.image_jobs import JobOptions
-    from index.images import prepare_file
-    from index.sections import SectionStore
+    from index.bulk.image_jobs import JobOptions
+    from index.ingest.images import prepare_file
     from index.settings import MediaSettings
+    from index.store.sections import SectionStore
     from inference.client import SidecarClient
     from schema import create_pool, migrate
 

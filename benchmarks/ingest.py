@@ -39,14 +39,14 @@ from typing import Any
 
 import asyncpg
 
-from index import store
 from index.demo import demo_sections
-from index.drain import drain_once
-from index.intake import enqueue_records
+from index.ingest.drain import drain_once
+from index.ingest.intake import enqueue_records
 from index.models import resolve_model
-from index.partitions import ModelPartition, ensure_partition, get_partition
-from index.sections import SectionStore
 from index.settings import IngestSettings
+from index.store import store
+from index.store.partitions import ModelPartition, ensure_partition, get_partition
+from index.store.sections import SectionStore
 from inference.client import EmbedResult, SidecarClient
 
 from .report import Headline, SuiteResult, Table

@@ -68,9 +68,9 @@ async def run_levers(
 ) -> dict[str, Any]:
     import aiohttp
 
-    from gateway.auth import issue_token
-    from index.hits import Scope
+    from gateway.access.auth import issue_token
     from index.models import resolve_model
+    from index.store.hits import Scope
     from inference.client import SidecarClient
 
     from .gateway import gateway_process, gateway_read_pool, load_corpus, load_queries, load_sentences

@@ -17,7 +17,7 @@ Queries: the data sets' own (a sample) plus generated ones over the store's voca
 mixed (2-12 words, half common). Then, all in the same run, one caller, ``k`` = 40 (the gateway's
 over-fetch for ``limit`` 10):
 
-- **SQL leg**: :func:`index.lexical_leg.lexical_search` (statistics cached, warm), admin and 1% ACL;
+- **SQL leg**: :func:`index.search.lexical_leg.lexical_search` (statistics cached, warm), admin and 1% ACL;
 - **index leg**: :meth:`benchmarks.memory_lexical.LexicalIndex.search`, the whole leg (plan, in-memory
   top-k, the re-read of the hits' rows scored in SQL), admin and 1% ACL;
 - **index core**: the in-memory part alone (plan + top-k slots), what a search engine returns;
@@ -115,8 +115,8 @@ async def populate(
     Without ``vectors`` every row gets the same constant vector and the HNSW index is dropped (the
     lexical leg never reads it); with them the partition keeps its HNSW index, built on the rows.
     """
-    from index.partitions import ensure_partition
-    from index.store import EmbeddingRow
+    from index.store.partitions import ensure_partition
+    from index.store.store import EmbeddingRow
     from index.text import fold
 
     from .bulk_load import bulk_load
@@ -213,7 +213,7 @@ class _IndexLegs:
     it) and the baseline's core alone (planning and top-k, no re-read)."""
 
     def __init__(self, pool: Any, partition: Any, index: Any, lexicon: Any, scope: Any) -> None:
-        from index.bm25 import CorpusStats
+        from index.search.bm25 import CorpusStats
 
         self.pool, self.partition, self.index, self.lexicon, self.scope = (
             pool,
@@ -225,7 +225,7 @@ class _IndexLegs:
         self.stats = CorpusStats(ttl=3600.0)
 
     async def sql(self, q: str, scope: Any = None) -> Any:
-        from index.lexical_leg import lexical_search
+        from index.search.lexical_leg import lexical_search
 
         scope = self.scope if scope is None else scope
         return await lexical_search(self.pool, self.partition, q, scope, K, stats=self.stats)
@@ -279,7 +279,7 @@ class _TantivyLegs:
         return self.hits(q, K)
 
     async def kept_exact(self, q: str) -> Any:
-        from index.lexical_reread import reread_candidates
+        from index.search.lexical_reread import reread_candidates
 
         hits = self.hits(q, K + 8)  # the index leg's first fetch (limit + 8)
         if not hits:
@@ -343,7 +343,7 @@ async def _query_sets(
 ) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
     """The query sets (the data sets' queries, shuffled, then the generated rare, common and mixed
     ones) and each query's scored terms, parsed as the legs do (cached by query_terms afterwards)."""
-    from index.bm25 import query_terms, scored_terms
+    from index.search.bm25 import query_terms, scored_terms
 
     rng = random.Random(7)
     from_data = dataset_queries()
@@ -390,9 +390,9 @@ async def measure_lexical(
     in ``windows`` interleaved windows (:func:`benchmarks.measure.interleaved_windows`), each
     headline ratio with the spread of its windows' ratios.
     """
-    from gateway.acl import pushdown
-    from gateway.auth import Principal
-    from index.hits import Scope
+    from gateway.access.acl import pushdown
+    from gateway.access.auth import Principal
+    from index.store.hits import Scope
     from index.text import fold
 
     from .memory_lexical import LexicalConfig, LexicalIndex

@@ -1,7 +1,7 @@
 """The in-memory lexical index: the reference baseline of the lexical benchmarks, no product engine.
 
-The gateway's lexical leg is the SQL leg (:mod:`index.lexical_leg`) or the on-disk Tantivy engine
-(:mod:`index.tantivy_lexical`, written by ``mnemo lexical follow``); ``RAG_LEXICAL_INDEX=memory``,
+The gateway's lexical leg is the SQL leg (:mod:`index.search.lexical_leg`) or the on-disk Tantivy engine
+(:mod:`index.lexical.engine`, written by ``mnemo lexical follow``); ``RAG_LEXICAL_INDEX=memory``,
 which ran this index in every gateway worker, was retired (one lexical engine beside the SQL leg,
 not two). What stays is the yardstick: Tantivy's latency bar is a ratio to this index's
 (:mod:`benchmarks.tantivy_scale`, :mod:`benchmarks.lexical`, :mod:`benchmarks.tantivy_recall`,
@@ -16,23 +16,23 @@ How it stays correct (the invariants the tests pin):
 
 - **Same scores.** Corpus statistics (chunk count, mean ``lexical_length``, document frequency per
   term, over the query's section scope) are counted exactly from the live postings, and the query
-  plan is the SQL leg's (:func:`index.bm25.bm25_plan`). The index only *selects* candidates: their
+  plan is the SQL leg's (:func:`index.search.bm25.bm25_plan`). The index only *selects* candidates: their
   rows are re-read from the store and scored there by the SQL leg's own expression
-  (:func:`index.lexical_reread.reread_candidates`, the Tantivy engine's re-read too), so scores and
+  (:func:`index.search.lexical_reread.reread_candidates`, the Tantivy engine's re-read too), so scores and
   tie order are the SQL leg's.
-- **Exact ACL push-down.** The scope and ACL filter is the legs' own SQL (:func:`index.scope_sql.scope_where`),
-  evaluated once per distinct *access class* of chunks (:mod:`index.access_classes`) and cached per
+- **Exact ACL push-down.** The scope and ACL filter is the legs' own SQL (:func:`index.search.scope_sql.scope_where`),
+  evaluated once per distinct *access class* of chunks (:mod:`index.search.access_classes`) and cached per
   scope. A candidate is selected only when its class passes, so ``limit`` is never starved by a
   post-filter.
-- **Never stale.** Each partition follows the change feed (:mod:`index.change_feed`,
-  :class:`index.feed_follower.FeedFollower`) from a watermark. The re-read adds every key changed
+- **Never stale.** Each partition follows the change feed (:mod:`index.store.change_feed`,
+  :class:`index.follow.feed_follower.FeedFollower`) from a watermark. The re-read adds every key changed
   after it, scored in SQL, and trusts an index candidate only when its key has not changed since:
   the answer is exact while the index lags. When pending keys crowd the candidates the search
   widens; past a bound it says so (``fallback``: None, the SQL leg's turn).
 - **Rebuildable.** Everything comes from the stored ``lexical`` tsvectors and ``lexical_length``.
 
 A search it cannot answer (a partition not loaded, ``cold``; one whose load failed; image rows; a
-``fallback``) returns None, counted in its :class:`index.lexical_metrics.LexicalMetrics`.
+``fallback``) returns None, counted in its :class:`index.lexical.metrics.LexicalMetrics`.
 """
 
 from __future__ import annotations
@@ -46,21 +46,21 @@ from dataclasses import dataclass, replace
 import asyncpg
 import numpy as np
 
-from index.access_classes import LEXICAL_ROW_COLUMNS, permitted_classes
-from index.bm25 import Bm25Plan, bm25_plan_of_counts, query_terms, scored_terms
-from index.change_feed import (
+from index.follow.feed_follower import FeedFollower
+from index.lexical.metrics import LexicalMetrics
+from index.lru import Lru
+from index.search.access_classes import LEXICAL_ROW_COLUMNS, permitted_classes
+from index.search.bm25 import Bm25Plan, bm25_plan_of_counts, query_terms, scored_terms
+from index.search.lexical_reread import reread_candidates
+from index.store.change_feed import (
     KEY_COLUMNS,
     RowKey,
     changed_rows,
     current_watermark,
     row_key,
 )
-from index.feed_follower import FeedFollower
-from index.hits import ChunkHit, Scope, chunk_from_row, scope_key
-from index.lexical_metrics import LexicalMetrics
-from index.lexical_reread import reread_candidates
-from index.lru import Lru
-from index.partitions import ModelPartition
+from index.store.hits import ChunkHit, Scope, chunk_from_row, scope_key
+from index.store.partitions import ModelPartition
 
 from .memory_lexicon import SCOPE_CACHE_SIZE, PartitionLexicon
 

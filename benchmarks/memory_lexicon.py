@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 import asyncpg
 import numpy as np
 
-from index.access_classes import AccessClass, access_class
-from index.bm25 import Bm25Plan, bm25_summand
-from index.change_feed import RowKey, Watermark, row_key
 from index.lru import Lru
-from index.partitions import ModelPartition
+from index.search.access_classes import AccessClass, access_class
+from index.search.bm25 import Bm25Plan, bm25_summand
+from index.store.change_feed import RowKey, Watermark, row_key
+from index.store.partitions import ModelPartition
 
 __all__ = ["SCOPE_CACHE_SIZE", "PartitionLexicon"]
 
@@ -152,7 +152,7 @@ class PartitionLexicon:
         return code
 
     def apply(self, rows: Sequence[asyncpg.Record]) -> tuple[int, int]:
-        """Apply rows read with :data:`index.access_classes.LEXICAL_ROW_COLUMNS` after their key: each key's old slot dies, a
+        """Apply rows read with :data:`index.search.access_classes.LEXICAL_ROW_COLUMNS` after their key: each key's old slot dies, a
         present row (non-NULL length) takes a new one. Returns (upserts, deletes)."""
         self.df_cache.clear()
         lexemes: list[str] = []

@@ -35,9 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from gateway.fusion import rrf
-from gateway.settings import GatewaySettings
-from index.tantivy_lexical import AUTO_MODE
+from gateway.base.settings import GatewaySettings
+from gateway.retrieval.fusion import rrf
+from index.lexical.engine import AUTO_MODE
 
 from .eval import (
     EVAL_LIMIT,
@@ -296,7 +296,7 @@ def render(result: Mapping[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from gateway.settings import load_gateway_settings
+    from gateway.base.settings import load_gateway_settings
 
     p = argparse.ArgumentParser(prog="python -m benchmarks.quality", description=__doc__.splitlines()[0])
     p.add_argument("--dataset", type=Path, action="append", required=True, help="BEIR directory (repeatable)")

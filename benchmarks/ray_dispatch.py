@@ -1,4 +1,4 @@
-"""Batches in flight per actor in a Ray bulk job: the pool of ``index.ray_cluster.actor_pool``
+"""Batches in flight per actor in a Ray bulk job: the pool of ``index.bulk.ray_cluster.actor_pool``
 (Ray Data's default, two per actor) against one per actor.
 
 One in flight would spread a short job's batches more evenly over the actors. This measures what it
@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from index.ray_cluster import actor_pool, start_actors_first
+from index.bulk.ray_cluster import actor_pool, start_actors_first
 
 from .measure import alternating_passes, ratio, spread
 

@@ -1,14 +1,14 @@
 """The scale suite's drain section: N drain workers against the slowest stage's own ceiling.
 
 A queue of real records (documents of the shared BEIR corpora, one record each) is drained by 1, 2
-and 4 workers (:func:`index.drain.drain_parallel`, the same code as ``mnemo drain --workers N``).
+and 4 workers (:func:`index.ingest.drain.drain_parallel`, the same code as ``mnemo drain --workers N``).
 Each run's figure is chunks/s from the first claim to the last write. Beside it, measured in the same
 run and at the same concurrency, each stage alone:
 
 - **embed**: the texts that pass embedded, sent again to ``/embed`` by N callers in requests of the
   drain's ``embed_batch`` (the sidecar's ceiling for this work);
 - **store**: the rows that pass wrote, written again by N connections with the drain's own writer
-  (:func:`index.store.upsert_rows`, one transaction per record, HNSW maintained) into an empty
+  (:func:`index.store.store.upsert_rows`, one transaction per record, HNSW maintained) into an empty
   partition (the store's ceiling).
 
 The pipeline's efficiency is ``(the slower stage's time alone) / (the drain's time)`` for the same
@@ -26,13 +26,13 @@ from typing import Any
 
 import asyncpg
 
-from index import store
-from index.drain import DrainWorker, drain_parallel
-from index.intake import enqueue_records
+from index.ingest.drain import DrainWorker, drain_parallel
+from index.ingest.intake import enqueue_records
 from index.models import resolve_model
-from index.partitions import ModelPartition, ensure_partition
-from index.sections import SectionStore
 from index.settings import IngestSettings
+from index.store import store
+from index.store.partitions import ModelPartition, ensure_partition
+from index.store.sections import SectionStore
 from inference.client import SidecarClient
 from schema import create_pool
 

@@ -4,12 +4,12 @@ The vectors are ``bases`` real MiniLM embeddings of real sentences (the shared c
 with small noise and normalized again, so the HNSW graph is as clustered as real data; each row's text
 is its base sentence (the lexical GIN index sees real terms). Two paths write them:
 
-- **row path**: the drain's writes (:func:`index.store.upsert_rows` then the stale-tail
-  :func:`index.store.prune_rows`, one transaction per record of five chunks, HNSW and every other
+- **row path**: the drain's writes (:func:`index.store.store.upsert_rows` then the stale-tail
+  :func:`index.store.store.prune_rows`, one transaction per record of five chunks, HNSW and every other
   index maintained per row) from ``row_writers`` connections;
-- **bulk path**: what ``mnemo backfill`` does (:mod:`index.shadow`): binary ``COPY`` into a bare
+- **bulk path**: what ``mnemo backfill`` does (:mod:`index.bulk.shadow`): binary ``COPY`` into a bare
   shadow table, then every index the live partition has built with parallel maintenance workers
-  (``maintenance_work_mem`` sized from :func:`index.shadow.hnsw_build_bytes`), then the swap.
+  (``maintenance_work_mem`` sized from :func:`index.bulk.shadow.hnsw_build_bytes`), then the swap.
 
 Each path reports rows/s with its indexes included, its phases, PostgreSQL's peak memory (the sum
 of the server's processes' resident sets, sampled; shared buffers count once per process that
@@ -34,11 +34,11 @@ import asyncpg
 import numpy as np
 import psutil
 
-from gateway.settings import GatewaySettings
-from index import store
-from index.partitions import ModelPartition, ensure_partition
-from index.read_settings import fetch_with_local_settings, hnsw_scan_settings
-from index.shadow import hnsw_build_bytes
+from gateway.base.settings import GatewaySettings
+from index.bulk.shadow import hnsw_build_bytes
+from index.search.read_settings import fetch_with_local_settings, hnsw_scan_settings
+from index.store import store
+from index.store.partitions import ModelPartition, ensure_partition
 from inference.client import SidecarClient
 from schema import create_pool
 

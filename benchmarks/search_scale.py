@@ -126,9 +126,9 @@ async def _wait_lexical_ready(session: Any, url: str, search: Any, wait_s: float
 
 def visibility_scopes() -> dict[str, Any]:
     """The admin's scope (nothing filtered) and a researcher's per visibility of the store."""
-    from gateway.acl import pushdown
-    from gateway.auth import Principal
-    from index.hits import Scope
+    from gateway.access.acl import pushdown
+    from gateway.access.auth import Principal
+    from index.store.hits import Scope
 
     return {"admin": Scope()} | {
         share: Scope(acl=pushdown(Principal("r", frozenset({project}), {SECTION: 1})))
@@ -140,7 +140,7 @@ async def exact_top10(
     pool: Any, partition: Any, probes: np.ndarray
 ) -> dict[str, list[list[tuple[Any, float]]]]:
     """Per visibility, each probe's exact top 10 as ``(key, distance)``: the truth recall is judged by."""
-    from index.dense_leg import dense_search
+    from index.search.dense_leg import dense_search
 
     out: dict[str, list[list[tuple[Any, float]]]] = {}
     async with pool.acquire() as conn:
@@ -166,14 +166,14 @@ async def measure_dense_recall(
     ``exact`` (:func:`exact_top10`).
 
     The leg as the gateway runs it without the FAISS cache:
-    :meth:`gateway.legs.RetrievalLegs.hnsw_search` at each ``RAG_HNSW_EF_SEARCH`` (other settings at
+    :meth:`gateway.retrieval.legs.RetrievalLegs.hnsw_search` at each ``RAG_HNSW_EF_SEARCH`` (other settings at
     their defaults, so a small scope may be answered exactly, as ``RAG_DENSE_EXACT_MAX_ROWS``
-    decides) for :func:`gateway.legs.over_fetch` candidates; its first 10 are judged.
+    decides) for :func:`gateway.retrieval.legs.over_fetch` candidates; its first 10 are judged.
     Tie-aware: a hit whose distance reaches the 10th exact one counts.
     """
-    from gateway.legs import over_fetch
-    from gateway.retrieval import Retriever
-    from gateway.settings import load_gateway_settings
+    from gateway.base.settings import load_gateway_settings
+    from gateway.retrieval.legs import over_fetch
+    from gateway.retrieval.retriever import Retriever
 
     legs = {
         ef: Retriever(
@@ -203,7 +203,7 @@ async def measure_dense_cache(
     pool: Any, url: str, partition: Any, probes: np.ndarray, exact: dict[str, Any], windows: int
 ) -> dict[str, Any]:
     """The dense leg as a gateway with ``RAG_FAISS_CACHE=cpu`` runs it
-    (:meth:`gateway.legs.RetrievalLegs.dense_leg`, the cache's defaults), beside the gateway's
+    (:meth:`gateway.retrieval.legs.RetrievalLegs.dense_leg`, the cache's defaults), beside the gateway's
     default (no cache: pgvector).
 
     - the cache's load time, vectors and bytes, and the process RSS its load added;
@@ -212,11 +212,11 @@ async def measure_dense_cache(
     - issue 24's goal cell: the 1% researcher's leg against the admin's, alternating per probe in
       ``windows`` interleaved windows, with and without the cache; each window's p50 ratio.
     """
-    from gateway.app import vector_cache_config
-    from gateway.legs import over_fetch
-    from gateway.retrieval import Retriever
-    from gateway.settings import load_gateway_settings
-    from index.vector_cache import VectorCache
+    from gateway.base.settings import load_gateway_settings
+    from gateway.retrieval.legs import over_fetch
+    from gateway.retrieval.retriever import Retriever
+    from gateway.web.app import vector_cache_config
+    from index.vectors.cache import VectorCache
 
     settings = load_gateway_settings({"RAG_FAISS_CACHE": "cpu"}, auth="off")
     cache = VectorCache(pool, url, vector_cache_config(settings))
@@ -305,7 +305,7 @@ async def measure_semantic_search(
     researcher at 1% visibility, one caller."""
     import aiohttp
 
-    from gateway.auth import issue_token
+    from gateway.access.auth import issue_token
 
     secret = secrets.token_urlsafe(48)
     tokens = {

@@ -87,7 +87,7 @@ def _growth(sizes: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[Hea
 def _recall_rows(sizes: list[dict[str, Any]]) -> tuple[list[list[Any]], list[Headline]]:
     """Every size's recall per visibility and ef_search; headlines at the largest size and the
     gateway's default ef_search (bar: 0.95 of exact)."""
-    from gateway.settings import GatewaySettings
+    from gateway.base.settings import GatewaySettings
 
     default_ef = GatewaySettings().hnsw_ef_search
     rows, headlines = [], []

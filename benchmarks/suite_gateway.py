@@ -271,9 +271,9 @@ async def _measure_size(
 ) -> dict[str, Any]:
     import aiohttp
 
-    from gateway.acl import pushdown
-    from gateway.auth import Principal, issue_token
-    from index.hits import Scope
+    from gateway.access.acl import pushdown
+    from gateway.access.auth import Principal, issue_token
+    from index.store.hits import Scope
 
     from .gateway import SECTION, cache_ready, gateway_read_pool, load_corpus
 

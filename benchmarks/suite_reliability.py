@@ -167,7 +167,7 @@ def _healthy(gateway_url: str, sidecar_url: str) -> dict[str, bool]:
 
 def _tokens(secret: str) -> tuple[str, str]:
     """The admin's token and the restricted principal's (projects [1], oh1 read, oh1/oh23 denied)."""
-    from gateway.auth import issue_token
+    from gateway.access.auth import issue_token
 
     admin = issue_token(secret=secret, sub="bench-admin", projects=None, admin=True)
     restricted = issue_token(
@@ -341,7 +341,7 @@ async def run_suite(stack: BenchStack, plan: ReliabilityPlan) -> SuiteResult:
     database = await stack.fresh_database("bench_reliability")
     secret = secrets.token_urlsafe(48)
     log = stack.work_dir / "reliability-gateway.log"
-    from gateway.auth import issue_token
+    from gateway.access.auth import issue_token
 
     admin = issue_token(secret=secret, sub="bench-admin", projects=None, admin=True)
     async with gateway_process(database, stack.sidecar_url, secret, log, text_model=BENCH_MODEL) as gateway:
@@ -425,7 +425,7 @@ async def _tantivy_engine(
                 "tantivy_freshness",
                 freshness(gateway, database, admin, records=plan.tantivy_records),
             )
-        return {**acl, "workers": gateway.workers, "engine_searches": searches}
+        return {**acl, "workers": gateway.run.processes, "engine_searches": searches}
 
     await _attempt(result, "acl_tantivy", run())
 

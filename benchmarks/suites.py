@@ -131,7 +131,7 @@ def _quality_row(result: dict[str, Any], where: str, key: str | None) -> dict[st
 
 async def quality_suite(stack: BenchStack, plan: BenchPlan) -> SuiteResult:
     """Every data set: each leg, hybrid, tuned (cross-validated) and the references, one table, one plot."""
-    from gateway.settings import load_gateway_settings
+    from gateway.base.settings import load_gateway_settings
     from index.settings import SidecarClientSettings
     from schema import load_settings
 

@@ -86,7 +86,7 @@ def index_keys(root: Path, partition: Any) -> list[tuple[Any, ...]]:
     """Every document's row key in the partition's current committed index (one per document)."""
     import tantivy
 
-    from index.tantivy_files import current_folder, key_of
+    from index.lexical.files import current_folder, key_of
 
     folder = current_folder(root, partition)
     if folder is None:
@@ -98,7 +98,7 @@ def index_keys(root: Path, partition: Any) -> list[tuple[Any, ...]]:
 
 def _indexed_seq(root: Path, partition: Any) -> int:
     """The change number the partition's committed index holds everything up to (0: none yet)."""
-    from index.tantivy_files import current_folder, read_state
+    from index.lexical.files import current_folder, read_state
 
     folder = current_folder(root, partition)
     state = None if folder is None else read_state(folder)
@@ -130,7 +130,7 @@ class TantivyGateway:
 
     url: str
     root: Path
-    partition: Any  # index.partitions.ModelPartition
+    partition: Any  # index.store.partitions.ModelPartition
     workers: int
 
 
@@ -148,7 +148,7 @@ async def tantivy_gateway(
     """``mnemo lexical follow`` and ``mnemo gateway --workers N`` on ``RAG_LEXICAL_INDEX=tantivy``
     over a store that holds ``text_model``'s partition; yielded once the follower's first build is
     committed (the engine serves from then on)."""
-    from index.partitions import get_partition
+    from index.store.partitions import get_partition
     from schema import create_pool
 
     from .gateway import gateway_process
@@ -215,7 +215,7 @@ async def freshness(
         await pool.close()
     return {
         "records": records,
-        "workers": gateway.workers,
+        "workers": gateway.run.processes,
         "bar_s": FRESHNESS_BAR_S,
         "found": _quantiles(found_s),
         "indexed": _quantiles(indexed_s),
@@ -299,7 +299,7 @@ async def _write_forever(
     pool: Any, partition: Any, rng: random.Random, records: int, written: Counter[str]
 ) -> None:
     """Replace or delete a random record's rows, one transaction each, until cancelled."""
-    from index.store import EmbeddingRow, delete_record, upsert_rows
+    from index.store.store import EmbeddingRow, delete_record, upsert_rows
     from index.text import fold
 
     vector = np.ones(4, dtype=np.float32)
@@ -338,8 +338,8 @@ async def writer_killed(database_url: str, work_dir: Path, *, kills: int = 5, re
     """``mnemo lexical follow`` killed with SIGKILL ``kills`` times under a stream of writes (each
     kill after it committed at least once since its start, at a random moment), then caught up:
     rows missing from the index, duplicated in it, or stale in it against PostgreSQL."""
-    from index.change_feed import KEY_COLUMNS
-    from index.partitions import ensure_partition
+    from index.store.change_feed import KEY_COLUMNS
+    from index.store.partitions import ensure_partition
     from schema import create_pool
 
     root = work_dir / f"tantivy-kill-{secrets.token_hex(4)}"

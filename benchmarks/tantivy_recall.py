@@ -2,8 +2,8 @@
 
 ``python -m benchmarks.tantivy_recall --out DIR`` loads each shared data set's corpus
 (``../shared/datasets``) as one partition (one chunk per document, as :mod:`benchmarks.lexical`
-loads its corpus), builds its Tantivy index with the writer (:mod:`index.tantivy_writer`), and runs
-the data set's queries through the Tantivy engine (:mod:`index.tantivy_lexical`) and the SQL leg
+loads its corpus), builds its Tantivy index with the writer (:mod:`index.lexical.writer`), and runs
+the data set's queries through the Tantivy engine (:mod:`index.lexical.engine`) and the SQL leg
 (timed beside them, the benchmarks' in-memory baseline, :mod:`benchmarks.memory_lexical`), for an
 administrator and for a researcher who sees 1% of the chunks (the classes filter inside the
 query). The engine's hits are the SQL leg's rows with the SQL leg's scores; what can differ is which
@@ -55,13 +55,13 @@ async def _dataset(stack: BenchStack, folder: Path, max_queries: int) -> dict[st
 
 
 async def _measure(stack: BenchStack, name: str, texts: list[str], queries: list[str]) -> dict[str, Any]:
-    from gateway.acl import pushdown
-    from gateway.auth import Principal
-    from index.bm25 import CorpusStats, query_terms, scored_terms
-    from index.hits import Scope
-    from index.lexical_leg import lexical_search
-    from index.tantivy_lexical import TantivyConfig, TantivyLexical
-    from index.tantivy_writer import LexicalWriter
+    from gateway.access.acl import pushdown
+    from gateway.access.auth import Principal
+    from index.lexical.engine import TantivyConfig, TantivyLexical
+    from index.lexical.writer import LexicalWriter
+    from index.search.bm25 import CorpusStats, query_terms, scored_terms
+    from index.search.lexical_leg import lexical_search
+    from index.store.hits import Scope
 
     from .memory_lexical import LexicalConfig, LexicalIndex
 

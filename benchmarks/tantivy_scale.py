@@ -102,12 +102,12 @@ async def _lexical_legs(
 ) -> dict[str, Any]:
     """The three lexical legs in this process, same queries, interleaved windows, per visibility: the
     Tantivy engine, the in-memory baseline its p50 bar is a ratio to, and the SQL leg."""
-    from gateway.acl import pushdown
-    from gateway.auth import Principal
-    from index.bm25 import CorpusStats
-    from index.hits import Scope
-    from index.lexical_leg import lexical_search
-    from index.tantivy_lexical import TantivyConfig, TantivyLexical
+    from gateway.access.acl import pushdown
+    from gateway.access.auth import Principal
+    from index.lexical.engine import TantivyConfig, TantivyLexical
+    from index.search.bm25 import CorpusStats
+    from index.search.lexical_leg import lexical_search
+    from index.store.hits import Scope
 
     from .memory_lexical import LexicalConfig, LexicalIndex
 
@@ -200,7 +200,7 @@ async def _gateway(
     """One ``mnemo gateway``: its time to ready, its processes' memory, ``semantic_search`` cells."""
     import aiohttp
 
-    from gateway.auth import issue_token
+    from gateway.access.auth import issue_token
 
     assert stack.sidecar_url is not None
     secret = secrets.token_urlsafe(48)

@@ -3,7 +3,7 @@
 ``python -m benchmarks.vector_mmap --sizes 100000 --out DIR`` builds, per size, a partition of
 ``n`` clustered 384-d unit vectors (:func:`benchmarks.faiss_cache.populate`, no HNSW: nothing here
 searches pgvector) on a throw-away embedded PostgreSQL (or ``--database-url``), has the writer
-(:class:`index.vector_writer.VectorWriter`, what ``mnemo vectors rebuild`` runs) write its
+(:class:`index.vectors.writer.VectorWriter`, what ``mnemo vectors rebuild`` runs) write its
 snapshot, then, per mode (``store``: ``RAG_FAISS_CACHE=cpu``, every vector read from PostgreSQL;
 ``mmap``: the snapshot mapped), starts two gateway-like worker processes one after the other, the
 first still holding its cache while the second loads. Each worker measures:
@@ -66,11 +66,11 @@ def _model(n: int) -> str:
 async def _worker(url: str, root: Path, mode: str, n: int) -> tuple[dict[str, Any], Any]:
     """One worker: load (or map) the partition, search every vector once; its time and memory, and
     the cache (the caller holds it: a cache let go unmaps its pages, and the next worker shares none)."""
-    from index.cache_partition import CacheConfig
-    from index.hits import Scope
-    from index.mapped_cache import MappedVectorCache
-    from index.partitions import list_partitions
-    from index.vector_cache import VectorCache
+    from index.store.hits import Scope
+    from index.store.partitions import list_partitions
+    from index.vectors.cache import VectorCache
+    from index.vectors.mapped_cache import MappedVectorCache
+    from index.vectors.partition import CacheConfig
     from schema import create_pool
 
     pool = await create_pool(url, max_size=4)
@@ -114,9 +114,9 @@ async def _worker(url: str, root: Path, mode: str, n: int) -> tuple[dict[str, An
 async def _latency_ms(pool: Any, cache: Any, partition: Any) -> dict[str, float]:
     """p50 of the cache's dense search (scan and the SQL re-read), unfiltered and for a researcher
     who sees 10% (a bitmap over every slot), after warm-up searches."""
-    from gateway.acl import pushdown
-    from gateway.auth import Principal
-    from index.hits import Scope
+    from gateway.access.acl import pushdown
+    from gateway.access.auth import Principal
+    from index.store.hits import Scope
 
     centers = np.random.default_rng(0).standard_normal((200, DIM), np.float32)
     qs = vectors(LATENCY_QUERIES + 3, np.random.default_rng(2), centers)
@@ -170,7 +170,7 @@ async def _two_workers(url: str, root: Path, mode: str, n: int) -> list[dict[str
 
 
 async def run_vector_mmap_benchmark(sizes: Sequence[int], database_url: str | None = None) -> dict[str, Any]:
-    from index.vector_writer import VectorWriter
+    from index.vectors.writer import VectorWriter
     from schema import create_pool
 
     results: dict[str, Any] = {}

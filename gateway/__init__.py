@@ -9,13 +9,13 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "ApiError": "gateway.errors",
-    "GatewaySettings": "gateway.settings",
-    "Principal": "gateway.auth",
-    "Retriever": "gateway.retrieval",
-    "create_app": "gateway.app",
-    "load_gateway_settings": "gateway.settings",
-    "rrf": "gateway.fusion",
+    "ApiError": "gateway.base.errors",
+    "GatewaySettings": "gateway.base.settings",
+    "Principal": "gateway.access.auth",
+    "Retriever": "gateway.retrieval.retriever",
+    "create_app": "gateway.web.app",
+    "load_gateway_settings": "gateway.base.settings",
+    "rrf": "gateway.retrieval.fusion",
 }
 
 __all__ = sorted(_EXPORTS)

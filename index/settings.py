@@ -6,10 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from index.media_urls import AllowedBase, MediaNotAllowed, parse_allowed_base
 from inference.settings import sidecar_api_key_setting
 from schema.settings import SettingsError, setting
-
-from .media_urls import AllowedBase, MediaNotAllowed, parse_allowed_base
 
 if TYPE_CHECKING:
     from inference.client import SidecarClient

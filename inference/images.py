@@ -7,7 +7,7 @@ decoded, so a 50 000 x 50 000 PNG of a few kilobytes is refused without allocati
 Two layers:
 
 - :func:`read_base64` and :func:`read_image` raise :class:`ImageDecodeError` with a stable
-  ``reason``. They are a public helper of ``inference``: ingestion (``index/images.py``) decodes the
+  ``reason``. They are a public helper of ``inference``: ingestion (``index/ingest/images.py``) decodes the
   archive's images with them, so the bomb guard exists once.
 - :func:`decode_base64` and :func:`open_image` are the sidecar's own: the same checks, answered as
   its coded HTTP errors (``images[i] ...`` with ``invalid_base64``, ``image_too_large``, ...).

@@ -1,5 +1,5 @@
 """A local Ray instance that survives a late raylet: shared by the sidecar's start
-(:mod:`inference.launcher`) and the bulk jobs' ``--ray local`` (:mod:`index.ray_cluster`)."""
+(:mod:`inference.launcher`) and the bulk jobs' ``--ray local`` (:mod:`index.bulk.ray_cluster`)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ environment variable, its default, a one-line meaning and the trade-off (when to
 flags win over the environment, which wins over defaults). Nothing reads ``os.environ`` at import
 time. :func:`declarations` reads the declarations back: the configuration reference
 (``docs/configuration.md``) and the sample env file are generated from them
-(``gateway.settings_catalog``, ``mnemo settings docs``).
+(``gateway.base.settings_catalog``, ``mnemo settings docs``).
 
 Why the mechanism lives in ``inference``: every package reads settings, but ``inference`` stands
 alone (it imports nothing from ``schema``, ``index`` or ``gateway``), while those may import

@@ -78,7 +78,7 @@ class SessionConnection(asyncpg.Connection):
     They travel in the startup packet (asyncpg's ``server_settings``), so they are the session's
     own defaults: ``RESET ALL`` (asyncpg's reset on release) returns to them. A read that needs
     them can then skip its ``SET LOCAL`` and the transaction that scopes it, one round trip
-    instead of three (see :func:`index.read_settings.fetch_with_local_settings`).
+    instead of three (see :func:`index.search.read_settings.fetch_with_local_settings`).
     """
 
     session_settings: Mapping[str, str] = MappingProxyType({})

@@ -7,8 +7,8 @@ from typing import Any
 
 import asyncpg
 
-from index.partitions import get_partition
 from index.settings import IngestSettings
+from index.store.partitions import get_partition
 from inference.client import EmbedResult, SidecarClient
 from inference.net import free_port
 

@@ -14,8 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-from index.image_jobs import JobError, JobOptions
-from index.image_jobs_ray import run_ray_image_job
+from index.bulk.image_jobs import JobError, JobOptions
+from index.bulk.image_jobs_ray import run_ray_image_job
 from index.settings import MediaSettings
 from schema import create_pool
 from tests.image_support import COINS

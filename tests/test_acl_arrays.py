@@ -17,12 +17,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.acl import gate, pushdown
-from gateway.auth import Principal
-from index.dense_leg import dense_search
-from index.hits import ChunkHit, Scope
-from index.partitions import ModelPartition, ensure_partition
-from index.store import EmbeddingRow, upsert_rows
+from gateway.access.acl import gate, pushdown
+from gateway.access.auth import Principal
+from index.search.dense_leg import dense_search
+from index.store.hits import ChunkHit, Scope
+from index.store.partitions import ModelPartition, ensure_partition
+from index.store.store import EmbeddingRow, upsert_rows
 
 SECTIONS = ["oh1", "rsc1", "fill1"]
 COMPONENTS = ["oh22", "oh23", "rag:card", "rag:bio"]

@@ -7,11 +7,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.acl import chunk_readable, contributors_readable, gate, pushdown
-from gateway.auth import Principal
-from index.dense_leg import dense_search
-from index.hits import ChunkHit, Scope
-from index.partitions import get_partition
+from gateway.access.acl import chunk_readable, contributors_readable, gate, pushdown
+from gateway.access.auth import Principal
+from index.search.dense_leg import dense_search
+from index.store.hits import ChunkHit, Scope
+from index.store.partitions import get_partition
 from schema import create_pool
 from tests.fixtures.gateway import TEXT_MODEL
 

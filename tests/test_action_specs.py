@@ -1,4 +1,4 @@
-"""One declaration per action (gateway/action_specs.py): the published schemas and the validation agree.
+"""One declaration per action (gateway/actions/specs.py): the published schemas and the validation agree.
 
 For every action, the OpenAPI document's request options and the MCP tool's
 input schema list the same options with the same requiredness, and for every
@@ -14,12 +14,12 @@ from typing import Any
 import jsonschema
 import pytest
 
-from gateway.action_specs import ACTIONS, admit
-from gateway.app import create_app
-from gateway.errors import ApiError
-from gateway.mcp import tool_schemas
-from gateway.openapi import build_spec
-from gateway.settings import GatewaySettings, load_gateway_settings
+from gateway.actions.specs import ACTIONS, admit
+from gateway.base.errors import ApiError
+from gateway.base.settings import GatewaySettings, load_gateway_settings
+from gateway.web.app import create_app
+from gateway.web.mcp import tool_schemas
+from gateway.web.openapi import build_spec
 
 # A valid value for each required option (any action's option of that name accepts it).
 REQUIRED_SAMPLES: dict[str, Any] = {

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.ask import CITATION_RULE, fit_budget, grounded_passages, system_prompt
-from gateway.citations import citation, validate_markers
-from gateway.egress import passage_sections, restricted_sections
-from gateway.expand import Expanded
-from gateway.locator import chunk_id, parse_chunk_id
-from gateway.providers import DEFAULT_SYSTEM_PROMPT, is_local_endpoint, passage_sentences
-from gateway.ranking import Ranked
-from gateway.settings import load_gateway_settings
-from index.hits import ChunkHit
+from gateway.access.egress import passage_sections, restricted_sections
+from gateway.actions.ask import CITATION_RULE, fit_budget, grounded_passages, system_prompt
+from gateway.actions.citations import citation, validate_markers
+from gateway.actions.providers import DEFAULT_SYSTEM_PROMPT, is_local_endpoint, passage_sentences
+from gateway.base.locator import chunk_id, parse_chunk_id
+from gateway.base.settings import load_gateway_settings
+from gateway.retrieval.expand import Expanded
+from gateway.retrieval.ranking import Ranked
+from index.store.hits import ChunkHit
 from schema.settings import SettingsError
 
 SECRET = {"RAG_JWT_SECRET": "s" * 40}

@@ -28,9 +28,9 @@ import numpy as np
 import pytest
 
 from benchmarks.backfill_fault import backfill_killed_mid_build
-from gateway.context import RETRIEVER_KEY
-from index import shadow
-from index.backfill import (
+from gateway.actions.context import RETRIEVER_KEY
+from index.bulk import shadow
+from index.bulk.backfill import (
     BackfillOptions,
     BackfillReport,
     JsonlSource,
@@ -40,17 +40,17 @@ from index.backfill import (
     embed_and_copy,
     run_backfill,
 )
-from index.cache_partition import CacheConfig
-from index.change_feed import KEY_COLUMNS
-from index.dense_leg import dense_search
-from index.drain import drain_once
-from index.hits import Scope
-from index.indexer import Indexer
-from index.intake import enqueue_records
-from index.partitions import ensure_partition, get_partition, serving_model
-from index.sections import SectionStore
-from index.store import EmbeddingRow, copy_rows
-from index.vector_cache import VectorCache
+from index.ingest.drain import drain_once
+from index.ingest.indexer import Indexer
+from index.ingest.intake import enqueue_records
+from index.search.dense_leg import dense_search
+from index.store.change_feed import KEY_COLUMNS
+from index.store.hits import Scope
+from index.store.partitions import ensure_partition, get_partition, serving_model
+from index.store.sections import SectionStore
+from index.store.store import EmbeddingRow, copy_rows
+from index.vectors.cache import VectorCache
+from index.vectors.partition import CacheConfig
 from inference.client import SidecarClient
 from tests.conftest import REPO_ROOT
 from tests.fixtures.gateway import running_gateway
@@ -144,7 +144,7 @@ async def test_a_model_change_swaps_atomically_under_a_search_loop(
         await drain_once(db_pool, client, SETTINGS, text_model=old_model.id, section_tipos=["oh1"])
         old = await _answer(db_pool, client, query, old_model.id)
         async with running_gateway(database_url, sidecar_url, RAG_TEXT_MODEL="") as gateway:
-            retriever = gateway.app[RETRIEVER_KEY]  # no configured text model: it follows the swap
+            retriever = gateway.web.app[RETRIEVER_KEY]  # no configured text model: it follows the swap
             assert (await retriever.text_model()).id == old_model.id
             assert await gateway.ok("semantic_search", {"query": query, "limit": 5})
             answers: list[tuple[str, list[tuple[Any, ...]]]] = []
@@ -392,8 +392,8 @@ async def test_a_ray_backfill_on_two_nodes_resumes_and_gives_the_drains_rows(
 def test_a_start_timeout_that_is_not_a_positive_number_of_seconds_is_refused_up_front(seconds: float) -> None:
     # Ray Data reads 0, a negative or NaN as "do not wait": it would silently start on the actors
     # that fit. The backfill refuses it when the step is built, before its run opens a shadow.
-    from index.backfill_ray import RayEmbedStep
-    from index.ray_cluster import check_start_timeout
+    from index.bulk.backfill_ray import RayEmbedStep
+    from index.bulk.ray_cluster import check_start_timeout
     from index.settings import SidecarClientSettings
 
     with pytest.raises(ValueError, match="--ray-start-timeout must be a positive number of seconds"):

@@ -17,7 +17,7 @@ from benchmarks.report import Curve, SuiteResult, write_report
 from benchmarks.scale_drain import real_records
 from benchmarks.suite_gateway import _combine, _projects_of
 from benchmarks.suites import scale_drain_result
-from index.partitions import ModelPartition, get_partition
+from index.store.partitions import ModelPartition, get_partition
 
 
 def test_quick_plan_is_smaller_than_full_and_full_has_peers_and_100k_chunks() -> None:

@@ -9,12 +9,12 @@ import asyncpg
 import numpy as np
 import pytest
 
-from index import store
-from index.bm25 import CorpusStats, scored_terms
-from index.hits import Scope
-from index.lexical_leg import lexical_search
-from index.partitions import ensure_partition
-from index.stopwords import STOPWORDS
+from index.search.bm25 import CorpusStats, scored_terms
+from index.search.lexical_leg import lexical_search
+from index.search.stopwords import STOPWORDS
+from index.store import store
+from index.store.hits import Scope
+from index.store.partitions import ensure_partition
 
 # Plain English with no stop word of any language the query side knows, so bm25s's tokenizer
 # (2+ character words, English stop words) and ours see exactly the same tokens and lengths.

@@ -18,13 +18,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.auth import Principal
-from gateway.budget_settings import BudgetSettings, parse_limits
-from gateway.budgets import Budgets, Metering, Reservation, window_of
-from gateway.embeddings import sidecar_failure
-from gateway.errors import ApiError
-from gateway.fairness import FairLimiter
-from gateway.metrics import Metrics
+from gateway.access.auth import Principal
+from gateway.base.budget_settings import BudgetSettings, parse_limits
+from gateway.base.errors import ApiError
+from gateway.base.metrics import Metrics
+from gateway.budgets.fairness import FairLimiter
+from gateway.budgets.ledger import Budgets, Metering, Reservation, window_of
+from gateway.web.embeddings import sidecar_failure
 from inference.client import SidecarError, SidecarOverloaded, SidecarRejected, SidecarUnavailable
 from inference.errors import ErrorCode
 from schema.settings import SettingsError

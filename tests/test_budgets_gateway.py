@@ -19,9 +19,9 @@ import asyncpg
 import numpy as np
 import pytest
 
-from gateway.budgets import BUDGETS_KEY
-from gateway.embeddings import token_bound
-from gateway.resources import POOL_KEY
+from gateway.base.resources import POOL_KEY
+from gateway.budgets.ledger import BUDGETS_KEY
+from gateway.web.embeddings import token_bound
 from schema import EmbeddedPostgres, create_pool
 from tests.fixtures.chat_server import ChatServer, running_chat_server
 from tests.fixtures.gateway import (

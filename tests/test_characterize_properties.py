@@ -1,4 +1,4 @@
-"""Property tests of the characterization math on hand-made neighbours (gateway.characterize)."""
+"""Property tests of the characterization math on hand-made neighbours (gateway.retrieval.characterize)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.characterize import EVIDENCE, Vote, categorical_vote, date_range, date_summary
+from gateway.retrieval.characterize import EVIDENCE, Vote, categorical_vote, date_range, date_summary
 
 # Similarities as weights: none, or a real amount (denormal floats are not similarities).
 weights = st.one_of(st.just(0.0), st.floats(min_value=1e-6, max_value=10.0))

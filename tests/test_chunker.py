@@ -1,4 +1,4 @@
-"""Example-based tests for index.chunker: one per rule, plus semantic boundaries.
+"""Example-based tests for index.chunking.chunker: one per rule, plus semantic boundaries.
 
 Invariants over generated documents live in test_chunker_properties.py.
 """
@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 import index
-import index.chunker as chunker_module
+import index.chunking.chunker as chunker_module
 from index import CHUNKER_VERSION, Chunk, chunk, detect_mode
-from index.chunker import estimate_tokens, source_hash
-from index.semantic_breaks import cosine_distances, percentile
-from index.sentences import paragraph_spans, sentence_spans
+from index.chunking.chunker import estimate_tokens, source_hash
+from index.chunking.semantic_breaks import cosine_distances, percentile
+from index.chunking.sentences import paragraph_spans, sentence_spans
 
 
 def words(text: str) -> int:

@@ -1,4 +1,4 @@
-"""Property tests for index.chunker over generated archive documents.
+"""Property tests for index.chunking.chunker over generated archive documents.
 
 Documents mix headings (any level, some untitled), page markers (inline or on
 their own line), timecodes (some turns empty), blank-line paragraphs, long
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from index.chunker import CHUNKER_VERSION, Chunk, chunk, estimate_tokens, source_hash
+from index.chunking.chunker import CHUNKER_VERSION, Chunk, chunk, estimate_tokens, source_hash
 
 
 # Sized to finish in well under 20 s on a busy 2-core machine; raise max_examples

@@ -9,7 +9,7 @@
 - The layers hold: ``schema <- index <- gateway``, ``inference`` alone, ``benchmarks`` on top; the
   gateway and ingestion reach ``inference`` only through its public modules (:data:`INFERENCE_PUBLIC`),
   and ``schema`` only for the settings mechanism (``inference.settings``).
-- The gateway imports its own code and the other packages at module level (``gateway/commands.py``
+- The gateway imports its own code and the other packages at module level (``gateway/run/commands.py``
   stays light on purpose; FAISS loads lazily).
 - Size bars (issue 46): no product module over :data:`MAX_MODULE_LINES` lines and no product
   function over :data:`MAX_FUNCTION_LINES` (``end_lineno - lineno + 1``, decorators not counted).
@@ -26,7 +26,7 @@ import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from gateway.errors import ERRORS
+from gateway.base.errors import ERRORS
 from tests.conftest import REPO_ROOT
 
 PACKAGES = ("schema", "inference", "index", "gateway", "benchmarks")
@@ -83,7 +83,7 @@ def test_every_code_the_gateway_or_ingestion_raises_has_a_status() -> None:
     codes = raised_codes("index", "gateway")
     assert len(codes) >= 8, "the scan finds the codes raised today"
     missing = {code: where for code, where in codes.items() if code not in ERRORS}
-    assert not missing, f"codes raised without a status in gateway/errors.py ERRORS: {missing}"
+    assert not missing, f"codes raised without a status in gateway/base/errors.py ERRORS: {missing}"
 
 
 def test_the_error_table_is_not_patched_from_other_modules() -> None:
@@ -95,7 +95,7 @@ def test_the_error_table_is_not_patched_from_other_modules() -> None:
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
                 owner = node.func.value
                 patched = isinstance(owner, ast.Name) and owner.id == "ERRORS" and node.func.attr in mutators
-                assert not patched, f"{path}:{node.lineno}: ERRORS is patched outside gateway/errors.py"
+                assert not patched, f"{path}:{node.lineno}: ERRORS is patched outside gateway/base/errors.py"
             if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store):
                 owner = node.value
                 assert not (isinstance(owner, ast.Name) and owner.id == "ERRORS"), f"{path}:{node.lineno}"
@@ -114,7 +114,7 @@ ENVIRONMENT_READERS = {
     "inference/settings.py",  # the one mechanism (load_settings) and the sidecar's settings
     "schema/settings.py",
     "index/settings.py",
-    "gateway/settings.py",
+    "gateway/base/settings.py",
     "inference/config.py",  # sets Ray's own variables (RAY_*) before ray.init, reads no RAG_* itself
     "benchmarks/settings.py",
 }
@@ -215,15 +215,15 @@ LAYERS: Mapping[str, frozenset[str]] = {
 SCHEMA_FROM_INFERENCE = "inference.settings"
 # Modules that may import more of ``inference`` than its public surface, and why.
 INFERENCE_INSIDERS = {
-    "index.image_jobs_ray": "DESIGN 1: a Ray Data job loads the encoder code directly in its actors",
+    "index.bulk.image_jobs_ray": "DESIGN 1: a Ray Data job loads the encoder code directly in its actors",
 }
 # Function-level imports of first-party code the gateway keeps on purpose: module -> imported prefixes.
 GATEWAY_LAZY_IMPORTS = {
-    "gateway.commands": ("",),  # registration stays light: `mnemo --help` imports no app, no driver
-    "gateway.app": (
-        "index.faiss_backend",
-        "index.vector_cache",
-        "index.mapped_cache",
+    "gateway.run.commands": ("",),  # registration stays light: `mnemo --help` imports no app, no driver
+    "gateway.web.app": (
+        "index.vectors.faiss_backend",
+        "index.vectors.cache",
+        "index.vectors.mapped_cache",
     ),  # FAISS only when a cache is configured
 }
 

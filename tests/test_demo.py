@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.up import DEMO_EXAMPLES, RESEARCHER_PERMS, RESEARCHER_PROJECTS, examples
+from gateway.run.up import DEMO_EXAMPLES, RESEARCHER_PERMS, RESEARCHER_PROJECTS, examples
 from index.demo import demo_records, demo_sections
 from tests.fixtures.gateway import ADMIN, running_gateway, token
 

@@ -15,14 +15,14 @@ import pytest
 
 from benchmarks.gateway import RawLegs
 from benchmarks.lexical import SECTION, populate
-from gateway import legs
-from gateway.acl import pushdown
-from gateway.auth import Principal
-from gateway.retrieval import Retriever
-from gateway.settings import load_gateway_settings
-from index import dense_leg
-from index.dense_leg import dense_search, exact_scan_rows
-from index.hits import Scope
+from gateway.access.acl import pushdown
+from gateway.access.auth import Principal
+from gateway.base.settings import load_gateway_settings
+from gateway.retrieval import legs
+from gateway.retrieval.retriever import Retriever
+from index.search import dense_leg
+from index.search.dense_leg import dense_search, exact_scan_rows
+from index.store.hits import Scope
 
 DIM = 16
 N = 5_000

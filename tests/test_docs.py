@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from gateway.cli import build_parser
-from gateway.up import DEMO_EXAMPLES
+from gateway.run.up import DEMO_EXAMPLES
 from tests.conftest import REPO_ROOT
 
 README = REPO_ROOT / "README.md"
@@ -228,7 +228,7 @@ def test_the_readme_opens_with_the_two_commands() -> None:
 
 
 def test_the_tour_shows_requests_make_up_prints() -> None:
-    """The README's requests under the demo tokens are ones `mnemo up` prints (gateway.up's
+    """The README's requests under the demo tokens are ones `mnemo up` prints (gateway.run.up's
     DEMO_EXAMPLES), which tests/test_demo.py runs against the loaded demo: so they keep working."""
     printed = {(e.token_var, e.action, json.dumps(e.options, sort_keys=True)) for e in DEMO_EXAMPLES}
     shown = []

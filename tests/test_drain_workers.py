@@ -23,13 +23,13 @@ import aiohttp
 import asyncpg
 import pytest
 
-import index.store
+import index.store.store
 from benchmarks.faults import drain_processes, leased_by
-from index import queue
-from index.drain import DrainWorker, drain_once
-from index.intake import enqueue_records
-from index.partitions import get_partition
-from index.sections import SectionStore
+from index.ingest import queue
+from index.ingest.drain import DrainWorker, drain_once
+from index.ingest.intake import enqueue_records
+from index.store.partitions import get_partition
+from index.store.sections import SectionStore
 from inference.client import EmbedResult
 from tests.conftest import REPO_ROOT
 from tests.fixtures.gateway import ADMIN, running_gateway
@@ -223,7 +223,7 @@ async def test_inside_a_worker_the_next_batch_embeds_while_the_current_one_is_wr
     await SectionStore(db_pool).put("oh1", ORAL_HISTORY)
     await enqueue_records(db_pool, [record(i) for i in range(1, 5)])
     settings = dataclasses.replace(SETTINGS, batch_records=2)  # two batches: records 1-2, then 3-4
-    real_upsert = index.store.upsert_rows
+    real_upsert = index.store.store.upsert_rows
     overlapped: list[bool] = []
 
     async with _WatchingClient(sidecar_url) as client:
@@ -242,7 +242,7 @@ async def test_inside_a_worker_the_next_batch_embeds_while_the_current_one_is_wr
                     overlapped.append(False)
             return await real_upsert(*args, **kwargs)
 
-        monkeypatch.setattr(index.store, "upsert_rows", gated)
+        monkeypatch.setattr(index.store.store, "upsert_rows", gated)
         report = await drain_once(db_pool, client, settings, text_model=TEXT_MODEL)
     assert overlapped == [True]
     assert (report.indexed, report.failed, report.lost_leases) == (4, 0, 0)

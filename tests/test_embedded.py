@@ -16,7 +16,7 @@ import asyncpg
 import psutil
 import pytest
 
-from gateway.up import RESEARCHER_PERMS
+from gateway.run.up import RESEARCHER_PERMS
 from inference.launcher import free_port
 from schema import EmbeddedPostgres, migrate
 

@@ -21,9 +21,9 @@ from benchmarks.eval import (
     section_for,
 )
 from benchmarks.quality import metrics_json, run_quality_benchmark
-from gateway.retrieval import Retriever
-from gateway.settings import load_gateway_settings
-from index import queue
+from gateway.base.settings import load_gateway_settings
+from gateway.retrieval.retriever import Retriever
+from index.ingest import queue
 from inference.client import SidecarClient
 from schema import create_pool
 from tests.conftest import SHARED

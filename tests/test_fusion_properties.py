@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.fusion import collapse, rrf, score_fusion
+from gateway.retrieval.fusion import collapse, rrf, score_fusion
 
 keys = st.integers(min_value=0, max_value=30)
 ranked = st.lists(keys, max_size=15, unique=True)

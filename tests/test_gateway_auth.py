@@ -15,9 +15,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from gateway.auth import Principal, TokenVerifier, issue_token
-from gateway.errors import ApiError
-from gateway.settings import load_gateway_settings
+from gateway.access.auth import Principal, TokenVerifier, issue_token
+from gateway.base.errors import ApiError
+from gateway.base.settings import load_gateway_settings
 from schema.settings import SettingsError
 
 SECRET = "s" * 40
@@ -185,7 +185,7 @@ def test_mnemo_token_prints_the_token_alone() -> None:
 
 
 def test_every_gateway_setting_is_documented() -> None:
-    from gateway.settings import env_settings_rows
+    from gateway.base.settings import env_settings_rows
     from tests.test_docs import documentation_text
 
     docs = documentation_text()

@@ -17,7 +17,7 @@ import aiohttp
 import asyncpg
 import pytest
 
-from gateway.errors import unexpected_failure
+from gateway.base.errors import unexpected_failure
 from schema.database import database_unreachable
 from tests.fixtures.gateway import ADMIN, running_gateway
 from tests.waiting import until

@@ -8,10 +8,10 @@ import pytest
 from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestServer
 
-from gateway.errors import ERRORS, ApiError, envelope_ok, error_middleware
-from gateway.metrics import Metrics
-from gateway.observe import observe_middleware
-from gateway.resources import METRICS_KEY
+from gateway.base.errors import ERRORS, ApiError, envelope_ok, error_middleware
+from gateway.base.metrics import Metrics
+from gateway.base.resources import METRICS_KEY
+from gateway.web.observe import observe_middleware
 
 
 async def _raise_api(request: web.Request) -> web.Response:

@@ -15,10 +15,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gateway.context import RETRIEVER_KEY, query_error
-from gateway.query_embedding import EmbeddingUnavailable, QueryRejected
-from index.hits import Scope
-from index.validation import FieldError, parse_id
+from gateway.actions.context import RETRIEVER_KEY, query_error
+from gateway.retrieval.query_embedding import EmbeddingUnavailable, QueryRejected
+from index.store.hits import Scope
+from index.store.validation import FieldError, parse_id
 from tests.fixtures.gateway import (
     ADMIN,
     RAW_SEARCH,
@@ -83,7 +83,7 @@ async def test_a_query_the_sidecar_refuses_is_the_callers_400_not_an_outage(
     # Past the gateway's own check (as a future sidecar rule would be): the sidecar's 4xx for the
     # input is a QueryRejected, not EmbeddingUnavailable's retryable 503.
     retriever = corpus_gateway.app[RETRIEVER_KEY]
-    from gateway.auth import Principal
+    from gateway.access.auth import Principal
 
     with pytest.raises(QueryRejected) as info:
         await retriever.records(Principal("r", frozenset({1}), {"oh1": 1}), "x" + LONE, Scope(), 5)

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from gateway.errors import ApiError
+from gateway.base.errors import ApiError
 from inference.json_out import dumps
 
 
@@ -89,7 +89,7 @@ def _strict(text: str | bytes) -> object:
 
 
 def test_a_server_sent_event_is_one_strict_json_line() -> None:
-    from gateway.ask import sse_event
+    from gateway.actions.ask import sse_event
 
     frame = sse_event("delta", {"text": "line one\nline two «é»", "score": math.nan})
     head, data, end = frame.split(b"\n", 2)
@@ -99,7 +99,7 @@ def test_a_server_sent_event_is_one_strict_json_line() -> None:
 
 
 def test_an_mcp_tool_text_is_strict_json() -> None:
-    from gateway.mcp import tool_result
+    from gateway.web.mcp import tool_result
 
     result = tool_result({"ok": True, "data": [{"score": math.inf, "text": "«é»"}]})
     assert _strict(result.content[0].text) == {"ok": True, "data": [{"score": None, "text": "«é»"}]}

@@ -11,18 +11,18 @@ import aiohttp
 import asyncpg
 import pytest
 
-from gateway.acl import pushdown
-from gateway.auth import Principal
+from gateway.access.acl import pushdown
+from gateway.access.auth import Principal
+from gateway.actions.context import RETRIEVER_KEY
+from gateway.base.resources import LEXICAL_INDEX_KEY
+from gateway.base.settings import load_gateway_settings
 from gateway.cli import main
-from gateway.context import RETRIEVER_KEY
-from gateway.resources import LEXICAL_INDEX_KEY
-from gateway.retrieval import Retriever
-from gateway.settings import load_gateway_settings
-from index.bm25 import CorpusStats
-from index.hits import Scope
-from index.lexical_leg import lexical_search
-from index.partitions import list_partitions
-from index.tantivy_writer import LexicalWriter
+from gateway.retrieval.retriever import Retriever
+from index.lexical.writer import LexicalWriter
+from index.search.bm25 import CorpusStats
+from index.search.lexical_leg import lexical_search
+from index.store.hits import Scope
+from index.store.partitions import list_partitions
 from schema.settings import SettingsError
 from tests.fixtures.gateway import running_gateway, token
 from tests.test_gateway_vector_cache import QUERIES, RESEARCHER, _readyz

@@ -14,10 +14,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from gateway.app import create_app, serve
-from gateway.logs import REQUEST_ID, JsonFormatter, RequestIdFilter
-from gateway.openapi import build_spec
-from gateway.settings import load_gateway_settings
+from gateway.base.logs import REQUEST_ID, JsonFormatter, RequestIdFilter
+from gateway.base.settings import load_gateway_settings
+from gateway.web.app import create_app, serve
+from gateway.web.openapi import build_spec
 from inference.net import await_ready, free_port
 from tests.fixtures.gateway import (
     ADMIN,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.auth import Principal
-from gateway.context import RETRIEVER_KEY
-from index.hits import Scope
-from index.read_settings import read_session_settings
+from gateway.access.auth import Principal
+from gateway.actions.context import RETRIEVER_KEY
+from index.search.read_settings import read_session_settings
+from index.store.hits import Scope
 from schema import session_settings
 from tests.fixtures.gateway import Gateway, running_gateway
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from gateway.server import refuse_new_handshakes
+from gateway.web.server import refuse_new_handshakes
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="socket filters are Linux's")
@@ -37,7 +37,7 @@ async def test_a_connection_accepted_just_before_the_stop_is_served_not_reset() 
 
     from aiohttp import web
 
-    from gateway.server import GatewayRunner
+    from gateway.web.server import GatewayRunner
 
     async def hello(request: web.Request) -> web.Response:
         return web.Response(text="served")

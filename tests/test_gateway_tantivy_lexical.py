@@ -11,9 +11,9 @@ import aiohttp
 import asyncpg
 import pytest
 
-from gateway.context import RETRIEVER_KEY
-from index.partitions import list_partitions
-from index.tantivy_writer import LexicalWriter
+from gateway.actions.context import RETRIEVER_KEY
+from index.lexical.writer import LexicalWriter
+from index.store.partitions import list_partitions
 from tests.fixtures.gateway import running_gateway
 from tests.test_gateway_lexical_index import assert_lexical_leg_is_the_sql_legs
 from tests.test_gateway_vector_cache import _readyz

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gateway import options as opt
-from gateway.errors import ApiError
-from gateway.passages import snippet
-from gateway.query_cache import QueryVector, QueryVectorCache
-from gateway.settings import parse_weights
+from gateway.actions import options as opt
+from gateway.base.errors import ApiError
+from gateway.base.settings import parse_weights
+from gateway.retrieval.passages import snippet
+from gateway.retrieval.query_cache import QueryVector, QueryVectorCache
 from schema.settings import SettingsError
 
 

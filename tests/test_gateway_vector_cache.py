@@ -8,13 +8,13 @@ import json
 import aiohttp
 import pytest
 
-from gateway.acl import pushdown
-from gateway.auth import Principal
-from gateway.context import RETRIEVER_KEY
-from gateway.resources import VECTOR_CACHE_KEY
-from index.dense_leg import dense_search
-from index.faiss_backend import gpu_available
-from index.hits import Scope
+from gateway.access.acl import pushdown
+from gateway.access.auth import Principal
+from gateway.actions.context import RETRIEVER_KEY
+from gateway.base.resources import VECTOR_CACHE_KEY
+from index.search.dense_leg import dense_search
+from index.store.hits import Scope
+from index.vectors.faiss_backend import gpu_available
 from tests.fixtures.gateway import Gateway, running_gateway, token
 from tests.waiting import until
 

@@ -14,13 +14,13 @@ import asyncpg
 import numpy as np
 import pytest
 
-from index.bm25 import CorpusStats
-from index.dense_leg import dense_search
-from index.hits import ChunkHit, JsonMeta, Scope
-from index.lexical_leg import lexical_search
-from index.neighbours import document_window
-from index.partitions import ensure_partition
-from index.store import EmbeddingRow, copy_rows
+from index.search.bm25 import CorpusStats
+from index.search.dense_leg import dense_search
+from index.search.lexical_leg import lexical_search
+from index.store.hits import ChunkHit, JsonMeta, Scope
+from index.store.neighbours import document_window
+from index.store.partitions import ensure_partition
+from index.store.store import EmbeddingRow, copy_rows
 
 DIM = 8
 MODEL = "hit-rows-8"

@@ -16,12 +16,12 @@ import aiohttp
 import pytest
 from mcp import Client
 
-from gateway.mcp import build_mcp_server, principal_from_token
-from gateway.resources import SETTINGS_KEY
-from index.image_jobs import JobOptions, run_image_job
-from index.partitions import get_partition
-from index.sections import SectionStore
+from gateway.base.resources import SETTINGS_KEY
+from gateway.web.mcp import build_mcp_server, principal_from_token
+from index.bulk.image_jobs import JobOptions, run_image_job
 from index.settings import MediaSettings
+from index.store.partitions import get_partition
+from index.store.sections import SectionStore
 from inference.client import SidecarClient
 from schema import create_pool
 from tests.conftest import REPO_ROOT
@@ -382,7 +382,7 @@ async def test_ray_data_job_writes_the_same_rows_as_the_single_machine_job(
     import numpy as np
     import yaml
 
-    from index.image_store import get_thumbnail
+    from index.store.image_store import get_thumbnail
 
     spec = sidecar_config.model(IMAGE_MODEL)
     config = tmp_path / "models.yaml"

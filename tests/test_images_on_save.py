@@ -13,13 +13,13 @@ import asyncpg
 import pytest
 from PIL import Image
 
-from index.drain import drain_once
-from index.image_store import get_thumbnail
-from index.images import ImageRejected, MediaNotAllowed, prepare_image, resolve_media_path
-from index.intake import IntakeError, enqueue_records
-from index.partitions import get_partition
-from index.sections import DescriptorError, SectionStore, validate_descriptor
+from index.ingest.drain import drain_once
+from index.ingest.images import ImageRejected, MediaNotAllowed, prepare_image, resolve_media_path
+from index.ingest.intake import IntakeError, enqueue_records
 from index.settings import MediaSettings
+from index.store.image_store import get_thumbnail
+from index.store.partitions import get_partition
+from index.store.sections import DescriptorError, SectionStore, validate_descriptor
 from tests.fixtures.sidecar import bomb_png
 from tests.image_support import COIN_SECTION, COINS, IMAGE_MODEL
 from tests.ingest_support import SETTINGS, CountingClient, queue_rows
@@ -256,7 +256,7 @@ async def test_images_are_indexed_incrementally_and_removed(pool: asyncpg.Pool, 
         await enqueue_records(pool, [record], media=MEDIA)
         await drain(pool, client)
         assert len(await image_rows(pool)) == 3
-        from index.intake import enqueue_delete
+        from index.ingest.intake import enqueue_delete
 
         await enqueue_delete(pool, "coins1", 1)
         await drain(pool, client)
@@ -280,7 +280,7 @@ async def test_an_undecodable_image_keeps_its_record_queued_with_the_error(
 
 
 def test_role_values_by_component_tipo_or_role_name() -> None:
-    from index.image_rows import roles_for, summary_text
+    from index.store.image_rows import roles_for, summary_text
 
     context = validate_descriptor(COIN_SECTION)["context"]
     by_tipo = roles_for(context, {"numd10": "2e", "numd20": {"from": 1999, "to": 2002}, "numd30": ""})

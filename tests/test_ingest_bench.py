@@ -8,7 +8,7 @@ import asyncpg
 
 from benchmarks.ingest import RecordingClient, as_suite, make_records, run_ingest_benchmark
 from benchmarks.report import write_report
-from index.chunker import chunk
+from index.chunking.chunker import chunk
 from index.settings import IngestSettings
 from tests.ingest_support import TEXT_MODEL
 

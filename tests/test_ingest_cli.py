@@ -8,11 +8,11 @@ from pathlib import Path
 
 import asyncpg
 
-from index import queue
-from index.drain import drain_once
-from index.intake import enqueue_records
-from index.reconcile import parse_archive_listing, reconcile_section
-from index.sections import SectionStore
+from index.ingest import queue
+from index.ingest.drain import drain_once
+from index.ingest.intake import enqueue_records
+from index.ingest.reconcile import parse_archive_listing, reconcile_section
+from index.store.sections import SectionStore
 from tests.conftest import REPO_ROOT
 from tests.ingest_support import (
     ORAL_HISTORY,

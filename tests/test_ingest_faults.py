@@ -11,12 +11,12 @@ from typing import Any
 import asyncpg
 import pytest
 
-import index.store
-from index import queue
-from index.drain import DrainLoop, drain_once
-from index.intake import enqueue_records
-from index.metrics import IngestMetrics
-from index.sections import SectionStore
+import index.store.store
+from index.ingest import queue
+from index.ingest.drain import DrainLoop, drain_once
+from index.ingest.intake import enqueue_records
+from index.ingest.metrics import IngestMetrics
+from index.store.sections import SectionStore
 from inference.client import EmbedResult, SidecarClient
 from tests.ingest_support import (
     ORAL_HISTORY,
@@ -88,20 +88,20 @@ async def test_a_drain_killed_between_embedding_and_commit_leaves_the_record_as_
     async with CountingClient(sidecar_url) as client:
         before = await _indexed_then_edited(pool, client)
 
-        real_prune = index.store.prune_rows
+        real_prune = index.store.store.prune_rows
 
         async def killed(*args: Any, **kwargs: Any) -> int:
             await real_prune(*args, **kwargs)  # the upsert and the prune both ran...
             raise RuntimeError("process killed before commit")  # ...and then the process died
 
-        monkeypatch.setattr(index.store, "prune_rows", killed)
+        monkeypatch.setattr(index.store.store, "prune_rows", killed)
         with pytest.raises(RuntimeError, match="killed"):
             await drain_once(pool, client, SETTINGS, text_model=TEXT_MODEL)
         assert await _snapshot(pool) == before
         (row,) = await queue_rows(pool)
         assert (row["version"], row["attempts"]) == (1, 0)  # still queued, no attempt spent
 
-        monkeypatch.setattr(index.store, "prune_rows", real_prune)
+        monkeypatch.setattr(index.store.store, "prune_rows", real_prune)
         report = await drain_once(pool, client, SETTINGS, text_model=TEXT_MODEL)
         assert report.indexed == 1 and await queue_rows(pool) == []
         rows = await text_rows(pool)
@@ -118,7 +118,7 @@ async def test_a_drain_cancelled_inside_the_write_transaction_rolls_back(
     async with CountingClient(sidecar_url) as client:
         before = await _indexed_then_edited(pool, client)
 
-        real_upsert = index.store.upsert_rows
+        real_upsert = index.store.store.upsert_rows
         inside = asyncio.Event()
 
         async def stalled(*args: Any, **kwargs: Any) -> int:
@@ -127,7 +127,7 @@ async def test_a_drain_cancelled_inside_the_write_transaction_rolls_back(
             await asyncio.Event().wait()  # hangs inside the open transaction until cancelled
             return n
 
-        monkeypatch.setattr(index.store, "upsert_rows", stalled)
+        monkeypatch.setattr(index.store.store, "upsert_rows", stalled)
         task = asyncio.create_task(drain_once(pool, client, SETTINGS, text_model=TEXT_MODEL))
         await asyncio.wait_for(inside.wait(), 60)
         task.cancel()
@@ -136,7 +136,7 @@ async def test_a_drain_cancelled_inside_the_write_transaction_rolls_back(
         assert await _snapshot(pool) == before
         assert [(r["version"], r["attempts"]) for r in await queue_rows(pool)] == [(1, 0)]
 
-        monkeypatch.setattr(index.store, "upsert_rows", real_upsert)
+        monkeypatch.setattr(index.store.store, "upsert_rows", real_upsert)
         report = await drain_once(pool, client, SETTINGS, text_model=TEXT_MODEL)
         assert report.indexed == 1  # the lease was given back on cancel
         assert {tuple(r["projects"]) for r in await text_rows(pool)} == {(9,)}

@@ -12,8 +12,8 @@ import aiohttp
 import asyncpg
 import pytest
 
-from index import intake
-from index.drain import drain_once
+from index.ingest import intake
+from index.ingest.drain import drain_once
 from tests.fixtures.gateway import ADMIN, Gateway, running_gateway, token
 from tests.ingest_support import (
     ORAL_HISTORY,

@@ -11,16 +11,16 @@ import asyncpg
 import numpy as np
 import pytest
 
-from index import queue
-from index.chunker import chunk
+from index.chunking.chunker import chunk
 from index.demo import demo_records, load_demo
-from index.drain import drain_once
-from index.indexer import Indexer
-from index.intake import enqueue_records
+from index.ingest import queue
+from index.ingest.drain import drain_once
+from index.ingest.indexer import Indexer
+from index.ingest.intake import enqueue_records
 from index.models import resolve_model
-from index.partitions import ensure_partition
-from index.sections import SectionStore
-from index.store import SPARSE_DIMENSION
+from index.store.partitions import ensure_partition
+from index.store.sections import SectionStore
+from index.store.store import SPARSE_DIMENSION
 from tests.ingest_support import (
     ORAL_HISTORY,
     SETTINGS,

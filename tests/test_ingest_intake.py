@@ -10,9 +10,9 @@ from typing import Any
 import asyncpg
 import pytest
 
-from gateway.errors import ERRORS
-from index import queue
-from index.intake import (
+from gateway.base.errors import ERRORS
+from index.ingest import queue
+from index.ingest.intake import (
     IntakeCode,
     IntakeError,
     as_record_list,
@@ -20,7 +20,7 @@ from index.intake import (
     enqueue_records,
     enqueue_valid,
 )
-from index.sections import DescriptorError, SectionStore, validate_descriptor
+from index.store.sections import DescriptorError, SectionStore, validate_descriptor
 from tests.ingest_support import ORAL_HISTORY, record
 
 

@@ -8,9 +8,9 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
-from index import queue
-from index.drain import drain_once
-from index.queue import Job
+from index.ingest import queue
+from index.ingest.drain import drain_once
+from index.ingest.queue import Job
 from inference.client import SidecarClient
 from tests.ingest_support import SETTINGS, queue_rows
 

@@ -9,8 +9,8 @@ import inspect
 import pytest
 
 from benchmarks.memory_lexical import LexicalIndex
-from index.lexical_engine import LexicalEngine
-from index.tantivy_lexical import TantivyLexical
+from index.lexical.engine import TantivyLexical
+from index.search.lexical_engine import LexicalEngine
 
 MEMBERS = ("start", "stop", "status", "search")
 # An engine that implements the Protocol joins this list: the product's (Tantivy) and the benchmarks'

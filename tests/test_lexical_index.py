@@ -18,14 +18,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.memory_lexical import LexicalConfig, LexicalIndex
-from gateway.acl import pushdown
-from gateway.auth import Principal
-from index.bm25 import CorpusStats
-from index.hits import Scope
-from index.lexical_leg import lexical_search
-from index.lexical_metrics import LexicalMetrics
-from index.partitions import ModelPartition, ensure_partition
-from index.store import EmbeddingRow, delete_record, upsert_rows
+from gateway.access.acl import pushdown
+from gateway.access.auth import Principal
+from index.lexical.metrics import LexicalMetrics
+from index.search.bm25 import CorpusStats
+from index.search.lexical_leg import lexical_search
+from index.store.hits import Scope
+from index.store.partitions import ModelPartition, ensure_partition
+from index.store.store import EmbeddingRow, delete_record, upsert_rows
 from tests.test_bm25 import DOCS
 from tests.test_vector_cache import COMPONENTS, CONTRIBUTORS, SECTIONS, _scope, principals, scopes
 

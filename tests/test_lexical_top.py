@@ -20,8 +20,8 @@ import pytest
 
 from benchmarks import memory_lexicon
 from benchmarks.memory_lexicon import PartitionLexicon
-from index.bm25 import BM25_B, BM25_K1, Bm25Plan, bm25_idf, bm25_plan
-from index.partitions import ModelPartition
+from index.search.bm25 import BM25_B, BM25_K1, Bm25Plan, bm25_idf, bm25_plan
+from index.store.partitions import ModelPartition
 
 VOCAB = [f"w{i}" for i in range(300)]
 ZIPF = [1 / (i + 1) for i in range(len(VOCAB))]

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from mcp import Client
 
-from gateway.auth import ANONYMOUS_ADMIN
-from gateway.budgets import BUDGETS_KEY
-from gateway.mcp import McpStartupError, build_mcp_server, principal_from_token
-from gateway.resources import SETTINGS_KEY
+from gateway.access.auth import ANONYMOUS_ADMIN
+from gateway.base.resources import SETTINGS_KEY
+from gateway.budgets.ledger import BUDGETS_KEY
+from gateway.web.mcp import McpStartupError, build_mcp_server, principal_from_token
 from tests.fixtures.gateway import Gateway, running_gateway, token
 
 pytestmark = pytest.mark.ray

@@ -19,13 +19,13 @@ import asyncpg
 import pytest
 from aiohttp import web
 
-from index import queue
-from index.drain import drain_once
-from index.image_jobs import JobOptions, read_manifest
-from index.intake import IntakeError, enqueue_records
+from index.bulk.image_jobs import JobOptions, read_manifest
+from index.ingest import queue
+from index.ingest.drain import drain_once
+from index.ingest.intake import IntakeError, enqueue_records
 from index.media_urls import MediaNotAllowed, check_url, parse_allowed_base
-from index.sections import SectionStore, validate_descriptor
 from index.settings import MediaSettings
+from index.store.sections import SectionStore, validate_descriptor
 from schema.settings import SettingsError
 from tests.image_support import COIN_SECTION, COINS, IMAGE_MODEL
 from tests.ingest_support import SETTINGS, CountingClient, queue_rows

@@ -52,16 +52,29 @@ def test_every_package_registers_its_commands_through_the_entry_point_group() ->
 
 
 def test_the_console_files_ship_as_package_data() -> None:
-    """Every file of gateway/console/ matches a package-data pattern (else a wheel lacks it and
+    """Every file of gateway/web/console/ matches a package-data pattern (else a wheel lacks it and
     /console answers 404 once installed)."""
     import fnmatch
     import tomllib
 
     patterns = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
         "package-data"
-    ]["gateway"]
-    files = sorted(
-        p.relative_to(REPO_ROOT / "gateway").as_posix() for p in (REPO_ROOT / "gateway" / "console").iterdir()
-    )
+    ]["gateway.web"]
+    web = REPO_ROOT / "gateway" / "web"
+    files = sorted(p.relative_to(web).as_posix() for p in (web / "console").iterdir())
     assert {"console/index.html", "console/console.js", "console/docs.html"} <= set(files)
     assert [f for f in files if not any(fnmatch.fnmatch(f, p) for p in patterns)] == []
+
+
+def test_every_package_folder_ships() -> None:
+    """Setuptools' discovery is off, so a subpackage missing from ``packages`` is missing from a
+    wheel: every folder with an ``__init__.py`` under the product packages is listed."""
+    import tomllib
+
+    listed = set(tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {
+        ".".join(init.parent.relative_to(REPO_ROOT).parts)
+        for top in ("schema", "inference", "index", "gateway", "benchmarks")
+        for init in (REPO_ROOT / top).rglob("__init__.py")
+    }
+    assert folders - listed == set()

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from index.packed_scopes import PackedScope, PackedScopes
+from index.vectors.packed_scopes import PackedScope, PackedScopes
 
 
 def _copy(slots: list[int], content: int = 0, dim: int = 4, seed: int = 0) -> PackedScope:

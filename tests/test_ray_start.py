@@ -91,9 +91,9 @@ def test_any_other_start_failure_is_raised_at_once(late_ray) -> None:
 
 
 def test_a_bulk_jobs_local_ray_is_started_the_same_way(late_ray, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``--ray local`` of the backfill and the image job (index.ray_cluster.connect) retries a late
+    """``--ray local`` of the backfill and the image job (index.bulk.ray_cluster.connect) retries a late
     raylet as the sidecar does, and starts no dashboard; a process already in a cluster starts none."""
-    from index.ray_cluster import connect
+    from index.bulk.ray_cluster import connect
 
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     fake = late_ray(late=1)

@@ -18,7 +18,7 @@ import aiohttp
 import asyncpg
 import pytest
 
-from gateway.resources import READ_POOL_KEY
+from gateway.base.resources import READ_POOL_KEY
 from schema import EmbeddedPostgres, create_pool, session_settings
 from schema.embedded_replica import StreamingReplica
 from tests.fixtures.gateway import CORPUS, Gateway, index_docs, running_gateway

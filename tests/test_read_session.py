@@ -14,11 +14,11 @@ import asyncpg
 import numpy as np
 import pytest
 
-from index.dense_leg import dense_search
-from index.hits import Scope
-from index.partitions import ModelPartition, ensure_partition
-from index.read_settings import read_session_settings
-from index.store import EmbeddingRow, upsert_rows
+from index.search.dense_leg import dense_search
+from index.search.read_settings import read_session_settings
+from index.store.hits import Scope
+from index.store.partitions import ModelPartition, ensure_partition
+from index.store.store import EmbeddingRow, upsert_rows
 from schema import create_pool, session_settings
 from schema.database import SessionSettingsLost, verify_session_settings
 

@@ -29,7 +29,7 @@ from benchmarks.fuzz import (
     send,
     sidecar_contract,
 )
-from gateway.resources import SETTINGS_KEY
+from gateway.base.resources import SETTINGS_KEY
 from inference.api import OPEN_ROUTES, SidecarAPI
 from inference.config import SidecarConfig
 from tests.fixtures.gateway import ADMIN, CORPUS, SECRET, Gateway, running_gateway, token

@@ -171,7 +171,7 @@ async def test_pool_connections_decode_vectors(database_url: str) -> None:
 async def test_vector_type_setting_picks_a_new_partitions_index_type(empty_database_url: str) -> None:
     """RAG_VECTOR_TYPE through the production path (open_database on an empty database): a new
     partition gets a halfvec HNSW index that dense queries use; an existing one keeps its type."""
-    from index.partitions import ensure_partition
+    from index.store.partitions import ensure_partition
     from schema import DatabaseSettings, open_database
 
     async with open_database(DatabaseSettings(database_url=empty_database_url)) as auto:
@@ -234,8 +234,8 @@ async def test_a_rows_vector_and_text_stay_in_its_heap_tuple(empty_database_url:
     TOAST table, which the exact dense path then reads row by row); a row too large for a page is
     still stored, out of line; a backfill's shadow is laid out like its partition; and a partition
     that existed before 0018 is given its layout by the migration."""
-    from index.partitions import ensure_partition
-    from index.shadow import create_shadow, drop_shadow
+    from index.bulk.shadow import create_shadow, drop_shadow
+    from index.store.partitions import ensure_partition
     from schema import DatabaseSettings, open_database
 
     text = " ".join(f"palabra{i}" for i in range(220))  # about 2 KB

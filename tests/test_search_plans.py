@@ -13,12 +13,12 @@ from __future__ import annotations
 import asyncpg
 import numpy as np
 
-from gateway.acl import pushdown
-from gateway.auth import Principal
-from index.dense_leg import dense_search
-from index.hits import Scope
-from index.partitions import ensure_partition
-from index.store import EmbeddingRow, copy_rows
+from gateway.access.acl import pushdown
+from gateway.access.auth import Principal
+from index.search.dense_leg import dense_search
+from index.store.hits import Scope
+from index.store.partitions import ensure_partition
+from index.store.store import EmbeddingRow, copy_rows
 
 DIM = 8
 SECTION = "plan1"

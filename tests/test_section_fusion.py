@@ -6,10 +6,10 @@ import asyncpg
 import pytest
 
 from benchmarks.eval import apply_tuning
-from gateway.retrieval import Retriever
-from gateway.settings import load_gateway_settings
-from index.hits import Scope
-from index.sections import DescriptorError, SectionStore
+from gateway.base.settings import load_gateway_settings
+from gateway.retrieval.retriever import Retriever
+from index.store.hits import Scope
+from index.store.sections import DescriptorError, SectionStore
 
 DESCRIPTOR = {"embed": [{"id": "doc", "contributors": ["text"]}]}
 TUNED = {"fusion": "rrf", "weights": {"dense": 1.0, "lexical": 0.25}, "metrics": {"ndcg@10": 0.5}}

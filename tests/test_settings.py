@@ -10,8 +10,7 @@ import pytest
 
 import inference.settings
 import schema.settings
-from gateway.cli import main
-from gateway.settings_catalog import (
+from gateway.base.settings_catalog import (
     DOCS_DIR,
     REGENERATE,
     SETTINGS_MODULES,
@@ -20,6 +19,7 @@ from gateway.settings_catalog import (
     generated_files,
     stale_files,
 )
+from gateway.cli import main
 from inference.config import ConfigError, config_from_dict
 from inference.settings import declarations
 from schema.settings import DatabaseSettings, SettingsError, load_settings, setting

@@ -1,4 +1,4 @@
-"""The one writer of ``rag_embeddings`` rows (:mod:`index.store`), text and image, on real PostgreSQL.
+"""The one writer of ``rag_embeddings`` rows (:mod:`index.store.store`), text and image, on real PostgreSQL.
 
 Every path that stores vectors writes through ``upsert_rows`` / ``prune_rows`` (``copy_rows`` seeds
 partitions in tests and benchmarks), so these properties hold for the drain, the image steps and
@@ -15,9 +15,9 @@ import asyncpg
 import numpy as np
 import pytest
 
-from index.image_rows import image_row
-from index.partitions import ModelPartition, ensure_partition
-from index.store import (
+from index.store.image_rows import image_row
+from index.store.partitions import ModelPartition, ensure_partition
+from index.store.store import (
     COLUMNS,
     EmbeddingRow,
     StoredRow,

@@ -1,6 +1,6 @@
 """The Tantivy index's stored BM25 inputs: each row's lexeme counts, read back exactly.
 
-A search scores its candidates from these bytes (``index.tantivy_lexical``), so a count read wrong
+A search scores its candidates from these bytes (``index.lexical.engine``), so a count read wrong
 would be a wrong score served: every lexeme is read back with its stored count, and a term the row
 does not hold, however close to one it holds (a prefix, a suffix, a count's digits, a lexeme with a
 colon or a space), counts 0.
@@ -12,9 +12,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from index import tantivy_files
-from index.bm25 import bm25_summand
-from index.tantivy_files import MAX_COUNT, key_of, key_text, term_counts_bytes, term_counts_of
+from index.lexical import files as tantivy_files
+from index.lexical.files import MAX_COUNT, key_of, key_text, term_counts_bytes, term_counts_of
+from index.search.bm25 import bm25_summand
 
 lexemes = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=8)
 rows = st.dictionaries(lexemes, st.integers(1, 300), max_size=12)

@@ -25,15 +25,11 @@ import tantivy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.acl import pushdown
-from gateway.auth import Principal
-from index import tantivy_lexical
-from index.bm25 import CorpusStats, query_terms, scored_terms
-from index.hits import Scope
-from index.lexical_metrics import LexicalMetrics
-from index.partitions import ModelPartition
-from index.store import EmbeddingRow, delete_record, upsert_rows
-from index.tantivy_files import (
+from gateway.access.acl import pushdown
+from gateway.access.auth import Principal
+from index.lexical import engine as tantivy_lexical
+from index.lexical.engine import TantivyConfig, TantivyLexical
+from index.lexical.files import (
     DOCSTORE_SETTINGS,
     FORMAT,
     current_folder,
@@ -42,9 +38,13 @@ from index.tantivy_files import (
     read_state,
     write_state,
 )
-from index.tantivy_lexical import TantivyConfig, TantivyLexical
-from index.tantivy_stats import index_corpus, index_doc_freqs
-from index.tantivy_writer import LexicalWriter
+from index.lexical.metrics import LexicalMetrics
+from index.lexical.stats import index_corpus, index_doc_freqs
+from index.lexical.writer import LexicalWriter
+from index.search.bm25 import CorpusStats, query_terms, scored_terms
+from index.store.hits import Scope
+from index.store.partitions import ModelPartition
+from index.store.store import EmbeddingRow, delete_record, upsert_rows
 from tests.test_lexical_index import VOCAB, _populate, _rows, _same, _sql, _write
 from tests.test_vector_cache import _scope, principals, scopes
 from tests.test_vector_snapshots import folder_status
@@ -184,7 +184,7 @@ async def test_candidates_without_stored_counts_are_scored_by_postgresql(
     """A row whose lexemes cannot be stored as counts (one holding a space) carries no score from
     the index: PostgreSQL scores it, and the answer is still the SQL leg's."""
     partition = await _populate(db_pool, 60)
-    monkeypatch.setattr("index.tantivy_files.term_counts_bytes", lambda lexemes, tfs: None)
+    monkeypatch.setattr("index.lexical.files.term_counts_bytes", lambda lexemes, tfs: None)
     writer = LexicalWriter(db_pool, database_url, tmp_path)
     try:
         await writer.rebuild(partition)
@@ -291,7 +291,7 @@ async def test_an_index_of_another_format_is_not_searched_and_is_rebuilt(built, 
 
 async def test_the_writer_lock_admits_one_writer(built, database_url) -> None:
     pool, partition, _writer, root = built  # holds the partition's lock
-    from index.tantivy_files import WriterLocked
+    from index.lexical.files import WriterLocked
 
     with pytest.raises(WriterLocked, match="one writer per index"):
         await LexicalWriter(pool, database_url, root).rebuild(partition)
@@ -446,12 +446,12 @@ _READER = """
 import asyncio, json, sys
 from pathlib import Path
 import asyncpg
-from index.partitions import list_partitions
-from index.bm25 import CorpusStats
-from index.hits import Scope
-from index import tantivy_lexical
-from index.bm25 import query_terms, scored_terms
-from index.tantivy_lexical import TantivyConfig, TantivyLexical
+from index.store.partitions import list_partitions
+from index.search.bm25 import CorpusStats
+from index.store.hits import Scope
+from index.lexical import engine as tantivy_lexical
+from index.search.bm25 import query_terms, scored_terms
+from index.lexical.engine import TantivyConfig, TantivyLexical
 
 async def main():
     pool = await asyncpg.create_pool(sys.argv[1], min_size=1, max_size=2)

@@ -15,18 +15,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.acl import pushdown
-from gateway.auth import Principal
-from index.cache_metrics import CacheMetrics
-from index.cache_partition import CacheConfig
-from index.change_feed import Watermark, changes_since, current_watermark
-from index.dense_leg import dense_search
-from index.hits import Scope
-from index.packed_scopes import PackedScopes
-from index.partitions import ModelPartition, ensure_partition
-from index.pg_copy import parse_copy
-from index.store import EmbeddingRow, delete_record, upsert_rows
-from index.vector_cache import VectorCache
+from gateway.access.acl import pushdown
+from gateway.access.auth import Principal
+from index.search.dense_leg import dense_search
+from index.store.change_feed import Watermark, changes_since, current_watermark
+from index.store.hits import Scope
+from index.store.partitions import ModelPartition, ensure_partition
+from index.store.pg_copy import parse_copy
+from index.store.store import EmbeddingRow, delete_record, upsert_rows
+from index.vectors.cache import VectorCache
+from index.vectors.metrics import CacheMetrics
+from index.vectors.packed_scopes import PackedScopes
+from index.vectors.partition import CacheConfig
 from tests.waiting import until
 
 MODEL = "cache-test-16"
@@ -225,7 +225,7 @@ async def test_pending_changes_crowding_the_top_widen_the_search(loaded) -> None
 async def test_over_budget_partition_falls_back_logged_and_counted(cache_pool, database_url, caplog) -> None:
     pool, partition = cache_pool
     cache = await _cache(pool, database_url, max_bytes=1024)  # far less than 300 x 16 floats
-    with caplog.at_level(logging.WARNING, logger="index.vector_cache"):
+    with caplog.at_level(logging.WARNING, logger="index.vectors.cache"):
         await cache.load(partition)
     assert cache.partitions[partition.partition].state == "over_budget"
     assert "RAG_FAISS_MAX_BYTES" in caplog.text
@@ -405,7 +405,7 @@ async def test_concurrent_searches_share_a_scan_and_stay_exact(loaded) -> None:
 
 
 def test_batched_scan_equals_selector_search() -> None:
-    from index.faiss_backend import FlatIndex
+    from index.vectors.faiss_backend import FlatIndex
 
     rng = np.random.default_rng(0)
     index = FlatIndex(8)
@@ -428,7 +428,7 @@ def test_cpu_threads_are_capped_per_search() -> None:
 
     code = (
         "import faiss, threadpoolctl\n"
-        "from index.faiss_backend import limit_cpu_threads\n"
+        "from index.vectors.faiss_backend import limit_cpu_threads\n"
         "limit_cpu_threads(1)\n"
         "blas = [i['num_threads'] for i in threadpoolctl.threadpool_info() if i['user_api'] == 'blas']\n"
         "print(faiss.omp_get_max_threads(), sorted(set(blas)))\n"

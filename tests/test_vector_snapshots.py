@@ -16,16 +16,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.auth import Principal
-from index.cache_partition import CacheConfig
-from index.hits import Scope
-from index.mapped_cache import MappedVectorCache
-from index.mapped_flat import MappedFlatIndex
-from index.packed_scopes import PackedScopes
-from index.store import delete_record
-from index.swap_folders import current_folder
-from index.vector_files import STATE_FILE, VECTORS_FILE
-from index.vector_writer import VectorWriter
+from gateway.access.auth import Principal
+from index.follow.swap_folders import current_folder
+from index.store.hits import Scope
+from index.store.store import delete_record
+from index.vectors.files import STATE_FILE, VECTORS_FILE
+from index.vectors.mapped_cache import MappedVectorCache
+from index.vectors.mapped_flat import MappedFlatIndex
+from index.vectors.packed_scopes import PackedScopes
+from index.vectors.partition import CacheConfig
+from index.vectors.writer import VectorWriter
 from tests.test_vector_cache import (
     DIM,
     SECTIONS,
@@ -230,7 +230,7 @@ async def test_two_processes_share_the_snapshot_pages(mapped) -> None:
 def test_snapshot_keys_find_every_key_and_record_whatever_their_texts() -> None:
     """Binary search over encoded keys: texts that JSON escapes, records whose ids share a prefix
     (1, 10, 100), and keys or records that are absent."""
-    from index.slot_keys import KeyOf, RecordSlots, SlotOf, SnapshotKeys, encode_keys
+    from index.vectors.slot_keys import KeyOf, RecordSlots, SlotOf, SnapshotKeys, encode_keys
 
     keys = [
         (section, record, component, lang, "", chunk)

@@ -17,8 +17,8 @@ from typing import Any
 
 import asyncpg
 
-from ..intake import enqueue_records
-from ..sections import SectionStore
+from index.ingest.intake import enqueue_records
+from index.store.sections import SectionStore
 
 __all__ = ["demo_records", "demo_sections", "load_demo"]
 

@@ -1,0 +1,7 @@
+"""Per-principal budgets and fairness in front of the sidecar and the language model.
+
+Modules and their public names:
+- ``ledger``: ``Budgets``, ``Ledger``, ``Metering`` (reserve before spending, settle after).
+- ``fairness``: ``FairLimiter`` (a token bucket and in-flight bound per principal).
+- ``routes``: the admin routes ``/v1/budgets`` (``setup_budget_routes``).
+"""

@@ -1,0 +1,206 @@
+"""The retrieval legs of one gateway: each leg from its fastest exact source, else from SQL.
+
+- dense: the FAISS cache (:mod:`index.vectors.cache`) when it holds the partition and can prove an
+  exact top-k, else pgvector's HNSW (or the exact scan, for a scope whose few rows the planner
+  reads through an index: decided once per scope and minute);
+- lexical: the lexical engine (:class:`index.search.lexical_engine.LexicalEngine`) when it can answer
+  exactly, else the SQL leg with this gateway's corpus statistics;
+- sparse: bge-m3's learned-sparse leg, in SQL.
+
+Each runs on a pooled read connection, timed as its leg. :meth:`RetrievalLegs.rescore` gives every
+fused candidate the cache holds its exact cosine. The cache and the engine are the app's,
+built before the retriever; both load in the background while pgvector and SQL serve.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, TypeVar
+
+import asyncpg
+import numpy as np
+
+from gateway.base.metrics import Metrics
+from gateway.base.settings import LEGS, GatewaySettings
+from gateway.retrieval.query_cache import QueryVector
+from index.lru import Lru
+from index.search.bm25 import CorpusStats
+from index.search.dense_leg import dense_search, may_read_exactly, reads_exactly
+from index.search.lexical_engine import LexicalEngine
+from index.search.lexical_leg import lexical_search, sparse_search
+from index.store.hits import ChunkHit, ChunkKey, Scope, scope_key
+from index.store.partitions import ModelPartition
+
+if TYPE_CHECKING:  # FAISS loads only when the app builds a cache
+    from index.vectors.cache import VectorCache
+
+EXACT_DECISION_TTL_S = 60.0  # a scope's exact-or-HNSW choice is re-estimated after this (stores grow)
+EXACT_DECISIONS_KEPT = 4096  # scopes whose choice is kept (the least recently used go first)
+
+T = TypeVar("T")
+
+__all__ = ["LegResults", "RetrievalLegs", "over_fetch"]
+
+
+def over_fetch(limit: int) -> int:
+    """Candidates each leg fetches for a final ``limit``: ``max(limit * 4, 20)``."""
+    return max(limit * 4, 20)
+
+
+@dataclass(frozen=True)
+class LegResults:
+    """Each leg's ranked chunks for one query (before fusion and the gate)."""
+
+    lists: Mapping[str, Sequence[ChunkHit]]
+    exact: Mapping[ChunkKey, float] = field(default_factory=dict)  # cached cosine of each candidate
+
+
+class RetrievalLegs:
+    """The legs over one gateway's read pool, with the app's vector cache and lexical engine (or None)."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        settings: GatewaySettings,
+        metrics: Metrics,
+        *,
+        vector_cache: VectorCache | None = None,
+        lexical_engine: LexicalEngine | None = None,
+        corpus_stats: CorpusStats | None = None,
+    ) -> None:
+        self.pool = pool
+        self.settings = settings
+        self.metrics = metrics
+        self.vector_cache = vector_cache
+        self.lexical_engine = lexical_engine
+        # The SQL lexical leg's IDF (the app shares one with its lexical engine's re-read).
+        self.stats = corpus_stats or CorpusStats(ttl=settings.lexical_stats_ttl)
+        # (partition, modality, scope) -> (when decided, whether the dense leg reads it exactly)
+        self._exact_scopes: Lru[Hashable, tuple[float, bool]] = Lru(EXACT_DECISIONS_KEPT)
+
+    async def timed(self, leg: str, run: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        """``run`` on a pooled read connection, its time recorded as retrieval leg ``leg``."""
+        with self.metrics.time_leg(leg):
+            async with self.pool.acquire() as conn:
+                return await run(conn)
+
+    async def lexical(
+        self,
+        conn: asyncpg.Connection,
+        partition: ModelPartition,
+        query: str,
+        scope: Scope,
+        fetch: int,
+        modality: str = "text",
+    ) -> list[ChunkHit]:
+        """The lexical leg over ``modality`` rows: from the lexical engine when it can answer
+        exactly, else in SQL with this gateway's corpus statistics (IDF)."""
+        if self.lexical_engine is not None:
+            hits = await self.lexical_engine.search(conn, partition, query, scope, fetch, modality=modality)
+            if hits is not None:
+                return hits
+        return await lexical_search(conn, partition, query, scope, fetch, stats=self.stats, modality=modality)
+
+    async def dense_leg(
+        self, partition: ModelPartition, vector: np.ndarray, scope: Scope, fetch: int
+    ) -> tuple[list[ChunkHit], bool]:
+        """The dense leg: from the FAISS cache when it can answer exactly, else pgvector's HNSW.
+
+        Returns the hits and whether the cache served them.
+        """
+        with self.metrics.time_leg("dense"):
+            async with self.pool.acquire() as conn:
+                if self.vector_cache is not None:
+                    hits = await self.vector_cache.search(conn, partition, vector, scope, fetch)
+                    if hits is not None:
+                        return hits, True
+                return await self.hnsw_search(conn, partition, vector, scope, fetch), False
+
+    async def hnsw_search(
+        self,
+        conn: asyncpg.Connection,
+        partition: ModelPartition,
+        vector: np.ndarray,
+        scope: Scope,
+        fetch: int,
+        modality: str = "text",
+    ) -> list[ChunkHit]:
+        """pgvector's HNSW dense search with the configured scan settings, or the exact search for a
+        scope whose few rows the planner reads through an index (:meth:`reads_exactly`)."""
+        s = self.settings
+        return await dense_search(
+            conn,
+            partition,
+            vector,
+            scope,
+            fetch,
+            ef_search=s.hnsw_ef_search,
+            max_scan_tuples=s.hnsw_max_scan_tuples,
+            modality=modality,
+            exact=await self.reads_exactly(scope, conn, partition, vector, fetch, modality),
+        )
+
+    async def reads_exactly(
+        self, scope: Scope, conn: asyncpg.Connection, partition: ModelPartition, vector: np.ndarray, fetch: int,
+        modality: str,
+    ) -> bool:  # fmt: skip
+        """:func:`index.search.dense_leg.reads_exactly` with ``RAG_DENSE_EXACT_MAX_ROWS``, remembered: a scope is
+        asked once per partition and minute (the record a similar search excludes does not count),
+        so the estimate's round trip is rare."""
+        scope = replace(scope, exclude_record=None)
+        max_rows = self.settings.dense_exact_max_rows
+        if not may_read_exactly(scope, max_rows):  # reads_exactly's own answer, without the cache lookup
+            return False
+        key = (partition.partition, modality, scope_key(scope))
+        now = time.monotonic()
+        known = self._exact_scopes.get(key)
+        if known is not None and now - known[0] < EXACT_DECISION_TTL_S:
+            return known[1]
+        exact = await reads_exactly(conn, partition, vector, scope, fetch, max_rows, modality)
+        self._exact_scopes.put(key, (now, exact))
+        return exact
+
+    def rescore(
+        self,
+        partition: ModelPartition,
+        vectors: Sequence[np.ndarray],
+        lists: Mapping[str, Sequence[ChunkHit]],
+    ) -> dict[ChunkKey, float]:
+        """Exact cosine (best over ``vectors``) of every candidate the cache holds; {} when cold."""
+        if self.vector_cache is None:
+            return {}
+        keys = list(dict.fromkeys(c.key for rows in lists.values() for c in rows))
+        row_keys = [(t, i, comp, lang, "", idx) for t, i, comp, lang, idx in keys]  # text rows: view ''
+        best: dict[ChunkKey, float] = {}
+        for vector in vectors:
+            for row_key, score in self.vector_cache.similarities(partition, vector, row_keys).items():
+                key = (row_key[0], row_key[1], row_key[2], row_key[3], row_key[5])
+                best[key] = max(score, best.get(key, -1.0))
+        return best
+
+    async def run(
+        self, partition: ModelPartition, query: str, vector: QueryVector, scope: Scope, fetch: int,
+        legs: Sequence[str] = LEGS,
+    ) -> LegResults:  # fmt: skip
+        """The requested legs of a text query in parallel (``scope`` carries the ACL push-down;
+        nothing gated yet), with the cache's exact cosine of every candidate."""
+        tasks: dict[str, asyncio.Task[list[ChunkHit]]] = {}
+        dense: asyncio.Task[tuple[list[ChunkHit], bool]] | None = None
+        async with asyncio.TaskGroup() as tg:
+            if "dense" in legs:
+                dense = tg.create_task(self.dense_leg(partition, vector.dense, scope, fetch))
+            if "lexical" in legs:
+                tasks["lexical"] = tg.create_task(
+                    self.timed("lexical", lambda c: self.lexical(c, partition, query, scope, fetch))
+                )
+            if "sparse" in legs and vector.sparse:
+                tasks["sparse"] = tg.create_task(
+                    self.timed("sparse", lambda c: sparse_search(c, partition, vector.sparse, scope, fetch))
+                )
+        lists = {name: task.result() for name, task in tasks.items()}
+        if dense is not None:
+            lists = {"dense": dense.result()[0], **lists}
+        return LegResults(lists, self.rescore(partition, [vector.dense], lists))
