@@ -425,7 +425,7 @@ async def _tantivy_engine(
                 "tantivy_freshness",
                 freshness(gateway, database, admin, records=plan.tantivy_records),
             )
-        return {**acl, "workers": gateway.run.processes, "engine_searches": searches}
+        return {**acl, "workers": gateway.workers, "engine_searches": searches}
 
     await _attempt(result, "acl_tantivy", run())
 

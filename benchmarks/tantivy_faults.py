@@ -215,7 +215,7 @@ async def freshness(
         await pool.close()
     return {
         "records": records,
-        "workers": gateway.run.processes,
+        "workers": gateway.workers,
         "bar_s": FRESHNESS_BAR_S,
         "found": _quantiles(found_s),
         "indexed": _quantiles(indexed_s),

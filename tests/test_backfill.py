@@ -144,7 +144,7 @@ async def test_a_model_change_swaps_atomically_under_a_search_loop(
         await drain_once(db_pool, client, SETTINGS, text_model=old_model.id, section_tipos=["oh1"])
         old = await _answer(db_pool, client, query, old_model.id)
         async with running_gateway(database_url, sidecar_url, RAG_TEXT_MODEL="") as gateway:
-            retriever = gateway.web.app[RETRIEVER_KEY]  # no configured text model: it follows the swap
+            retriever = gateway.app[RETRIEVER_KEY]  # no configured text model: it follows the swap
             assert (await retriever.text_model()).id == old_model.id
             assert await gateway.ok("semantic_search", {"query": query, "limit": 5})
             answers: list[tuple[str, list[tuple[Any, ...]]]] = []

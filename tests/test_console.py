@@ -410,7 +410,7 @@ async def test_failures_show_their_label_key(browser: WebDriver, gateway: Gatewa
 
 async def test_operations_for_admins(browser: WebDriver, gateway: Gateway, screenshots: Path) -> None:
     # A record parked after its last attempt (as the drain leaves one), for the failed list and retry.
-    await gateway.web.app[POOL_KEY].execute(
+    await gateway.app[POOL_KEY].execute(
         """INSERT INTO rag_index_queue (section_tipo, section_id, operation, attempts, last_error)
            VALUES ('oh1', 77, 'delete', 5, 'sidecar: 422 input.too_long')"""
     )
