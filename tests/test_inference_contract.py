@@ -3,25 +3,35 @@
 ``GET /openapi.json`` publishes, for every declared route, the request schema its declaration
 produces; a declaration changed (a field made required, a limit narrowed) changes both what the
 sidecar refuses and what it publishes; and for every field, over a fixed set of probe values, the
-published JSON Schema accepts exactly what the validation accepts. In process, on the real model
-code (the real all-MiniLM-L6-v2), without Ray.
+published JSON Schema accepts exactly what the validation accepts. The client speaks the same
+declarations: every public call of ``SidecarClient`` sends requests pinned to the byte (the wire
+format the archive speaks), to declared routes only, with declared fields only, that the route's own
+:meth:`Route.read` accepts. In process, on the real model code (the real all-MiniLM-L6-v2 and the
+tiny test models), behind a real aiohttp server, without Ray.
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import inspect
+import io
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import jsonschema
 import pytest
+from aiohttp.test_utils import TestServer
+from PIL import Image
 
+from inference import SidecarClient
 from inference.api import LocalBackend, SidecarAPI
 from inference.config import SidecarConfig
 from inference.contract import Field, FieldType, Route
 from inference.encoders import load_encoder
 from inference.errors import SidecarApiError
+from inference.local_server import create_app
 from inference.routes import ROUTES
 from inference.service import ModelService
 
@@ -248,3 +258,183 @@ def test_a_declaration_that_cannot_be_enforced_is_refused() -> None:
         Route("POST", "/x", "s", handler, (counted,))
     with pytest.raises(ValueError, match="twice"):
         Route("POST", "/x", "s", handler, (model, counted, counted))
+
+
+# -- the client speaks the declarations ------------------------------------------------------------
+
+SIGLIP, BGE_M3, RERANKER = "tiny-siglip-random", "tiny-bge-m3-random", "tiny-reranker-random"
+
+
+def _png() -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8), (120, 40, 10)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+PNG = _png()
+PNG_BASE64 = base64.b64encode(PNG).decode("ascii")
+
+ClientCall = Callable[[SidecarClient], Awaitable[Any]]
+# Every public call of the client, with the requests it sends, to the byte: the wire format the
+# archive speaks (DESIGN 4) is pinned here, so a client built differently must still send these.
+CLIENT_CALLS: list[tuple[str, ClientCall, list[tuple[str, str, bytes]]]] = [
+    ("models", lambda c: c.models(), [("GET", "/models", b"")]),
+    ("ready", lambda c: c.ready(), [("GET", "/readyz", b"")]),
+    (
+        "embed",
+        lambda c: c.embed(MINILM, ["a red-figure amphora"]),
+        [
+            (
+                "POST",
+                "/embed",
+                b'{"model":"all-minilm-l6-v2","input":["a red-figure amphora"],"truncate":false,'
+                b'"return_sparse":false,"encoding_format":"base64"}',
+            )
+        ],
+    ),
+    (
+        "embed",
+        lambda c: c.embed(BGE_M3, ["amphora", "coin", "dam"], truncate=True, return_sparse=True),
+        [
+            (
+                "POST",
+                "/embed",
+                b'{"model":"tiny-bge-m3-random","input":["amphora","coin"],"truncate":true,'
+                b'"return_sparse":true,"encoding_format":"base64"}',
+            ),
+            (
+                "POST",
+                "/embed",
+                b'{"model":"tiny-bge-m3-random","input":["dam"],"truncate":true,'
+                b'"return_sparse":true,"encoding_format":"base64"}',
+            ),
+        ],
+    ),
+    (
+        "openai_embeddings",
+        lambda c: c.openai_embeddings(MINILM, "amphora"),
+        [
+            (
+                "POST",
+                "/v1/embeddings",
+                b'{"model":"all-minilm-l6-v2","input":"amphora","encoding_format":"float"}',
+            )
+        ],
+    ),
+    (
+        "openai_embeddings",
+        lambda c: c.openai_embeddings(MINILM, ["amphora"], encoding_format="base64", dimensions=384),
+        [
+            (
+                "POST",
+                "/v1/embeddings",
+                b'{"model":"all-minilm-l6-v2","input":["amphora"],"encoding_format":"base64","dimensions":384}',
+            )
+        ],
+    ),
+    (
+        "tokenize",
+        lambda c: c.tokenize(MINILM, ["amphora", "coin"]),
+        [("POST", "/tokenize", b'{"model":"all-minilm-l6-v2","input":["amphora","coin"]}')],
+    ),
+    (
+        "embed_images",
+        lambda c: c.embed_images(SIGLIP, [PNG]),
+        [
+            (
+                "POST",
+                "/image",
+                b'{"model":"tiny-siglip-random","images":["%s"],"encoding_format":"base64"}'
+                % PNG_BASE64.encode(),
+            )
+        ],
+    ),
+    (
+        "embed_image_texts",
+        lambda c: c.embed_image_texts(SIGLIP, ["a red-figure amphora"]),
+        [
+            (
+                "POST",
+                "/text",
+                b'{"model":"tiny-siglip-random","input":["a red-figure amphora"],"encoding_format":"base64"}',
+            )
+        ],
+    ),
+    (
+        "rerank",
+        lambda c: c.rerank(RERANKER, "amphora", ["a red-figure amphora", "a coin"]),
+        [
+            (
+                "POST",
+                "/rerank",
+                b'{"model":"tiny-reranker-random","query":"amphora","documents":["a red-figure amphora","a coin"]}',
+            )
+        ],
+    ),
+]
+
+
+class _Recording(SidecarAPI):
+    """The real API, keeping each request it answers as (method, path, body) for the test to read."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.requests: list[tuple[str, str, bytes]] = []
+
+    async def handle(self, method: str, path: str, headers: Any, body: bytes | SidecarApiError) -> Any:
+        self.requests.append((method, path, body if isinstance(body, bytes) else b"<unread>"))
+        return await super().handle(method, path, headers, body)
+
+
+@pytest.fixture(scope="module")
+async def every_model(
+    sidecar_config: SidecarConfig, inference_encoders: dict[str, Any]
+) -> AsyncIterator[tuple[_Recording, str]]:
+    """Every test model served in process behind a real aiohttp server on 127.0.0.1."""
+    services = [
+        ModelService(spec, sidecar_config.limits, inference_encoders[spec.id])
+        for spec in sidecar_config.models
+    ]
+    for service in services:
+        service.warm_up()
+    api = _Recording(sidecar_config, {s.spec.id: LocalBackend(s) for s in services})
+    server = TestServer(create_app(api), host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield api, str(server.make_url("")).rstrip("/")
+    finally:
+        await server.close()
+        for service in services:
+            await service.close()
+
+
+def test_every_public_client_call_is_pinned() -> None:
+    public = {
+        name
+        for name, member in inspect.getmembers(SidecarClient, inspect.iscoroutinefunction)
+        if not name.startswith("_") and name != "close"
+    }
+    assert public == {name for name, _, _ in CLIENT_CALLS}
+
+
+@pytest.mark.parametrize(("name", "call", "sent"), CLIENT_CALLS, ids=[c[0] for c in CLIENT_CALLS])
+async def test_the_client_sends_what_the_declarations_read(
+    name: str,
+    call: ClientCall,
+    sent: list[tuple[str, str, bytes]],
+    every_model: tuple[_Recording, str],
+    sidecar_config: SidecarConfig,
+) -> None:
+    api, url = every_model
+    api.requests.clear()
+    async with SidecarClient(url, max_batch=2, max_retries=0) as client:
+        assert await call(client)  # answered 2xx and read back (ready: True)
+    assert api.requests == sent
+    routes = {(route.method, route.path): route for route in ROUTES}
+    for method, path, body in api.requests:
+        route = routes[(method, path)]  # a declared route
+        if method == "GET":
+            continue
+        payload = json.loads(body)
+        assert set(payload) <= {f.name for f in route.fields}, (path, payload)  # none the server ignores
+        route.read(payload, sidecar_config, [spec.id for spec in sidecar_config.models])
