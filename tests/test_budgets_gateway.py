@@ -199,16 +199,21 @@ async def test_the_ledger_commits_without_a_disk_flush_unless_told(
 async def test_a_flood_is_shed_as_its_own_429s_while_another_principal_is_served(
     corpus_database_url: str, sidecar_url: str
 ) -> None:
+    """The flooder is shed; a principal named in RAG_FAIR_EXEMPT (a load test's) flooding the same way
+    beside it is not, and its budget still counts every call."""
     env = {"RAG_FAIR_RATE": "5", "RAG_FAIR_BURST": "5", "RAG_FAIR_CONCURRENCY": "2"}
-    flood, steady = _reader("flooder"), _reader("steady")
+    flood, steady, load_test = _reader("flooder"), _reader("steady"), _reader("load-tester")
     async with (
-        running_gateway(corpus_database_url, sidecar_url, **env) as gw,
+        running_gateway(corpus_database_url, sidecar_url, RAG_FAIR_EXEMPT="load-tester", **env) as gw,
         aiohttp.ClientSession() as http,
     ):
         search = {"query": DAM, "rerank": False}
         flooding = asyncio.gather(*(_post(http, gw, flood, "semantic_search", search) for _ in range(40)))
+        testing = asyncio.gather(*(_post(http, gw, load_test, "semantic_search", search) for _ in range(40)))
         steady_results = [await _post(http, gw, steady, "semantic_search", search) for _ in range(3)]
         flood_results = await flooding
+        assert [r[0] for r in await testing] == [200] * 40
+        assert await _used(corpus_database_url, "load-tester") == {"query_embeddings": 40}
         assert [r[0] for r in steady_results] == [200, 200, 200]
         shed = [r for r in flood_results if r[0] == 429]
         assert shed and all(r[1]["error"]["code"] == "rate_limited" for r in shed)

@@ -106,6 +106,15 @@ class BudgetSettings:
         "Apply the fairness limiter to admin tokens too (off: the operator's and benchmarks' admin "
         "token is never shed).",
     )
+    fair_exempt: tuple[str, ...] = setting(
+        "RAG_FAIR_EXEMPT",
+        (),
+        "Comma-separated principals (token `sub`s) the fairness limiter never sheds, as it never sheds "
+        "admins: a load test's callers, a trusted batch service. Their budgets still apply (`mnemo "
+        "budgets set` gives one its own).",
+        tradeoff="Each one named may take as much of the service as it can drive: name only principals "
+        "whose load is the point (a load test) or is bounded elsewhere.",
+    )
 
     @property
     def role_limits(self) -> dict[tuple[str, str], int]:

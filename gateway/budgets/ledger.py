@@ -316,6 +316,10 @@ class Budgets:
         return cls(settings, Ledger(pool, settings, clock), limiter, metrics)
 
     def limited(self, principal: Principal) -> bool:
+        """Whether the fairness limiter applies: not to admins (unless ``RAG_FAIR_ADMINS``), never to
+        the principals ``RAG_FAIR_EXEMPT`` names."""
+        if principal.sub in self.settings.fair_exempt:
+            return False
         return self.settings.fair_admins or not principal.admin
 
 
