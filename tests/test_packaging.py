@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import subprocess
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 
@@ -51,19 +51,44 @@ def test_every_package_registers_its_commands_through_the_entry_point_group() ->
         assert callable(entry_point.load()), name
 
 
-def test_the_console_files_ship_as_package_data() -> None:
-    """Every file of gateway/web/console/ matches a package-data pattern (else a wheel lacks it and
-    /console answers 404 once installed)."""
-    import fnmatch
+def _unshipped(package: str, folder: str) -> tuple[list[str], list[str]]:
+    """(every file under ``folder`` of ``package``, those no package-data glob of it matches)."""
     import tomllib
 
     patterns = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
         "package-data"
-    ]["gateway.web"]
-    web = REPO_ROOT / "gateway" / "web"
-    files = sorted(p.relative_to(web).as_posix() for p in (web / "console").iterdir())
+    ][package]
+    root = REPO_ROOT.joinpath(*package.split("."))
+    files = sorted(p.relative_to(root).as_posix() for p in (root / folder).rglob("*") if p.is_file())
+    return files, [f for f in files if not any(_glob_matches(f, p) for p in patterns)]
+
+
+def _glob_matches(path: str, pattern: str) -> bool:
+    """As setuptools' glob: a ``*`` never crosses a ``/`` (fnmatch's does)."""
+    return len(PurePosixPath(path).parts) == len(PurePosixPath(pattern).parts) and PurePosixPath(path).match(
+        pattern
+    )
+
+
+def test_the_console_files_ship_as_package_data() -> None:
+    """Every file of gateway/web/console/ matches a package-data pattern (else a wheel lacks it and
+    /console answers 404 once installed)."""
+    files, unshipped = _unshipped("gateway.web", "console")
     assert {"console/index.html", "console/console.js", "console/docs.html"} <= set(files)
-    assert [f for f in files if not any(fnmatch.fnmatch(f, p) for p in patterns)] == []
+    assert unshipped == []
+
+
+def test_the_bundled_data_sets_ship_as_package_data() -> None:
+    """Every file of benchmarks/datasets/ (the BEIR collections, the coins, their SOURCE.txt) matches
+    a package-data pattern: an installed ``mnemo bench`` reads the same data sets as a checkout."""
+    files, unshipped = _unshipped("benchmarks", "datasets")
+    assert {
+        "datasets/adi/corpus.jsonl",
+        "datasets/adi/qrels/test.tsv",
+        "datasets/coins/manifest.jsonl",
+    } <= set(files)
+    assert len([f for f in files if f.endswith(".jpg")]) == 96
+    assert unshipped == []
 
 
 def test_every_package_folder_ships() -> None:
