@@ -1,38 +1,57 @@
-"""Where the bundled BEIR-layout data sets are found (``benchmarks/datasets``, ``../shared/datasets``)."""
+"""The data sets that ship with the repository, and the one way to find a data set's folder.
+
+``benchmarks/datasets/<name>/`` holds each bundled data set (its ``SOURCE.txt`` names its origin and
+licence): the BEIR-layout collections (``corpus.jsonl``, ``queries.jsonl``, ``qrels/test.tsv``;
+XQuAD's also ``answers.jsonl``) and the coin photos (``manifest.jsonl`` and the JPEGs). They ship as
+package data, so an installed ``mnemo bench`` finds them too. A user's own BEIR folder is named by
+its path (anything with a ``/``); a bundled one by its name.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["DATASET_ROOTS", "find_datasets"]
+__all__ = ["BEIR_FILE", "DATASETS_DIR", "bundled_datasets", "dataset_dir", "find_datasets"]
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-# Where bundled BEIR-layout data sets are looked for, in order.
-# ../shared/datasets beside the checkout, or beside a folder above it (a git worktree under wt/).
-DATASET_ROOTS = (
-    REPO_ROOT / "benchmarks" / "datasets",
-    *(root / "shared" / "datasets" for root in REPO_ROOT.parents),
-)
+DATASETS_DIR = Path(__file__).resolve().parent / "datasets"
+BEIR_FILE = "corpus.jsonl"  # the file that makes a folder a BEIR data set
 
 
-def find_datasets(
-    names: tuple[str, ...], roots: tuple[Path, ...] = DATASET_ROOTS
-) -> tuple[list[Path], list[str]]:
-    """(directories found, names not found) for BEIR data set names or paths; ``*``: every one found."""
-    found, missing = [], []
+def dataset_dir(name: str, needs: str = BEIR_FILE) -> Path:
+    """The folder of data set ``name`` (a bundled name such as ``adi``, or a path), holding ``needs``.
+
+    Raises :class:`FileNotFoundError` naming the file looked for: a missing data set is never
+    skipped quietly (a benchmark or test on fewer data sets than it names measures something else).
+    """
+    folder = Path(name) if "/" in name else DATASETS_DIR / name
+    if not (folder / needs).is_file():
+        raise FileNotFoundError(
+            f"data set {name!r}: {folder / needs} not found (bundled data sets: "
+            f"{', '.join(d.name for d in bundled_datasets()) or f'none under {DATASETS_DIR}'})"
+        )
+    return folder
+
+
+def bundled_datasets() -> list[Path]:
+    """Every bundled BEIR data set's folder, by name."""
+    return sorted(hit.parent for hit in DATASETS_DIR.glob(f"*/{BEIR_FILE}"))
+
+
+def find_datasets(names: Sequence[str]) -> list[Path]:
+    """The folders of BEIR data sets named or given by path; ``*``: every bundled one.
+
+    Raises :class:`FileNotFoundError` for the first one missing (``*`` with none bundled included).
+    """
+    found: list[Path] = []
     for name in names:
-        if name == "*":
-            seen = {d.name for d in found}
-            for root in roots:
-                for hit in sorted(root.glob("*/corpus.jsonl")) if root.is_dir() else ():
-                    if hit.parent.name not in seen:
-                        seen.add(hit.parent.name)
-                        found.append(hit.parent)
+        if name != "*":
+            found.append(dataset_dir(name))
             continue
-        candidates = [Path(name)] if "/" in name else [root / name for root in roots]
-        hit = next((c for c in candidates if (c / "corpus.jsonl").is_file()), None)
-        if hit is None:
-            missing.append(f"{name} (looked in {', '.join(str(c) for c in candidates)})")
-        else:
-            found.append(hit)
-    return found, missing
+        every = bundled_datasets()
+        if not every:
+            raise FileNotFoundError(
+                f"no bundled BEIR data set under {DATASETS_DIR} (a folder with {BEIR_FILE})"
+            )
+        found += [d for d in every if d not in found]
+    return found

@@ -1,7 +1,7 @@
 """Gateway latency and throughput: ``semantic_search`` over HTTP beside the legs' raw SQL, same run.
 
 Setup: at least 10,000 chunks of real sentences (MEDLINE and XQuAD paragraphs
-from ``../shared/datasets``) in one model partition with its HNSW index. The
+bundled in ``benchmarks/datasets``) in one model partition with its HNSW index. The
 first ``--embedded`` sentences get their vectors from the sidecar; the rest get
 seeded mixtures of those vectors plus noise, because a 2-core CPU sidecar would
 spend the whole time budget embedding. Latency depends on the index's size and
@@ -44,51 +44,38 @@ from inference.net import ProcessExited, await_ready, free_port, stop_process
 
 from .bulk_load import bulk_load
 from .corpus_text import zipf_texts
+from .datasets import dataset_dir
 from .measure import closed_loop, process_cpu_s, ratio
 from .settings import child_environment, configured_database_url, configured_sidecar, configured_text_model
 
-
-def _shared_datasets() -> Path:
-    """``../shared/datasets`` beside the checkout, or beside a folder above it (a git worktree under wt/)."""
-    checkout = Path(__file__).resolve().parent.parent
-    for root in checkout.parents:
-        if (root / "shared" / "datasets").is_dir():
-            return root / "shared" / "datasets"
-    return checkout.parent / "shared" / "datasets"
-
-
-SHARED = _shared_datasets()
 SECTION = "bench1"
+SENTENCE_CORPORA = ("med", "xquad-es", "xquad-de", "adi")  # bundled BEIR data sets with prose
 CHUNKS_PER_RECORD = 5
 CONCURRENCY = (1, 8, 32)
 DEFAULT_QUERIES = 200
 CACHE_MODES = ("off", "auto")  # the SQL path, then the FAISS cache (RAG_FAISS_CACHE's default)
 
 
-def load_sentences(minimum: int, datasets: Path = SHARED) -> list[str]:
-    """Real sentences of at least 6 words from the BEIR corpora (about 10k), then text drawn from
-    real word frequencies (:func:`benchmarks.corpus_text.zipf_texts`) to reach ``minimum``."""
+def load_sentences(minimum: int) -> list[str]:
+    """Real sentences of at least 6 words from the bundled BEIR corpora (about 10k), then text drawn
+    from real word frequencies (:func:`benchmarks.corpus_text.zipf_texts`) to reach ``minimum``."""
     sentences: list[str] = []
-    for name in ("med", "xquad-es", "xquad-de", "adi"):
-        path = datasets / name / "corpus.jsonl"
-        if not path.exists():
-            continue
+    for name in SENTENCE_CORPORA:
+        path = dataset_dir(name) / "corpus.jsonl"
         for line in path.read_text(encoding="utf-8").splitlines():
             text = json.loads(line).get("text", "").replace("\ufeff", "")
             for s in re.split(r"(?<=[.!?])\s+", text):
                 if len(s.split()) >= 6:
                     sentences.append(s.strip())
-    if not sentences:
-        raise FileNotFoundError(f"no corpora under {datasets}")
     return sentences + zipf_texts(max(0, minimum - len(sentences)), np.random.default_rng(0))
 
 
-def load_queries(n: int, datasets: Path = SHARED) -> list[str]:
+def load_queries(n: int) -> list[str]:
+    """``n`` of the bundled corpora's queries, in a seeded random order."""
     queries: list[str] = []
-    for name in ("med", "xquad-es", "xquad-de", "adi"):
-        path = datasets / name / "queries.jsonl"
-        if path.exists():
-            queries += [json.loads(line)["text"] for line in path.read_text(encoding="utf-8").splitlines()]
+    for name in SENTENCE_CORPORA:
+        path = dataset_dir(name, "queries.jsonl") / "queries.jsonl"
+        queries += [json.loads(line)["text"] for line in path.read_text(encoding="utf-8").splitlines()]
     rng = np.random.default_rng(7)
     return [queries[i] for i in rng.permutation(len(queries))[:n]]
 

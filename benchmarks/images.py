@@ -34,17 +34,9 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from .datasets import dataset_dir
+
 IMAGE_MODEL = "tiny-siglip-random"
-_REPO = Path(__file__).resolve().parent.parent
-# `shared/` sits beside the checkout (or beside the folder of worktrees).
-COINS = next(
-    (
-        b / "shared" / "datasets" / "coins"
-        for b in (_REPO, _REPO.parent, _REPO.parent.parent)
-        if (b / "shared" / "datasets" / "coins").is_dir()
-    ),
-    _REPO.parent / "shared" / "datasets" / "coins",
-)
 SECTION = {
     "embed": [{"id": "card", "contributors": ["numd1"]}],
     "context": {"images": [{"tipo": "numd5", "view": "obverse"}], "metadata": {}},
@@ -214,7 +206,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.images", description=__doc__.splitlines()[0])
-    parser.add_argument("--images", type=Path, default=COINS / "manifest.jsonl")
+    parser.add_argument("--images", type=Path, default=None, help="default: the bundled coins' manifest")
     parser.add_argument("--count", type=int, default=384, help="images (the source repeated as needed)")
     parser.add_argument("--workers-max", type=int, default=max(1, min(4, os.cpu_count() or 1)))
     parser.add_argument("--workers", type=int, default=2, help="the bulk job's decode processes")
@@ -223,6 +215,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--database-url", default=None)
     parser.add_argument("--out", type=Path, default=Path("bench-images"))
     args = parser.parse_args(argv)
+    if args.images is None:
+        args.images = dataset_dir("coins", "manifest.jsonl") / "manifest.jsonl"
     with _services(args.sidecar_url, args.database_url) as (sidecar_url, database_url):
         result = asyncio.run(run(args, sidecar_url, database_url))
     args.out.mkdir(parents=True, exist_ok=True)

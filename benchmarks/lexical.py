@@ -5,8 +5,8 @@ leg is the SQL leg or the on-disk Tantivy engine): it is the exact reference bas
 and :mod:`benchmarks.tantivy_scale`'s bars, are measured against.
 
 ``python -m benchmarks.lexical --sizes 100000 --out DIR`` builds, per size, one partition of ``n``
-chunks with realistic term statistics (issue 24): every unique sentence of the shared data sets
-(``../shared/datasets``: their corpora split into sentences), then text drawn from real word
+chunks with realistic term statistics (issue 24): every unique sentence of the bundled data sets
+(``benchmarks/datasets``: their corpora split into sentences), then text drawn from real word
 frequencies (the ``wordfreq`` package's lists for English, Spanish and German, Zipfian by
 construction) up to ``n``. No "(copy k)" cycling: a term's posting list is as long as its language
 makes it. Every record is in project 1, every 10th also in project 2 and every 100th also in
@@ -65,14 +65,10 @@ K = 40
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 
 
-def _dataset_dirs() -> list[Path]:
-    return find_datasets(("*",))[0]
-
-
 def real_sentences() -> list[str]:
-    """Every unique sentence (4+ words) of the shared data sets' corpora, in a stable order."""
+    """Every unique sentence (4+ words) of the bundled data sets' corpora, in a stable order."""
     seen: dict[str, None] = {}
-    for folder in _dataset_dirs():
+    for folder in find_datasets(("*",)):
         for line in (folder / "corpus.jsonl").read_text().splitlines():
             doc = json.loads(line)
             for sentence in _SENTENCE.split(" ".join(p for p in (doc.get("title"), doc.get("text")) if p)):
@@ -84,10 +80,9 @@ def real_sentences() -> list[str]:
 
 def dataset_queries() -> list[str]:
     out: list[str] = []
-    for folder in _dataset_dirs():
-        path = folder / "queries.jsonl"
-        if path.exists():
-            out.extend(json.loads(line)["text"] for line in path.read_text().splitlines() if line.strip())
+    for folder in find_datasets(("*",)):
+        lines = (folder / "queries.jsonl").read_text().splitlines()
+        out.extend(json.loads(line)["text"] for line in lines if line.strip())
     return out
 
 
@@ -399,8 +394,6 @@ async def measure_lexical(
 
     n = len(texts)
     real = min(n, len(real_sentences()))
-    if not real:
-        raise LookupError("no shared data sets found (../shared/datasets): the corpus needs real sentences")
     tantivy_dir = Path(tempfile.mkdtemp(prefix="mnemo-bench-tantivy-"))
     try:
         rss = rss_bytes()

@@ -77,7 +77,7 @@ class GatewayPlan:
 
 @dataclasses.dataclass(frozen=True)
 class QualityPlan:
-    # "*": every BEIR data set found (benchmarks/datasets, ../shared/datasets), so a regression on
+    # "*": every bundled BEIR data set (benchmarks/datasets), so a regression on
     # any of them shows in the one table; names or paths narrow it.
     datasets: tuple[str, ...] = ("*",)
     # The 2-fold cross-validated tuned figure beside the defaults: 15 fusions per query, so the full

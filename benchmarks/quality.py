@@ -18,7 +18,7 @@ the same run on the same ingested store and query vectors: each one's lexical an
 the gateway's own lexical leg (``RAG_LEXICAL_INDEX``, the SQL leg when ``off``), with issue 44's bars:
 its lexical leg at least 95% of ``bm25`` and its hybrid no lower than the gateway leg's hybrid.
 
-``python -m benchmarks.quality --dataset ../shared/datasets/med`` (a running
+``python -m benchmarks.quality --dataset benchmarks/datasets/med`` (a running
 sidecar at ``RAG_SIDECAR_URL``; the database at ``RAG_DATABASE_URL`` or embedded).
 """
 

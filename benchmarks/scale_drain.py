@@ -21,7 +21,6 @@ import asyncio
 import json
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -36,6 +35,7 @@ from index.store.sections import SectionStore
 from inference.client import SidecarClient
 from schema import create_pool
 
+from .datasets import dataset_dir
 from .eval import load_beir
 from .ingest import RecordingClient
 
@@ -47,18 +47,15 @@ SECTION = "scale_drain"
 CORPORA = ("cacm", "med", "xquad-es", "xquad-de", "adi")
 
 
-def real_records(n: int, datasets: Path) -> list[dict[str, Any]]:
-    """``n`` records, one per document of the shared corpora (cycled, with new ids, past their 4,799)."""
+def real_records(n: int) -> list[dict[str, Any]]:
+    """``n`` records, one per document of the bundled corpora (cycled, with new ids, past their 4,799)."""
     documents: list[str] = []
     for name in CORPORA:
-        if (datasets / name / "corpus.jsonl").is_file():
-            documents.extend(
-                f"{title}. {text}" if title else text
-                for title, text in load_beir(datasets / name).corpus.values()
-            )
+        documents.extend(
+            f"{title}. {text}" if title else text
+            for title, text in load_beir(dataset_dir(name)).corpus.values()
+        )
     documents = [d for d in documents if d.strip()]
-    if not documents:
-        raise FileNotFoundError(f"no BEIR corpora under {datasets} (looked for {', '.join(CORPORA)})")
     return [
         {
             "section_tipo": SECTION,
@@ -185,11 +182,10 @@ async def measure_drain_workers(
     *,
     records: int,
     workers: Sequence[int],
-    datasets: Path,
 ) -> dict[str, list[dict[str, Any]]]:
     """Per model, one run per worker count, each on a fresh database (``await fresh_database(name)``
     returns its URL): the drain and its two stage ceilings."""
-    collection = real_records(records, datasets)
+    collection = real_records(records)
     settings = IngestSettings()
     out: dict[str, list[dict[str, Any]]] = {}
     for model in models:

@@ -103,9 +103,9 @@ class StoreCorpus:
         return out
 
 
-async def embed_bases(client: SidecarClient, model: str, bases: int, datasets: Path) -> StoreCorpus:
-    """``bases`` real sentences of the shared corpora and their embeddings by ``model``."""
-    sentences = load_sentences(bases, datasets)[:bases]
+async def embed_bases(client: SidecarClient, model: str, bases: int) -> StoreCorpus:
+    """``bases`` real sentences of the bundled corpora and their embeddings by ``model``."""
+    sentences = load_sentences(bases)[:bases]
     vectors = []
     for start in range(0, len(sentences), 64):
         result = await client.embed(model, sentences[start : start + 64], truncate=True)

@@ -5,7 +5,7 @@ gateway, and each latency's growth from the smallest size to the largest (issue 
 database of the bench stack's PostgreSQL:
 
 - **the store**: the lexical benchmark's corpus (:func:`benchmarks.lexical.build_corpus`: every
-  unique sentence of the shared data sets, then Zipfian text in their languages), each chunk with a
+  unique sentence of the bundled data sets, then Zipfian text in their languages), each chunk with a
   vector of the bench model (:func:`benchmarks.gateway.mixed_vectors`: each a random mixture of two
   real embeddings of the data sets' sentences, plus a little noise, so neighbours are spread as in
   real embeddings rather than near-copies of a few), loaded by the bulk path with every index, HNSW
@@ -53,7 +53,6 @@ from typing import Any
 import numpy as np
 
 from .acl_shares import VISIBILITY_PROJECT
-from .datasets import find_datasets
 from .gateway import (
     cache_ready,
     gateway_process,
@@ -419,12 +418,9 @@ async def run_search_scale(stack: BenchStack, plan: SearchScalePlan) -> dict[str
 
     if stack.sidecar_url is None:
         raise RuntimeError("the retrieval-at-scale section needs the bench stack's sidecar (query vectors)")
-    dirs, _ = find_datasets(("*",))
-    if not dirs:
-        raise LookupError("no shared data sets found (../shared/datasets): the corpus needs real sentences")
     async with SidecarClient(stack.sidecar_url, timeout=300) as client:
-        bases = (await embed_bases(client, BENCH_MODEL, plan.bases, dirs[0].parent)).vectors
-        queries = load_queries(plan.queries, dirs[0].parent)
+        bases = (await embed_bases(client, BENCH_MODEL, plan.bases)).vectors
+        queries = load_queries(plan.queries)
         probes = np.asarray(
             (await client.embed(BENCH_MODEL, queries, truncate=True)).embeddings, dtype=np.float32
         )

@@ -138,10 +138,8 @@ async def quality_suite(stack: BenchStack, plan: BenchPlan) -> SuiteResult:
     from .eval import METRICS
     from .quality import run_quality_benchmark
 
-    directories, missing = find_datasets(plan.quality.datasets)
-    notes = [f"Data set not found, skipped: {m}." for m in missing]
-    if not directories:
-        return SuiteResult("quality", skipped="no data set found: " + "; ".join(missing), notes=notes)
+    directories = find_datasets(plan.quality.datasets)
+    notes: list[str] = []
     assert stack.sidecar_url is not None
     sidecar = load_settings(SidecarClientSettings, sidecar_url=stack.sidecar_url, text_model=BENCH_MODEL)
     settings = load_gateway_settings(sidecar=sidecar, auth="off")
@@ -252,23 +250,16 @@ async def scale_suite(stack: BenchStack, plan: BenchPlan) -> SuiteResult:
     from .scale_store import embed_bases, measure_halfvec, measure_store_paths, project_reembed
 
     assert stack.sidecar_url is not None
-    datasets, _ = find_datasets(("*",))
-    if not datasets:
-        return SuiteResult(
-            "scale", skipped="no BEIR data sets found (benchmarks/datasets, ../shared/datasets)"
-        )
-    shared = datasets[0].parent
     runs = await measure_drain_workers(
         stack.fresh_database,
         stack.sidecar_url,
         plan.scale.drain_models,
         records=plan.scale.drain_records,
         workers=plan.scale.drain_workers,
-        datasets=shared,
     )
     suite = scale_drain_result(runs)
     async with SidecarClient(stack.sidecar_url, timeout=300) as client:
-        corpus = await embed_bases(client, BENCH_MODEL, plan.scale.store_bases, shared)
+        corpus = await embed_bases(client, BENCH_MODEL, plan.scale.store_bases)
     store = await measure_store_paths(
         await stack.fresh_database("bench_scale_store"),
         corpus,

@@ -1,7 +1,7 @@
 """How often Tantivy's own BM25, over PostgreSQL's lexemes, selects the SQL leg's exact top k.
 
-``python -m benchmarks.tantivy_recall --out DIR`` loads each shared data set's corpus
-(``../shared/datasets``) as one partition (one chunk per document, as :mod:`benchmarks.lexical`
+``python -m benchmarks.tantivy_recall --out DIR`` loads each bundled data set's corpus
+(``benchmarks/datasets``) as one partition (one chunk per document, as :mod:`benchmarks.lexical`
 loads its corpus), builds its Tantivy index with the writer (:mod:`index.lexical.writer`), and runs
 the data set's queries through the Tantivy engine (:mod:`index.lexical.engine`) and the SQL leg
 (timed beside them, the benchmarks' in-memory baseline, :mod:`benchmarks.memory_lexical`), for an
@@ -136,9 +136,7 @@ async def _measure(stack: BenchStack, name: str, texts: list[str], queries: list
 async def run_recall(stack: BenchStack, names: Sequence[str], max_queries: int, zipf: int) -> dict[str, Any]:
     """Each data set's corpus and queries; with ``zipf``, also :func:`benchmarks.lexical.build_corpus`
     of that many chunks (the data sets' sentences, then Zipfian text) under the data sets' queries."""
-    folders, missing = find_datasets(tuple(names))
-    if missing:
-        raise SystemExit(f"data sets not found: {', '.join(missing)}")
+    folders = find_datasets(tuple(names))
     try:
         result = {folder.name: await _dataset(stack, folder, max_queries) for folder in folders}
         if zipf:

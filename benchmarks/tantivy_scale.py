@@ -6,7 +6,7 @@
 
 - **the index build**: ``mnemo lexical rebuild`` (the one writer's build from PostgreSQL), its wall
   time and the index's size on disk;
-- **the lexical leg** in this process, the same queries (the shared data sets' and Zipfian ones) on
+- **the lexical leg** in this process, the same queries (the bundled data sets' and Zipfian ones) on
   the Tantivy engine, the in-memory index (the reference baseline, :mod:`benchmarks.memory_lexical`,
   loaded here; no product engine since ``RAG_LEXICAL_INDEX=memory`` was retired) and the SQL leg,
   in interleaved windows, for an admin and a researcher who sees 1% of the chunks: p50 and p99 per
@@ -40,7 +40,6 @@ from typing import Any
 import psutil
 
 from .acl_shares import VISIBILITY_PROJECT
-from .datasets import find_datasets
 from .flood import warm
 from .gateway import gateway_process, gateway_read_pool, load_queries, mixed_vectors
 from .lexical import SECTION, build_corpus, dataset_queries, populate
@@ -252,13 +251,9 @@ async def run_tantivy_scale(
     from .scale_store import embed_bases
 
     assert stack.sidecar_url is not None
-    dirs, _ = find_datasets(("*",))
-    if not dirs:
-        raise LookupError("no shared data sets found (../shared/datasets): the corpus needs real sentences")
-    datasets = dirs[0].parent
     async with SidecarClient(stack.sidecar_url, timeout=300) as client:
-        base = (await embed_bases(client, BENCH_MODEL, bases, datasets)).vectors
-    queries = load_queries(100, datasets)
+        base = (await embed_bases(client, BENCH_MODEL, bases)).vectors
+    queries = load_queries(100)
     lexical_queries = dataset_queries()[:60]
     url = await stack.fresh_database(f"tantivy_scale_{chunks}")
     out: dict[str, Any] = {"chunks": chunks, "bases": bases, "windows": windows}

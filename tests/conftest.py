@@ -37,17 +37,6 @@ TEMPLATE_DB = "mnemo_template"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def _shared_dir() -> Path:
-    """``shared/`` beside the checkout, or beside a folder above it (a git worktree under ``wt/``)."""
-    for root in REPO_ROOT.parents:
-        if (root / "shared" / "datasets").is_dir():
-            return root / "shared"
-    return REPO_ROOT.parent / "shared"
-
-
-SHARED = _shared_dir()
-
-
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[EmbeddedPostgres]:
     # Not under pytest's basetemp: pytest prunes old basetemp folders, so a second pytest

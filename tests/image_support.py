@@ -2,24 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from tests.conftest import REPO_ROOT
+from benchmarks.datasets import dataset_dir
 
 IMAGE_MODEL = "tiny-siglip-random"
-
-
-def _find_coins() -> Path:
-    # The repository's `shared/` sits beside the checkout (or beside the folder of worktrees).
-    for base in (REPO_ROOT, REPO_ROOT.parent, REPO_ROOT.parent.parent):
-        candidate = base / "shared" / "datasets" / "coins"
-        if (candidate / "manifest.jsonl").is_file():
-            return candidate
-    raise FileNotFoundError("the coins data set (shared/datasets/coins) is not beside this checkout")
-
-
-COINS = _find_coins()
+COINS = dataset_dir("coins", "manifest.jsonl")  # the 96 bundled coin photos (benchmarks/datasets/coins)
 
 COIN_SECTION: dict[str, Any] = {
     "embed": [{"id": "card", "contributors": ["numd1"]}],

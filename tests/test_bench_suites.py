@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from benchmarks.datasets import find_datasets
-from benchmarks.gateway import SHARED as SHARED_DATASETS
+from benchmarks.datasets import DATASETS_DIR, bundled_datasets, dataset_dir, find_datasets
 from benchmarks.gateway_figures import as_suite as gateway_report
 from benchmarks.plan import FULL, QUICK, apply_overrides
 from benchmarks.report import Curve, SuiteResult, write_report
@@ -86,22 +86,26 @@ def test_cost_curves_describe_growth_not_knees(tmp_path: Path) -> None:
     assert set(suite["growth"]) == {"latency vs size"} and set(suite["knees"]) == {"rps vs callers"}
 
 
-def test_find_datasets_by_name_or_path(tmp_path: Path) -> None:
-    (tmp_path / "roots" / "tiny").mkdir(parents=True)
-    (tmp_path / "roots" / "tiny" / "corpus.jsonl").write_text("{}\n")
-    found, missing = find_datasets(
-        ("tiny", "absent", str(tmp_path / "roots" / "tiny")), (tmp_path / "roots",)
-    )
-    assert found == [tmp_path / "roots" / "tiny"] * 2
-    assert len(missing) == 1 and missing[0].startswith("absent (looked in")
-    # "*": every BEIR directory under the roots, the first root winning a name found twice.
-    (tmp_path / "roots" / "empty").mkdir()
-    (tmp_path / "more" / "tiny").mkdir(parents=True)
-    (tmp_path / "more" / "tiny" / "corpus.jsonl").write_text("{}\n")
-    (tmp_path / "more" / "other").mkdir(parents=True)
-    (tmp_path / "more" / "other" / "corpus.jsonl").write_text("{}\n")
-    found, missing = find_datasets(("*",), (tmp_path / "roots", tmp_path / "more", tmp_path / "absent"))
-    assert found == [tmp_path / "roots" / "tiny", tmp_path / "more" / "other"] and not missing
+def test_data_sets_ship_in_the_repository_by_name_or_a_users_folder_by_path(tmp_path: Path) -> None:
+    """Every data set the tests, benchmarks and README use is in ``benchmarks/datasets``, with its
+    origin and licence; a user's own BEIR folder goes by its path; a missing one names the file."""
+    bundled = {d.name for d in bundled_datasets()}
+    assert bundled == {"adi", "cacm", "med", "xquad-de", "xquad-es"}
+    assert dataset_dir("coins", "manifest.jsonl") == DATASETS_DIR / "coins"
+    for folder in [*bundled_datasets(), DATASETS_DIR / "coins"]:
+        assert "Licence:" in (folder / "SOURCE.txt").read_text(), folder
+    assert find_datasets(("*", "med")) == [*bundled_datasets(), DATASETS_DIR / "med"]
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "corpus.jsonl").write_text("{}\n")
+    assert find_datasets((str(tmp_path / "mine"),)) == [tmp_path / "mine"]
+    with pytest.raises(
+        FileNotFoundError, match=re.escape(f"{DATASETS_DIR / 'absent' / 'corpus.jsonl'} not found")
+    ):
+        find_datasets(("adi", "absent"))
+    with pytest.raises(
+        FileNotFoundError, match=re.escape(f"{tmp_path / 'mine' / 'queries.jsonl'} not found")
+    ):
+        dataset_dir(str(tmp_path / "mine"), "queries.jsonl")
 
 
 def test_selectivity_projects_cover_the_planned_shares() -> None:
@@ -246,12 +250,12 @@ def test_scale_drain_headline_is_the_most_workers_against_its_slower_stage() -> 
     assert [row[1] for row in suite.tables[0].rows] == [1, 4]
 
 
-def test_real_records_cycle_the_shared_corpora_with_fresh_ids() -> None:
-    records = real_records(5_000, SHARED_DATASETS)
+def test_real_records_cycle_the_bundled_corpora_with_fresh_ids() -> None:
+    records = real_records(5_000)
     assert [r["section_id"] for r in records] == list(range(1, 5_001))
     texts = [r["groups"]["doc"]["lg-nolan"] for r in records]
     assert all(t.strip() for t in texts)
-    assert len(set(texts)) > 4_000  # the 4,799 shared documents, then cycled
+    assert len(set(texts)) > 4_000  # the 4,799 bundled documents, then cycled
 
 
 async def test_the_store_paths_take_the_row_path_baseline_at_the_built_graphs_size(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.datasets import dataset_dir
 from benchmarks.eval import (
     BeirDataset,
     EvalSession,
@@ -26,10 +27,9 @@ from gateway.retrieval.retriever import Retriever
 from index.ingest import queue
 from inference.client import SidecarClient
 from schema import create_pool
-from tests.conftest import SHARED
 
 pytestmark = pytest.mark.ray
-ADI = SHARED / "datasets" / "adi"
+ADI = dataset_dir("adi")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
