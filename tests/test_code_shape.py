@@ -413,6 +413,26 @@ def test_no_product_module_or_function_is_over_its_size_bar() -> None:
     assert not offences, "split by job (issue 46):\n" + "\n".join(offences)
 
 
+# A folder beside the checkout that a clone from a public host does not have (issue 55). Spelled in
+# two parts so this file does not name it.
+BESIDE_THE_CHECKOUT = "../" + "shared"
+STANDALONE_PATHS = ("README.md", "Makefile", "pyproject.toml", "docs", *PACKAGES, "tests", "examples")
+
+
+def test_the_repository_stands_alone() -> None:
+    """No code, test, script or page reads or names a folder beside the checkout: the data sets the
+    tests, benchmarks and README use live in ``benchmarks/datasets``."""
+    offences = []
+    for name in STANDALONE_PATHS:
+        top = REPO_ROOT / name
+        for path in [top] if top.is_file() else sorted(top.rglob("*")):
+            if path.is_file() and path.suffix in {"", ".md", ".py", ".sh", ".toml", ".json", ".yaml", ".txt"}:
+                for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+                    if BESIDE_THE_CHECKOUT in line:
+                        offences.append(f"{path.relative_to(REPO_ROOT)}:{number}: {line.strip()}")
+    assert not offences, "\n".join(offences)
+
+
 def describe_imports(edges_of: tuple[str, ...] = ()) -> str:
     """Each package's import cycles and outward imports (and the internal edges of ``edges_of``), as
     ``python -m tests.test_code_shape [PACKAGE ...]`` prints them."""

@@ -1,7 +1,7 @@
 """The README stays a front door and the documentation stays true.
 
-The README is at most ``README_MAX_LINES`` lines and opens with the two commands (DESIGN.md section
-2); the rest lives in ``docs/*.md``, each page linked from it. Every relative link in those pages
+The README is at most ``README_MAX_LINES`` lines and opens with the two commands (the project's
+promise); the rest lives in ``docs/*.md``, each page linked from it. Every relative link in those pages
 reaches a file in the repository (and its ``#anchor`` a heading of that page, slugged as GitHub
 does), and every ``mnemo ...`` command they show in code is a command the real CLI parser has: its
 subcommand path, its ``--options`` and, where the parser lists them, the options' values.
@@ -224,7 +224,7 @@ def test_the_readme_opens_with_the_two_commands() -> None:
             first_block.append(block.text.split("#")[0].strip())
         elif first_block:
             break
-    assert first_block == TWO_COMMANDS, "DESIGN.md section 2: the README opens with `make up` and `make test`"
+    assert first_block == TWO_COMMANDS, "the README opens with `make up` and `make test`"
 
 
 def test_the_tour_shows_requests_make_up_prints() -> None:

@@ -34,7 +34,7 @@ caller has it), else :func:`estimate_tokens`. Bounds apply to the raw ``text``;
 the header in ``embed_text`` is not counted (callers near a model's input limit
 leave room for it).
 
-Differences from the archive's chunker (``shared/REFERENCE-NOTES.md``), each
+Differences from the archive's own chunker, each
 deliberate: blank-line paragraphs are preferred cut points, not hard boundaries
 (the issue's rule); a trailing orphan is rebalanced instead of overshooting
 ``max_tokens``; chunks below the floor at semantic boundaries merge with a

@@ -1,7 +1,7 @@
 """Structural markers in archive text, and the hard-bounded units they cut it into.
 
-The archive's resolved documents carry three kinds of inline markup (see
-``shared/seeds/000_...`` "Chunking"):
+The archive's resolved documents carry three kinds of inline markup (its
+chunking rules, which Mnemo's chunker follows):
 
 - heading lines ``[h1] Title`` .. ``[h6] Title`` (only at the start of a line);
 - page markers ``[page-n-N]`` (an optional ``-label`` suffix is tolerated);
