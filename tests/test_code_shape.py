@@ -422,14 +422,18 @@ STANDALONE_PATHS = ("README.md", "Makefile", "pyproject.toml", "docs", *PACKAGES
 def test_the_repository_stands_alone() -> None:
     """No code, test, script or page reads or names a folder beside the checkout: the data sets the
     tests, benchmarks and README use live in ``benchmarks/datasets``."""
+    texts = {".md", ".py", ".sh", ".toml", ".json", ".yaml", ".txt", ""}
     offences = []
     for name in STANDALONE_PATHS:
         top = REPO_ROOT / name
-        for path in [top] if top.is_file() else sorted(top.rglob("*")):
-            if path.is_file() and path.suffix in {"", ".md", ".py", ".sh", ".toml", ".json", ".yaml", ".txt"}:
-                for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
-                    if BESIDE_THE_CHECKOUT in line:
-                        offences.append(f"{path.relative_to(REPO_ROOT)}:{number}: {line.strip()}")
+        for path in [top] if top.is_file() else sorted(p for p in top.rglob("*") if p.suffix in texts):
+            lines = path.read_text(encoding="utf-8", errors="replace").splitlines() if path.is_file() else []
+            where = path.relative_to(REPO_ROOT)
+            offences += [
+                f"{where}:{n}: {line.strip()}"
+                for n, line in enumerate(lines, 1)
+                if BESIDE_THE_CHECKOUT in line
+            ]
     assert not offences, "\n".join(offences)
 
 
