@@ -214,8 +214,7 @@ def _register_eval(subparsers: argparse._SubParsersAction) -> None:
         default="",
         metavar="ENGINES",
         help="also score these lexical engines beside the gateway's lexical leg, in the same run: tantivy "
-        "(its index built from the eval's store by the lexical writer), memory (the in-memory benchmark "
-        "baseline)",
+        "(its index built from the eval's store by the lexical writer)",
     )
     p.add_argument("--keep", action="store_true", help="keep the eval section indexed (faster re-runs)")
     p.add_argument("--sidecar-url", default=None, help="inference sidecar URL (env RAG_SIDECAR_URL)")

@@ -13,9 +13,8 @@ scores nDCG@10, recall@100 and MRR@10 per mode:
 
 The lexical leg is the gateway's (``RAG_LEXICAL_INDEX``): the SQL leg, or the Tantivy engine over
 an index built from the ingested store by the lexical writer's own build (:func:`lexical_engine`).
-:meth:`EvalSession.lexical_legs` asks another engine (:data:`LEXICAL_ENGINES`: Tantivy, or the
-benchmarks' in-memory baseline, :mod:`benchmarks.memory_lexical`) for every query's lexical leg
-beside the legs already fetched, so one run scores engines side by side.
+:meth:`EvalSession.lexical_legs` asks another engine (:data:`LEXICAL_ENGINES`: Tantivy) for every
+query's lexical leg beside the legs already fetched, so one run scores engines side by side.
 
 Each query's legs are fetched once and fused per mode, which is the same as
 running each mode on its own (the legs are independent); :meth:`EvalSession.tune`
@@ -56,15 +55,11 @@ from index.search.lexical_engine import LexicalEngine
 from index.store.hits import Scope
 from index.store.partitions import ModelPartition
 
-from .memory_lexical import MODE as MEMORY_MODE
-from .memory_lexical import LexicalConfig, LexicalIndex
-
 log = logging.getLogger(__name__)
 
 MODES = ("dense", "lexical", "sparse", "hybrid")
-# The lexical engines :func:`lexical_engine` builds from an evaluation's store (``--lexical-engines``):
-# the product's Tantivy engine, and the in-memory index, the benchmarks' reference baseline.
-LEXICAL_ENGINES = (TANTIVY_MODE, MEMORY_MODE)
+# The lexical engines :func:`lexical_engine` builds from an evaluation's store (``--lexical-engines``).
+LEXICAL_ENGINES = (TANTIVY_MODE,)
 EVAL_LIMIT = 100
 METRICS = ("ndcg@10", "recall@100", "mrr@10")
 EVAL_PRINCIPAL = Principal("mnemo-eval", projects=None, admin=True)
@@ -433,33 +428,24 @@ async def lexical_engine(
 
     ``tantivy``: an index built in a temporary folder by the lexical writer's own build (what
     ``mnemo lexical rebuild`` runs), then read by the engine the gateway reads it with, its statistics
-    held as long as ``stats`` (the SQL leg's); removed afterwards. ``memory``: the benchmarks'
-    in-memory baseline (no product engine), loaded.
+    held as long as ``stats`` (the SQL leg's); removed afterwards.
     """
     from index.lexical.writer import LexicalWriter
 
     if mode not in LEXICAL_ENGINES:
         raise ValueError(f"lexical engine {mode!r}: use one of {', '.join(LEXICAL_ENGINES)}")
-    if mode == TANTIVY_MODE:
-        with tempfile.TemporaryDirectory(prefix="mnemo-eval-tantivy-") as folder:
-            root = Path(folder)
-            writer = LexicalWriter(pool, database_url, root)
-            try:
-                await writer.rebuild(partition)
-            finally:
-                await writer.stop()
-            tantivy = TantivyLexical(root, TantivyConfig(stats_ttl_s=stats.ttl))
-            try:
-                yield tantivy
-            finally:
-                await tantivy.stop()
-        return
-    memory = LexicalIndex(pool, database_url, LexicalConfig())
-    try:
-        await memory.load(partition)
-        yield memory
-    finally:
-        await memory.stop()
+    with tempfile.TemporaryDirectory(prefix="mnemo-eval-tantivy-") as folder:
+        root = Path(folder)
+        writer = LexicalWriter(pool, database_url, root)
+        try:
+            await writer.rebuild(partition)
+        finally:
+            await writer.stop()
+        tantivy = TantivyLexical(root, TantivyConfig(stats_ttl_s=stats.ttl))
+        try:
+            yield tantivy
+        finally:
+            await tantivy.stop()
 
 
 @asynccontextmanager

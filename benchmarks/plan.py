@@ -138,7 +138,7 @@ class ScalePlan:
     halfvec_rows: int = 10_000
     halfvec_queries: int = 50
     # The retrieval section (benchmarks/search_scale.py), one store per size with real term
-    # statistics and vectors: the lexical leg (the in-memory index, the SQL leg, Tantivy BM25) and
+    # statistics and vectors: the lexical leg (the SQL leg, the Tantivy engine, Tantivy's bare search) and
     # semantic_search through the gateway per caller count; growth from the first size to the last
     # (empty: skipped).
     retrieval_sizes: tuple[int, ...] = (10_000, 100_000)

@@ -182,8 +182,8 @@ async def run_quality_benchmark(
     """Ingest one data set, evaluate the modes (and references, bars, tuning); a JSON-able dict.
 
     ``apply``: store the tuned fusion (chosen on every query) in that section's descriptor.
-    ``lexical_engines``: engines of :data:`benchmarks.eval.LEXICAL_ENGINES` (``tantivy``, ``memory``:
-    the in-memory baseline) whose lexical and hybrid rows are scored beside the gateway's lexical leg
+    ``lexical_engines``: engines of :data:`benchmarks.eval.LEXICAL_ENGINES` (``tantivy``) whose
+    lexical and hybrid rows are scored beside the gateway's lexical leg
     (``engines``, with the searches each served and its bars).
     """
     dataset = load_beir(dataset_dir)

@@ -20,9 +20,9 @@ database of the bench stack's PostgreSQL:
   at the gateway's defaults, in-process): its load time and memory, recall@10 and p50 per
   visibility, and issue 24's goal cell: the 1% researcher's dense leg against the admin's, same
   probes, in interleaved windows, with the cache and without it;
-- **the lexical section** over it (:func:`benchmarks.lexical.measure_lexical`: the in-memory index,
-  the benchmarks' reference baseline, the SQL leg and Tantivy BM25, same chunks and queries; the
-  fast legs in interleaved windows);
+- **the lexical section** over it (:func:`benchmarks.lexical.measure_lexical`: the SQL leg, the
+  Tantivy engine on the store's index and Tantivy's bare search, same chunks and queries; the
+  Tantivy legs in interleaved windows);
 - **``semantic_search``** through a ``mnemo gateway`` subprocess per configuration of
   :data:`GATEWAY_CONFIGS` (``RAG_LEXICAL_INDEX=tantivy`` over the store's Tantivy index, built
   before the gateways start as ``mnemo lexical rebuild`` builds it; the same with
@@ -377,22 +377,17 @@ async def _one_size(stack: BenchStack, n: int, bases: np.ndarray, queries: Seque
         exact = await exact_top10(pool, partition, recall_probes)
         recall = await measure_dense_recall(pool, partition, recall_probes, plan.recall_ef_search, exact)
         cache = await measure_dense_cache(pool, url, partition, recall_probes, exact, plan.windows)
+        # The store's Tantivy index (what `mnemo lexical rebuild` writes): the lexical cells' engine
+        # reads it, and the gateways from their start.
+        start = time.perf_counter()
+        lexical_dir = await tantivy_index(url, partition, workdir / f"lexical-{n}")
+        tantivy_build_s = time.perf_counter() - start
         lexical = await measure_lexical(
-            pool,
-            url,
-            partition,
-            texts,
-            store_s,
-            plan.lexical_dataset_queries,
-            plan.lexical_generated_queries,
+            pool, partition, texts, lexical_dir, plan.lexical_dataset_queries, plan.lexical_generated_queries,
             plan.windows,
-        )
+        )  # fmt: skip
     finally:
         await pool.close()
-    # The gateways' Tantivy index, built before they start (what `mnemo lexical rebuild` writes).
-    start = time.perf_counter()
-    lexical_dir = await tantivy_index(url, partition, workdir / f"lexical-{n}")
-    tantivy_build_s = time.perf_counter() - start
     search = {
         mode: await measure_semantic_search(
             url, stack.sidecar_url, BENCH_MODEL, queries, plan, mode, workdir, lexical_dir

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .lexical import as_suite as lexical_suite
+from .lexical import lexical_report
 from .measure import ratio, spread
 from .report import Headline, SuiteResult, Table
 from .tables import Column, headings, rows
@@ -170,7 +170,7 @@ def _one_percent_headlines(largest: dict[str, Any]) -> list[Headline]:
 def scale_report(result: dict[str, Any], *, limit: int) -> SuiteResult:
     """The lexical section's report plus semantic_search per size and mode (``limit`` its searches'
     limit), and the growth."""
-    lexical = lexical_suite({"sizes": [s["lexical"] for s in result["sizes"]]})
+    lexical = lexical_report([s["lexical"] for s in result["sizes"]])
     cells = [
         {**c, "chunks": f"{size['chunks']:,}", "mode": mode, "name": name, "ready_s": run["ready_s"]}
         for size in result["sizes"]

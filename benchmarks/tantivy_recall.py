@@ -4,7 +4,7 @@
 (``benchmarks/datasets``) as one partition (one chunk per document, as :mod:`benchmarks.lexical`
 loads its corpus), builds its Tantivy index with the writer (:mod:`index.lexical.writer`), and runs
 the data set's queries through the Tantivy engine (:mod:`index.lexical.engine`) and the SQL leg
-(timed beside them, the benchmarks' in-memory baseline, :mod:`benchmarks.memory_lexical`), for an
+(timed beside each other), for an
 administrator and for a researcher who sees 1% of the chunks (the classes filter inside the
 query). The engine's hits are the SQL leg's rows with the SQL leg's scores; what can differ is which
 rows: Tantivy ranks its ``overfetch * k`` candidates by its own BM25 (its statistics over the whole
@@ -63,8 +63,6 @@ async def _measure(stack: BenchStack, name: str, texts: list[str], queries: list
     from index.search.lexical_leg import lexical_search
     from index.store.hits import Scope
 
-    from .memory_lexical import LexicalConfig, LexicalIndex
-
     url = await stack.fresh_database(f"recall_{name.replace('-', '_')}")
     pool = await gateway_read_pool(url)
     scopes = {
@@ -81,8 +79,6 @@ async def _measure(stack: BenchStack, name: str, texts: list[str], queries: list
             engines = {
                 f: TantivyLexical(Path(root), TantivyConfig(overfetch=f, stats_ttl_s=3600)) for f in OVERFETCH
             }
-            memory = LexicalIndex(pool, url, LexicalConfig())
-            await memory.load(partition)
             rows: dict[str, Any] = {}
             times: dict[str, list[float]] = {}
             order = random.Random(1)
@@ -98,11 +94,7 @@ async def _measure(stack: BenchStack, name: str, texts: list[str], queries: list
                             terms = list(scored_terms(await query_terms(conn, query)))
                             await stats.idf(conn, partition, terms, scope.section_tipos)
                             # Every leg once per query, in a shuffled order (none always runs first).
-                            legs: dict[str, Any] = {
-                                "sql": None,
-                                "memory": memory,
-                                **{f"x{f}": e for f, e in engines.items()},
-                            }
+                            legs: dict[str, Any] = {"sql": None, **{f"x{f}": e for f, e in engines.items()}}
                             answers: dict[str, list[Any]] = {}
                             for leg in order.sample(list(legs), len(legs)):
                                 start = time.perf_counter()
@@ -126,7 +118,6 @@ async def _measure(stack: BenchStack, name: str, texts: list[str], queries: list
                         "recall": {f: found[f] / max(wanted, 1) for f in OVERFETCH},
                         "exact": {f: exact[f] / max(asked, 1) for f in OVERFETCH},
                     }
-            await memory.stop()
         latency = {leg: p50_p99_ms(t) for leg, t in times.items()}
         return {"chunks": len(texts), "queries": len(queries), "rows": rows, "latency": latency}
     finally:
@@ -160,7 +151,7 @@ def as_suite(result: dict[str, Any]) -> SuiteResult:
                 + [f"{row['recall'][f]:.3f}" for f in OVERFETCH]
                 + [f"{row['exact'][f]:.3f}" for f in OVERFETCH]
             )
-    legs = ["sql", "memory", *(f"x{f}" for f in OVERFETCH)]
+    legs = ["sql", *(f"x{f}" for f in OVERFETCH)]
     timing = [
         [
             name,
@@ -186,7 +177,7 @@ def as_suite(result: dict[str, Any]) -> SuiteResult:
             Table("recall against the SQL leg", head, body),
             Table(
                 "lexical leg latency, p50 / p99 ms (every scope and k; one caller; legs shuffled per query)",
-                ["data set", "chunks", "SQL leg", "in-memory index", *(f"tantivy x{f}" for f in OVERFETCH)],
+                ["data set", "chunks", "SQL leg", *(f"tantivy x{f}" for f in OVERFETCH)],
                 timing,
             ),
         ],

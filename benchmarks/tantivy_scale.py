@@ -7,10 +7,8 @@
 - **the index build**: ``mnemo lexical rebuild`` (the one writer's build from PostgreSQL), its wall
   time and the index's size on disk;
 - **the lexical leg** in this process, the same queries (the bundled data sets' and Zipfian ones) on
-  the Tantivy engine, the in-memory index (the reference baseline, :mod:`benchmarks.memory_lexical`,
-  loaded here; no product engine since ``RAG_LEXICAL_INDEX=memory`` was retired) and the SQL leg,
-  in interleaved windows, for an admin and a researcher who sees 1% of the chunks: p50 and p99 per
-  leg. Bars: Tantivy's p50 <= 1.2x the in-memory leg's, its p99 <= 25 ms;
+  the Tantivy engine and the SQL leg, in interleaved windows, for an admin and a researcher who sees
+  1% of the chunks: p50 and p99 per leg. Bar: Tantivy's p99 <= 25 ms;
 - **gateways as an operator starts them** (``mnemo gateway``, defaults otherwise): the Tantivy
   engine on one worker and on two (``--workers 2``): seconds from the command's start until
   ``/readyz`` is ready with every lexical partition served by the engine, and each process's RSS,
@@ -50,7 +48,6 @@ __all__ = ["run_tantivy_scale"]
 
 READY_BAR_S = 5.0
 WORKER_GROWTH_BAR_MIB = 200.0
-LEXICAL_P50_BAR = 1.2  # x the in-memory leg's
 LEXICAL_P99_BAR_MS = 25.0
 SEARCH_P99_BAR_MS = 50.0
 LIMIT = 10
@@ -99,8 +96,8 @@ def _rebuild(database_url: str, root: Path) -> dict[str, Any]:
 async def _lexical_legs(
     pool: Any, url: str, partition: Any, root: Path, queries: Sequence[str], windows: int
 ) -> dict[str, Any]:
-    """The three lexical legs in this process, same queries, interleaved windows, per visibility: the
-    Tantivy engine, the in-memory baseline its p50 bar is a ratio to, and the SQL leg."""
+    """The lexical legs in this process, same queries, interleaved windows, per visibility: the
+    Tantivy engine and the SQL leg."""
     from gateway.access.acl import pushdown
     from gateway.access.auth import Principal
     from index.lexical.engine import TantivyConfig, TantivyLexical
@@ -108,41 +105,29 @@ async def _lexical_legs(
     from index.search.lexical_leg import lexical_search
     from index.store.hits import Scope
 
-    from .memory_lexical import LexicalConfig, LexicalIndex
-
     stats = CorpusStats(ttl=3600)
     engine = TantivyLexical(root, TantivyConfig(stats_ttl_s=3600))
-    memory = LexicalIndex(pool, url, LexicalConfig())
-    started = time.perf_counter()
-    await memory.load(partition)
-    memory_load_s = time.perf_counter() - started
     scopes = {
         "admin": Scope(),
         "1%": Scope(acl=pushdown(Principal("r", frozenset({VISIBILITY_PROJECT["1%"]}), {SECTION: 1}))),
     }
-    out: dict[str, Any] = {"memory_load_s": memory_load_s}
-    try:
-        async with pool.acquire() as conn:
-            for name, scope in scopes.items():
+    out: dict[str, Any] = {}
+    async with pool.acquire() as conn:
+        for name, scope in scopes.items():
 
-                def leg(search: Any, scope: Any = scope) -> Any:
-                    async def run(query: str) -> None:
-                        if await search(query, scope) is None:
-                            raise RuntimeError("a leg did not serve a loaded partition")
+            def leg(search: Any, scope: Any = scope) -> Any:
+                async def run(query: str) -> None:
+                    if await search(query, scope) is None:
+                        raise RuntimeError("a leg did not serve a loaded partition")
 
-                    return run
+                return run
 
-                legs = {
-                    "tantivy": leg(lambda q, s: engine.search(conn, partition, q, s, 4 * LIMIT)),
-                    "memory": leg(lambda q, s: memory.search(conn, partition, q, s, 4 * LIMIT)),
-                    "sql": leg(lambda q, s: lexical_search(conn, partition, q, s, 4 * LIMIT, stats=stats)),
-                }
-                times = await interleaved_windows(legs, list(queries), windows)
-                out[name] = {
-                    leg_name: p50_p99_ms([t for w in ts for t in w]) for leg_name, ts in times.items()
-                }
-    finally:
-        await memory.stop()
+            legs = {
+                "tantivy": leg(lambda q, s: engine.search(conn, partition, q, s, 4 * LIMIT)),
+                "sql": leg(lambda q, s: lexical_search(conn, partition, q, s, 4 * LIMIT, stats=stats)),
+            }
+            times = await interleaved_windows(legs, list(queries), windows)
+            out[name] = {leg_name: p50_p99_ms([t for w in ts for t in w]) for leg_name, ts in times.items()}
     return out
 
 
@@ -294,20 +279,11 @@ def verdicts(result: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
     rows = []
     lex = result["lexical"]
     for scope in ("admin", "1%"):
-        t, m = lex[scope]["tantivy"], lex[scope]["memory"]
-        r = t["p50_ms"] / m["p50_ms"]
-        rows.append(
-            (
-                f"lexical p50, {scope}: Tantivy / in-memory",
-                f"{t['p50_ms']:.2f} / {m['p50_ms']:.2f} ms = {r:.2f}x",
-                f"<= {LEXICAL_P50_BAR}x",
-                r <= LEXICAL_P50_BAR,
-            )
-        )
+        t = lex[scope]["tantivy"]
         rows.append(
             (
                 f"lexical p99, {scope}: Tantivy",
-                f"{t['p99_ms']:.1f} ms (in-memory {m['p99_ms']:.1f}, SQL {lex[scope]['sql']['p99_ms']:.0f})",
+                f"{t['p99_ms']:.1f} ms (p50 {t['p50_ms']:.2f}; SQL {lex[scope]['sql']['p99_ms']:.0f})",
                 f"<= {LEXICAL_P99_BAR_MS:g} ms",
                 t["p99_ms"] <= LEXICAL_P99_BAR_MS,
             )
@@ -351,8 +327,7 @@ def render(result: dict[str, Any]) -> str:
         f"# The Tantivy lexical engine at {result['chunks']:,} chunks (issue 44)",
         "",
         f"Store built in {result['store_s']:.0f} s; `mnemo lexical rebuild` {rb['s']:.0f} s "
-        f"(writer peak RSS {rb['writer_peak_rss_mib']:.0f} MiB, index {rb['disk_mib']:.0f} MiB on disk); "
-        f"the in-memory index loaded in {result['lexical']['memory_load_s']:.0f} s here.",
+        f"(writer peak RSS {rb['writer_peak_rss_mib']:.0f} MiB, index {rb['disk_mib']:.0f} MiB on disk).",
         "",
         "| figure | value | bar | met |",
         "| --- | --- | --- | --- |",

@@ -8,14 +8,12 @@ import inspect
 
 import pytest
 
-from benchmarks.memory_lexical import LexicalIndex
 from index.lexical.engine import TantivyLexical
 from index.search.lexical_engine import LexicalEngine
 
 MEMBERS = ("start", "stop", "status", "search")
-# An engine that implements the Protocol joins this list: the product's (Tantivy) and the benchmarks'
-# in-memory baseline, which the benchmarks put in a retriever in its place (mnemo eval).
-ENGINES = [LexicalIndex, TantivyLexical]
+# An engine that implements the Protocol joins this list.
+ENGINES = [TantivyLexical]
 
 
 def _accepts(implementation: inspect.Signature, contract: inspect.Signature) -> list[str]:

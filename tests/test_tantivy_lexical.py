@@ -42,15 +42,75 @@ from index.lexical.metrics import LexicalMetrics
 from index.lexical.stats import index_corpus, index_doc_freqs
 from index.lexical.writer import LexicalWriter
 from index.search.bm25 import CorpusStats, query_terms, scored_terms
+from index.search.lexical_leg import lexical_search
 from index.store.hits import Scope
-from index.store.partitions import ModelPartition
+from index.store.partitions import ModelPartition, ensure_partition
 from index.store.store import EmbeddingRow, delete_record, upsert_rows
-from tests.test_lexical_index import VOCAB, _populate, _rows, _same, _sql, _write
-from tests.test_vector_cache import _scope, principals, scopes
+from tests.test_vector_cache import COMPONENTS, CONTRIBUTORS, SECTIONS, _scope, principals, scopes
 from tests.test_vector_snapshots import folder_status
 from tests.waiting import until
 
 REPO = Path(__file__).resolve().parents[1]
+MODEL = "lexical-test-4"
+# A Zipf-like vocabulary: "archive" is in most chunks (a common term: it scores, it does not widen
+# the match set), the tail is rare; "7" is a lone digit the query side keeps.
+VOCAB = ["archive", "letter", "photograph", "mayor", "harbour", "vessel", "inventory", "signature",
+         "valencia", "carpenter", "drawing", "ceramic", "amphora", "bronze", "ledger", "7", "cadastre",
+         "notary", "orchard", "lighthouse", "weaver", "tannery", "procession", "bishop", "quarry"]  # fmt: skip
+WEIGHTS = [1.0 / (i + 1) for i in range(len(VOCAB))]
+
+
+def _text(rng: random.Random) -> str:
+    words = rng.choices(VOCAB, WEIGHTS, k=rng.randint(1, 14))
+    if rng.random() < 0.7:
+        words.append("archive")
+    return " ".join(words)
+
+
+def _rows(rng: random.Random, record: int, n: int) -> list[EmbeddingRow]:
+    section = SECTIONS[record % len(SECTIONS)]
+    projects = rng.sample([1, 2, 3], rng.randint(0, 2))
+    rows = []
+    for i in range(n):
+        component = rng.choice(COMPONENTS)
+        meta = {"contributors": rng.choice(CONTRIBUTORS)} if component.startswith("rag:") else {}
+        text = _text(rng)
+        rows.append(
+            EmbeddingRow("text", section, record, component, "lg-eng", i, f"h{record}-{i}-{rng.random()}",
+                         text, text, np.ones(4, dtype=np.float32), projects=projects, chunk_meta=meta)
+        )  # fmt: skip
+    return rows
+
+
+async def _write(pool: asyncpg.Pool, partition: ModelPartition, rows: list[EmbeddingRow]) -> None:
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(
+            f"DELETE FROM {partition.table} WHERE section_tipo = $1 AND section_id = $2",
+            rows[0].section_tipo,
+            rows[0].section_id,
+        )
+        await upsert_rows(conn, partition, rows)
+
+
+async def _populate(pool: asyncpg.Pool, records: int, seed: int = 11) -> ModelPartition:
+    partition = await ensure_partition(pool, MODEL, 4)
+    rng = random.Random(seed)
+    for record in range(1, records + 1):
+        await _write(pool, partition, _rows(rng, record, rng.randint(1, 4)))
+    return partition
+
+
+async def _sql(pool: asyncpg.Pool, partition: ModelPartition, query: str, scope: Scope, k: int):
+    # Fresh statistics: the SQL leg's cache would otherwise keep counts from before a change.
+    return await lexical_search(pool, partition, query, scope, k, stats=CorpusStats(ttl=0))
+
+
+def _same(a, b) -> None:
+    assert [h.key for h in a] == [h.key for h in b]
+    assert [h.score for h in a] == pytest.approx([h.score for h in b], rel=1e-9)
+    assert [h.text for h in a] == [h.text for h in b]
+
+
 # Every match is a candidate: the engine is then exact (the SQL leg's answer, whatever Tantivy's ranking).
 WHOLE = TantivyConfig(overfetch=10_000, stats_ttl_s=0)
 
@@ -134,6 +194,28 @@ async def test_a_narrow_scope_reads_its_classes_postings_and_ranks_as_the_class_
             assert [postings[a] for a in filtered] == pytest.approx(list(filtered.values()), rel=1e-5)
             compared += len(filtered)
     assert compared > 20  # the scopes and queries matched rows: the comparison was not vacuous
+
+
+async def test_a_tiny_visible_share_still_fills_the_limit(db_pool, database_url, tmp_path) -> None:
+    """Both terms common, the visible chunks ranked below hundreds of invisible ones: the scope
+    narrows Tantivy's own query (the classes' postings), so a post-filtered top 8 that would come
+    back empty comes back full, and equal to the SQL leg's, with the default candidates."""
+    partition = await ensure_partition(db_pool, MODEL, 4)
+    rows = []
+    for record in range(1, 401):  # 400 records; project 9 holds every 50th: 2% of the chunks
+        text = "archive letter harbour" if record % 50 else "archive harbour ledger"
+        rows.append(
+            EmbeddingRow("text", "oh1", record, "oh22", "lg-eng", 0, f"h{record}", text, text,
+                         np.ones(4, dtype=np.float32), projects=[9] if record % 50 == 0 else [1])
+        )  # fmt: skip
+    await upsert_rows(db_pool, partition, rows)
+    writer = LexicalWriter(db_pool, database_url, tmp_path)
+    await writer.rebuild(partition)
+    await writer.stop()
+    narrow = Scope(acl=pushdown(Principal("p", frozenset({9}), {"oh1": 1})))
+    hits = await _search(_engine(tmp_path, TantivyConfig()), db_pool, partition, "letter harbour", narrow, 8)
+    assert len(hits) == 8 and {h.section_id % 50 for h in hits} == {0}
+    _same(hits, await _sql(db_pool, partition, "letter harbour", narrow, 8))
 
 
 async def test_default_overfetch_serves_the_sql_legs_scores_in_its_order(built) -> None:

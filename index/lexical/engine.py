@@ -116,8 +116,7 @@ class TantivyConfig:
     # more finds more of the SQL leg's exact top (Tantivy selects by its own BM25) at about 7 us a
     # candidate. At 2 the recall of the exact top was 1.000 on every real data set and 0.964-0.980
     # on a 100k Zipf corpus (4: 0.997-0.999; benchmarks/results/2026-12-04/tantivy-recall); at 1M
-    # the leg's p50 was 1.08-1.17x the in-memory index's against 1.37-1.40x at 4 (one profiling
-    # run, legs interleaved); benchmarks/results/2026-12-05/tantivy-scale-1m: 1.21-1.27x at 2.
+    # the leg's p50 at 4 was about 1.2-1.3x its p50 at 2 (one profiling run, legs interleaved).
     overfetch: int = 2
     scope_cache_size: int = 256
     # Every change after the index's watermark is re-read by every search: past this many (the
@@ -405,7 +404,7 @@ class TantivyLexical:
         counts = [(d["tfs"] or [None])[0] for d in docs]
         lengths = np.asarray(searcher.fast_field_values("dl", addresses), dtype=np.int64)
         weights = np.asarray(plan.weights, dtype=np.float64)[:, None]
-        # Summed term by term in the plan's order, as the benchmarks' in-memory baseline adds them.
+        # Summed term by term in the plan's order.
         total = bm25_summand(weights, term_counts_of(counts, plan.terms), lengths, plan.avgdl).sum(axis=0)
         unscored = np.array([c is None for c in counts], dtype=bool)
         order = np.argsort(np.where(unscored, -np.inf, -total), kind="stable").tolist()

@@ -1,6 +1,5 @@
 """Prometheus metrics of the lexical engine beside the SQL leg: the Tantivy engine a gateway reads
-(:mod:`index.lexical.engine`, on the gateway's registry) and its writer (:mod:`index.lexical.writer`).
-The in-memory baseline of the benchmarks (:mod:`benchmarks.memory_lexical`) counts in them too."""
+(:mod:`index.lexical.engine`, on the gateway's registry) and its writer (:mod:`index.lexical.writer`)."""
 
 from __future__ import annotations
 
@@ -43,7 +42,7 @@ class LexicalMetrics:
             "mnemo_lexical_searches",
             "Lexical searches with the engine on, by outcome: hit (served by the index), cold (no index "
             "of this store and format yet), image (image rows: not indexed), behind (the index is more than "
-            "its bound behind the store); the benchmarks' in-memory baseline adds failed and fallback. "
+            "its bound behind the store). "
             "Every outcome but hit is served by the SQL leg.",
             ("result",),
             registry=r,

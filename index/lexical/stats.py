@@ -5,8 +5,7 @@ in PostgreSQL, and at 1M chunks a common term took most of a second the first ti
 process met it (the Tantivy leg's p99 at 1M was 405 ms for that alone, 2026-12-04), and each
 recount loads PostgreSQL again, per worker. Here a term's count is a walk of its postings in the
 mapped index (0.3 ms for a term in 44% of 100k chunks), and the chunk count and mean length one
-aggregation over the ``dl`` fast field: what the in-memory baseline of the benchmarks
-(:mod:`benchmarks.memory_lexical`) counts from its own postings.
+aggregation over the ``dl`` fast field.
 
 They are the index's, as of its watermark: deleted documents are not counted; a row written since
 the watermark is scored with them (the SQL leg's statistics lag as much, by up to their ttl).

@@ -2,8 +2,7 @@
 
 A chunk's access class is its section, component, view, projects and the ACL arrays of migration
 0013. A partition holds a handful of distinct classes however many chunks it has, so an index beside
-the store (the on-disk :mod:`index.lexical.engine`; the benchmarks' in-memory baseline,
-:mod:`benchmarks.memory_lexical`, too) evaluates a scope's SQL filter once per class instead of
+the store (the on-disk :mod:`index.lexical.engine`) evaluates a scope's SQL filter once per class instead of
 once per chunk, and selects only chunks whose class passes: ``limit`` is never starved by a
 post-filter.
 """

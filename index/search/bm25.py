@@ -1,8 +1,7 @@
 """BM25 for the lexical legs: query parsing, corpus statistics and the per-query plan.
 
 The SQL leg (:func:`index.search.lexical_leg.lexical_search`) and the Tantivy engine
-(:mod:`index.lexical.engine`; the benchmarks' in-memory baseline, :mod:`benchmarks.memory_lexical`,
-too) score with the same plan (:func:`bm25_plan`) and the same per-chunk formula
+(:mod:`index.lexical.engine`) score with the same plan (:func:`bm25_plan`) and the same per-chunk formula
 (:func:`bm25_score_sql`, :func:`bm25_summand`), so their scores and tie order agree.
 """
 

@@ -1,8 +1,7 @@
 """The lexical engines' re-read: their candidates plus every key changed after their watermark,
 through the scope's SQL filter and the plan's match set, in the SQL leg's order.
 
-The engine (Tantivy's :mod:`index.lexical.engine`; the benchmarks' in-memory baseline,
-:mod:`benchmarks.memory_lexical`, too) only *selects*: this statement decides what is served. A
+The engine (Tantivy's :mod:`index.lexical.engine`) only *selects*: this statement decides what is served. A
 candidate unchanged since the watermark keeps the engine's score (the same BM25 over the same row,
 :func:`index.search.bm25.bm25_summand`); a changed key, or a candidate the engine could not score, is
 scored by the SQL leg's own expression. A deleted row or a revoked ACL is never served: every row
