@@ -44,6 +44,7 @@ import asyncpg
 from gateway.access.acl import pushdown
 from gateway.access.auth import Principal
 from gateway.base.settings import FUSION_METHODS, LEGS, GatewaySettings
+from gateway.retrieval.engines import build_retrieval
 from gateway.retrieval.fusion import collapse
 from gateway.retrieval.legs import LegResults, over_fetch
 from gateway.retrieval.retriever import Retriever
@@ -291,7 +292,7 @@ class EvalSession:
         must be the engine's own, never the SQL leg's under the engine's name.
         """
         model = await self.retriever.text_model()
-        partition = await self.retriever.partition(model.id)  # type: ignore[attr-defined]
+        partition = await self.retriever.partitions.of(model.id)  # type: ignore[attr-defined]
         if partition is None:
             raise RuntimeError("the eval's store holds no partition of the text model")
         scope = Scope(section_tipos=(self.section_tipo,), acl=pushdown(EVAL_PRINCIPAL))
@@ -475,7 +476,7 @@ async def eval_session(
     ):
         # One statistics cache for the SQL leg and a Tantivy engine's re-read, as the gateway shares it.
         stats = CorpusStats(ttl=settings.lexical_stats_ttl)
-        retriever = Retriever(db.pool, client, settings, corpus_stats=stats)
+        retriever = build_retrieval(db.pool, client, settings, corpus_stats=stats).retriever
         session = EvalSession(
             dataset, db.pool, client, retriever, section_for(dataset.name), database_url=db.url
         )
@@ -486,7 +487,7 @@ async def eval_session(
             # evaluation store never has one, so the SQL leg answers, as `auto` does without one.
             # `tantivy` is built here from the ingested store.
             if settings.lexical_index == TANTIVY_MODE:
-                partition = await retriever.partition((await retriever.text_model()).id)
+                partition = await retriever.partitions.of((await retriever.text_model()).id)
                 if partition is not None:
                     # The gateway's lexical engine (RAG_LEXICAL_INDEX), loaded from the ingested
                     # store, so it joins the retriever after the ingest; its searches by outcome

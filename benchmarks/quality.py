@@ -60,7 +60,7 @@ BM25_STOPWORDS = "en"
 async def exact_dense_runs(session: EvalSession) -> dict[str, list[str]]:
     """Exact cosine over the stored chunk vectors, best chunk per record, top 100 per query."""
     model = await session.retriever.text_model()
-    partition = await session.retriever.partition(model.id)  # type: ignore[attr-defined]
+    partition = await session.retriever.partitions.of(model.id)  # type: ignore[attr-defined]
     assert partition is not None
     rows = await session.pool.fetch(
         f"SELECT section_id, embedding FROM {partition.table} WHERE section_tipo = $1 AND modality = 'text'",
@@ -227,7 +227,7 @@ async def _other_engines(
     """Each engine's lexical and hybrid metrics over the session's store and query vectors, the
     searches it served (every one: a declined search is an error) and its bars."""
     model = await session.retriever.text_model()
-    partition = await session.retriever.partition(model.id)  # type: ignore[attr-defined]
+    partition = await session.retriever.partitions.of(model.id)  # type: ignore[attr-defined]
     assert partition is not None and session.database_url is not None
     engines: dict[str, Any] = {}
     for name in names:

@@ -171,13 +171,13 @@ async def measure_dense_recall(
     Tie-aware: a hit whose distance reaches the 10th exact one counts.
     """
     from gateway.base.settings import load_gateway_settings
+    from gateway.retrieval.engines import build_retrieval
     from gateway.retrieval.legs import over_fetch
-    from gateway.retrieval.retriever import Retriever
 
     legs = {
-        ef: Retriever(
-            pool, client=None, settings=load_gateway_settings({"RAG_HNSW_EF_SEARCH": str(ef)}, auth="off")
-        )
+        ef: build_retrieval(
+            pool, None, load_gateway_settings({"RAG_HNSW_EF_SEARCH": str(ef)}, auth="off")
+        ).retriever
         for ef in ef_values
     }
     out: dict[str, dict[int, dict[str, float]]] = {}
@@ -212,15 +212,15 @@ async def measure_dense_cache(
       ``windows`` interleaved windows, with and without the cache; each window's p50 ratio.
     """
     from gateway.base.settings import load_gateway_settings
+    from gateway.retrieval.engines import build_retrieval
     from gateway.retrieval.legs import over_fetch
-    from gateway.retrieval.retriever import Retriever
     from gateway.web.app import vector_cache_config
     from index.vectors.cache import VectorCache
 
     settings = load_gateway_settings({"RAG_FAISS_CACHE": "cpu"}, auth="off")
     cache = VectorCache(pool, url, vector_cache_config(settings))
-    cached = Retriever(pool, client=None, settings=settings, vector_cache=cache)
-    plain = Retriever(pool, client=None, settings=load_gateway_settings({}, auth="off"))
+    cached = build_retrieval(pool, None, settings, vector_cache=cache).retriever
+    plain = build_retrieval(pool, None, load_gateway_settings({}, auth="off")).retriever
     fetch = over_fetch(LIMIT)
     scopes = visibility_scopes()
     rss = rss_bytes()
@@ -307,14 +307,17 @@ async def measure_semantic_search(
     from gateway.access.auth import issue_token
 
     secret = secrets.token_urlsafe(48)
+    researcher = "researcher"  # the load test's non-admin principal (benchmarks.principals)
     tokens = {
         "admin": issue_token(secret=secret, sub="bench", projects=None, admin=True),
-        "1% ACL": issue_token(secret=secret, sub="researcher", projects=[3], perms={SECTION: 1}),
+        "1% ACL": issue_token(secret=secret, sub=researcher, projects=[3], perms={SECTION: 1}),
     }
     env = {**GATEWAY_CONFIGS[mode], "RAG_LEXICAL_DIR": str(lexical_dir)}
     log = workdir / f"gateway-{mode.replace(' ', '').replace(',', '-')}.log"
     started = time.perf_counter()
-    async with gateway_process(database_url, sidecar_url, secret, log, text_model=model_id, **env) as gateway:
+    async with gateway_process(
+        database_url, sidecar_url, secret, log, text_model=model_id, load_testers=[researcher], **env
+    ) as gateway:
         async with aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=max(plan.callers) * 2)
         ) as session:

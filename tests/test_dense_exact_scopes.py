@@ -18,7 +18,7 @@ from benchmarks.lexical import SECTION, populate
 from gateway.access.acl import pushdown
 from gateway.access.auth import Principal
 from gateway.base.settings import load_gateway_settings
-from gateway.retrieval import legs
+from gateway.retrieval.engines import build_retrieval
 from gateway.retrieval.retriever import Retriever
 from index.search import dense_leg
 from index.search.dense_leg import dense_search, exact_scan_rows
@@ -47,7 +47,7 @@ def _researcher(project: int) -> Scope:
 
 
 def _retriever(pool: asyncpg.Pool, **env: str) -> Retriever:
-    return Retriever(pool, client=None, settings=load_gateway_settings(env, auth="off"))
+    return build_retrieval(pool, None, load_gateway_settings(env, auth="off")).retriever
 
 
 async def test_the_planner_estimates_a_small_scopes_rows_and_declines_a_whole_one(db_pool, partition) -> None:
@@ -63,13 +63,13 @@ async def test_a_small_scope_is_answered_exactly_once_decided_and_a_large_one_by
     db_pool, partition, vectors, monkeypatch
 ) -> None:
     asked: list[Scope] = []
-    decide = legs.reads_exactly
+    decide = dense_leg.reads_exactly
 
     async def counted(conn, partition, vector, scope, limit, max_rows, modality="text"):
         asked.append(scope)
         return await decide(conn, partition, vector, scope, limit, max_rows, modality)
 
-    monkeypatch.setattr(legs, "reads_exactly", counted)
+    monkeypatch.setattr(dense_leg, "reads_exactly", counted)
     retriever = _retriever(db_pool)
     narrow = _researcher(3)
     async with db_pool.acquire() as conn:
@@ -79,14 +79,14 @@ async def test_a_small_scope_is_answered_exactly_once_decided_and_a_large_one_by
             assert [h.key for h in got] == [h.key for h in exact]
         assert len(asked) == 1  # decided once for the scope, then cached
         similar = Scope(acl=narrow.acl, exclude_record=(SECTION, 100))
-        assert await retriever.legs.reads_exactly(similar, conn, partition, vectors[0], 40, "text")
+        assert await retriever.legs.dense.reads_exactly(conn, partition, vectors[0], similar, 40)
         assert len(asked) == 1  # the record a similar search excludes does not make a new scope
-        assert not await retriever.legs.reads_exactly(Scope(), conn, partition, vectors[0], 40, "text")
-        assert not await retriever.legs.reads_exactly(_researcher(1), conn, partition, vectors[0], 40, "text")
+        assert not await retriever.legs.dense.reads_exactly(conn, partition, vectors[0], Scope(), 40)
+        assert not await retriever.legs.dense.reads_exactly(conn, partition, vectors[0], _researcher(1), 40)
         assert len(asked) == 2  # unscoped: never asked; the 100% researcher: asked, too many rows
 
         off = _retriever(db_pool, RAG_DENSE_EXACT_MAX_ROWS="0")
-        assert not await off.legs.reads_exactly(narrow, conn, partition, vectors[0], 40, "text")
+        assert not await off.legs.dense.reads_exactly(conn, partition, vectors[0], narrow, 40)
         assert len(asked) == 2
 
 

@@ -23,7 +23,7 @@ from benchmarks.eval import (
 )
 from benchmarks.quality import metrics_json, run_quality_benchmark
 from gateway.base.settings import load_gateway_settings
-from gateway.retrieval.retriever import Retriever
+from gateway.retrieval.engines import build_retrieval
 from index.ingest import queue
 from inference.client import SidecarClient
 from schema import create_pool
@@ -67,7 +67,9 @@ async def test_eval_beside_a_running_drain_waits_for_its_own_section_only(
         held = await queue.claim_ready(pool, 10, 5, lease=gateway_drain, section_tipos=["eval_adi_mini"])
         assert len(held) == len(mini.corpus)
         async with SidecarClient(sidecar_url) as client:
-            session = EvalSession(mini, pool, client, Retriever(pool, client, settings), "eval_adi_mini")
+            session = EvalSession(
+                mini, pool, client, build_retrieval(pool, client, settings).retriever, "eval_adi_mini"
+            )
             ingest = asyncio.create_task(session.ingest())
             pushed = (
                 "SELECT count(*) FROM rag_index_queue WHERE section_tipo = 'eval_adi_mini' AND version = 2"

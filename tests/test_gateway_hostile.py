@@ -86,7 +86,9 @@ async def test_a_query_the_sidecar_refuses_is_the_callers_400_not_an_outage(
     from gateway.access.auth import Principal
 
     with pytest.raises(QueryRejected) as info:
-        await retriever.records(Principal("r", frozenset({1}), {"oh1": 1}), "x" + LONE, Scope(), 5)
+        await retriever.search(
+            Principal("r", frozenset({1}), {"oh1": 1}), "x" + LONE, Scope(), 5, per_record=True
+        )
     assert info.value.code == "invalid_text"
     error = query_error(info.value)
     assert (error.status, error.code, error.retryable) == (400, "request.invalid_options", False)

@@ -133,6 +133,6 @@ async def test_the_read_pool_opens_its_sessions_with_the_legs_settings(ingested:
     retriever = ingested.app[RETRIEVER_KEY]
     configured = retriever.settings
     session = read_session_settings(configured.hnsw_ef_search, configured.hnsw_max_scan_tuples)
-    async with retriever.pool.acquire() as conn:
+    async with retriever.legs.pool.acquire() as conn:
         assert session_settings(conn) == session
         assert await conn.fetchval("SELECT current_setting('hnsw.ef_search')") == session["hnsw.ef_search"]

@@ -60,8 +60,8 @@ async def test_cache_serves_the_dense_leg_exactly(corpus_database_url: str, side
                 scope = Scope(acl=pushdown(principal))
                 legs = await retriever.query_legs(principal, query, scope, 20, legs=("dense",))
                 model_id, vector = await retriever.queries.embed_query(principal, query)
-                partition = await retriever.partition(model_id)
-                async with retriever.pool.acquire() as conn:
+                partition = await retriever.partitions.of(model_id)
+                async with retriever.legs.pool.acquire() as conn:
                     exact = await dense_search(conn, partition, vector.dense, scope, 20, exact=True)
                 assert [(h.key, h.score) for h in legs.lists["dense"]] == [(h.key, h.score) for h in exact]
                 assert set(legs.exact) >= {h.key for h in exact}  # every candidate re-scored

@@ -7,6 +7,7 @@ import pytest
 
 from benchmarks.eval import apply_tuning
 from gateway.base.settings import load_gateway_settings
+from gateway.retrieval.engines import build_retrieval
 from gateway.retrieval.retriever import Retriever
 from index.store.hits import Scope
 from index.store.sections import DescriptorError, SectionStore
@@ -18,7 +19,7 @@ TUNED = {"fusion": "rrf", "weights": {"dense": 1.0, "lexical": 0.25}, "metrics":
 def _retriever(pool: asyncpg.Pool) -> Retriever:
     # TTL 0: every call reads the descriptors again (the test changes them under the retriever).
     settings = load_gateway_settings({"RAG_LEXICAL_STATS_TTL": "0"}, auth="off")
-    return Retriever(pool, client=None, settings=settings)
+    return build_retrieval(pool, None, settings).retriever
 
 
 async def test_apply_stores_the_tuned_fusion_and_the_retriever_uses_it(db_pool: asyncpg.Pool) -> None:

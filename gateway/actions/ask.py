@@ -143,7 +143,7 @@ async def prepare(ctx: ActionContext, args: Args) -> Prepared:
     rerank = s.rerank_default if args["rerank"] is None else args["rerank"]
     depth = steps.depth(limit, rerank)
     try:
-        ranked = await ctx.retriever.passages(ctx.principal, query, scope, depth)
+        ranked = await ctx.retriever.search(ctx.principal, query, scope, depth, per_record=False)
     except (EmbeddingUnavailable, QueryRejected) as exc:
         raise query_error(exc) from exc
     ranked = grounded_passages(ranked, s.grounding_min_similarity)
@@ -156,7 +156,7 @@ async def prepare(ctx: ActionContext, args: Args) -> Prepared:
     if expand is None:
         passages = unexpanded(ranked)
     else:
-        passages = await steps.expand(ctx.retriever, ctx.principal, ranked, expand)
+        passages = await steps.expand(ctx.windows, ctx.principal, ranked, expand)
     passages = fit_budget(passages, s.context_token_budget)
     sections = set().union(*(passage_sections(p.chunks) for p in passages))
     descriptors = await services.sections.get_many(sorted(sections))

@@ -21,7 +21,7 @@ from gateway.base.metrics import Metrics
 from gateway.base.resources import POOL_KEY
 from gateway.base.settings import AskSettings
 from gateway.budgets.ledger import BUDGETS_KEY, Metering
-from gateway.retrieval.expand import Expanded, expand_passages
+from gateway.retrieval.expand import ChunkWindows, Expanded
 from gateway.retrieval.objects import ObjectRetriever
 from gateway.retrieval.query_embedding import EmbeddingUnavailable, QueryRejected
 from gateway.retrieval.ranking import Ranked
@@ -34,6 +34,7 @@ __all__ = [
     "OBJECTS_KEY",
     "PASSAGES_KEY",
     "RETRIEVER_KEY",
+    "WINDOWS_KEY",
     "ActionContext",
     "Args",
     "AskServices",
@@ -67,16 +68,11 @@ class PassageServices:
         return outcome.ranked[:limit], outcome.reranked
 
     async def expand(
-        self, retriever: Retriever, principal: Principal, ranked: Sequence[Ranked], mode: str
+        self, windows: ChunkWindows, principal: Principal, ranked: Sequence[Ranked], mode: str
     ) -> list[Expanded]:
         """Small-to-big expansion of ``ranked`` (``mode``: neighbours or parent) with the configured widths."""
-        return await expand_passages(
-            retriever,
-            principal,
-            ranked,
-            mode,
-            neighbours=self.expand_neighbours,
-            parent_limit=self.expand_parent_chunks,
+        return await windows.expand(
+            principal, ranked, mode, neighbours=self.expand_neighbours, parent_limit=self.expand_parent_chunks
         )
 
 
@@ -94,6 +90,7 @@ RETRIEVER_KEY: web.AppKey[Retriever] = web.AppKey("retriever", Retriever)
 OBJECTS_KEY: web.AppKey[ObjectRetriever] = web.AppKey("object_retriever", ObjectRetriever)
 PASSAGES_KEY: web.AppKey[PassageServices] = web.AppKey("passage_services", PassageServices)
 ASK_KEY: web.AppKey[AskServices] = web.AppKey("ask_services", AskServices)
+WINDOWS_KEY: web.AppKey[ChunkWindows] = web.AppKey("chunk_windows", ChunkWindows)
 
 
 @dataclass(frozen=True)
@@ -103,6 +100,7 @@ class ActionContext:
 
     principal: Principal
     retriever: Retriever
+    windows: ChunkWindows
     pool: asyncpg.Pool
     objects: ObjectRetriever | None = None
     passages: PassageServices | None = None
@@ -137,6 +135,7 @@ def action_context(app: web.Application, principal: Principal) -> ActionContext:
     return ActionContext(
         principal,
         app[RETRIEVER_KEY],
+        app[WINDOWS_KEY],
         app[POOL_KEY],
         app.get(OBJECTS_KEY),
         app.get(PASSAGES_KEY),

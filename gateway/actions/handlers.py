@@ -13,17 +13,15 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from gateway.access.acl import chunk_readable
 from gateway.actions import options as opt
 from gateway.actions.context import ActionContext, Args, query_error
 from gateway.base.errors import ApiError
+from gateway.retrieval.legs import SeedNotFound
 from gateway.retrieval.objects import object_dict
 from gateway.retrieval.passages import chunk_view, hit, passage, provenance, rerank_flags
 from gateway.retrieval.query_embedding import EmbeddingUnavailable, QueryRejected
 from gateway.retrieval.ranking import Ranked
-from gateway.retrieval.retriever import SeedNotFound
 from index.store.hits import Scope
-from index.store.neighbours import document_window
 from index.store.sections import SectionStore
 
 __all__ = [
@@ -49,9 +47,8 @@ async def _ranked(ctx: ActionContext, args: Args, *, records: bool) -> tuple[lis
     (``reranked``: None when not asked)."""
     query, limit, rerank = args["query"], args["limit"], bool(args["rerank"])
     depth = ctx.passage_services().depth(limit, rerank) if rerank else limit
-    search = ctx.retriever.records if records else ctx.retriever.passages
     try:
-        ranked = await search(ctx.principal, query, _scope(args), depth)
+        ranked = await ctx.retriever.search(ctx.principal, query, _scope(args), depth, per_record=records)
     except (EmbeddingUnavailable, QueryRejected) as exc:
         raise query_error(exc) from exc
     if not rerank:
@@ -89,7 +86,7 @@ async def _passages(ctx: ActionContext, args: Args) -> list[dict[str, Any]]:
     explain = args["explain"]
     if args["expand"] is None:
         return [_explained(rerank_flags(passage(r), r, reranked), r, explain) for r in ranked]
-    expanded = await ctx.passage_services().expand(ctx.retriever, ctx.principal, ranked, args["expand"])
+    expanded = await ctx.passage_services().expand(ctx.windows, ctx.principal, ranked, args["expand"])
     return [_explained(rerank_flags(provenance(p), p.ranked, reranked), p.ranked, explain) for p in expanded]
 
 
@@ -109,16 +106,9 @@ async def read_chunk(ctx: ActionContext, args: Args) -> tuple[str, Any]:
     """
     key = args["chunk_id"]
     try:
-        model = await ctx.retriever.text_model()
+        window = await ctx.windows.around(ctx.principal, key, args["before"], args["after"])
     except EmbeddingUnavailable as exc:
         raise ApiError.embedding_unavailable() from exc
-    partition = await ctx.retriever.partition(model.id)
-    window = (
-        []
-        if partition is None
-        else await document_window(ctx.pool, partition, key, args["before"], args["after"])
-    )
-    window = [c for c in window if chunk_readable(ctx.principal, c)]
     target = next((c for c in window if c.key == key), None)
     if target is None:
         raise ApiError("rag.chunk_not_found")

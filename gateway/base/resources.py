@@ -28,6 +28,9 @@ if TYPE_CHECKING:  # FAISS loads only when the app builds a cache
 
 POOL_KEY: web.AppKey[asyncpg.Pool] = web.AppKey("pool", asyncpg.Pool)
 SIDECAR_KEY: web.AppKey[SidecarClient] = web.AppKey("sidecar", SidecarClient)
+# The query side's own client (one retry: a search fails fast rather than wait out backoffs),
+# shared by retrieval, the reranker and the answer provider.
+QUERY_SIDECAR_KEY: web.AppKey[SidecarClient] = web.AppKey("query_sidecar", SidecarClient)
 SETTINGS_KEY: web.AppKey[GatewaySettings] = web.AppKey("settings", GatewaySettings)
 METRICS_KEY: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
 DATABASE_URL_KEY: web.AppKey[str] = web.AppKey("database_url", str)
@@ -58,6 +61,7 @@ __all__ = [
     "ERROR_CODE_KEY",
     "METRICS_KEY",
     "POOL_KEY",
+    "QUERY_SIDECAR_KEY",
     "READ_POOL_KEY",
     "REQUEST_ID_KEY",
     "SETTINGS_KEY",

@@ -1,8 +1,8 @@
 """The retrieval legs of one gateway: each leg from its fastest exact source, else from SQL.
 
 - dense: the FAISS cache (:mod:`index.vectors.cache`) when it holds the partition and can prove an
-  exact top-k, else pgvector's HNSW (or the exact scan, for a scope whose few rows the planner
-  reads through an index: decided once per scope and minute);
+  exact top-k, else pgvector (:class:`index.search.dense_leg.DenseLeg`: HNSW, or the exact scan
+  for a scope whose few rows the planner reads through an index, decided there);
 - lexical: the lexical engine (:class:`index.search.lexical_engine.LexicalEngine`) when it can answer
   exactly, else the SQL leg with this gateway's corpus statistics;
 - sparse: bge-m3's learned-sparse leg, in SQL.
@@ -15,34 +15,35 @@ built before the retriever; both load in the background while pgvector and SQL s
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 import asyncpg
 import numpy as np
 
+from gateway.access.acl import chunk_readable
+from gateway.access.auth import Principal
 from gateway.base.metrics import Metrics
 from gateway.base.settings import LEGS, GatewaySettings
 from gateway.retrieval.query_cache import QueryVector
-from index.lru import Lru
 from index.search.bm25 import CorpusStats
-from index.search.dense_leg import dense_search, may_read_exactly, reads_exactly
+from index.search.dense_leg import DenseLeg, seed_chunks
 from index.search.lexical_engine import LexicalEngine
 from index.search.lexical_leg import lexical_search, sparse_search
-from index.store.hits import ChunkHit, ChunkKey, Scope, scope_key
+from index.store.hits import ChunkHit, ChunkKey, Scope
 from index.store.partitions import ModelPartition
 
 if TYPE_CHECKING:  # FAISS loads only when the app builds a cache
     from index.vectors.cache import VectorCache
 
-EXACT_DECISION_TTL_S = 60.0  # a scope's exact-or-HNSW choice is re-estimated after this (stores grow)
-EXACT_DECISIONS_KEPT = 4096  # scopes whose choice is kept (the least recently used go first)
-
 T = TypeVar("T")
 
-__all__ = ["LegResults", "RetrievalLegs", "over_fetch"]
+__all__ = ["LegResults", "RetrievalLegs", "SeedNotFound", "over_fetch"]
+
+
+class SeedNotFound(Exception):
+    """The seed record does not exist, has no stored vectors, or the caller may not read it."""
 
 
 def over_fetch(limit: int) -> int:
@@ -78,8 +79,12 @@ class RetrievalLegs:
         self.lexical_engine = lexical_engine
         # The SQL lexical leg's IDF (the app shares one with its lexical engine's re-read).
         self.stats = corpus_stats or CorpusStats(ttl=settings.lexical_stats_ttl)
-        # (partition, modality, scope) -> (when decided, whether the dense leg reads it exactly)
-        self._exact_scopes: Lru[Hashable, tuple[float, bool]] = Lru(EXACT_DECISIONS_KEPT)
+        # pgvector's dense leg, which alone decides exact scan or HNSW for a scope.
+        self.dense = DenseLeg(
+            ef_search=settings.hnsw_ef_search,
+            max_scan_tuples=settings.hnsw_max_scan_tuples,
+            exact_max_rows=settings.dense_exact_max_rows,
+        )
 
     async def timed(self, leg: str, run: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
         """``run`` on a pooled read connection, its time recorded as retrieval leg ``leg``."""
@@ -128,40 +133,32 @@ class RetrievalLegs:
         fetch: int,
         modality: str = "text",
     ) -> list[ChunkHit]:
-        """pgvector's HNSW dense search with the configured scan settings, or the exact search for a
-        scope whose few rows the planner reads through an index (:meth:`reads_exactly`)."""
-        s = self.settings
-        return await dense_search(
-            conn,
-            partition,
-            vector,
-            scope,
-            fetch,
-            ef_search=s.hnsw_ef_search,
-            max_scan_tuples=s.hnsw_max_scan_tuples,
-            modality=modality,
-            exact=await self.reads_exactly(scope, conn, partition, vector, fetch, modality),
-        )
+        """pgvector's dense search: HNSW, or the exact scan where :class:`DenseLeg` decides it."""
+        return await self.dense.search(conn, partition, vector, scope, fetch, modality)
 
-    async def reads_exactly(
-        self, scope: Scope, conn: asyncpg.Connection, partition: ModelPartition, vector: np.ndarray, fetch: int,
-        modality: str,
-    ) -> bool:  # fmt: skip
-        """:func:`index.search.dense_leg.reads_exactly` with ``RAG_DENSE_EXACT_MAX_ROWS``, remembered: a scope is
-        asked once per partition and minute (the record a similar search excludes does not count),
-        so the estimate's round trip is rare."""
-        scope = replace(scope, exclude_record=None)
-        max_rows = self.settings.dense_exact_max_rows
-        if not may_read_exactly(scope, max_rows):  # reads_exactly's own answer, without the cache lookup
-            return False
-        key = (partition.partition, modality, scope_key(scope))
-        now = time.monotonic()
-        known = self._exact_scopes.get(key)
-        if known is not None and now - known[0] < EXACT_DECISION_TTL_S:
-            return known[1]
-        exact = await reads_exactly(conn, partition, vector, scope, fetch, max_rows, modality)
-        self._exact_scopes.put(key, (now, exact))
-        return exact
+    async def readable_seeds(
+        self,
+        principal: Principal,
+        partition: ModelPartition,
+        section_tipo: str,
+        section_id: int,
+        *,
+        group: str | None = None,
+        modality: str = "text",
+        view: str | None = None,
+    ) -> list[ChunkHit]:
+        """A seed record's stored rows (with vectors) that the caller may read, of one ``view`` when
+        given; none (missing, unreadable, nothing stored) -> :class:`SeedNotFound`, alike."""
+        async with self.pool.acquire() as conn:
+            seeds = await seed_chunks(
+                conn, partition, section_tipo, section_id, group=group, modality=modality
+            )
+        seeds = [c for c in seeds if chunk_readable(principal, c)]
+        if view is not None:
+            seeds = [c for c in seeds if c.meta.get("view", "") == view]
+        if not seeds:
+            raise SeedNotFound()
+        return seeds
 
     def rescore(
         self,

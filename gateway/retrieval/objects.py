@@ -34,16 +34,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import asyncpg
 import numpy as np
 
 from gateway.access.acl import gate, pushdown
 from gateway.access.auth import Principal
+from gateway.base.settings import GatewaySettings
 from gateway.retrieval.characterize import Vote, categorical_vote, date_summary
 from gateway.retrieval.fusion import rrf
-from gateway.retrieval.query_embedding import EmbeddingUnavailable
-from gateway.retrieval.retriever import Retriever, SeedNotFound
+from gateway.retrieval.legs import RetrievalLegs, SeedNotFound
+from gateway.retrieval.query_embedding import EmbeddingUnavailable, QueryEmbedder
 from index.store.hits import ChunkHit, Scope
-from index.store.partitions import ModelPartition
+from index.store.partitions import ModelPartition, Partitions
 from index.store.sections import SectionStore
 from inference.client import ModelInfo
 
@@ -90,40 +92,47 @@ def readable_roles(principal: Principal, row: ChunkHit) -> dict[str, Any]:
 
 
 class ObjectRetriever:
-    """Image retrieval beside a gateway's text retrieval, through its public surface (pool, sidecar
-    calls, timed legs); one per app, so the image-text model resolves once."""
+    """Image retrieval beside a gateway's text retrieval, on the same query embedder, legs and
+    partitions; one per app, so the image-text model resolves once."""
 
-    def __init__(self, retriever: Retriever) -> None:
-        self.base = retriever
-        self.pool = retriever.pool
-        self.settings = retriever.settings
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        queries: QueryEmbedder,
+        legs: RetrievalLegs,
+        partitions: Partitions,
+        settings: GatewaySettings,
+    ) -> None:
+        self.pool = pool  # the section descriptors' compare_scope and roles
+        self.queries = queries
+        self.legs = legs
+        self.partitions = partitions
+        self.settings = settings
         self._model: ModelInfo | None = None
 
     async def image_model(self) -> ModelInfo:
         """The image-text model (``RAG_IMAGE_MODEL`` or the sidecar's first); unavailable -> 503."""
         if self._model is None:
-            self._model = await self.base.queries.resolve_model(
-                "image_text", self.settings.sidecar.image_model
-            )
+            self._model = await self.queries.resolve_model("image_text", self.settings.sidecar.image_model)
         return self._model
 
     async def partition(self) -> ModelPartition | None:
-        return await self.base.partition((await self.image_model()).id)
+        return await self.partitions.of((await self.image_model()).id)
 
     async def _dense(
         self, partition: ModelPartition, vector: np.ndarray, scope: Scope, fetch: int
     ) -> list[ChunkHit]:
-        return await self.base.legs.timed(
+        return await self.legs.timed(
             "image_dense",
-            lambda conn: self.base.legs.hnsw_search(conn, partition, vector, scope, fetch, "image"),
+            lambda conn: self.legs.hnsw_search(conn, partition, vector, scope, fetch, "image"),
         )
 
     async def _lexical(
         self, partition: ModelPartition, query: str, scope: Scope, fetch: int
     ) -> list[ChunkHit]:
-        return await self.base.legs.timed(
+        return await self.legs.timed(
             "image_lexical",
-            lambda conn: self.base.legs.lexical(conn, partition, query, scope, fetch, "image"),
+            lambda conn: self.legs.lexical(conn, partition, query, scope, fetch, "image"),
         )
 
     async def compare_scope(self, section_tipo: str) -> tuple[str, ...]:
@@ -147,7 +156,7 @@ class ObjectRetriever:
         partition = await self.partition()
         if partition is None:
             raise SeedNotFound()
-        seeds = await self.base.readable_seeds(
+        seeds = await self.legs.readable_seeds(
             principal, partition, section_tipo, section_id, modality="image", view=view
         )
         sections = scope or await self.compare_scope(section_tipo)
@@ -199,7 +208,7 @@ class ObjectRetriever:
         self, principal: Principal, query: str, sections: tuple[str, ...] | None, limit: int
     ) -> list[ObjectHit]:
         """Objects whose images best match a text, through the image-text model's text tower."""
-        vector = await self.base.queries.embed_image_query(await self.image_model(), query)
+        vector = await self.queries.embed_image_query(await self.image_model(), query)
         partition = await self.partition()
         if partition is None:
             return []

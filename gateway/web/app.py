@@ -25,6 +25,7 @@ from gateway.actions.context import (
     OBJECTS_KEY,
     PASSAGES_KEY,
     RETRIEVER_KEY,
+    WINDOWS_KEY,
     AskServices,
     PassageServices,
 )
@@ -37,6 +38,7 @@ from gateway.base.resources import (
     LEXICAL_INDEX_KEY,
     METRICS_KEY,
     POOL_KEY,
+    QUERY_SIDECAR_KEY,
     READ_POOL_KEY,
     SETTINGS_KEY,
     SIDECAR_KEY,
@@ -46,9 +48,8 @@ from gateway.base.resources import (
 from gateway.base.settings import GatewaySettings
 from gateway.budgets.ledger import BUDGETS_KEY, Budgets
 from gateway.budgets.routes import setup_budget_routes
-from gateway.retrieval.objects import ObjectRetriever
+from gateway.retrieval.engines import build_retrieval
 from gateway.retrieval.rerank import Reranker
-from gateway.retrieval.retriever import Retriever
 from gateway.web.console import setup_console
 from gateway.web.dispatch import json_api
 from gateway.web.embeddings import setup_embeddings_route
@@ -210,7 +211,7 @@ async def _retriever_ctx(app: web.Application) -> AsyncIterator[None]:
     client = settings.sidecar.client(max_retries=1)
     # Built with the cache and the lexical engine (their contexts come first); both may still be
     # loading, and pgvector and the SQL leg serve until a partition is ready.
-    retriever = Retriever(
+    engines = build_retrieval(
         reads,
         client,
         settings,
@@ -219,8 +220,10 @@ async def _retriever_ctx(app: web.Application) -> AsyncIterator[None]:
         lexical_engine=app.get(LEXICAL_INDEX_KEY),
         corpus_stats=app[CORPUS_STATS_KEY],
     )
-    app[RETRIEVER_KEY] = retriever
-    app[OBJECTS_KEY] = ObjectRetriever(retriever)
+    app[QUERY_SIDECAR_KEY] = client
+    app[RETRIEVER_KEY] = engines.retriever
+    app[OBJECTS_KEY] = engines.objects
+    app[WINDOWS_KEY] = engines.windows
     # Expired corpus statistics are recounted in the background on the read pool (index.search.bm25).
     app[CORPUS_STATS_KEY].refresh_on(reads)
     try:
@@ -232,14 +235,12 @@ async def _retriever_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _ask_ctx(app: web.Application) -> AsyncIterator[None]:
-    """The passage steps (the reranker, on the retriever's sidecar client; expansion) and ask's
-    generator and section store."""
+    """The passage steps (the reranker on the query side's sidecar client, expansion's widths) and
+    ask's generator and section store."""
     settings = app[SETTINGS_KEY]
-    queries = app[RETRIEVER_KEY].queries
-    reranker = Reranker(
-        queries.client, settings.sidecar.rerank_model, settings.ask.rerank_timeout, app[METRICS_KEY]
-    )
-    provider = build_provider(settings.ask, queries.client, queries.text_model)
+    client, retriever = app[QUERY_SIDECAR_KEY], app[RETRIEVER_KEY]
+    reranker = Reranker(client, settings.sidecar.rerank_model, settings.ask.rerank_timeout, app[METRICS_KEY])
+    provider = build_provider(settings.ask, client, retriever.text_model)
     app[PASSAGES_KEY] = PassageServices.configured(reranker, settings.ask)
     app[ASK_KEY] = AskServices(settings.ask, provider, SectionStore(app[POOL_KEY]), app[METRICS_KEY])
     try:

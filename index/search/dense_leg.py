@@ -4,23 +4,31 @@
 relaxed_order``) so WHERE filters do not starve the result, re-sorted exactly afterwards; for a
 scope that sees few rows, :func:`reads_exactly` decides (from the planner's estimate) to read
 those rows exactly instead. :func:`seed_chunks` reads a stored record's chunks with their vectors
-(``similar_to``'s seed).
+(``similar_to``'s seed). :class:`DenseLeg` is the one place that chooses between the two for a
+reader: it asks the planner once per scope and minute and remembers the answer.
 """
 
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Hashable
+from dataclasses import replace
 from typing import Any
 
 import asyncpg
 import numpy as np
 
+from index.lru import Lru
 from index.search.read_settings import CUSTOM_PLANS, EXACT_SCAN, fetch_with_local_settings, hnsw_scan_settings
 from index.search.scope_sql import WhereSql
-from index.store.hits import _COLUMNS, _IDENTITY_ORDER, ChunkHit, Executor, Scope, _chunk
+from index.store.hits import _COLUMNS, _IDENTITY_ORDER, ChunkHit, Executor, Scope, _chunk, scope_key
 from index.store.partitions import ModelPartition
 
-__all__ = ["dense_search", "exact_scan_rows", "may_read_exactly", "reads_exactly", "seed_chunks"]
+EXACT_DECISION_TTL_S = 60.0  # a scope's exact-or-HNSW choice is re-estimated after this (stores grow)
+EXACT_DECISIONS_KEPT = 4096  # scopes whose choice is kept (the least recently used go first)
+
+__all__ = ["DenseLeg", "dense_search", "exact_scan_rows", "may_read_exactly", "reads_exactly", "seed_chunks"]
 
 
 def _dense_query(
@@ -133,6 +141,67 @@ async def dense_search(
         _chunk(r, 1.0 - float(r["distance"]), _as_array(r["embedding"]) if with_vectors else None)
         for r in rows
     ]
+
+
+class DenseLeg:
+    """pgvector's dense leg for one reader (a gateway, a benchmark): HNSW with the configured scan
+    settings, or the exact search for a scope whose few rows the planner reads through an index.
+
+    The choice (:func:`reads_exactly` with ``RAG_DENSE_EXACT_MAX_ROWS``) is remembered per partition,
+    modality and scope for :data:`EXACT_DECISION_TTL_S` (the record a similar search excludes does
+    not count), so the planner's round trip is rare; an unscoped search never asks.
+    """
+
+    def __init__(self, *, ef_search: int, max_scan_tuples: int, exact_max_rows: int) -> None:
+        self.ef_search = ef_search
+        self.max_scan_tuples = max_scan_tuples
+        self.exact_max_rows = exact_max_rows
+        # (partition, modality, scope) -> (when decided, whether the scope is read exactly)
+        self._decisions: Lru[Hashable, tuple[float, bool]] = Lru(EXACT_DECISIONS_KEPT)
+
+    async def search(
+        self,
+        conn: asyncpg.Connection,
+        partition: ModelPartition,
+        vector: np.ndarray,
+        scope: Scope,
+        limit: int,
+        modality: str = "text",
+    ) -> list[ChunkHit]:
+        """The nearest ``limit`` chunks of ``scope`` (:func:`dense_search`), exact where decided."""
+        return await dense_search(
+            conn,
+            partition,
+            vector,
+            scope,
+            limit,
+            ef_search=self.ef_search,
+            max_scan_tuples=self.max_scan_tuples,
+            modality=modality,
+            exact=await self.reads_exactly(conn, partition, vector, scope, limit, modality),
+        )
+
+    async def reads_exactly(
+        self,
+        conn: asyncpg.Connection,
+        partition: ModelPartition,
+        vector: np.ndarray,
+        scope: Scope,
+        limit: int,
+        modality: str = "text",
+    ) -> bool:
+        """:func:`reads_exactly` for this leg's ``exact_max_rows``, remembered."""
+        scope = replace(scope, exclude_record=None)
+        if not may_read_exactly(scope, self.exact_max_rows):  # known without the memo's lookup
+            return False
+        key = (partition.partition, modality, scope_key(scope))
+        now = time.monotonic()
+        known = self._decisions.get(key)
+        if known is not None and now - known[0] < EXACT_DECISION_TTL_S:
+            return known[1]
+        exact = await reads_exactly(conn, partition, vector, scope, limit, self.exact_max_rows, modality)
+        self._decisions.put(key, (now, exact))
+        return exact
 
 
 async def seed_chunks(

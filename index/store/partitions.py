@@ -46,6 +46,26 @@ async def get_partition(db: Executor, model: str) -> ModelPartition | None:
     return None if row is None else _from_row(row)
 
 
+class Partitions:
+    """The store's partitions by model, each read once it exists: a reader's lookup (every search
+    names its model's partition) without a round trip per search. A partition is never dropped
+    while readers run (a model-change backfill swaps the table inside it), so what was found stays
+    true; a model with nothing stored yet is asked again next time."""
+
+    def __init__(self, db: Executor) -> None:
+        self.db = db
+        self._found: dict[str, ModelPartition] = {}
+
+    async def of(self, model: str) -> ModelPartition | None:
+        """``model``'s partition, or None while nothing was ever stored for it."""
+        found = self._found.get(model)
+        if found is None:
+            found = await get_partition(self.db, model)
+            if found is not None:
+                self._found[model] = found
+        return found
+
+
 async def ensure_partition(db: Executor, model: str, dimension: int) -> ModelPartition:
     """Create the model's partition on first sight; error if it exists with another dimension."""
     await db.fetchval("SELECT rag_provision_model($1, $2)", model, dimension)
