@@ -3,9 +3,10 @@
 :class:`SidecarAPI` maps ``(method, path, headers, body)`` to an :class:`HttpResponse`. Servers wrap it:
 the Ray Serve ingress (``inference.serve_app``) and a plain aiohttp app (``inference.local_server``) for
 in-process use. The routes and their request fields are declared once, in :mod:`inference.routes`:
-the validation here and the OpenAPI document both come from there; what each route does is in
-:mod:`inference.handlers`. Every failure is a :class:`~inference.errors.SidecarApiError` answered as
-``{"error": {"code", "message"}}`` with its status, never a raw exception string.
+the validation here, the OpenAPI document and the client's requests all come from there; what each
+route does is :data:`inference.handlers.HANDLERS`. Every failure is a
+:class:`~inference.errors.SidecarApiError` answered as ``{"error": {"code", "message"}}`` with its
+status, never a raw exception string.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from .errors import (
     Unauthorized,
     UnsupportedMediaType,
 )
+from .handlers import HANDLERS, Handler
 from .metrics import SidecarMetrics
 from .responses import HttpResponse, error_response
 from .routes import OPEN_ROUTES, ROUTES
@@ -104,6 +106,7 @@ class SidecarAPI:
         api_key: str | None = None,
         backend_timeout_s: float = 5.0,
         routes: Sequence[Route] = ROUTES,
+        handlers: Mapping[tuple[str, str], Handler] = HANDLERS,
     ) -> None:
         self.config = config
         self.backends = dict(backends)
@@ -114,6 +117,10 @@ class SidecarAPI:
         self._routes = {(route.method, route.path): route for route in routes}
         if len(self._routes) != len(routes):
             raise ValueError("a (method, path) is declared twice in the route table")
+        unhandled = [f"{method} {path}" for method, path in self._routes if (method, path) not in handlers]
+        if unhandled:
+            raise ValueError(f"no handler for {', '.join(unhandled)}")
+        self._handlers = {key: handlers[key] for key in self._routes}
 
     @property
     def routes(self) -> Sequence[Route]:
@@ -149,7 +156,7 @@ class SidecarAPI:
                 payload = self._parse(body)
                 model = payload.get("model") if isinstance(payload.get("model"), str) else "-"
                 args = route.read(payload, self.config, self.backends)
-            response = await route.handler(self, args)
+            response = await self._handlers[(route.method, route.path)](self, args)
         except SidecarApiError as exc:
             response = error_response(exc)
         except Exception:  # a bug or a backend crash: coded 500, details in the log only
@@ -182,7 +189,7 @@ class SidecarAPI:
             raise BadRequest("body must be a JSON object", code=ErrorCode.INVALID_JSON)
         return payload
 
-    # -- what handlers use (inference.contract.Sidecar) ------------------------------------------
+    # -- what handlers use (inference.handlers.Sidecar) ------------------------------------------
 
     async def call(self, coro: Awaitable[Any]) -> Any:
         """Await a backend call, turning anything that is not a coded error into a 500 model error."""

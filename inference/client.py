@@ -2,7 +2,9 @@
 
 It splits large inputs into requests within the sidecar's limits, applies a timeout per attempt,
 retries with jittered exponential backoff on 429/502/503/504 and connection errors (honouring
-``Retry-After``) and raises typed errors::
+``Retry-After``) and raises typed errors. Every request is built from the sidecar's own route
+declarations (:mod:`inference.routes`): their paths, their field names, their defaults, so the two
+ends of the contract cannot drift apart::
 
     SidecarError                  base
     ├── SidecarUnavailable        connection refused/reset, timeout, 502/503/504 after retries
@@ -23,8 +25,10 @@ import aiohttp
 import numpy as np
 import orjson
 
+from .contract import Route
 from .errors import ErrorCode
 from .json_out import dumps
+from .routes import EMBED, IMAGE, MODELS, OPENAI_EMBEDDINGS, READYZ, RERANK, TEXT, TOKENIZE
 
 __all__ = [
     "EmbedResult",
@@ -42,6 +46,7 @@ _KNOWN_CODES = frozenset(code.value for code in ErrorCode)
 _MAX_IMAGE_REQUEST_BYTES = 32 * 1024 * 1024  # raw bytes per /image request (body limit is 64 MiB base64)
 _JSON_BODY = {"Content-Type": "application/json"}  # bodies through inference.json_out (orjson)
 _PARALLEL_REQUESTS = 4  # split requests in flight at once; the sidecar batches them together
+_VECTORS_AS = "base64"  # the encoding_format the client asks for: fewer bytes than JSON floats, exact
 
 
 class SidecarError(Exception):
@@ -171,8 +176,11 @@ class SidecarClient:
 
     # -- transport -------------------------------------------------------------------------------
 
-    async def _request(self, method: str, path: str, payload: dict[str, Any] | None = None) -> Any:
-        """One logical call with retries; returns the decoded JSON body of a 2xx answer."""
+    async def _request(self, route: Route, **fields: Any) -> Any:
+        """One logical call of ``route`` with retries; returns the decoded JSON body of a 2xx answer.
+        A POST's body is ``fields`` as the route declares them (:meth:`~inference.contract.Route.body`)."""
+        method, path = route.method, route.path
+        payload = route.body(**fields) if method == "POST" else None
         url = f"{self.base_url}{path}"
         attempt = 0
         while True:
@@ -255,7 +263,7 @@ class SidecarClient:
     # -- API -------------------------------------------------------------------------------------
 
     async def models(self) -> list[ModelInfo]:
-        body = await self._request("GET", "/models")
+        body = await self._request(MODELS)
         fields = [f.name for f in dataclasses.fields(ModelInfo)]
         return [
             ModelInfo(
@@ -267,25 +275,32 @@ class SidecarClient:
 
     async def ready(self) -> bool:
         try:
-            async with self._http().get(
-                f"{self.base_url}/readyz", timeout=aiohttp.ClientTimeout(total=self.timeout)
+            async with self._http().request(
+                READYZ.method,
+                f"{self.base_url}{READYZ.path}",
+                timeout=aiohttp.ClientTimeout(total=self.timeout),
             ) as response:
                 return response.status == 200
         except (aiohttp.ClientError, TimeoutError):
             return False
 
     async def embed(
-        self, model: str, texts: Sequence[str], *, truncate: bool = False, return_sparse: bool = False
+        self,
+        model: str,
+        texts: Sequence[str],
+        *,
+        truncate: bool = EMBED.field("truncate").default,
+        return_sparse: bool = EMBED.field("return_sparse").default,
     ) -> EmbedResult:
         async def call(chunk):
-            payload = {
-                "model": model,
-                "input": list(chunk),
-                "truncate": truncate,
-                "return_sparse": return_sparse,
-                "encoding_format": "base64",
-            }
-            return await self._request("POST", "/embed", payload)
+            return await self._request(
+                EMBED,
+                model=model,
+                input=list(chunk),
+                truncate=truncate,
+                return_sparse=return_sparse,
+                encoding_format=_VECTORS_AS,
+            )
 
         answers = await self._map_chunks(self._chunks(texts), call)
         return self._result(model, answers, len(texts), sparse=return_sparse)
@@ -295,20 +310,19 @@ class SidecarClient:
         model: str,
         texts: str | Sequence[str],
         *,
-        encoding_format: str = "float",
+        encoding_format: str = OPENAI_EMBEDDINGS.field("encoding_format").default,
         dimensions: int | None = None,
     ) -> OpenAIEmbeddings:
         """One ``POST /v1/embeddings`` call, never split: its ``data[].index`` and ``usage`` are the
         sidecar's own, so a proxy passes the answer on as it came (more inputs than the model takes in
         one request is the sidecar's 413 ``too_many_inputs``). ``texts`` as a string is sent as one."""
-        payload: dict[str, Any] = {
-            "model": model,
-            "input": texts if isinstance(texts, str) else list(texts),
-            "encoding_format": encoding_format,
-        }
-        if dimensions is not None:
-            payload["dimensions"] = dimensions
-        body = await self._request("POST", "/v1/embeddings", payload)
+        body = await self._request(
+            OPENAI_EMBEDDINGS,
+            model=model,
+            input=texts if isinstance(texts, str) else list(texts),
+            encoding_format=encoding_format,
+            dimensions=dimensions,  # None: left out
+        )
         expected = 1 if isinstance(texts, str) else len(texts)
         data = body.get("data") if isinstance(body, dict) else None
         usage = body.get("usage") if isinstance(body, dict) else None
@@ -321,7 +335,7 @@ class SidecarClient:
 
     async def tokenize(self, model: str, texts: Sequence[str]) -> list[int]:
         async def call(chunk):
-            return await self._request("POST", "/tokenize", {"model": model, "input": list(chunk)})
+            return await self._request(TOKENIZE, model=model, input=list(chunk))
 
         answers = await self._map_chunks(self._chunks(texts), call)
         return [int(n) for a in answers for n in a["tokens"]]
@@ -341,12 +355,8 @@ class SidecarClient:
             size += len(image)
 
         async def call(chunk):
-            payload = {
-                "model": model,
-                "images": [base64.b64encode(b).decode("ascii") for b in chunk],
-                "encoding_format": "base64",
-            }
-            return await self._request("POST", "/image", payload)
+            images = [base64.b64encode(b).decode("ascii") for b in chunk]
+            return await self._request(IMAGE, model=model, images=images, encoding_format=_VECTORS_AS)
 
         answers = await self._map_chunks(chunks, call)
         result = self._result(model, answers, len(images))
@@ -354,17 +364,14 @@ class SidecarClient:
 
     async def embed_image_texts(self, model: str, texts: Sequence[str]) -> EmbedResult:
         async def call(chunk):
-            payload = {"model": model, "input": list(chunk), "encoding_format": "base64"}
-            return await self._request("POST", "/text", payload)
+            return await self._request(TEXT, model=model, input=list(chunk), encoding_format=_VECTORS_AS)
 
         answers = await self._map_chunks(self._chunks(texts), call)
         return self._result(model, answers, len(texts))
 
     async def rerank(self, model: str, query: str, documents: Sequence[str]) -> list[float]:
         async def call(chunk):
-            return await self._request(
-                "POST", "/rerank", {"model": model, "query": query, "documents": list(chunk)}
-            )
+            return await self._request(RERANK, model=model, query=query, documents=list(chunk))
 
         answers = await self._map_chunks(self._chunks(documents), call)
         scores = [float(s) for a in answers for s in a["scores"]]

@@ -1,9 +1,13 @@
 """The sidecar's request contract as data: a :class:`Route` per endpoint, a :class:`Field` per body field.
 
-One declaration gives both views of a route: the request validation (:meth:`Route.read`, what the
-route's handler receives, or the first invalid field as a coded 4xx) and its OpenAPI request schema
+One declaration gives every view of a route: the request a client sends (:meth:`Route.body`, what
+:mod:`inference.client` builds), the request validation (:meth:`Route.read`, what the route's handler
+receives, or the first invalid field as a coded 4xx) and its OpenAPI request schema
 (:meth:`Route.request_schema`, what ``GET /openapi.json`` publishes). The table of routes is
-:data:`inference.routes.ROUTES`; ``tests/test_inference_contract.py`` proves the two views agree.
+:data:`inference.routes.ROUTES`; ``tests/test_inference_contract.py`` proves the views agree.
+
+A declaration is pure data, with no handler and nothing of the server: the client imports it, and
+the gateway imports the client. What each route does is :data:`inference.handlers.HANDLERS`.
 
 What a schema cannot say statically (which models are served, a model's kind, its per-request input
 count) is checked here too, against the configuration, and written into the field's schema as
@@ -12,18 +16,17 @@ count) is checked here too, against the configuration, and written into the fiel
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from .backends import Backend
-from .config import SidecarConfig
 from .errors import BadRequest, ErrorCode, ModelNotFound, PayloadTooLarge
-from .metrics import SidecarMetrics
-from .responses import HttpResponse
 
-__all__ = ["Args", "Field", "FieldType", "Handler", "Route", "Sidecar"]
+if TYPE_CHECKING:  # the server's configuration, read by Route.read; the client never loads it
+    from .config import SidecarConfig
+
+__all__ = ["Args", "Field", "FieldType", "Route"]
 
 Args = dict[str, Any]  # a request's fields as its handler takes them: name -> validated value
 
@@ -157,32 +160,13 @@ def _within_count(model: str, count: int, config: SidecarConfig) -> None:
         )
 
 
-class Sidecar(Protocol):
-    """What a route's handler may use of the API serving it (:class:`inference.api.SidecarAPI`)."""
-
-    config: SidecarConfig
-    backends: Mapping[str, Backend]
-    metrics: SidecarMetrics
-    backend_timeout_s: float
-
-    @property
-    def routes(self) -> Sequence[Route]: ...
-    async def call(self, coro: Awaitable[Any]) -> Any: ...
-    async def ready_map(self) -> dict[str, bool]: ...
-    async def info(self, model: str) -> dict[str, Any]: ...
-
-
-Handler = Callable[[Sidecar, Args], Awaitable[HttpResponse]]
-
-
 @dataclass(frozen=True)
 class Route:
-    """One endpoint: method, path, summary, its handler and, for a POST, its body's fields."""
+    """One endpoint: method, path, summary and, for a POST, its body's fields."""
 
     method: str  # "GET" or "POST"
     path: str
     summary: str
-    handler: Handler
     fields: tuple[Field, ...] = ()  # in the order they are validated: the first bad one is answered
     open: bool = False  # answered without the API key (the probes and this contract's own document)
 
@@ -198,6 +182,31 @@ class Route:
             raise ValueError(f"{self.method} {self.path}: counted inputs need the one required model field")
         if counted and min(counted) < models[0]:
             raise ValueError(f"{self.method} {self.path}: the model is read before the inputs it counts")
+
+    @property
+    def model_kinds(self) -> tuple[str, ...]:
+        """The model kinds this route serves: its model field's (none for a route without one)."""
+        return next((f.model_kinds for f in self.fields if f.type is FieldType.MODEL), ())
+
+    def field(self, name: str) -> Field:
+        """The declared field ``name`` (a client takes its defaults from here)."""
+        for field in self.fields:
+            if field.name == name:
+                return field
+        raise KeyError(f"{self.method} {self.path} declares no field {name!r}")
+
+    def body(self, **values: Any) -> dict[str, Any]:
+        """The request body a client sends: ``values`` in declaration order, a None left out (the
+        server reads an absent field and a null alike). A name the route does not declare, or a
+        required field left out, is refused here, before anything is sent."""
+        unknown = sorted(set(values) - {f.name for f in self.fields})
+        if unknown:
+            raise ValueError(f"{self.method} {self.path} declares no field {unknown}")
+        body = {f.name: values[f.name] for f in self.fields if values.get(f.name) is not None}
+        missing = [f.name for f in self.fields if f.required and f.name not in body]
+        if missing:
+            raise ValueError(f"{self.method} {self.path} requires {missing}")
+        return body
 
     def read(self, body: Mapping[str, Any], config: SidecarConfig, served: Collection[str]) -> Args:
         """The body's fields as the handler takes them, validated in declaration order."""

@@ -1,23 +1,31 @@
 """What each sidecar route does once its request is valid: call the model, shape the answer.
 
-Each handler takes the API serving it (:class:`~inference.contract.Sidecar`) and the request's fields
-as :meth:`Route.read <inference.contract.Route.read>` validated them; a POST route's ``model`` is a
-served model of the route's kind. :data:`inference.routes.ROUTES` names the handler of each route.
+Each handler takes the API serving it (:class:`Sidecar`) and the request's fields as
+:meth:`Route.read <inference.contract.Route.read>` validated them; a POST route's ``model`` is a
+served model of the route's kind. :data:`HANDLERS` names the handler of each route that
+:data:`inference.routes.ROUTES` declares.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol
 
+from . import routes
 from .backends import Backend
-from .contract import Args, Sidecar
+from .config import SidecarConfig
+from .contract import Args, Route
 from .errors import BadRequest, ErrorCode, NotReady
 from .images import decode_base64
+from .metrics import SidecarMetrics
 from .openapi import build_spec
 from .responses import HttpResponse, encode_vectors, finite, json_response
 
 __all__ = [
+    "HANDLERS",
+    "Handler",
+    "Sidecar",
     "embed",
     "healthz",
     "image",
@@ -31,6 +39,24 @@ __all__ = [
     "text",
     "tokenize",
 ]
+
+
+class Sidecar(Protocol):
+    """What a route's handler may use of the API serving it (:class:`inference.api.SidecarAPI`)."""
+
+    config: SidecarConfig
+    backends: Mapping[str, Backend]
+    metrics: SidecarMetrics
+    backend_timeout_s: float
+
+    @property
+    def routes(self) -> Sequence[Route]: ...
+    async def call(self, coro: Awaitable[Any]) -> Any: ...
+    async def ready_map(self) -> dict[str, bool]: ...
+    async def info(self, model: str) -> dict[str, Any]: ...
+
+
+Handler = Callable[[Sidecar, Args], Awaitable[HttpResponse]]
 
 
 # -- GET routes ------------------------------------------------------------------------------------
@@ -153,3 +179,23 @@ async def tokenize(api: Sidecar, args: Args) -> HttpResponse:
     model = args["model"]
     counts = await api.call(api.backends[model].tokenize(args["input"]))
     return json_response(200, {"tokens": counts, "model": model})
+
+
+# Each declared route's handler, by (method, path): SidecarAPI refuses a route it has none for.
+HANDLERS: Mapping[tuple[str, str], Handler] = {
+    (route.method, route.path): handler
+    for route, handler in (
+        (routes.HEALTHZ, healthz),
+        (routes.READYZ, readyz),
+        (routes.MODELS, models),
+        (routes.OPENAI_MODELS, openai_models),
+        (routes.METRICS, metrics),
+        (routes.OPENAPI, openapi),
+        (routes.EMBED, embed),
+        (routes.OPENAI_EMBEDDINGS, openai_embeddings),
+        (routes.TEXT, text),
+        (routes.IMAGE, image),
+        (routes.RERANK, rerank),
+        (routes.TOKENIZE, tokenize),
+    )
+}

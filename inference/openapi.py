@@ -13,6 +13,7 @@ from typing import Any
 
 from .contract import Route
 from .errors import ErrorCode
+from .routes import READYZ
 
 __all__ = ["ERROR_SCHEMA", "build_spec"]
 
@@ -36,7 +37,7 @@ def _operation(route: Route) -> dict[str, Any]:
     json_error = {"description": "coded error", "content": {"application/json": {"schema": ERROR_SCHEMA}}}
     post = route.method == "POST"
     responses: dict[str, Any] = {"200": {"description": "success"}}
-    if post or route.path == "/readyz":  # a model still loading or unreachable (NotReady)
+    if post or route.path == READYZ.path:  # a model still loading or unreachable (NotReady)
         responses["503"] = {**json_error, "description": "not_ready", "x-error-codes": ["not_ready"]}
     if post:  # a model failing on an input (ModelFailed): documented, still a server error
         responses["500"] = {**json_error, "description": "model_error", "x-error-codes": ["model_error"]}

@@ -1,18 +1,36 @@
-"""Every sidecar route, declared once: method, path, summary, handler and the body's fields.
+"""Every sidecar route, declared once: method, path, summary and the body's fields.
 
-From this table come the request validation (:meth:`Route.read <inference.contract.Route.read>`,
-what handlers receive), the ``/openapi.json`` request schemas (:func:`inference.openapi.build_spec`)
-and the routing itself (:class:`inference.api.SidecarAPI`). Adding a route is one entry here and its
-handler in :mod:`inference.handlers`; ``tests/test_inference_contract.py`` proves the views agree.
+Both ends of the HTTP contract come from this table: the client's requests
+(:meth:`Route.body <inference.contract.Route.body>`, the paths and field defaults of
+:class:`inference.client.SidecarClient`), the request validation
+(:meth:`Route.read <inference.contract.Route.read>`, what handlers receive), the ``/openapi.json``
+request schemas (:func:`inference.openapi.build_spec`), the routing (:class:`inference.api.SidecarAPI`)
+and the routes a model kind is told to use (:mod:`inference.service`). Adding a route is one entry
+here and its handler in :data:`inference.handlers.HANDLERS`; ``tests/test_inference_contract.py``
+proves the views agree. Pure data, light to import: the gateway loads it with the client.
 """
 
 from __future__ import annotations
 
-from . import handlers
 from .contract import Field, FieldType, Route
 from .errors import ErrorCode
 
-__all__ = ["OPEN_ROUTES", "ROUTES"]
+__all__ = [
+    "EMBED",
+    "HEALTHZ",
+    "IMAGE",
+    "METRICS",
+    "MODELS",
+    "OPENAI_EMBEDDINGS",
+    "OPENAI_MODELS",
+    "OPENAPI",
+    "OPEN_ROUTES",
+    "READYZ",
+    "RERANK",
+    "ROUTES",
+    "TEXT",
+    "TOKENIZE",
+]
 
 
 def _model(*kinds: str) -> Field:
@@ -69,82 +87,82 @@ RAW_SCORES = Field(
     "raw_scores", FieldType.BOOLEAN, "The cross-encoder's logits instead of sigmoid scores.", default=False
 )
 
+HEALTHZ = Route("GET", "/healthz", "Liveness: the process answers.", open=True)
+READYZ = Route(
+    "GET",
+    "/readyz",
+    "Readiness: every model has loaded and run its warm-up forward pass (503 until then).",
+    open=True,
+)
+MODELS = Route(
+    "GET",
+    "/models",
+    "The served models: id, kind, capabilities, dimension, max input tokens, device, dtype.",
+)
+OPENAI_MODELS = Route(
+    "GET",
+    "/v1/models",
+    "The served models in OpenAI's list shape (the SDK's models.list() discovers them here).",
+)
+METRICS = Route(
+    "GET", "/metrics", "Prometheus metrics: requests, batch sizes, queue depth, latency, throughput."
+)
+OPENAPI = Route(
+    "GET",
+    "/openapi.json",
+    "This document: an OpenAPI 3.1 description of every route, from the route table itself.",
+    open=True,
+)
+EMBED = Route(
+    "POST",
+    "/embed",
+    "Dense vectors (and optionally lexical weights) for texts, from a text model.",
+    (_model("text"), INPUT, _truncate(False, "a text"), RETURN_SPARSE, ENCODING_FORMAT),
+)
+OPENAI_EMBEDDINGS = Route(
+    "POST",
+    "/v1/embeddings",
+    "Dense vectors for texts in OpenAI's embeddings shape.",
+    (_model("text"), INPUT, ENCODING_FORMAT, DIMENSIONS),
+)
+TEXT = Route(
+    "POST",
+    "/text",
+    "Vectors for texts from an image-text model's text tower (the space its images share).",
+    (_model("image_text"), INPUT, _truncate(False, "a text"), ENCODING_FORMAT),
+)
+IMAGE = Route(
+    "POST",
+    "/image",
+    "Vectors for base64 images from an image-text model's image tower.",
+    (_model("image_text"), IMAGES, ENCODING_FORMAT),
+)
+RERANK = Route(
+    "POST",
+    "/rerank",
+    "Relevance scores of documents for a query, from a cross-encoder, in input order.",
+    (_model("rerank"), QUERY, DOCUMENTS, _truncate(True, "a query-document pair"), RAW_SCORES),
+)
+TOKENIZE = Route(
+    "POST",
+    "/tokenize",
+    "Token counts of texts as the model counts them (special tokens included).",
+    (_model("text", "image_text", "rerank"), INPUT),
+)
+
 ROUTES: tuple[Route, ...] = (
-    Route("GET", "/healthz", "Liveness: the process answers.", handlers.healthz, open=True),
-    Route(
-        "GET",
-        "/readyz",
-        "Readiness: every model has loaded and run its warm-up forward pass (503 until then).",
-        handlers.readyz,
-        open=True,
-    ),
-    Route(
-        "GET",
-        "/models",
-        "The served models: id, kind, capabilities, dimension, max input tokens, device, dtype.",
-        handlers.models,
-    ),
-    Route(
-        "GET",
-        "/v1/models",
-        "The served models in OpenAI's list shape (the SDK's models.list() discovers them here).",
-        handlers.openai_models,
-    ),
-    Route(
-        "GET",
-        "/metrics",
-        "Prometheus metrics: requests, batch sizes, queue depth, latency, throughput.",
-        handlers.metrics,
-    ),
-    Route(
-        "GET",
-        "/openapi.json",
-        "This document: an OpenAPI 3.1 description of every route, from the route table itself.",
-        handlers.openapi,
-        open=True,
-    ),
-    Route(
-        "POST",
-        "/embed",
-        "Dense vectors (and optionally lexical weights) for texts, from a text model.",
-        handlers.embed,
-        (_model("text"), INPUT, _truncate(False, "a text"), RETURN_SPARSE, ENCODING_FORMAT),
-    ),
-    Route(
-        "POST",
-        "/v1/embeddings",
-        "Dense vectors for texts in OpenAI's embeddings shape.",
-        handlers.openai_embeddings,
-        (_model("text"), INPUT, ENCODING_FORMAT, DIMENSIONS),
-    ),
-    Route(
-        "POST",
-        "/text",
-        "Vectors for texts from an image-text model's text tower (the space its images share).",
-        handlers.text,
-        (_model("image_text"), INPUT, _truncate(False, "a text"), ENCODING_FORMAT),
-    ),
-    Route(
-        "POST",
-        "/image",
-        "Vectors for base64 images from an image-text model's image tower.",
-        handlers.image,
-        (_model("image_text"), IMAGES, ENCODING_FORMAT),
-    ),
-    Route(
-        "POST",
-        "/rerank",
-        "Relevance scores of documents for a query, from a cross-encoder, in input order.",
-        handlers.rerank,
-        (_model("rerank"), QUERY, DOCUMENTS, _truncate(True, "a query-document pair"), RAW_SCORES),
-    ),
-    Route(
-        "POST",
-        "/tokenize",
-        "Token counts of texts as the model counts them (special tokens included).",
-        handlers.tokenize,
-        (_model("text", "image_text", "rerank"), INPUT),
-    ),
+    HEALTHZ,
+    READYZ,
+    MODELS,
+    OPENAI_MODELS,
+    METRICS,
+    OPENAPI,
+    EMBED,
+    OPENAI_EMBEDDINGS,
+    TEXT,
+    IMAGE,
+    RERANK,
+    TOKENIZE,
 )
 
 # Paths answered without the API key.

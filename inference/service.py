@@ -20,15 +20,21 @@ import numpy as np
 
 from .batching import TokenBudgetBatcher
 from .config import Limits, ModelSpec
+from .contract import Route
 from .encoders import CrossEncoder, Encoder, ImageTextEncoder, TextEncoder, load_encoder
 from .errors import BadRequest, ErrorCode, NotReady, PayloadTooLarge, SidecarApiError
 from .images import open_image
+from .routes import EMBED, IMAGE, RERANK, ROUTES, TEXT
 
 __all__ = ["ModelService"]
 
 log = logging.getLogger(__name__)
 
-_ROUTES_BY_KIND = {"text": "/embed", "image_text": "/image and /text", "rerank": "/rerank"}
+
+def _routes_serving(kind: str) -> str:
+    """The declared routes that take a model of ``kind``, as a wrong-kind error names them."""
+    *others, last = [route.path for route in ROUTES if kind in route.model_kinds]
+    return f"{', '.join(others)} or {last}" if others else last
 
 
 class ModelService:
@@ -133,7 +139,7 @@ class ModelService:
         one submission to the batcher. A fault of the whole call (wrong model kind, not ready, the
         forward pass failed, the queue full) raises for all.
         """
-        encoder = self._expect(TextEncoder, "/embed")
+        encoder = self._expect(TextEncoder, EMBED)
         if return_sparse and encoder.sparse_linear is None:
             raise BadRequest(f"model {self.spec.id!r} has no sparse head", code=ErrorCode.SPARSE_UNSUPPORTED)
 
@@ -167,7 +173,7 @@ class ModelService:
 
     async def embed_texts(self, texts: Sequence[str], *, truncate: bool = False) -> dict[str, Any]:
         """``/text``: the joint model's text tower; ``{"dense", "tokens"}``."""
-        encoder = self._expect(ImageTextEncoder, "/text")
+        encoder = self._expect(ImageTextEncoder, TEXT)
         self._check_count(texts)
         items = await self._run_prep(encoder.prepare, texts, truncate=truncate)
         # Every text is padded to max_length, so each costs the full length in the budget.
@@ -176,7 +182,7 @@ class ModelService:
 
     async def embed_images(self, images: Sequence[bytes]) -> dict[str, Any]:
         """``/image``: raw image bytes (already base64-decoded) -> ``{"dense"}``."""
-        encoder = self._expect(ImageTextEncoder, "/image")
+        encoder = self._expect(ImageTextEncoder, IMAGE)
         self._check_count(images)
         pixels = await self._run_prep(self._prepare_images, encoder, images)
         results = await self._batchers["main"].submit(pixels, [encoder.tokens_per_image] * len(pixels))
@@ -190,7 +196,7 @@ class ModelService:
         self, query: str, documents: Sequence[str], *, truncate: bool = True, raw_scores: bool = False
     ) -> dict[str, Any]:
         """``/rerank``: one score per document, in input order (sigmoid unless ``raw_scores``)."""
-        encoder = self._expect(CrossEncoder, "/rerank")
+        encoder = self._expect(CrossEncoder, RERANK)
         self._check_count(documents)
         items = await self._run_prep(encoder.prepare_pairs, query, documents, truncate=truncate)
         logits = await self._batchers["main"].submit(items, [i.length for i in items])
@@ -209,12 +215,12 @@ class ModelService:
         if not self.ready:
             raise NotReady(f"model {self.spec.id!r} is still loading or warming up", retry_after=5)
 
-    def _expect(self, cls: type, route: str):
+    def _expect(self, cls: type, route: Route):
         self._check_ready()
         if not isinstance(self.encoder, cls):
             raise BadRequest(
-                f"model {self.spec.id!r} is a {self.spec.kind} model: use {_ROUTES_BY_KIND[self.spec.kind]}, "
-                f"not {route}",
+                f"model {self.spec.id!r} is a {self.spec.kind} model: use {_routes_serving(self.spec.kind)}, "
+                f"not {route.path}",
                 code=ErrorCode.WRONG_MODEL_KIND,
             )
         return self.encoder

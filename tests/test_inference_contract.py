@@ -32,7 +32,7 @@ from inference.contract import Field, FieldType, Route
 from inference.encoders import load_encoder
 from inference.errors import SidecarApiError
 from inference.local_server import create_app
-from inference.routes import ROUTES
+from inference.routes import EMBED, ROUTES
 from inference.service import ModelService
 
 MINILM = "all-minilm-l6-v2"
@@ -203,8 +203,7 @@ def _probed(field: Field, probe: Any) -> bool:
 
 @pytest.mark.parametrize("route", [r for r in ROUTES if r.method == "POST"], ids=lambda r: r.path)
 def test_the_schema_accepts_what_the_validation_accepts(route: Route, sidecar_config: SidecarConfig) -> None:
-    kinds = next(f.model_kinds for f in route.fields if f.type is FieldType.MODEL)
-    model = next(spec.id for spec in sidecar_config.models if spec.kind in kinds)
+    model = next(spec.id for spec in sidecar_config.models if spec.kind in route.model_kinds)
     schema = jsonschema.Draft202012Validator(route.request_schema())
     base = {
         "model": model,
@@ -228,8 +227,7 @@ def test_the_schema_accepts_what_the_validation_accepts(route: Route, sidecar_co
 
 @pytest.mark.parametrize("route", [r for r in ROUTES if r.method == "POST"], ids=lambda r: r.path)
 def test_a_published_default_is_what_the_handler_gets(route: Route, sidecar_config: SidecarConfig) -> None:
-    kinds = next(f.model_kinds for f in route.fields if f.type is FieldType.MODEL)
-    model = next(spec.id for spec in sidecar_config.models if spec.kind in kinds)
+    model = next(spec.id for spec in sidecar_config.models if spec.kind in route.model_kinds)
     body = {
         "model": model,
         **{f.name: REQUIRED_SAMPLES[f.name] for f in route.fields if f.required and f.name != "model"},
@@ -251,13 +249,12 @@ def test_a_declaration_that_cannot_be_enforced_is_refused() -> None:
         Field("query", FieldType.STRING, "d", counted=True)
     counted = Field("input", FieldType.TEXTS, "d", required=True, counted=True)
     model = Field("model", FieldType.MODEL, "d", required=True, model_kinds=("text",))
-    handler = ROUTES[0].handler
     with pytest.raises(ValueError, match="before the inputs"):
-        Route("POST", "/x", "s", handler, (counted, model))
+        Route("POST", "/x", "s", (counted, model))
     with pytest.raises(ValueError, match="one required model"):
-        Route("POST", "/x", "s", handler, (counted,))
+        Route("POST", "/x", "s", (counted,))
     with pytest.raises(ValueError, match="twice"):
-        Route("POST", "/x", "s", handler, (model, counted, counted))
+        Route("POST", "/x", "s", (model, counted, counted))
 
 
 # -- the client speaks the declarations ------------------------------------------------------------
@@ -406,6 +403,20 @@ async def every_model(
         await server.close()
         for service in services:
             await service.close()
+
+
+def test_a_body_its_declaration_does_not_allow_is_refused_before_it_is_sent() -> None:
+    with pytest.raises(ValueError, match=r"POST /embed declares no field \['inputs'\]"):
+        EMBED.body(model=MINILM, inputs=["x"])
+    with pytest.raises(ValueError, match=r"POST /embed requires \['model'\]"):
+        EMBED.body(input=["x"])
+    # Declaration order, whatever the caller's; a None is left out, as the server reads it absent.
+    assert EMBED.body(truncate=None, input=["x"], model=MINILM) == {"model": MINILM, "input": ["x"]}
+    assert list(EMBED.body(encoding_format="base64", input=["x"], model=MINILM)) == [
+        "model",
+        "input",
+        "encoding_format",
+    ]
 
 
 def test_every_public_client_call_is_pinned() -> None:
