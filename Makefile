@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.mnemo-installed
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-k chunker -x"`.
 PYTEST_ARGS ?=
 
-.PHONY: install up test browser screenshots lint bench clean
+.PHONY: install up test browser screenshots lint docs bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,12 @@ browser:
 # The console's screenshots in docs/screenshots (the README shows two), from its browser tests.
 screenshots: install browser
 	MNEMO_SCREENSHOTS=docs/screenshots $(BIN)/python -m pytest tests/test_console.py -q
+
+# The generated parts of the docs: the architecture picture (from the code's imports) and the
+# settings reference; tests/test_docs.py fails when either is stale.
+docs: install
+	$(BIN)/python docs/architecture_picture.py
+	$(BIN)/mnemo settings docs
 
 lint: install
 	$(BIN)/ruff check .

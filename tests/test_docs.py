@@ -12,6 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import runpy
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -306,3 +309,19 @@ def test_the_checks_catch_what_they_are_for(tmp_path: Path, cli: argparse.Argume
     assert "takes stdio, http, not 'smoke'" in problems[2]
     assert "`mnemo sections` has no subcommand 'list'" in problems[3]
     assert "`mnemo queue` has no subcommand 'nope'" in problems[4]
+
+
+def test_the_architecture_picture_is_drawn_from_the_code_as_it_stands(tmp_path: Path) -> None:
+    """docs/architecture.md opens with the picture docs/architecture_picture.py draws from the imports;
+    `--check` fails when it is stale, and the picture names every subpackage of index and gateway."""
+    script = REPO_ROOT / "docs" / "architecture_picture.py"
+    check = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    text = (REPO_ROOT / "docs" / "architecture.md").read_text()
+    for package in ("index", "gateway"):
+        for init in (REPO_ROOT / package).glob("*/__init__.py"):
+            assert f"`{package}/{init.parent.name}/`" in text, init
+    stale = tmp_path / "architecture.md"
+    stale.write_text(text.replace("index_store --> index", "index_store --> gateway_web"))
+    module = runpy.run_path(str(script))
+    assert module["rewritten"](stale.read_text()) == text  # the stale picture is redrawn whole
