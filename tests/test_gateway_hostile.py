@@ -86,7 +86,7 @@ async def test_a_query_the_sidecar_refuses_is_the_callers_400_not_an_outage(
     from gateway.access.auth import Principal
 
     with pytest.raises(QueryRejected) as info:
-        await retriever.search(
+        await retriever.ranked(
             Principal("r", frozenset({1}), {"oh1": 1}), "x" + LONE, Scope(), 5, per_record=True
         )
     assert info.value.code == "invalid_text"

@@ -143,7 +143,7 @@ async def prepare(ctx: ActionContext, args: Args) -> Prepared:
     rerank = s.rerank_default if args["rerank"] is None else args["rerank"]
     depth = steps.depth(limit, rerank)
     try:
-        ranked = await ctx.retriever.search(ctx.principal, query, scope, depth, per_record=False)
+        ranked = await ctx.retriever.ranked(ctx.principal, query, scope, depth, per_record=False)
     except (EmbeddingUnavailable, QueryRejected) as exc:
         raise query_error(exc) from exc
     ranked = grounded_passages(ranked, s.grounding_min_similarity)

@@ -48,7 +48,7 @@ async def _ranked(ctx: ActionContext, args: Args, *, records: bool) -> tuple[lis
     query, limit, rerank = args["query"], args["limit"], bool(args["rerank"])
     depth = ctx.passage_services().depth(limit, rerank) if rerank else limit
     try:
-        ranked = await ctx.retriever.search(ctx.principal, query, _scope(args), depth, per_record=records)
+        ranked = await ctx.retriever.ranked(ctx.principal, query, _scope(args), depth, per_record=records)
     except (EmbeddingUnavailable, QueryRejected) as exc:
         raise query_error(exc) from exc
     if not rerank:

@@ -178,7 +178,7 @@ class RetrievalLegs:
                 best[key] = max(score, best.get(key, -1.0))
         return best
 
-    async def run(
+    async def gather(
         self, partition: ModelPartition, query: str, vector: QueryVector, scope: Scope, fetch: int,
         legs: Sequence[str] = LEGS,
     ) -> LegResults:  # fmt: skip

@@ -63,7 +63,7 @@ class Retriever:
         """The text model this gateway searches now (:meth:`QueryEmbedder.text_model`)."""
         return await self.queries.text_model()
 
-    async def search(
+    async def ranked(
         self,
         principal: Principal,
         query: str,
@@ -107,7 +107,7 @@ class Retriever:
             )
             raise EmbeddingUnavailable("query vector dimension does not match the store")
         scope = Scope(scope.section_tipos, scope.group, scope.exclude_record, pushdown(principal))
-        return await self.legs.run(partition, query, vector, scope, fetch, legs)
+        return await self.legs.gather(partition, query, vector, scope, fetch, legs)
 
     def fuse(
         self,
