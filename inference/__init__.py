@@ -3,7 +3,7 @@
 ``index`` and ``gateway`` reach the sidecar over HTTP, and import from this package only its public
 surface (``tests/test_code_shape.py`` holds them to it):
 
-- ``inference.client``: the client and its typed errors (re-exported below);
+- ``inference.client``: the client and its typed errors;
 - ``inference.errors``: ``ErrorCode``, the one table of error codes the sidecar answers;
 - ``inference.strict_json``: the strict JSON parser both HTTP services use for request bodies;
 - ``inference.json_out``: the JSON encoder (orjson) of both services' JSON answers and the client's requests;
@@ -18,41 +18,8 @@ surface (``tests/test_code_shape.py`` holds them to it):
 - ``inference.config`` and ``inference.encoders``, for the bulk image job's Ray Data actors alone,
   which run the model code in-process on the cluster's GPUs.
 
-The client's names load on first use (PEP 562), so ``import inference.batching`` or
-``inference.encoders`` pulls in neither aiohttp nor anything else the client needs: the GPU
-benchmark runs the batcher and model code on bare CUDA machines without them.
+The package imports nothing itself (callers name the module, ``from inference.client import
+SidecarClient``), so ``import inference.batching`` or ``inference.encoders`` pulls in neither aiohttp
+nor anything else the client needs: the GPU benchmark runs the batcher and model code on bare CUDA
+machines without them.
 """
-
-from __future__ import annotations
-
-import importlib
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # the names type checkers and IDEs see
-    from .client import (
-        EmbedResult,
-        ModelInfo,
-        OpenAIEmbeddings,
-        SidecarClient,
-        SidecarError,
-        SidecarOverloaded,
-        SidecarRejected,
-        SidecarUnavailable,
-    )
-
-__all__ = [
-    "EmbedResult",
-    "ModelInfo",
-    "OpenAIEmbeddings",
-    "SidecarClient",
-    "SidecarError",
-    "SidecarOverloaded",
-    "SidecarRejected",
-    "SidecarUnavailable",
-]
-
-
-def __getattr__(name: str) -> Any:
-    if name in __all__:
-        return getattr(importlib.import_module(".client", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,7 +11,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from PIL import Image
 
-from inference import (
+from inference.client import (
     SidecarClient,
     SidecarError,
     SidecarOverloaded,

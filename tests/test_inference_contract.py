@@ -25,8 +25,8 @@ import pytest
 from aiohttp.test_utils import TestServer
 from PIL import Image
 
-from inference import SidecarClient
 from inference.api import LocalBackend, SidecarAPI
+from inference.client import SidecarClient
 from inference.config import SidecarConfig
 from inference.contract import Field, FieldType, Route
 from inference.encoders import load_encoder

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from inference import SidecarClient
+from inference.client import SidecarClient
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
