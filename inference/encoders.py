@@ -36,6 +36,7 @@ __all__ = [
     "TextEncoder",
     "TokenizedText",
     "load_encoder",
+    "pass_overhead_tokens",
     "resolve_device",
     "resolve_dtype",
 ]
@@ -43,6 +44,22 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _SANE_MAX_LENGTH = 1_000_000  # tokenizers without a limit report ~1e30
+
+
+def pass_overhead_tokens(small: tuple[int, float], big: tuple[int, float], limit: int) -> float:
+    """A forward pass's fixed cost in padded tokens, from two timed passes: ``(padded tokens,
+    seconds)`` of a small one and a big one. The second minus the first gives a token's cost; the
+    small pass's time beyond its tokens, in tokens, is the pass's own cost.
+
+    Always in ``[1, limit]``, whatever the clock said: where the big pass was no slower (padding
+    nearly free, a GPU below saturation; or a stall of a loaded machine during the small one) it is
+    ``limit``, so the batcher keeps its batches full.
+    """
+    (small_tokens, small_s), (big_tokens, big_s) = small, big
+    per_token = (big_s - small_s) / (big_tokens - small_tokens)
+    if per_token <= 0:
+        return float(limit)
+    return float(min(limit, max(1.0, small_s / per_token - small_tokens)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,9 +244,7 @@ class Encoder:
         """A forward pass's fixed cost in padded tokens, timed on this device (None: nothing to weigh).
 
         One short input alone against a batch of 128-token inputs, each the median of ``repeats``
-        runs: the second gives the cost of a token, the first what a pass costs beyond its tokens.
-        Where padding costs nothing measurable (a GPU below saturation) it is ``max_batch_tokens``,
-        so the batcher keeps its batches full.
+        runs, read by :func:`pass_overhead_tokens`.
         """
         if not self.pads_to_longest:
             return None
@@ -250,11 +265,9 @@ class Encoder:
                 times.append(time.perf_counter() - started)
             return sorted(times)[len(times) // 2]
 
-        t_small, t_big = median_seconds([small]), median_seconds(big)
-        per_token = (t_big - t_small) / (big_tokens - small_tokens)
-        if per_token <= 0:
-            return float(limit)
-        return float(min(limit, max(1.0, t_small / per_token - small_tokens)))
+        return pass_overhead_tokens(
+            (small_tokens, median_seconds([small])), (big_tokens, median_seconds(big)), limit
+        )
 
     def warm_up_tokens(self) -> int:
         """The longest input the largest allowed batch can hold under the token budget."""

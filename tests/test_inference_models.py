@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from inference.config import ConfigError, ModelSpec, ModelWeightsMissing, config_from_dict, load_config
-from inference.encoders import Encoder, TextEmbedding
+from inference.encoders import Encoder, TextEmbedding, pass_overhead_tokens
 from inference.errors import BadRequest, InputTooLong, PayloadTooLarge
 from inference.images import decode_base64, open_image
 from tests.fixtures.sidecar import bomb_png
@@ -224,24 +224,63 @@ def test_sidecar_start_fails_fast_naming_missing_weights(tmp_path: Path) -> None
     assert ray.is_initialized() == was_running  # nothing was started
 
 
-def test_warm_up_times_a_forward_pass_and_the_batcher_weighs_it_against_padding(
+def test_a_pass_overhead_is_read_from_two_timed_passes_whatever_the_clock_said() -> None:
+    """The timings are given, so nothing here depends on how fast this machine is right now."""
+    # A device where a pass costs 10 ms plus 0.1 ms a padded token: the pass is worth 100 tokens.
+    cost = {tokens: 0.010 + 0.0001 * tokens for tokens in (16, 1024)}
+    assert pass_overhead_tokens((16, cost[16]), (1024, cost[1024]), 2048) == pytest.approx(100)
+    # Padding nearly free (a GPU), or the small pass stalled as long as the big one (a loaded
+    # machine): a pass is worth a whole batch, so batches stay full.
+    assert pass_overhead_tokens((16, 0.010), (1024, 0.010), 2048) == 2048
+    assert pass_overhead_tokens((16, 0.050), (1024, 0.010), 2048) == 2048
+    # Bounded on both sides: a pass costs at least a token and at most the limit.
+    assert pass_overhead_tokens((16, 0.0001), (1024, 1.0), 2048) == 1
+    assert pass_overhead_tokens((16, 10.0), (1024, 10.0001), 2048) == 2048
+
+
+def test_warm_up_measures_a_forward_pass_and_hands_its_cost_to_the_batcher(
     inference_encoders: dict[str, Encoder],
 ) -> None:
     from inference.service import ModelService
 
     encoder = inference_encoders["all-minilm-l6-v2"]
     service = ModelService(encoder.spec, encoder=encoder)
+    assert service._batchers["main"].batch_overhead_tokens is None
     service.warm_up()
-    overhead = service.info()["batch_overhead_tokens"]
-    # On a CPU a pass costs more than one token and less than a full batch of padding.
-    assert 1 <= overhead < encoder.spec.max_batch_tokens
-    assert service._batchers["main"].batch_overhead_tokens == pytest.approx(overhead, abs=0.05)
+    handed = service._batchers["main"].batch_overhead_tokens
+    assert isinstance(handed, float) and service.info()["batch_overhead_tokens"] == round(handed, 1)
     # A reranker weighs it too; SigLIP's text tower pads to a fixed length: nothing to weigh there.
     assert inference_encoders["tiny-reranker-random"].measure_batch_overhead() is not None
     assert inference_encoders["tiny-siglip-random"].measure_batch_overhead() is None
     fixed = ModelService(dataclasses.replace(encoder.spec, batch_overhead_tokens=40), encoder=encoder)
     fixed.warm_up()
     assert fixed.info()["batch_overhead_tokens"] == 40
+
+
+@pytest.mark.parametrize(
+    ("overhead", "batch_sizes"),
+    [(50, {1: 1, 15: 1}), (2048, {16: 1})],
+    ids=["a pass worth 50 tokens: the long text runs apart", "a pass worth a whole batch: one batch"],
+)
+async def test_the_model_batcher_cuts_a_wave_by_the_pass_overhead_it_was_given(
+    inference_encoders: dict[str, Encoder], overhead: float, batch_sizes: dict[int, int]
+) -> None:
+    """One long text among short ones, through the real service and model: filling the batch pads
+    15 short texts to the long one's length; a pass cheaper than that padding runs it apart."""
+    from inference.service import ModelService
+
+    encoder = inference_encoders["all-minilm-l6-v2"]
+    spec = dataclasses.replace(encoder.spec, batch_overhead_tokens=overhead)
+    assert (spec.max_batch_size, spec.max_batch_tokens) == (16, 2048)  # 16 x 120 tokens fit one batch
+    service = ModelService(spec, encoder=encoder)
+    service.warm_up()
+    try:
+        before = dict(service.stats()["main"]["batch_size_counts"])
+        await service.embed(["warm " * 118] + ["warm " * 8] * 15, truncate=True)
+        after = service.stats()["main"]["batch_size_counts"]
+        assert {size: count - before.get(size, 0) for size, count in after.items()} == batch_sizes
+    finally:
+        await service.close()
 
 
 @pytest.mark.parametrize("value", [-1, "many", True, float("nan"), float("inf")])
