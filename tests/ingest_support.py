@@ -89,9 +89,11 @@ async def text_rows(pool: asyncpg.Pool, model: str = TEXT_MODEL, section_id: int
 
 
 async def queue_rows(pool: asyncpg.Pool) -> list[Any]:
+    """The queue's rows; ``backoff``: how long after its last change a row's next attempt is (a
+    failure sets both in one statement, so it is the backoff exactly, however slow the machine)."""
     return await pool.fetch(
         "SELECT section_tipo, section_id, operation, version, attempts, last_error, "
-        "next_attempt_at - now() AS wait FROM rag_index_queue ORDER BY section_tipo, section_id"
+        "next_attempt_at - updated_at AS backoff FROM rag_index_queue ORDER BY section_tipo, section_id"
     )
 
 
