@@ -23,7 +23,7 @@ from __future__ import annotations
 import ast
 import gc
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from gateway.base.errors import ERRORS
@@ -435,6 +435,140 @@ def test_the_repository_stands_alone() -> None:
                 if BESIDE_THE_CHECKOUT in line
             ]
     assert not offences, "\n".join(offences)
+
+
+# No test asserts on a timing or on a figure computed from one (issue 55): under load such an
+# assertion fails a good run. The patterns, in a test's ``assert``:
+# 1. a clock reading (``time.perf_counter/monotonic/time/process_time()``, ``loop.time()``, their
+#    ``_ns`` forms) compared with ``<``, ``<=``, ``>``, ``>=``, ``==`` or ``!=``, directly or through a
+#    name bound from one (transitively: ``elapsed = time.monotonic() - started``);
+# 2. an ordering comparison (``<``, ``<=``, ``>``, ``>=``) on a measured figure: a key such as
+#    ``"load_s"``, ``"p50_ms"``, ``"items_per_s"``, ``"latency"``, ``"ratio"``, ``"embed_share"``,
+#    ``"batch_overhead_tokens"`` (:data:`MEASURED_KEY`), or a name bound from one;
+# 3. an ordering comparison on a name that says it is a time: elapsed, duration, took, latency,
+#    stall, lag (:data:`TIMING_NAME`).
+# Assert the property with the measurement injected instead (given these timings, this figure;
+# given this overhead, these batches), or that the figure was reported (``math.isfinite``).
+CLOCK_READS = {
+    "perf_counter",
+    "perf_counter_ns",
+    "monotonic",
+    "monotonic_ns",
+    "time",
+    "time_ns",
+    "process_time",
+}
+MEASURED_KEY = re.compile(
+    r"(_s|_ms|_us|_ns)$"
+    r"|(^|_)(seconds|per_s|elapsed|duration|took|latency|lag|overhead|wall|speedup|ratios?|share|p50|p95|p99)(_|$)"
+)
+TIMING_NAME = re.compile(r"(^|_)(elapsed|duration|took|latency|stall|lag)(_|$)")
+_ORDERING = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
+
+
+def _reads_clock(node: ast.AST) -> bool:
+    func = node.func if isinstance(node, ast.Call) else None
+    return (
+        isinstance(func, ast.Attribute)
+        and func.attr in CLOCK_READS
+        and isinstance(func.value, ast.Name)
+        and func.value.id in {"time", "loop"}
+    )
+
+
+def _measured_key(node: ast.AST) -> bool:
+    key = node.slice if isinstance(node, ast.Subscript) else None
+    return (
+        isinstance(key, ast.Constant) and isinstance(key.value, str) and bool(MEASURED_KEY.search(key.value))
+    )
+
+
+def _bindings(function: ast.AST) -> Iterator[tuple[ast.AST, ast.AST]]:
+    """(target, value) of every assignment, loop and comprehension in ``function``."""
+    for node in ast.walk(function):
+        if isinstance(node, ast.Assign):
+            yield from ((target, node.value) for target in node.targets)
+        elif isinstance(node, ast.AnnAssign | ast.AugAssign | ast.NamedExpr) and node.value is not None:
+            yield node.target, node.value
+        elif isinstance(node, ast.For | ast.AsyncFor | ast.comprehension):
+            yield node.target, node.iter
+
+
+def _tainted(function: ast.AST, source: Callable[[ast.AST], bool]) -> set[str]:
+    """Names bound (directly or through other such names) from an expression with a ``source`` node."""
+    names: set[str] = set()
+    while True:
+        grown = set(names)
+        for target, value in _bindings(function):
+            inner = list(ast.walk(value))
+            if any(source(n) for n in inner) or {n.id for n in inner if isinstance(n, ast.Name)} & names:
+                grown |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+        if grown == names:
+            return names
+        names = grown
+
+
+def timing_assertions(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, why) for every comparison in an ``assert`` that follows one of the patterns above."""
+    found = []
+    for function in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)):
+        clocked, measured = _tainted(function, _reads_clock), _tainted(function, _measured_key)
+        for compare in (c for a in ast.walk(function) if isinstance(a, ast.Assert) for c in ast.walk(a.test)):
+            if not isinstance(compare, ast.Compare):
+                continue
+            inner = [n for term in (compare.left, *compare.comparators) for n in ast.walk(term)]
+            called = {id(n.func) for n in inner if isinstance(n, ast.Call)}
+            names = {n.id for n in inner if isinstance(n, ast.Name) and id(n) not in called}
+            why = []
+            if any(isinstance(op, (*_ORDERING, ast.Eq, ast.NotEq)) for op in compare.ops) and (
+                any(_reads_clock(n) for n in inner) or names & clocked
+            ):
+                why.append("a clock reading")
+            if any(isinstance(op, _ORDERING) for op in compare.ops):
+                why += [f"the measured {n.slice.value!r}" for n in inner if _measured_key(n)]  # type: ignore[attr-defined]
+                why += [f"{name!r}, bound from a measured figure" for name in sorted(names & measured)]
+                why += [f"{name!r}, a time by its name" for name in sorted(names) if TIMING_NAME.search(name)]
+            if why:
+                found.append((compare.lineno, f"{ast.unparse(compare)}: {'; '.join(why)}"))
+    return found
+
+
+def test_the_timing_check_catches_what_failed_under_load() -> None:
+    """The warm-up test as it was (its overhead came out at the cap on a loaded machine), the
+    keep-alive test's wall-clock bound, a stall limit; and none of the forms that replaced them."""
+    caught = """
+def test_old(service, encoder, opened, loop):
+    overhead = service.info()["batch_overhead_tokens"]
+    assert 1 <= overhead < encoder.spec.max_batch_tokens
+    assert loop.time() - opened < 20
+    started = time.perf_counter()
+    elapsed = time.perf_counter() - started
+    assert elapsed == 0.5
+    assert all(r > 0 for r in cell["window_ratios"]) and stall_ms < 50
+"""
+    assert [line for line, _ in timing_assertions(ast.parse(caught))] == [4, 5, 8, 9, 9]
+    fine = """
+def test_new(service, encoder, token, v, lengths, overhead):
+    assert pass_overhead_tokens((16, 0.0116), (1024, 0.1124), 2048) == pytest.approx(100)
+    handed = service._batchers["main"].batch_overhead_tokens
+    assert isinstance(handed, float) and service.info()["batch_overhead_tokens"] == round(handed, 1)
+    token = sign(int(time.time()) + 2)  # a clock reading, but no assertion compares it
+    assert math.isfinite(cell["load_s"]) and v.verify(token) is not None
+    assert cost(plan(lengths, overhead)) <= cost(filled(lengths), overhead)
+    assert QUICK.sidecar.sweep_seconds <= FULL.sidecar.sweep_seconds
+"""
+    assert timing_assertions(ast.parse(fine)) == []
+
+
+def test_no_test_asserts_on_a_timing() -> None:
+    offences = [
+        f"{path.relative_to(REPO_ROOT)}:{line}: {why}"
+        for path in sorted((REPO_ROOT / "tests").rglob("*.py"))
+        for line, why in timing_assertions(_parse(path))
+    ]
+    assert not offences, "assert the property with the measurement injected (issue 55):\n" + "\n".join(
+        offences
+    )
 
 
 def describe_imports(edges_of: tuple[str, ...] = ()) -> str:
