@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.mnemo-installed
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-k chunker -x"`.
 PYTEST_ARGS ?=
 
-.PHONY: install up test browser screenshots lint docs bench clean
+.PHONY: install up test test-stress browser screenshots lint docs bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,15 @@ up: install
 	$(BIN)/mnemo up
 
 test: install browser
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The suite with a busy loop taking one core beside it, as on a loaded machine: no test may depend
+# on how fast the machine is. The loop stops however the run ends (Ctrl-C included: a background
+# job of a non-interactive shell ignores SIGINT, so the traps end it); pytest's status is kept.
+test-stress: install browser
+	@yes >/dev/null & hog=$$!; \
+	trap 'kill $$hog 2>/dev/null' EXIT; trap 'exit 130' INT; trap 'exit 143' TERM; \
+	echo "make test-stress: a busy loop (pid $$hog) takes one core"; \
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The console's browser tests drive Debian's chromium through chromedriver. Installed here when
