@@ -374,10 +374,10 @@ def gateway_contract(status: int, headers: dict[str, str], body: bytes, path: st
         payload = json.loads(body)
     except ValueError:
         return f"{status} answer is not JSON: {body[:80]!r}"
-    # OpenAI's embeddings list: gateway.web.embeddings answers the sidecar's shape, for OpenAI clients.
-    if status == 200 and route == "/v1/embeddings":
+    # OpenAI's lists: gateway.web.embeddings answers OpenAI's shapes, for OpenAI clients.
+    if status == 200 and route in ("/v1/embeddings", "/v1/models"):
         listed = isinstance(payload, dict) and payload.get("object") == "list"
-        return None if listed else f"200 answer is not an embeddings list: {body[:120]!r}"
+        return None if listed else f"200 answer is not an OpenAI list: {body[:120]!r}"
     if not isinstance(payload, dict) or not isinstance(payload.get("request_id"), str):
         return f"{status} answer is not envelope v2 (no request_id): {body[:120]!r}"
     if status >= 400:

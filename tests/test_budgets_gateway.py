@@ -434,3 +434,38 @@ async def test_the_gateways_v1_embeddings_is_the_sidecars_answer_metered_per_pri
             assert r.status == 200 and "RateLimit" not in r.headers  # served, unmetered
             assert (await r.json())["usage"]["prompt_tokens"] == tokens
         assert await _used(database_url, "embedder") == {"embedding_input_tokens": tokens}
+
+
+async def test_the_official_openai_sdk_lists_and_embeds_through_the_gateway_with_a_users_token(
+    database_url: str, sidecar_url: str
+) -> None:
+    """What a new user does: the OpenAI SDK pointed at the gateway with their own token lists the
+    models (what any caller reads of them, not where they run) and embeds, metered; a token whose
+    budget is spent gets the coded 429 through the SDK's own error."""
+    from openai import AsyncOpenAI, RateLimitError
+
+    async with running_gateway(database_url, sidecar_url, RAG_FAIR_RATE="0") as gw:
+        async with AsyncOpenAI(base_url=gw.url + "/v1", api_key=_reader("newcomer"), max_retries=0) as sdk:
+            listed = {model.id: model async for model in sdk.models.list()}
+            answer = await sdk.embeddings.create(model=TEXT_MODEL, input=["a coin", "an amphora"])
+        await gw.app[BUDGETS_KEY].ledger.set_limit("spent", "embedding_input_tokens", 0)
+        async with AsyncOpenAI(base_url=gw.url + "/v1", api_key=_reader("spent"), max_retries=0) as sdk:
+            with pytest.raises(RateLimitError) as refused:
+                await sdk.embeddings.create(model=TEXT_MODEL, input="a coin")
+    assert TEXT_MODEL in listed
+    seen = listed[TEXT_MODEL].model_dump()
+    assert (seen["object"], seen["owned_by"], seen["kind"], seen["dimension"]) == (
+        "model",
+        "mnemo",
+        "text",
+        384,
+    )
+    assert "device" not in seen and "dtype" not in seen  # an admin's detail
+    assert [d.index for d in answer.data] == [0, 1] and len(answer.data[0].embedding) == 384
+    assert await _used(database_url, "newcomer") == {"embedding_input_tokens": answer.usage.prompt_tokens}
+    error = refused.value.body
+    assert isinstance(error, dict) and (error["code"], error["meter"]) == (
+        "budget_exhausted",
+        "embedding_input_tokens",
+    )
+    assert await _used(database_url, "spent") == {}

@@ -555,7 +555,7 @@ async def test_auth_off_says_admin_and_the_switch_turns_it_off(
 
 async def test_the_operations_routes_are_for_admins_only(gateway: Gateway) -> None:
     async with aiohttp.ClientSession() as s:
-        for path in ("/v1/queue/failed", "/v1/sections", "/v1/models", "/v1/budgets"):
+        for path in ("/v1/queue/failed", "/v1/sections", "/v1/budgets"):
             async with s.get(gateway.url + path, headers={"Authorization": f"Bearer {RESEARCHER}"}) as r:
                 assert r.status == 403 and (await r.json())["error"]["code"] == "auth.forbidden", path
             async with s.get(gateway.url + path) as r:
@@ -565,10 +565,23 @@ async def test_the_operations_routes_are_for_admins_only(gateway: Gateway) -> No
     assert me == {"sub": "researcher", "admin": False, "projects": [1], "auth": "jwt"}
 
 
-async def test_an_admin_lists_the_served_models_with_their_capabilities(gateway: Gateway) -> None:
+async def test_everyone_lists_the_served_models_and_an_admin_sees_where_they_run(gateway: Gateway) -> None:
+    """GET /v1/models is OpenAI's list for every caller of /v1/embeddings; the device and dtype are
+    the operations page's (admins)."""
+    listed = {}
     async with aiohttp.ClientSession() as s:
-        async with s.get(gateway.url + "/v1/models", headers={"Authorization": f"Bearer {ADMIN}"}) as r:
-            assert r.status == 200, await r.text()
-            models = (await r.json())["data"]["models"]
-    assert models and all(isinstance(m["capabilities"], list) for m in models)
-    assert all(m["capabilities"] == sorted(m["capabilities"]) for m in models)
+        for who, bearer in (("admin", ADMIN), ("researcher", RESEARCHER)):
+            async with s.get(gateway.url + "/v1/models", headers={"Authorization": f"Bearer {bearer}"}) as r:
+                assert r.status == 200, await r.text()
+                body = await r.json()
+            assert body["object"] == "list"
+            listed[who] = body["data"]
+        async with s.get(gateway.url + "/v1/models") as r:
+            assert r.status == 401 and (await r.json())["error"]["code"] == "auth.not_logged"
+    models = listed["admin"]
+    assert models and all(
+        m["object"] == "model" and m["capabilities"] == sorted(m["capabilities"]) for m in models
+    )
+    assert all({"device", "dtype"} <= m.keys() for m in models)
+    hidden = [{k: v for k, v in m.items() if k not in ("device", "dtype")} for m in models]
+    assert listed["researcher"] == hidden

@@ -52,7 +52,7 @@ from gateway.retrieval.engines import build_retrieval
 from gateway.retrieval.rerank import Reranker
 from gateway.web.console import setup_console
 from gateway.web.dispatch import json_api
-from gateway.web.embeddings import setup_embeddings_route
+from gateway.web.embeddings import setup_openai_routes
 from gateway.web.intake import DRAIN_KEY, setup_intake
 from gateway.web.observe import observe_middleware
 from gateway.web.openapi import openapi
@@ -363,7 +363,7 @@ def create_app(
     setup_intake(app)
     setup_thumbnails(app)
     setup_budget_routes(app)
-    setup_embeddings_route(app)
+    setup_openai_routes(app)
     app.router.add_get("/openapi.json", openapi)
     setup_console(app)
     return app

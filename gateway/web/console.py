@@ -6,12 +6,10 @@ privilege of its own. ``/docs`` renders ``/openapi.json`` with Swagger UI from t
 ``swagger-ui-bundle-v2`` package (no CDN). Both pages are served under a strict
 Content-Security-Policy: scripts and styles from this origin only, no inline script.
 
-Two thin routes exist for the console but serve any client:
-
-- ``GET /v1/whoami``: who the bearer token says the caller is (and whether ``RAG_AUTH=off`` made
-  them an admin), so a person sees what they signed in as.
-- ``GET /v1/models`` (admin): the models the sidecar serves, through the gateway, so nobody needs
-  the sidecar's address.
+``GET /v1/whoami`` exists for the console but serves any client: who the bearer token says the
+caller is (and whether ``RAG_AUTH=off`` made them an admin), so a person sees what they signed in
+as. The operations page lists the served models from ``GET /v1/models``
+(:mod:`gateway.web.embeddings`), where an admin also reads each one's device and dtype.
 
 ``RAG_CONSOLE_ENABLED=false`` removes the pages (404); the API is unchanged.
 """
@@ -24,10 +22,9 @@ from pathlib import Path
 from aiohttp import web
 from swagger_ui_bundle import swagger_ui_path
 
-from gateway.access.auth import authenticate, require_admin
+from gateway.access.auth import authenticate
 from gateway.base.errors import ApiError, envelope_ok
-from gateway.base.resources import SETTINGS_KEY, SIDECAR_KEY
-from inference.client import SidecarError
+from gateway.base.resources import SETTINGS_KEY
 
 __all__ = ["CONTENT_SECURITY_POLICY", "setup_console"]
 
@@ -105,22 +102,9 @@ async def whoami(request: web.Request) -> web.Response:
     )
 
 
-async def models(request: web.Request) -> web.Response:
-    """The models the sidecar serves (id, kind, capabilities, dimension, max input, device, dtype)."""
-    require_admin(request)
-    try:
-        served = await request.app[SIDECAR_KEY].models()
-    except SidecarError as exc:
-        raise ApiError.embedding_unavailable() from exc
-    # capabilities is a frozenset: no JSON encoder writes one, so it goes out as a sorted list
-    models = [{**vars(m), "capabilities": sorted(m.capabilities)} for m in served]
-    return envelope_ok(request, {"models": models})
-
-
 def setup_console(app: web.Application) -> None:
-    """The whoami and models routes always; the pages unless ``RAG_CONSOLE_ENABLED`` is off."""
+    """The whoami route always; the pages unless ``RAG_CONSOLE_ENABLED`` is off."""
     app.router.add_get("/v1/whoami", whoami)
-    app.router.add_get("/v1/models", models)
     if not app[SETTINGS_KEY].console_enabled:
         return
     app.router.add_get("/console", console_page)

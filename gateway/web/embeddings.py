@@ -1,4 +1,5 @@
-"""``POST /v1/embeddings`` on the gateway: OpenAI's embeddings route, metered per principal (issue 45).
+"""``GET /v1/models`` and ``POST /v1/embeddings`` on the gateway: OpenAI's embeddings API, metered
+per principal (issue 45).
 
 Archives point OpenAI-compatible clients at the gateway, not at the sidecar, to get per-user metering:
 the caller is one of the gateway's own bearer tokens (its ``sub`` is the "API key" the ledger counts
@@ -14,6 +15,11 @@ is reserved; the fairness limiter and the reservation of an upper bound of the i
 to the sidecar's ``usage.prompt_tokens``. A sidecar failure refunds the whole reservation and answers
 the sidecar's refusal with its status (:data:`gateway.base.errors.ERRORS`' ``embeddings.*`` codes);
 a failure of the service rather than of the input is 503 ``rag.embedding_unavailable``.
+
+``GET /v1/models`` answers everyone who may call ``/v1/embeddings`` (any valid token), in OpenAI's
+list shape, so an OpenAI SDK's ``models.list()`` finds the ids it may embed with; each entry also
+says what a caller needs of a model (kind, capabilities, dimension, input limit), and an admin's
+(the console's operations page) where it runs too (device, dtype).
 """
 
 from __future__ import annotations
@@ -26,19 +32,19 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.access.auth import authenticate
+from gateway.access.auth import Principal, authenticate
 from gateway.base.body import read_json
 from gateway.base.errors import ERRORS, ApiError, json_response
 from gateway.base.resources import SETTINGS_KEY, SIDECAR_KEY
 from gateway.budgets.ledger import BUDGETS_KEY, Metering, metered
-from inference.client import SidecarError, SidecarRejected
+from inference.client import ModelInfo, SidecarError, SidecarRejected
 
 __all__ = [
     "METER",
     "REQUEST_SCHEMA",
     "RESPONSE_SCHEMA",
     "EmbeddingsRequest",
-    "setup_embeddings_route",
+    "setup_openai_routes",
     "sidecar_failure",
     "token_bound",
 ]
@@ -89,7 +95,7 @@ class EmbeddingsRequest:
             raise ApiError.invalid_request("The request body must be a JSON object")
         model = body.get("model")  # required by the sidecar: no default model is invented here
         if model is None:
-            raise ApiError.invalid_request("model is required (GET the sidecar's /v1/models for the ids)")
+            raise ApiError.invalid_request("model is required (GET /v1/models lists the ids)")
         if not isinstance(model, str):
             raise ApiError.invalid_request("model must be a string")
         texts = body.get("input")
@@ -135,34 +141,38 @@ REQUEST_SCHEMA: dict[str, Any] = {
         },
     },
 }
+
+
+def openai_list(item: dict[str, Any], **more: dict[str, Any]) -> dict[str, Any]:
+    """The schema of OpenAI's list answer: ``{"object": "list", "data": [item, ...]}`` and ``more``
+    fields beside them (required)."""
+    return {
+        "type": "object",
+        "required": ["object", "data", *more],
+        "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": item}, **more},
+    }
+
+
 # The sidecar's answer, passed on unchanged (OpenAI's embeddings list).
-RESPONSE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["object", "data", "model", "usage"],
-    "properties": {
-        "object": {"const": "list"},
-        "data": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["object", "embedding", "index"],
-                "properties": {
-                    "object": {"const": "embedding"},
-                    "embedding": {
-                        "oneOf": [{"type": "array", "items": {"type": "number"}}, {"type": "string"}],
-                        "description": "floats, or base64 of little-endian float32 (encoding_format)",
-                    },
-                    "index": {"type": "integer"},
-                },
+RESPONSE_SCHEMA = openai_list(
+    {
+        "type": "object",
+        "required": ["object", "embedding", "index"],
+        "properties": {
+            "object": {"const": "embedding"},
+            "embedding": {
+                "oneOf": [{"type": "array", "items": {"type": "number"}}, {"type": "string"}],
+                "description": "floats, or base64 of little-endian float32 (encoding_format)",
             },
-        },
-        "model": {"type": "string"},
-        "usage": {
-            "type": "object",
-            "properties": {"prompt_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}},
+            "index": {"type": "integer"},
         },
     },
-}
+    model={"type": "string"},
+    usage={
+        "type": "object",
+        "properties": {"prompt_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}},
+    },
+)
 
 
 def sidecar_failure(exc: SidecarError) -> ApiError:
@@ -201,6 +211,49 @@ async def embeddings(request: web.Request) -> web.Response:
     return response
 
 
-def setup_embeddings_route(app: web.Application) -> None:
-    """``POST /v1/embeddings``: the OpenAI-shaped route, per principal metered."""
+# What every caller reads of a model beside OpenAI's fields, and what an admin reads besides.
+MODEL_DETAIL = ("kind", "capabilities", "dimension", "max_input_tokens")
+ADMIN_MODEL_DETAIL = ("device", "dtype")
+# The answer of GET /v1/models (OpenAI's model list; its entries may carry more fields).
+MODELS_SCHEMA = openai_list(
+    {
+        "type": "object",
+        "required": ["id", "object", "created", "owned_by"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "model"},
+            "created": {"type": "integer"},
+            "owned_by": {"type": "string"},
+            "kind": {"type": "string", "description": "text, image_text or rerank"},
+            "capabilities": {"type": "array", "items": {"type": "string"}},
+            "dimension": {"type": ["integer", "null"]},
+            "max_input_tokens": {"type": ["integer", "null"]},
+            "device": {"type": "string", "description": "admins only"},
+            "dtype": {"type": "string", "description": "admins only"},
+        },
+    }
+)
+
+
+def model_entry(model: ModelInfo, principal: Principal) -> dict[str, Any]:
+    """One served model as OpenAI's model object, with what ``principal`` may read of it."""
+    detail = MODEL_DETAIL + (ADMIN_MODEL_DETAIL if principal.admin else ())
+    # capabilities is a frozenset: no JSON encoder writes one, so it goes out as a sorted list
+    shown = {name: getattr(model, name) for name in detail} | {"capabilities": sorted(model.capabilities)}
+    return {"id": model.id, "object": "model", "created": 0, "owned_by": "mnemo", **shown}
+
+
+async def models(request: web.Request) -> web.Response:
+    """The models the sidecar serves, in OpenAI's list shape, for every caller of /v1/embeddings."""
+    principal = authenticate(request)
+    try:
+        served = await request.app[SIDECAR_KEY].models()
+    except SidecarError as exc:
+        raise ApiError.embedding_unavailable() from exc
+    return json_response(request, {"object": "list", "data": [model_entry(m, principal) for m in served]})
+
+
+def setup_openai_routes(app: web.Application) -> None:
+    """``GET /v1/models`` and ``POST /v1/embeddings``: the OpenAI-shaped routes, per principal metered."""
+    app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/embeddings", embeddings)

@@ -151,6 +151,7 @@ _REQUEST_BODIES: dict[tuple[str, str], dict[str, Any]] = {
 # Routes whose success is not the v2 envelope: OpenAI's shape, for OpenAI-compatible clients.
 _SUCCESS_BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("/v1/embeddings", "post"): embeddings.RESPONSE_SCHEMA,
+    ("/v1/models", "get"): embeddings.MODELS_SCHEMA,
 }
 
 
@@ -160,6 +161,7 @@ _ANY_ROUTE_5XX = ("internal", "service.stopping", "service.unavailable")
 _ROUTE_5XX: dict[tuple[str, str], tuple[str, ...]] = {
     ("/readyz", "get"): ("service.unavailable",),
     ("/v1/embeddings", "post"): ("rag.embedding_unavailable",),
+    ("/v1/models", "get"): ("rag.embedding_unavailable",),
 }
 
 

@@ -29,16 +29,19 @@ function headers(extra = {}) {
   return out;
 }
 
-async function envelope(response) {
-  let body;
+async function jsonBody(response) {
   try {
-    body = await response.json();
+    return await response.json();
   } catch {
     throw new ApiFailure(
       { label_key: "console.bad_response", message: `HTTP ${response.status} without a JSON envelope` },
       response.status,
     );
   }
+}
+
+async function envelope(response) {
+  const body = await jsonBody(response);
   if (!body.ok) throw new ApiFailure(body.error || {}, response.status);
   return body;
 }
@@ -63,6 +66,15 @@ export async function action(name, options) {
 
 export async function get(path) {
   return (await envelope(await send(path, { headers: headers() }))).data;
+}
+
+// A route that answers OpenAI's shape (GET /v1/models): its body as it is; a failure is still the
+// error envelope.
+export async function getOpenAI(path) {
+  const response = await send(path, { headers: headers() });
+  const body = await jsonBody(response);
+  if (!response.ok) throw new ApiFailure(body.error || {}, response.status);
+  return body;
 }
 
 export async function post(path, body) {

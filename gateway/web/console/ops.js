@@ -2,7 +2,7 @@
 // retry button, models, sections, and budgets (use of this window per principal and meter; set a
 // principal's limit, reset its window).
 
-import { get, post } from "./api.js";
+import { get, getOpenAI, post } from "./api.js";
 import { $, clear, el, showError } from "./dom.js";
 
 const json = (value) => JSON.stringify(value, null, 2);
@@ -49,10 +49,10 @@ export async function refreshOps() {
           : row("No failed record", "", "", ""),
       ),
     ),
-    settle($("#ops-models tbody"), () => get("/v1/models"), (d) =>
+    settle($("#ops-models tbody"), () => getOpenAI("/v1/models"), (d) =>
       clear(
         $("#ops-models tbody"),
-        d.models.map((m) =>
+        d.data.map((m) =>
           row(m.id, m.kind, m.capabilities.join(", "), m.dimension, m.max_input_tokens, m.device, m.dtype),
         ),
       ),
