@@ -1,14 +1,23 @@
 """``mnemo bench`` and ``mnemo eval``: run the benchmark suites and write one report folder per run.
 
-    mnemo bench                          # every CPU suite, quick plan (what `make bench` runs)
-    mnemo bench --suite gateway --full   # one suite, full plan (100k chunks, longer curves, peers)
-    mnemo bench --device cuda            # GPU mode: batcher + model code in-process (no Ray, no database)
-    mnemo eval --dataset DIR [--tune]    # retrieval quality on one BEIR data set, beside references
+    mnemo bench                                  # every CPU suite, quick plan (what `make bench` runs)
+    mnemo bench --suite gateway --plan full      # one suite, full plan (100k chunks, longer curves, peers)
+    mnemo bench --suite scale --plan full --set scale.drain_records=0 --set scale.store_rows=0 \
+        --set scale.halfvec_rows=0               # the scale suite's retrieval section alone, at 100k and 1M
+    mnemo bench --device cuda                    # GPU mode: batcher + model code in-process (no Ray, no database)
+    mnemo eval --dataset DIR [--tune]            # retrieval quality on one BEIR data set, beside references
     mnemo eval --dataset DIR --lexical-engines tantivy   # ... and the Tantivy engine's lexical and hybrid rows
 
-Each run writes ``results.json`` (machine, versions, config, every figure), ``REPORT.md`` (headlines
-beside their same-run baselines, tables, knees) and one PNG per curve into ``--out``.
-This module only registers the command; everything heavy loads inside it.
+Each suite is made of sections; the plan (``--plan``, :mod:`benchmarks.plan`) says what each one
+measures, and ``--set SUITE.FIELD=VALUE`` changes a field (0, or an empty list, skips a section).
+These flags are every benchmark's: no module has a command line of its own. Each run writes
+``results.json`` (machine, versions, config, every figure), ``REPORT.md`` (headlines beside their
+same-run baselines, tables, knees) and one PNG per curve into ``--out``.
+
+``python -m benchmarks.cli bench ...`` runs the same command where ``mnemo`` is not installed (the
+GPU mode on a bare CUDA machine, ``benchmarks/gpu_run.sh``); ``python -m benchmarks.cli NAME ...``
+runs one of the processes the suites start themselves (:data:`CHILDREN`). This module only
+registers the commands; everything heavy loads inside them.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import importlib
 import inspect
 import logging
 import sys
@@ -23,9 +33,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from schema.cli import add_database_flags, database_settings
+__all__ = ["CHILDREN", "register"]
 
-__all__ = ["register"]
+# The processes the suites start of their own: name -> (module, its entry taking the argument list).
+CHILDREN = {
+    "flood-client": ("benchmarks.flood_client", "main"),  # a flood's pipelined client (reliability)
+    "http-floor": ("benchmarks.http_floor", "main"),  # the least an HTTP service costs (gateway)
+    "ray-probe": ("benchmarks.cluster", "probe_main"),  # where a cluster's replicas run (reliability)
+    "vector-worker": ("benchmarks.vector_cache", "worker_main"),  # a FAISS cache worker process (scale)
+}
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +75,7 @@ def _gpu_suite(plan: Any, device: str, work_dir: Path):
         seconds=min(plan.gpu.seconds, 0.5) if tiny else plan.gpu.seconds,
         tiny=tiny,
         work_dir=work_dir / "gpu-models",
+        faiss_vectors=plan.gpu.faiss_vectors,
     )
     suite = as_suite(run_gpu_benchmark(config))
     if tiny:
@@ -67,13 +84,13 @@ def _gpu_suite(plan: Any, device: str, work_dir: Path):
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .plan import FULL, QUICK, apply_overrides
+    from .plan import PLANS, apply_overrides
     from .report import SuiteResult, write_report
     from .stack import open_stack
     from .suites import SUITES
 
     names = _suites(args.suite, args.device)
-    plan = FULL if args.full else QUICK
+    plan = PLANS[args.plan]
     try:
         plan = apply_overrides(plan, args.overrides)
     except ValueError as exc:
@@ -142,6 +159,7 @@ async def _eval(args: argparse.Namespace) -> int:
 
     from gateway.base.settings import load_gateway_settings
     from index.settings import SidecarClientSettings
+    from schema.cli import database_settings
     from schema.settings import SettingsError, load_settings
 
     from .eval import LEXICAL_ENGINES, MODES
@@ -187,6 +205,8 @@ async def _eval(args: argparse.Namespace) -> int:
 
 
 def _register_eval(subparsers: argparse._SubParsersAction) -> None:
+    from schema.cli import add_database_flags
+
     p = subparsers.add_parser(
         "eval",
         help="retrieval quality on a BEIR data set (nDCG@10, recall@100, MRR@10 per mode, with references)",
@@ -221,20 +241,25 @@ def _register_eval(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(run=lambda a: asyncio.run(_eval(a)))
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """``mnemo bench`` and ``mnemo eval`` (the CLI root finds this through ``mnemo.commands``)."""
-    _register_eval(subparsers)
-    p = subparsers.add_parser(
-        "bench",
-        help="benchmark suites, each figure beside a baseline from the same run (REPORT.md, results.json, PNGs)",
-        description=__doc__.split("\n\n")[0],
-    )
+def _bench_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The flags of every benchmark run (``mnemo bench``, ``python -m benchmarks.cli bench``)."""
+    from .plan import PLANS
+
     p.add_argument(
         "--suite",
         default="all",
         help="sidecar, ingest, gateway, quality, reliability, scale, gpu (comma-separated), or all (default: every CPU suite)",
     )
-    p.add_argument("--full", action="store_true", help="the full plan: 100k chunks, longer curves, peers")
+    p.add_argument("--plan", choices=tuple(PLANS), default="quick", help="how much each suite measures")
+    p.add_argument("--full", dest="plan", action="store_const", const="full", help="the same as --plan full")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SUITE.FIELD=VALUE",
+        help="override one plan field, e.g. --set gateway.sizes=1000,5000 (see benchmarks/plan.py)",
+    )
     p.add_argument(
         "--out", type=Path, default=None, help="report folder (default bench-results/<UTC time>-<plan>)"
     )
@@ -256,12 +281,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--work-dir", type=Path, default=None, help="scratch and cached peers (default .mnemo/bench)"
     )
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SUITE.FIELD=VALUE",
-        help="override one plan field, e.g. --set gateway.sizes=1000,5000 (see benchmarks/plan.py)",
+    return p
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """``mnemo bench`` and ``mnemo eval`` (the CLI root finds this through ``mnemo.commands``)."""
+    _register_eval(subparsers)
+    p = subparsers.add_parser(
+        "bench",
+        help="benchmark suites, each figure beside a baseline from the same run (REPORT.md, results.json, PNGs)",
+        description=__doc__.split("\n\n")[0],
     )
-    p.set_defaults(run=_run)
+    _bench_flags(p).set_defaults(run=_run)
+
+
+def _main(argv: list[str]) -> int:
+    if argv[:1] == ["bench"]:
+        return _run(
+            _bench_flags(argparse.ArgumentParser(prog="python -m benchmarks.cli bench")).parse_args(argv[1:])
+        )
+    if argv[:1] and argv[0] in CHILDREN:
+        module, entry = CHILDREN[argv[0]]
+        return getattr(importlib.import_module(module), entry)(argv[1:])
+    raise SystemExit(f"usage: python -m benchmarks.cli bench [FLAGS] | {{{','.join(CHILDREN)}}} ARGS")
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -34,7 +34,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -305,10 +305,12 @@ def _placement(app: str, deployment: str | None) -> dict[str, Any]:
     return {"nodes": alive, "replicas": replicas}
 
 
-def _probe_main(address: str) -> None:
-    """The probe driver's loop: one JSON question per stdin line, one JSON answer per stdout line."""
+def probe_main(argv: Sequence[str]) -> int:
+    """``python -m benchmarks.cli ray-probe ADDRESS``, the probe driver's loop: one JSON question per
+    stdin line, one JSON answer per stdout line."""
     import ray
 
+    (address,) = argv
     ray.init(address=address, namespace="mnemo-probe", log_to_driver=False, configure_logging=False)
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
@@ -318,6 +320,7 @@ def _probe_main(address: str) -> None:
         print(json.dumps(_placement(question["app"], question["deployment"])), flush=True)
         faulthandler.cancel_dump_traceback_later()
     ray.shutdown()
+    return 0
 
 
 class ProbeStalled(RuntimeError):
@@ -335,7 +338,7 @@ class _Probe:
         self.log = cluster.root / "probe.log"
         with self.log.open("ab") as err:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "benchmarks.cluster", cluster.address],
+                [sys.executable, "-m", "benchmarks.cli", "ray-probe", cluster.address],
                 env=cluster.env,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -432,7 +435,3 @@ def cluster_sidecar(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(60)
-
-
-if __name__ == "__main__":
-    _probe_main(sys.argv[1])

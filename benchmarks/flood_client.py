@@ -10,7 +10,7 @@ loopback: each request is bytes built once, written on schedule without waiting 
 line, a ``Content-Length`` and that many bytes. The closed loop (:func:`closed_loop_searches`) costs
 the same per request: one write, one read.
 
-``python -m benchmarks.flood_client URL TOKEN RATE SECONDS < queries.json`` prints one JSON object:
+``python -m benchmarks.cli flood-client URL TOKEN RATE SECONDS < queries.json`` prints one JSON object:
 the requests sent, the rate that was sent, and the statuses (and error codes) that came back.
 """
 
@@ -184,18 +184,9 @@ async def closed_loop_searches(
     return LoadResult(callers, len(latencies), 1, time.perf_counter() - started, summarize(latencies))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else list(argv)
-    if len(args) != 4:
-        print(
-            "usage: python -m benchmarks.flood_client URL TOKEN RATE SECONDS < queries.json", file=sys.stderr
-        )
-        return 2
-    url, token, rate, seconds = args[0], args[1], float(args[2]), float(args[3])
+def main(argv: Sequence[str]) -> int:
+    """``python -m benchmarks.cli flood-client URL TOKEN RATE SECONDS < queries.json``."""
+    url, token, rate, seconds = argv[0], argv[1], float(argv[2]), float(argv[3])
     queries = json.loads(sys.stdin.read())
     print(json.dumps(asyncio.run(flood(url, token, rate, seconds, queries))))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

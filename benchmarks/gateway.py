@@ -1,59 +1,43 @@
-"""Gateway latency and throughput: ``semantic_search`` over HTTP beside the legs' raw SQL, same run.
+"""The gateway benchmarks' shared parts: the corpus, the ``mnemo gateway`` process, the legs' SQL.
 
-Setup: at least 10,000 chunks of real sentences (MEDLINE and XQuAD paragraphs
-bundled in ``benchmarks/datasets``) in one model partition with its HNSW index. The
-first ``--embedded`` sentences get their vectors from the sidecar; the rest get
-seeded mixtures of those vectors plus noise, because a 2-core CPU sidecar would
-spend the whole time budget embedding. Latency depends on the index's size and
-shape, not on which sentence a vector came from; the texts stay real so the
-lexical leg sees real term statistics.
-
-Measured: the gateway (a ``mnemo gateway`` subprocess, hybrid retrieval, ACL,
-JSON over HTTP, query vectors cached after one warm pass) at concurrency 1, 8
-and 32, once with the FAISS cache off (``RAG_FAISS_CACHE=off``: the dense leg is
-pgvector's HNSW) and once with it on (``auto``, after it has loaded), each point
-beside, measured just before it: the legs' SQL as the gateway runs them (dense
-and lexical concurrently on two connections of a read pool like the gateway's:
-:class:`RawLegs`) and, for continuity with earlier reports, the dense leg's SQL
-alone. The overhead ratio is the gateway's p50 over the legs' p50; the
-throughput ratio the gateway's requests/s over the legs'.
-
-``python -m benchmarks.gateway`` (a sidecar at ``RAG_SIDECAR_URL``; a throwaway
-embedded PostgreSQL unless ``--database-url``).
+The gateway and scale suites (:mod:`benchmarks.suite_gateway`, :mod:`benchmarks.search_scale`) and
+the reliability suite's gateway faults build on these: real sentences of the bundled data sets
+(:func:`load_sentences`, :func:`load_queries`), each chunk's vector from the sidecar or a seeded
+mixture of those (:func:`load_corpus`, :func:`mixed_vectors`: a 2-core CPU sidecar would spend the
+whole time budget embedding, and latency depends on the index's size and shape, not on which
+sentence a vector came from; the texts stay real so the lexical leg sees real term statistics); a
+``mnemo gateway`` subprocess (:func:`gateway_process`) and its ``/readyz``; the store's Tantivy index
+as ``mnemo lexical rebuild`` writes it (:func:`lexical_rebuild`); and the legs' SQL as the gateway
+runs them (:class:`RawLegs`, on :func:`gateway_read_pool`), the baseline of every gateway figure.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import dataclasses
 import json
 import re
-import secrets
 import sys
-import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 
 from inference.net import ProcessExited, await_ready, free_port, stop_process
 
 from .bulk_load import bulk_load
 from .corpus_text import zipf_texts
 from .datasets import dataset_dir
-from .measure import closed_loop, process_cpu_s, ratio
-from .settings import child_environment, configured_database_url, configured_sidecar, configured_text_model
+from .measure import folder_mib
+from .settings import child_environment
 
 SECTION = "bench1"
 SENTENCE_CORPORA = ("med", "xquad-es", "xquad-de", "adi")  # bundled BEIR data sets with prose
 CHUNKS_PER_RECORD = 5
-CONCURRENCY = (1, 8, 32)
-DEFAULT_QUERIES = 200
-CACHE_MODES = ("off", "auto")  # the SQL path, then the FAISS cache (RAG_FAISS_CACHE's default)
 
 
 def load_sentences(minimum: int) -> list[str]:
@@ -226,21 +210,29 @@ async def cache_ready(session: Any, url: str, wait_s: float = 300.0) -> dict[str
     return await readyz_until(session, url, "faiss", settled, wait_s, 0.5)
 
 
-async def tantivy_index(database_url: str, partition: Any, root: Path) -> Path:
-    """The store's Tantivy index of ``partition`` under ``root`` (a gateway's ``RAG_LEXICAL_DIR``),
-    built as ``mnemo lexical rebuild`` builds it: what a ``RAG_LEXICAL_INDEX=auto|tantivy`` gateway
-    reads from its start."""
-    from index.lexical.writer import LexicalWriter
-    from schema import create_pool
-
-    pool = await create_pool(database_url, max_size=4)
-    writer = LexicalWriter(pool, database_url, root)
-    try:
-        await writer.rebuild(partition, lambda _n: None)
-    finally:
-        await writer.stop()
-        await pool.close()
-    return root
+async def lexical_rebuild(database_url: str, root: Path) -> dict[str, float]:
+    """``mnemo lexical rebuild`` as an operator runs it, writing the store's Tantivy index under
+    ``root`` (a gateway's ``RAG_LEXICAL_DIR``): its wall time, the writer's peak RSS, the index's size."""
+    argv = ["-m", "gateway.cli", "lexical", "rebuild", "--database-url", database_url, "--dir", str(root)]
+    started = time.perf_counter()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, *argv, env=child_environment(), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )  # fmt: skip
+    output = asyncio.create_task(proc.stdout.read())  # type: ignore[union-attr]
+    peak = 0
+    while proc.returncode is None:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            peak = max(peak, psutil.Process(proc.pid).memory_info().rss)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), 0.5)
+    if proc.returncode != 0:
+        raise RuntimeError(f"mnemo lexical rebuild failed ({proc.returncode}): {(await output)[-2000:]!r}")
+    seconds = time.perf_counter() - started
+    return {
+        "s": seconds,
+        "writer_peak_rss_mib": peak / 2**20,
+        "disk_mib": await asyncio.to_thread(folder_mib, root),
+    }
 
 
 async def gateway_read_pool(database_url: str) -> Any:
@@ -259,296 +251,32 @@ async def gateway_read_pool(database_url: str) -> Any:
 
 
 class RawLegs:
-    """The legs' SQL run directly, as the gateway runs them: dense and lexical concurrently, each on
-    its own connection of a read pool like the gateway's (no reset query), corpus statistics cached.
-    The gateway's over-fetch (``max(limit * 4, 20)``) and scope; no HTTP, JSON, fusion or gate.
+    """The legs' SQL as the gateway runs them, without HTTP, JSON, fusion or the gate: the product's
+    :class:`gateway.retrieval.legs.RetrievalLegs` at the gateway's default settings (its over-fetch,
+    its exact-or-HNSW choice per scope, its corpus statistics), with no FAISS cache or lexical
+    engine, on a read pool like the gateway's. ``legs`` runs dense and lexical concurrently, each on
+    its own connection, as a search does; ``dense`` the dense leg alone. ``scope``: the caller's
+    (its ACL push-down), settable between windows."""
 
-    A scoped dense leg takes the gateway's path too: exact where the gateway's default
-    ``RAG_DENSE_EXACT_MAX_ROWS`` sends the scope (:func:`index.search.dense_leg.reads_exactly`, decided once
-    per scope as the gateway remembers it), HNSW otherwise. Without it the baseline of a 10% caller
-    was an HNSW scan while the gateway read the scope's 10,000 rows exactly, and the suite put that
-    difference on the gateway (2.9x its "own cost" at 100k chunks, 2026-12-03)."""
-
-    def __init__(self, pool: Any, partition: Any, texts: Sequence[str], vectors: np.ndarray, limit: int):
+    def __init__(self, pool: Any, partition: Any, texts: Sequence[str], vectors: np.ndarray, limit: int,
+                 scope: Any = None) -> None:  # fmt: skip
+        from gateway.base.metrics import Metrics
         from gateway.base.settings import GatewaySettings
-        from index.search.bm25 import CorpusStats
+        from gateway.retrieval.legs import RetrievalLegs, over_fetch
         from index.store.hits import Scope
 
-        self.pool, self.partition, self.texts, self.vectors = pool, partition, texts, vectors
-        self.fetch = max(limit * 4, 20)
-        self.stats = CorpusStats(ttl=3600.0)
-        self.scope = Scope()
-        self.exact_max_rows = GatewaySettings().dense_exact_max_rows
-        self._exact: dict[Any, bool] = {}  # scope_key -> the exact path's decision
+        self.partition, self.texts, self.vectors = partition, texts, vectors
+        self.fetch = over_fetch(limit)
+        self.scope = Scope() if scope is None else scope
+        self.product = RetrievalLegs(pool, GatewaySettings(), Metrics())
 
     async def dense(self, i: int) -> None:
-        from index.search.dense_leg import dense_search
-
         vector = self.vectors[i % len(self.vectors)]
-        async with self.pool.acquire() as conn:
-            exact = await self._reads_exactly(conn, vector)
-            await dense_search(conn, self.partition, vector, self.scope, self.fetch, exact=exact)
-
-    async def _reads_exactly(self, conn: Any, vector: np.ndarray) -> bool:
-        from index.search.dense_leg import reads_exactly
-        from index.store.hits import scope_key
-
-        key = scope_key(self.scope)
-        if key not in self._exact:
-            self._exact[key] = await reads_exactly(
-                conn, self.partition, vector, self.scope, self.fetch, self.exact_max_rows
-            )
-        return self._exact[key]
-
-    async def lexical(self, i: int) -> None:
-        from index.search.lexical_leg import lexical_search
-
-        async with self.pool.acquire() as conn:
-            await lexical_search(
-                conn,
-                self.partition,
-                self.texts[i % len(self.texts)],
-                self.scope,
-                self.fetch,
-                stats=self.stats,
-            )
+        await self.product.dense_leg(self.partition, vector, self.scope, self.fetch)
 
     async def legs(self, i: int) -> None:
-        await asyncio.gather(self.dense(i), self.lexical(i))
+        from gateway.retrieval.query_cache import QueryVector
 
-
-def _load_dict(result: Any) -> dict[str, Any]:
-    d = result.as_dict()
-    lat = d.pop("latency_s")
-    d["latency_ms"] = {k: round(v * 1000, 3) for k, v in lat.items() if k != "n"}
-    d["requests_per_s"] = round(d["requests_per_s"], 1)
-    return {k: v for k, v in d.items() if k not in ("items_per_request", "items_per_s")}
-
-
-def _searcher(session: Any, url: str, texts: Sequence[str], limit: int) -> Callable[[int], Awaitable[None]]:
-    """``semantic_search`` of the ``i``-th query (cycling) through the gateway at ``url``; anything
-    but a 200 with ``limit`` hits stops the run."""
-
-    async def search(i: int) -> None:
-        body = {"dd_api": "dd_rag_api", "action": "semantic_search",
-                "options": {"query": texts[i % len(texts)], "limit": limit}}  # fmt: skip
-        async with session.post(url + "/api/v1/json", json=body) as r:
-            payload = await r.json()
-            if r.status != 200 or len(payload["data"]) != limit:
-                raise RuntimeError(f"semantic_search failed: {r.status} {payload}")
-
-    return search
-
-
-async def _point(raw: RawLegs, search: Any, load: Any, pid: int, c: int) -> dict[str, Any]:
-    """The gateway at ``c`` callers beside the baselines measured just before it (the legs' SQL,
-    the dense leg's alone), with the gateway process's CPU per request."""
-    legs, dense = await load(raw.legs, c), await load(raw.dense, c)
-    cpu_before = process_cpu_s(pid)
-    gw = await load(search, c)
-    cpu_ms = (process_cpu_s(pid) - cpu_before) * 1000 / max(1, gw.requests)
-    return {
-        "concurrency": c,
-        "gateway": _load_dict(gw) | {"cpu_ms_per_request": round(cpu_ms, 3)},
-        "raw_legs_sql": _load_dict(legs),
-        "raw_dense_sql": _load_dict(dense),
-        "overhead_p50": round(ratio(gw.latency.median, legs.latency.median), 2),
-        "throughput_ratio": round(ratio(gw.requests_per_s, legs.requests_per_s), 3),
-        "overhead_p50_vs_dense": round(ratio(gw.latency.median, dense.latency.median), 2),
-        "throughput_ratio_vs_dense": round(ratio(gw.requests_per_s, dense.requests_per_s), 3),
-    }
-
-
-async def _measure_cache(
-    urls: tuple[str, str, str, str], model: str, cache: str, workdir: Path, raw: RawLegs, load: Any,
-    queries: tuple[Sequence[str], int, Sequence[int]], first_pass: bool,
-) -> tuple[dict[str, Any], Any]:  # fmt: skip
-    """One gateway with ``RAG_FAISS_CACHE=cache`` (once its cache is ready): its points per caller
-    count and the legs' mean times from its metrics, and its cold first pass when asked for (the
-    first gateway's, which embeds every query); ``urls``: the database, the sidecar, the token secret
-    and the bearer token."""
-    import aiohttp
-
-    database_url, sidecar_url, secret, bearer = urls
-    texts, limit, concurrency = queries
-    log = workdir / f"gateway-{cache}.log"
-    async with gateway_process(
-        database_url, sidecar_url, secret, log, text_model=model, RAG_FAISS_CACHE=cache
-    ) as gateway:
-        connector = aiohttp.TCPConnector(limit=max(concurrency) * 2)
-        headers = {"Authorization": f"Bearer {bearer}"}
-        async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
-            status = await cache_ready(session, gateway.url)
-            search = _searcher(session, gateway.url, texts, limit)
-            first = await load(search, 1) if first_pass else None  # embeds every query
-            for i in range(len(texts)):
-                await search(i)
-            rows = [await _point(raw, search, load, gateway.process.pid, c) for c in concurrency]
-            async with session.get(gateway.url + "/metrics") as r:
-                metrics_text = await r.text()
-    return {"faiss": status, "by_concurrency": rows, "leg_mean_ms": _leg_means(metrics_text)}, first
-
-
-@contextlib.asynccontextmanager
-async def bench_database(database_url: str | None, workdir: Path) -> AsyncIterator[str]:
-    """``database_url`` migrated, or a throw-away embedded server in ``workdir`` (stopped after)."""
-    from schema import EmbeddedPostgres, migrate
-
-    embedded = None
-    if database_url is None:
-        embedded = EmbeddedPostgres(workdir / "pg")
-        database_url = embedded.start()
-    try:
-        await migrate(database_url)
-        yield database_url
-    finally:
-        if embedded is not None:
-            embedded.stop()
-
-
-async def run_gateway_benchmark(
-    *,
-    sidecar_url: str,
-    database_url: str | None = None,
-    chunks: int = 10_000,
-    embedded: int = 1_000,
-    queries: int = DEFAULT_QUERIES,
-    requests: int = 600,
-    max_seconds: float = 30.0,
-    concurrency: Sequence[int] = CONCURRENCY,
-    limit: int = 10,
-    text_model: str | None = None,
-    caches: Sequence[str] = CACHE_MODES,
-) -> dict[str, Any]:
-    """Set up the corpus, measure the gateway (per FAISS cache mode) beside the legs' raw SQL."""
-    from gateway.access.auth import issue_token
-    from index.models import resolve_model
-    from inference.client import SidecarClient
-
-    started = time.perf_counter()
-    workdir = Path(tempfile.mkdtemp(prefix="mnemo-bench-gateway-"))
-    async with bench_database(database_url, workdir) as database_url:
-        pool = await gateway_read_pool(database_url)
-        async with SidecarClient(sidecar_url) as client:
-            model = await resolve_model(client, "text", text_model)
-            sentences = load_sentences(chunks)[:chunks]
-            partition = await load_corpus(pool, client, model, sentences, min(embedded, chunks))
-            texts = load_queries(queries)
-            qvecs = np.asarray(
-                (await client.embed(model.id, texts, truncate=True)).embeddings, dtype=np.float32
-            )
-        setup_s = time.perf_counter() - started
-        raw = RawLegs(pool, partition, texts, qvecs, limit)
-        for i in range(len(qvecs)):  # warm the buffer cache and the statistics like the gateway's warm pass
-            await raw.legs(i)
-
-        async def load(call: Callable[[int], Any], c: int) -> Any:
-            return await closed_loop(call, concurrency=c, requests=requests, max_seconds=max_seconds)
-
-        secret = secrets.token_urlsafe(48)
-        bearer = issue_token(secret=secret, sub="bench", projects=None, admin=True)
-        by_cache: dict[str, Any] = {}
-        cold = None
-        for cache in caches:
-            by_cache[cache], first = await _measure_cache(
-                (database_url, sidecar_url, secret, bearer), model.id, cache, workdir, raw, load,
-                (texts, limit, concurrency), cold is None,
-            )  # fmt: skip
-            cold = cold or first
-        await pool.close()
-
-    return {
-        "suite": "gateway",
-        "chunks": len(sentences),
-        "records": (len(sentences) + CHUNKS_PER_RECORD - 1) // CHUNKS_PER_RECORD,
-        "model": model.id,
-        "embedded_vectors": min(embedded, chunks),
-        "queries": len(texts),
-        "limit": limit,
-        "leg_fetch": raw.fetch,
-        "setup_s": round(setup_s, 1),
-        "cold_first_pass": _load_dict(cold) if cold is not None else None,
-        "by_cache": by_cache,
-    }
-
-
-def _leg_means(metrics_text: str) -> dict[str, float]:
-    """Mean seconds per leg (ms) from the gateway's Prometheus text."""
-    sums, counts = ({
-        m.group(1): float(m.group(2))
-        for m in re.finditer(rf'mnemo_retrieval_leg_seconds_{kind}\{{leg="(\w+)"\}} ([0-9.e+-]+)', metrics_text)
-    } for kind in ("sum", "count"))  # fmt: skip
-    return {k: round(1000 * v / counts[k], 3) for k, v in sums.items() if counts.get(k)}
-
-
-def render(result: dict[str, Any]) -> str:
-    lines = [
-        f"gateway: semantic_search (limit {result['limit']}) over {result['chunks']} chunks / "
-        f"{result['records']} records, model {result['model']}",
-    ]
-    for cache, part in result["by_cache"].items():
-        lines.append(f"FAISS cache {cache} ({part['faiss'].get('mode')})")
-        lines.append(
-            f"{'conc':>4}  {'gw p50':>8} {'gw p95':>8} {'gw rps':>8}   {'legs p50':>8} {'legs rps':>8}   "
-            f"{'dense p50':>9} {'dense rps':>9}   {'p50 x':>6} {'rps x':>6}   {'p50 x dense':>11} {'gw CPU/req':>10}"
-        )
-        for row in part["by_concurrency"]:
-            g, legs, d = row["gateway"], row["raw_legs_sql"], row["raw_dense_sql"]
-            lines.append(
-                f"{row['concurrency']:>4}  {g['latency_ms']['median']:>8.2f} {g['latency_ms']['p95']:>8.2f} "
-                f"{g['requests_per_s']:>8.1f}   {legs['latency_ms']['median']:>8.2f} {legs['requests_per_s']:>8.1f}   "
-                f"{d['latency_ms']['median']:>9.2f} {d['requests_per_s']:>9.1f}   {row['overhead_p50']:>6.2f} "
-                f"{row['throughput_ratio']:>6.3f}   {row['overhead_p50_vs_dense']:>11.2f} {g['cpu_ms_per_request']:>10.3f}"
-            )
-        lines.append(f"  mean per leg inside the gateway (ms): {part['leg_mean_ms']}")
-    lines.append(
-        "  (ms; gateway = HTTP + JWT + dense and lexical legs + fusion + ACL gate + JSON; legs = the dense "
-        "and lexical SQL run concurrently as the gateway runs them; dense = the dense SQL alone; gw CPU/req = the "
-        "gateway process's CPU time over its window per request served)"
-    )
-    if result["cold_first_pass"]:
-        cold = result["cold_first_pass"]["latency_ms"]
-        lines.append(
-            f"  first pass, query embedding included: p50 {cold['median']:.1f} ms, p95 {cold['p95']:.1f} ms"
-        )
-    return "\n".join(lines)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.gateway", description=__doc__.splitlines()[0])
-    p.add_argument("--sidecar-url", default=None, help="default: RAG_SIDECAR_URL, else http://127.0.0.1:8001")
-    p.add_argument("--database-url", default=None, help="default: RAG_DATABASE_URL, else embedded")
-    p.add_argument("--text-model", default=None, help="default: RAG_TEXT_MODEL, else the first text model")
-    p.add_argument("--chunks", type=int, default=10_000)
-    p.add_argument("--embedded", type=int, default=1_000, help="chunks whose vectors come from the sidecar")
-    p.add_argument(
-        "--requests", type=int, default=600, help="requests per concurrency level (bounded by time)"
-    )
-    p.add_argument("--max-seconds", type=float, default=30.0)
-    p.add_argument(
-        "--caches", default=",".join(CACHE_MODES), help="RAG_FAISS_CACHE values to measure, in order"
-    )
-    p.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)))
-    p.add_argument("--json", type=Path, default=None)
-    args = p.parse_args(argv)
-    result = asyncio.run(
-        run_gateway_benchmark(
-            sidecar_url=configured_sidecar(args.sidecar_url).sidecar_url,
-            database_url=configured_database_url(args.database_url),
-            text_model=configured_text_model(args.text_model),
-            chunks=args.chunks,
-            embedded=args.embedded,
-            requests=args.requests,
-            max_seconds=args.max_seconds,
-            caches=tuple(args.caches.split(",")),
-            concurrency=tuple(int(c) for c in args.concurrency.split(",")),
-        )
-    )
-    print(render(result))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        vector = QueryVector(self.vectors[i % len(self.vectors)], None)
+        text = self.texts[i % len(self.texts)]
+        await self.product.gather(self.partition, text, vector, self.scope, self.fetch, ("dense", "lexical"))

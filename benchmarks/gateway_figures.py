@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .levers import levers_table
 from .plan import GatewayPlan
 from .report import Curve, Headline, SuiteResult, Table, format_span
 from .tables import Column, HeadlineRow, headings, rows
@@ -90,6 +91,15 @@ FLOOR = (
     Column("floor/SQL req/s", "{floor_rps_ratio}"),
     Column("spread ", lambda c: format_span(c["floor_rps_ratio_spread"])),
     Column("gw/SQL req/s", "{rps_ratio}"),
+)
+# The largest size's gateway per cache mode: its first pass (each query embedded by the sidecar on
+# the way) and each leg's mean time over everything it served (its /metrics).
+INSIDE = (
+    Column("FAISS cache", "{cache}"),
+    Column("first pass p50 ms", "{first_pass[p50]}"),
+    Column("first pass p95 ms", "{first_pass[p95]}"),
+    Column("dense leg mean ms", lambda m: m["leg_mean_ms"].get("dense")),
+    Column("lexical leg mean ms", lambda m: m["leg_mean_ms"].get("lexical")),
 )
 
 
@@ -184,6 +194,12 @@ def _tables(plan: GatewayPlan, points: list[dict[str, Any]]) -> list[Table]:
     if floor:
         title = "The HTTP floor beside the goal cells (an aiohttp server running only the legs' SQL)"
         tables.append(Table(title, headings(FLOOR), rows(FLOOR, floor)))
+    if "levers" in largest:
+        tables.append(levers_table(largest["levers"], largest["chunks"]))
+    inside = [{**m, "cache": cache} for cache, m in caches if "first_pass" in m]
+    if inside:
+        title = f"Inside the gateway ({largest['chunks']:,} chunks): its first pass, and each leg's mean"
+        tables.append(Table(title, headings(INSIDE), rows(INSIDE, inside)))
     return tables
 
 

@@ -1,7 +1,7 @@
 """GPU mode: the sidecar's own batcher and model code, in-process, on the production architectures.
 
-``mnemo bench --device cuda`` (or ``python -m benchmarks.gpu``, or ``benchmarks/gpu_run.sh`` on a bare
-CUDA machine) builds the bge-m3 architecture (XLM-R large, 24 x 1024, with its sparse head) and a
+``mnemo bench --device cuda`` (or ``benchmarks/gpu_run.sh`` on a bare CUDA machine: ``python -m
+benchmarks.cli bench --device cuda``) builds the bge-m3 architecture (XLM-R large, 24 x 1024, with its sparse head) and a
 SigLIP base (ViT-B/16 at 224 px, 12-layer text tower) from configs with random weights (speed does
 not depend on their values), loads them through :func:`inference.encoders.load_encoder` with the
 production batching limits of ``inference/models.yaml``, and drives
@@ -23,13 +23,10 @@ them), so a machine with Python, torch and transformers runs it.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
-import json
 import random
 import re
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -533,36 +530,3 @@ def _faiss_table(faiss: dict[str, Any]) -> Table:
     ]
     title = f"FAISS flat search on {faiss['device_name']} ({faiss['vectors']:,} x {faiss['dimension']}, {faiss['storage']})"
     return Table(title, columns, rows)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    from .report import write_report
-
-    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__.splitlines()[0])
-    p.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu")
-    p.add_argument("--dtypes", default="bfloat16,float16", help="comma-separated: bfloat16, float16, float32")
-    p.add_argument("--lengths", default="128,512", help="tokens per text, comma-separated")
-    p.add_argument("--seconds", type=float, default=4.0, help="seconds per measurement")
-    p.add_argument("--tiny", action="store_true", help="miniature shapes (a CPU smoke run)")
-    p.add_argument("--faiss-vectors", type=int, default=1_000_000, help="FAISS section size (0 skips it)")
-    p.add_argument("--work-dir", type=Path, default=None, help="where to build the random checkpoints")
-    p.add_argument("--out", type=Path, required=True, help="report folder (results.json, REPORT.md)")
-    args = p.parse_args(argv)
-    config = GpuBenchConfig(
-        device=args.device,
-        dtypes=tuple(d.strip() for d in args.dtypes.split(",") if d.strip()),
-        lengths=tuple(int(n) for n in args.lengths.split(",")),
-        seconds=args.seconds,
-        tiny=args.tiny,
-        work_dir=args.work_dir,
-        faiss_vectors=args.faiss_vectors,
-    )
-    result = run_gpu_benchmark(config)
-    report = write_report(args.out, [as_suite(result)], {"suite": "gpu", **result["config"]})
-    print(report.read_text())
-    print(json.dumps({"report": str(report)}))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

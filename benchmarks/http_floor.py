@@ -13,7 +13,7 @@ So, beside the same windows of the gateway and of the SQL, floor/SQL is what the
 gateway/floor what Mnemo's code costs over it. Its CPU per request is the least such a process
 spends on a search; the gateway's own is judged against it.
 
-Run by the suite as ``python -m benchmarks.http_floor --port P --database-url URL --model ID
+Run by the suite as ``python -m benchmarks.cli http-floor --port P --database-url URL --model ID
 --dimension D --queries FILE`` (``FILE``: the queries' texts and vectors, :func:`write_queries`).
 """
 
@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import sys
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -84,9 +83,9 @@ async def _serve(args: argparse.Namespace) -> None:
         await pool.close()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.http_floor", description=__doc__.split("\n")[0]
+        prog="python -m benchmarks.cli http-floor", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--database-url", required=True)
@@ -114,7 +113,7 @@ async def floor_process(
     """The floor server in a subprocess on a free loopback port, ready; terminated after."""
     from .gateway import serving_subprocess
 
-    argv = ["-m", "benchmarks.http_floor", "--database-url", database_url, "--model", model.id,
+    argv = ["-m", "benchmarks.cli", "http-floor", "--database-url", database_url, "--model", model.id,
             "--dimension", str(model.dimension), "--queries", str(queries), "--limit", str(limit)]  # fmt: skip
     async with serving_subprocess(argv, log, child_environment(), what="the HTTP floor") as (url, proc):
         yield FloorProcess(url, proc.pid)
@@ -136,7 +135,3 @@ class FloorCaller:
             await response.read()
             if response.status != 200:
                 raise RuntimeError(f"the HTTP floor answered {response.status}")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

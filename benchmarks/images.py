@@ -1,8 +1,7 @@
-"""Image ingestion throughput: the bulk job against the sidecar's ``/image`` alone, and decode scaling.
+"""Image ingestion, the scale suite's images section: the bulk job against the sidecar's ``/image``
+alone, and the job's decode step by pool size.
 
-``python -m benchmarks.images [--images DIR_OR_MANIFEST] [--workers-max N] [--out DIR]``
-
-Measured in one run, on the same images (default: the coins collection, repeated to ``--count``):
+On the same images (the bundled coins, repeated to ``scale.images``), in one run:
 
 1. **decode/resize per worker**: :func:`index.ingest.images.prepare_file` (read, hash, decode, orient,
    downsize, thumbnail) in a process pool of 1..N workers, images/s per pool size (the scaling curve,
@@ -10,49 +9,40 @@ Measured in one run, on the same images (default: the coins collection, repeated
 2. **sidecar ``/image`` alone**: the already-downsized JPEGs embedded batch after batch through the
    client, as the job calls it (the baseline: what the job could reach if decoding and writing were free);
 3. **the bulk job** (``mnemo ingest images``: decode pool pipelined with embedding, multi-row writes)
-   into a fresh section, so every image is embedded: images/s, and its ratio to (2). The issue's bar
-   is >= 0.8.
+   into a fresh section, so every image is embedded: images/s, its ratio to (2) (bar >= 0.8) and
+   where its time went.
 
-A sidecar (the offline tiny SigLIP; its speed, not its vectors, matters here) and an embedded
-PostgreSQL are started unless ``--sidecar-url`` / ``--database-url`` are given. Results go to
-``OUT/images.json`` and ``OUT/images.md``.
+The model is the bench sidecar's tiny SigLIP (its speed, not its vectors, matters here): it embeds
+far faster than any real image model, so on a CPU the ratio is the harshest case for the job; with a
+real model the sidecar is the bottleneck and decoding hides behind it.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
 import functools
 import json
 import os
-import shutil
-import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from .datasets import dataset_dir
+from .report import Curve, Headline, SuiteResult, Table
+from .stack import IMAGE_MODEL
 
-IMAGE_MODEL = "tiny-siglip-random"
 SECTION = {
     "embed": [{"id": "card", "contributors": ["numd1"]}],
     "context": {"images": [{"tipo": "numd5", "view": "obverse"}], "metadata": {}},
 }
 
 
-def _files(source: Path, count: int) -> list[str]:
-    if source.is_dir():
-        found = sorted(str(p) for p in source.rglob("*.jpg"))
-    else:
-        base = source.parent
-        found = [
-            str(base / json.loads(line)["path"]) for line in source.read_text().splitlines() if line.strip()
-        ]
-    if not found:
-        raise SystemExit(f"no images under {source}")
+def _files(manifest: Path, count: int) -> list[str]:
+    """``count`` image paths of ``manifest``, its images repeated as needed."""
+    lines = [line for line in manifest.read_text().splitlines() if line.strip()]
+    found = [str(manifest.parent / json.loads(line)["path"]) for line in lines]
     return [found[i % len(found)] for i in range(count)]
 
 
@@ -100,131 +90,51 @@ async def bulk_job(pool: Any, client: Any, files: Sequence[str], options: Any, t
     return report.as_dict()
 
 
-@contextlib.contextmanager
-def _services(sidecar_url: str | None, database_url: str | None) -> Iterator[tuple[str, str]]:
-    with contextlib.ExitStack() as stack:
-        root = Path(tempfile.mkdtemp(prefix="mnemo-bench-images-"))
-        stack.callback(shutil.rmtree, root, True)
-        if database_url is None:
-            from schema import EmbeddedPostgres
-
-            server = EmbeddedPostgres(root / "pg")
-            database_url = server.start()
-            stack.callback(server.stop)
-        if sidecar_url is None:
-            from inference.config import config_from_dict
-            from inference.launcher import running_sidecar
-
-            config = config_from_dict(
-                {
-                    "models": [
-                        {
-                            "id": IMAGE_MODEL,
-                            "kind": "image_text",
-                            "weights": str(root / "models" / IMAGE_MODEL),
-                            "build": "tiny-siglip",
-                            "max_batch_size": 32,
-                            "num_cpus": 1,
-                        }
-                    ]
-                }
-            )
-            sidecar_url = stack.enter_context(
-                running_sidecar(config, num_cpus=2, object_store_mb=128, api_key="")
-            )
-        yield sidecar_url, database_url
-
-
-async def run(args: argparse.Namespace, sidecar_url: str, database_url: str) -> dict[str, Any]:
+async def measure_images(stack: Any, count: int, workers_max: int, *, batch: int = 32) -> dict[str, Any]:
+    """The three measurements on ``count`` of the bundled coins, the job into a fresh database."""
     from index.bulk.image_jobs import JobOptions
     from index.ingest.images import prepare_file
     from index.settings import MediaSettings
     from index.store.sections import SectionStore
     from inference.client import SidecarClient
-    from schema import create_pool, migrate
+    from schema import create_pool
 
-    files = _files(args.images, args.count)
+    files = _files(dataset_dir("coins", "manifest.jsonl") / "manifest.jsonl", count)
     # The job reads manifest files only under the media root: the photographs' own folder.
     media = MediaSettings(media_root=os.path.commonpath(files))
-    curve = decode_curve(files, args.workers_max, media)
-    prepared = [
-        prepare_file(
-            f,
-            None,
-            max_bytes=media.image_max_bytes,
-            max_px=media.image_max_px,
-            max_pixels=media.image_max_pixels,
-            thumbnail_px=0,
-        )
-        for f in files
-    ]
-    jpegs = [p.jpeg for p in prepared]  # type: ignore[union-attr]
-    await migrate(database_url)
-    pool = await create_pool(database_url, max_size=4)
-    tmp = Path(tempfile.mkdtemp(prefix="mnemo-bench-manifest-"))
+    curve = await asyncio.to_thread(decode_curve, files, workers_max, media)
+    sizes = {
+        "max_bytes": media.image_max_bytes,
+        "max_px": media.image_max_px,
+        "max_pixels": media.image_max_pixels,
+    }
+    jpegs = [prepare_file(f, None, thumbnail_px=0, **sizes).jpeg for f in files]  # type: ignore[union-attr]
+    pool = await create_pool(await stack.fresh_database("bench_images"), max_size=4)
     try:
-        async with SidecarClient(sidecar_url, timeout=120) as client:
-            alone = await sidecar_alone(client, jpegs, args.batch_size)
-            section = f"bench{int(time.time())}"
-            await SectionStore(pool).put(section, SECTION)
-            options = JobOptions(section, workers=args.workers, batch_size=args.batch_size, media=media)
-            job = await bulk_job(pool, client, files, options, tmp)
+        async with SidecarClient(stack.sidecar_url, timeout=120) as client:
+            alone = await sidecar_alone(client, jpegs, batch)
+            await SectionStore(pool).put("bench_images", SECTION)
+            options = JobOptions("bench_images", workers=2, batch_size=batch, media=media)
+            job = await bulk_job(pool, client, files, options, stack.work_dir)
     finally:
         await pool.close()
-        shutil.rmtree(tmp, ignore_errors=True)
-    return {
-        "images": len(files),
-        "cpu_count": os.cpu_count(),
-        "decode_curve": curve,
-        "sidecar_alone_images_per_s": alone,
-        "bulk_job": job,
-        "bulk_vs_sidecar": job["images_per_s"] / alone if alone else None,
-    }
+    return {"images": len(files), "cpu_count": os.cpu_count(), "decode_curve": curve,
+            "sidecar_alone_images_per_s": alone, "bulk_job": job, "bulk_vs_sidecar": job["images_per_s"] / alone}  # fmt: skip
 
 
-def markdown(result: dict[str, Any]) -> str:
-    lines = [
-        f"# Image ingestion ({result['images']} images, {result['cpu_count']} CPUs)",
-        "",
-        "| measure | images/s |",
-        "| --- | --- |",
-        f"| sidecar `/image` alone (baseline) | {result['sidecar_alone_images_per_s']:.1f} |",
-        f"| bulk job (`mnemo ingest images`) | {result['bulk_job']['images_per_s']:.1f} |",
-        f"| ratio bulk / sidecar alone (bar: >= 0.8) | {result['bulk_vs_sidecar']:.2f} |",
-        "",
-        "| decode workers | images/s | per worker |",
-        "| --- | --- | --- |",
-        *(
-            f"| {r['workers']} | {r['images_per_s']:.1f} | {r['per_worker']:.1f} |"
-            for r in result["decode_curve"]
-        ),
-        "",
-        f"Job phases (s): {json.dumps({k: round(v, 2) for k, v in result['bulk_job']['phases'].items()})}",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.images", description=__doc__.splitlines()[0])
-    parser.add_argument("--images", type=Path, default=None, help="default: the bundled coins' manifest")
-    parser.add_argument("--count", type=int, default=384, help="images (the source repeated as needed)")
-    parser.add_argument("--workers-max", type=int, default=max(1, min(4, os.cpu_count() or 1)))
-    parser.add_argument("--workers", type=int, default=2, help="the bulk job's decode processes")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--sidecar-url", default=None)
-    parser.add_argument("--database-url", default=None)
-    parser.add_argument("--out", type=Path, default=Path("bench-images"))
-    args = parser.parse_args(argv)
-    if args.images is None:
-        args.images = dataset_dir("coins", "manifest.jsonl") / "manifest.jsonl"
-    with _services(args.sidecar_url, args.database_url) as (sidecar_url, database_url):
-        result = asyncio.run(run(args, sidecar_url, database_url))
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "images.json").write_text(json.dumps(result, indent=2))
-    (args.out / "images.md").write_text(markdown(result))
-    print(markdown(result), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+def add_images_result(suite: SuiteResult, result: dict[str, Any]) -> None:
+    """The job against /image alone as a headline, the decode curve, the job's phases."""
+    suite.headlines.append(Headline(
+        f"bulk image job images/s ({result['images']} images)", result["bulk_job"]["images_per_s"], "images/s",
+        "the sidecar's /image alone, same JPEGs", result["sidecar_alone_images_per_s"], bar=0.8,
+    ))  # fmt: skip
+    curve = result["decode_curve"]
+    suite.curves.append(Curve("Image decode throughput by pool size", "decode workers", "images/s",
+                              {"prepare_file": [(r["workers"], r["images_per_s"]) for r in curve]}))  # fmt: skip
+    suite.tables.append(Table(
+        f"Image ingestion ({result['images']} images, {result['cpu_count']} CPUs): decode workers, and the job's phases",
+        ["decode workers", "images/s", "per worker"], [[r["workers"], r["images_per_s"], r["per_worker"]] for r in curve],
+    ))  # fmt: skip
+    phases = ", ".join(f"{k} {v:.2f}" for k, v in result["bulk_job"]["phases"].items())
+    suite.notes.append(f"Bulk image job phases (s): {phases}.")
+    suite.figures["images"] = result

@@ -17,24 +17,14 @@ sidecar into real PostgreSQL, and reports, all from the same run:
 - **re-index**: the whole collection pushed again unchanged, which must embed
   nothing (incremental), as records/s against the first pass.
 
-Run it::
-
-    python -m benchmarks.ingest --records 300 --start-sidecar          # offline profile, embedded DB
-    python -m benchmarks.ingest --sidecar-url http://127.0.0.1:8001 --database-url postgresql://...
+The ingest suite runs it at each records-per-step batch size (``mnemo bench --suite ingest``).
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import contextlib
-import json
 import random
-import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import replace
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
@@ -361,75 +351,3 @@ def as_suite(result: dict[str, Any]) -> SuiteResult:
             f"{w['multirow_no_hnsw_rows_per_s'] / w['row_at_a_time_no_hnsw_rows_per_s']:.2f}x row-at-a-time.",
         ],
     )
-
-
-@contextlib.contextmanager
-def _offline_sidecar(start: bool, url: str | None) -> Iterator[str]:
-    if not start:
-        if not url:
-            raise SystemExit(
-                "give --sidecar-url (or RAG_SIDECAR_URL), or --start-sidecar for the offline profile"
-            )
-        yield url
-        return
-    from inference.config import load_config
-    from inference.launcher import running_sidecar
-    from inference.serve_app import default_config_path
-
-    with running_sidecar(load_config(default_config_path())) as started:
-        yield started
-
-
-@contextlib.asynccontextmanager
-async def _database(url: str | None) -> AsyncIterator[asyncpg.Pool]:
-    from schema.database import open_database
-    from schema.settings import DatabaseSettings
-
-    with tempfile.TemporaryDirectory(prefix="mnemo-bench-") as tmp:
-        settings = DatabaseSettings(database_url=url, data_dir=Path(tmp))
-        async with open_database(settings) as db:
-            yield db.pool
-
-
-async def _main(args: argparse.Namespace, sidecar_url: str) -> dict[str, Any]:
-    settings = IngestSettings()
-    if args.embed_batch:
-        settings = replace(settings, embed_batch=args.embed_batch)
-    async with _database(args.database_url) as pool, RecordingClient(sidecar_url, timeout=120) as client:
-        return await run_ingest_benchmark(
-            pool, client, records=args.records, text_model=args.text_model, settings=settings
-        )
-
-
-def main(argv: list[str] | None = None) -> int:
-    from .settings import configured_database_url, configured_sidecar, configured_text_model
-
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.ingest", description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=300)
-    parser.add_argument(
-        "--database-url",
-        default=None,
-        help="PostgreSQL with pgvector (default: RAG_DATABASE_URL, else a throw-away embedded one)",
-    )
-    parser.add_argument("--sidecar-url", default=None, help="default: RAG_SIDECAR_URL")
-    parser.add_argument("--start-sidecar", action="store_true", help="run the offline profile here")
-    parser.add_argument("--text-model", default=None, help="default: RAG_TEXT_MODEL")
-    parser.add_argument("--embed-batch", type=int, default=None)
-    parser.add_argument("--out", type=Path, default=None, help="also write REPORT.md + results.json here")
-    args = parser.parse_args(argv)
-    args.database_url = configured_database_url(args.database_url)
-    args.text_model = configured_text_model(args.text_model)
-    if args.sidecar_url is None and not args.start_sidecar:
-        args.sidecar_url = configured_sidecar(None).sidecar_url
-    with _offline_sidecar(args.start_sidecar, args.sidecar_url) as url:
-        result = asyncio.run(_main(args, url))
-    print(json.dumps(result, indent=2))
-    if args.out:
-        from .report import write_report
-
-        print(write_report(args.out, [as_suite(result)], {"records": args.records}))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -47,10 +47,10 @@ import numpy as np
 from .acl_shares import VISIBILITY_PROJECT, projects_of
 from .corpus_text import zipf_texts
 from .datasets import find_datasets
-from .measure import interleaved_windows, p50_p99_ms, spread, window_ratios
+from .measure import folder_mib, interleaved_windows, p50_p99_ms, spread, window_ratios
 from .report import Headline, SuiteResult, Table
 
-__all__ = ["build_corpus", "lexical_report", "measure_lexical", "populate"]
+__all__ = ["build_corpus", "corpus_row", "lexical_report", "measure_lexical", "populate"]
 
 MODEL = "bench-lexical-4"
 DIM = 4  # the vectors do not matter here; the lexical leg never reads them
@@ -89,6 +89,16 @@ def build_corpus(n: int, seed: int = 0) -> list[str]:
 VectorsOf = Callable[[int, int], np.ndarray]  # rows start .. stop - 1 -> their unit vectors
 
 
+def corpus_row(i: int, text: str, vector: np.ndarray, source_hash: str | None = None) -> Any:
+    """Chunk ``i`` of the corpus as its row: record ``i + 1`` alone, in the projects
+    :func:`benchmarks.acl_shares.projects_of` gives it."""
+    from index.store.store import EmbeddingRow
+    from index.text import fold
+
+    return EmbeddingRow("text", SECTION, i + 1, "rag:doc", "lg-nolan", 0, source_hash or f"h{i}", text, fold(text),
+                        vector, projects=projects_of(i + 1), chunk_meta={"contributors": ["c1"]})  # fmt: skip
+
+
 async def populate(
     pool: Any,
     texts: Sequence[str],
@@ -105,24 +115,17 @@ async def populate(
     lexical leg never reads it); with them the partition keeps its HNSW index, built on the rows.
     """
     from index.store.partitions import ensure_partition
-    from index.store.store import EmbeddingRow
-    from index.text import fold
 
     from .bulk_load import bulk_load
 
     partition = await ensure_partition(pool, model, dimension)
-    meta = {"contributors": ["c1"]}
     constant = np.ones((10_000, dimension), dtype=np.float32)
 
-    def batches() -> Iterator[list[EmbeddingRow]]:
+    def batches() -> Iterator[list[Any]]:
         for start in range(0, len(texts), 10_000):
             stop = min(start + 10_000, len(texts))
             vecs = constant if vectors is None else vectors(start, stop)
-            yield [
-                EmbeddingRow("text", SECTION, i + 1, "rag:doc", "lg-nolan", 0, f"h{i}", texts[i], fold(texts[i]),
-                             vecs[i - start], projects=projects_of(i + 1), chunk_meta=meta)
-                for i in range(start, stop)
-            ]  # fmt: skip
+            yield [corpus_row(i, texts[i], vecs[i - start]) for i in range(start, stop)]
 
     async with pool.acquire() as conn:
         if vectors is None:
@@ -166,10 +169,6 @@ def _tantivy_build(texts: Sequence[str], path: Path) -> tuple[Any, Any, float]:
     writer.wait_merging_threads()
     index.reload()
     return index, schema, time.perf_counter() - start
-
-
-def _disk_mib(folder: Path) -> float:
-    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 2**20
 
 
 async def _timed(fn: Callable[[str], Awaitable[Any]], queries: Sequence[str]) -> list[float]:
@@ -301,7 +300,7 @@ async def measure_lexical(
             "zipf_chunks": n - real,
             "queries": {label: len(qs) for label, qs in sets.items()},
             "tantivy_vs_sql": exactness,
-            "tantivy_bare": {"build_s": built[2], "disk_mib": _disk_mib(bare_dir)},
+            "tantivy_bare": {"build_s": built[2], "disk_mib": folder_mib(bare_dir)},
             "latency": latency,
             "windows": windows,
             "window_p50_ratios": {f"{v} / {b}": window_ratios(windowed[v], windowed[b]) for v, b in WINDOW_RATIOS},

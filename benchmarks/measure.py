@@ -12,6 +12,7 @@ import statistics
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import psutil
@@ -82,18 +83,6 @@ def repeat(fn: Callable[[], Any], *, repeats: int = 5, warmup: int = 1) -> Summa
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
-        samples.append(time.perf_counter() - start)
-    return summarize(samples)
-
-
-async def arepeat(fn: Callable[[], Awaitable[Any]], *, repeats: int = 5, warmup: int = 1) -> Summary:
-    """Async twin of :func:`repeat`."""
-    for _ in range(warmup):
-        await fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        await fn()
         samples.append(time.perf_counter() - start)
     return summarize(samples)
 
@@ -236,11 +225,40 @@ def knee(xs: Sequence[float], ys: Sequence[float], *, gain: float = 0.10) -> flo
 
 
 def process_cpu_s(pid: int) -> float:
-    """CPU time (user + system, seconds) a process has used so far; the difference over a window
-    divided by the requests it served is its CPU per request, a figure a busy neighbour on a shared
-    machine moves far less than a latency."""
-    times = psutil.Process(pid).cpu_times()
-    return times.user + times.system
+    """CPU time (user + system, seconds) a process and its live descendants (the workers of
+    ``mnemo gateway --workers N``) have used so far; the difference over a window divided by the
+    requests it served is its CPU per request, a figure a busy neighbour on a shared machine moves
+    far less than a latency."""
+    root = psutil.Process(pid)
+    total = 0.0
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            times = p.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def folder_mib(folder: Path) -> float:
+    """The size of the files under ``folder``, in MiB (an index on disk)."""
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 2**20
+
+
+def tree_memory(pid: int) -> dict[str, Any]:
+    """RSS, USS and PSS (MiB) of a process and each of its descendants (a gateway command and its
+    workers), and their PSS in all: mapped index pages shared by the workers count once."""
+    root = psutil.Process(pid)
+    rows = []
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            m = p.memory_full_info()
+        except psutil.NoSuchProcess:
+            continue
+        rows.append(
+            {"pid": p.pid, "rss_mib": m.rss / 2**20, "uss_mib": m.uss / 2**20, "pss_mib": m.pss / 2**20}
+        )
+    return {"processes": rows, "pss_mib": sum(r["pss_mib"] for r in rows)}
 
 
 def descendants_cpu_s() -> float:

@@ -17,6 +17,7 @@ from typing import Any
 
 __all__ = [
     "FULL",
+    "PLANS",
     "QUICK",
     "BenchPlan",
     "GatewayPlan",
@@ -50,6 +51,9 @@ class SidecarPlan:
     length_concurrency: int = 4
     length_request_size: int = 8
     peers: bool = False  # infinity-emb beside the sidecar (its own virtualenv)
+    # The Ray-free model service's grid beside the sidecar's (token-budget batcher and executor driven
+    # in-process, benchmarks/grid.py): what batching alone costs.
+    service: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +77,10 @@ class GatewayPlan:
     # Interleaved (gateway, legs' SQL) window pairs per point, the order swapped each pair: the
     # spread of the pairs' ratios is printed beside each ratio.
     pairs: int = 2
+    # One lever A/B in one run at the largest size (benchmarks/levers.py): gateways that differ by
+    # settings or source tree, up at once, their windows interleaved with the legs' SQL. Each is
+    # "NAME=VAR=VALUE[+VAR=VALUE]" or "NAME=@TREE[+VAR=VALUE]", the first the baseline (empty: skipped).
+    levers: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +91,12 @@ class QualityPlan:
     # The 2-fold cross-validated tuned figure beside the defaults: 15 fusions per query, so the full
     # plan's (the quick plan keeps the bars, each leg and hybrid on every data set).
     tune: bool = False
+    # The Tantivy engine's recall of the SQL leg's exact top k per candidate over-fetch
+    # (benchmarks/tantivy_recall.py), on every data set's corpus (one chunk a document) with at most
+    # this many of its queries (0 skips it); recall_zipf: also the retrieval corpus of this many chunks
+    # under the data sets' queries (0: none).
+    recall_queries: int = 100
+    recall_zipf: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +104,7 @@ class GpuPlan:
     dtypes: tuple[str, ...] = ("bfloat16", "float16")
     lengths: tuple[int, ...] = (128, 512)  # tokens per text
     seconds: float = 4.0  # per measurement
+    faiss_vectors: int = 1_000_000  # the FAISS section's flat index (0: skip it); a CPU run uses 2000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +161,24 @@ class ScalePlan:
     retrieval_seconds: float = 10.0  # at most, per closed loop of semantic_search
     retrieval_dataset_queries: int = 60
     retrieval_generated_queries: int = 20  # of each kind: rare, common, mixed
+    # At each retrieval size, the FAISS cache under 32 callers and under a writer (seconds each, 0
+    # skips) and its worker processes (read from PostgreSQL against the snapshot mapped; false
+    # skips); at the largest, 2 gateway workers against 1 in alternating windows (0 passes skips).
+    retrieval_cache_seconds: float = 3.0
+    retrieval_mapped_workers: bool = True
+    retrieval_worker_passes: int = 2
+    retrieval_worker_window_s: float = 5.0
+    # A Ray bulk job's batches in flight per actor (benchmarks/ray_dispatch.py): Ray Data's pool (two
+    # per actor) against one, ray_batches batches of ray_batch_ms on 2 actors, alternating passes
+    # (0 batches skips it).
+    ray_batches: int = 40
+    ray_batch_ms: float = 100.0
+    ray_passes: int = 2
+    # Image ingestion (benchmarks/images.py): the bulk image job against the sidecar's /image alone
+    # on this many of the bundled coins (repeated), and the job's decode step in pools of 1 to
+    # images_workers_max processes (0 images skips it).
+    images: int = 96
+    images_workers_max: int = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,9 +211,15 @@ FULL = BenchPlan(
         peers=True,
     ),
     ingest=IngestPlan(records=300, batch_records=(1, 4, 16, 32, 64, 128)),
-    quality=QualityPlan(tune=True),
+    quality=QualityPlan(tune=True, recall_queries=300, recall_zipf=100_000),
     gateway=GatewayPlan(
-        sizes=(1_000, 10_000, 100_000), embedded=1_000, queries=200, seconds=10.0, requests=3_000, pairs=4
+        sizes=(1_000, 10_000, 100_000),
+        embedded=1_000,
+        queries=200,
+        seconds=10.0,
+        requests=3_000,
+        pairs=4,
+        levers=("asyncio loop=RAG_UVLOOP=off", "uvloop=RAG_UVLOOP=on"),
     ),
     reliability=ReliabilityPlan(
         cases_per_route=320, seconds=1200.0, fault_records=200, overload_seconds=30.0, mixed_seconds=30.0
@@ -194,8 +233,17 @@ FULL = BenchPlan(
         halfvec_queries=200,
         retrieval_sizes=(100_000, 1_000_000),
         retrieval_seconds=20.0,
+        retrieval_cache_seconds=8.0,
+        retrieval_worker_passes=4,
+        retrieval_worker_window_s=15.0,
+        ray_batches=100,
+        ray_batch_ms=200.0,
+        ray_passes=3,
+        images=384,
+        images_workers_max=4,
     ),
 )
+PLANS = {plan.name: plan for plan in (QUICK, FULL)}
 
 
 def _parse(value: str, hint: Any) -> Any:

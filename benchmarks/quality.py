@@ -18,16 +18,11 @@ the same run on the same ingested store and query vectors: each one's lexical an
 the gateway's own lexical leg (``RAG_LEXICAL_INDEX``, the SQL leg when ``off``), with issue 44's bars:
 its lexical leg at least 95% of ``bm25`` and its hybrid no lower than the gateway leg's hybrid.
 
-``python -m benchmarks.quality --dataset benchmarks/datasets/med`` (a running
-sidecar at ``RAG_SIDECAR_URL``; the database at ``RAG_DATABASE_URL`` or embedded).
+The quality suite (``mnemo bench --suite quality``) and ``mnemo eval`` run it.
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import json
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -293,36 +288,3 @@ def render(result: Mapping[str, Any]) -> str:
         if t.get("applied_to"):
             lines.append(f"  stored in the descriptor of section {t['applied_to']}")
     return "\n".join(lines)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    from gateway.base.settings import load_gateway_settings
-
-    p = argparse.ArgumentParser(prog="python -m benchmarks.quality", description=__doc__.splitlines()[0])
-    p.add_argument("--dataset", type=Path, action="append", required=True, help="BEIR directory (repeatable)")
-    p.add_argument("--database-url", default=None)
-    p.add_argument("--modes", default=",".join(MODES))
-    p.add_argument("--tune", action="store_true")
-    p.add_argument("--json", type=Path, default=None, help="write every data set's result here")
-    args = p.parse_args(argv)
-    settings = load_gateway_settings(auth="off")
-    results = []
-    for directory in args.dataset:
-        result = asyncio.run(
-            run_quality_benchmark(
-                directory,
-                settings,
-                database_url=args.database_url,
-                modes=args.modes.split(","),
-                tune=args.tune,
-            )
-        )
-        print(render(result), flush=True)
-        results.append(result)
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
-    return 0 if all(b["pass"] for r in results for b in r.get("bars", {}).values()) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

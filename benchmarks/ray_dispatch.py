@@ -1,23 +1,20 @@
-"""Batches in flight per actor in a Ray bulk job: the pool of ``index.bulk.ray_cluster.actor_pool``
-(Ray Data's default, two per actor) against one per actor.
+"""Batches in flight per actor in a Ray bulk job, the scale suite's ray section: the pool of
+``index.bulk.ray_cluster.actor_pool`` (Ray Data's default, two per actor) against one per actor.
 
 One in flight would spread a short job's batches more evenly over the actors. This measures what it
 costs: a job of ``batches`` batches on ``actors`` actors whose work per batch is ``work_s`` of
 waiting (a backfill writer mostly waits for the sidecar and PostgreSQL), fed from the driver's items
-as the backfill and the image job are, run alternately with both settings on a local Ray. Each
-variant waits for its whole pool before its first batch, as the product does. Reported: each
-variant's wall time per pass (actor start included), the ratio one-in-flight / pool (1.0 = no
-cost) with the passes' spread, and how many batches each actor took.
-
-``python -m benchmarks.ray_dispatch [--batches 100] [--work-ms 200] [--passes 3]``
+as the backfill and the image job are, run alternately with both settings on the run's Ray (the
+bench sidecar's, or a local one started here). Each variant waits for its whole pool before its
+first batch, as the product does. Reported: each variant's wall time per pass (actor start
+included), the ratio one-in-flight / pool (1.0 = no cost) with the passes' spread, and how many
+batches each actor took.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import functools
-import json
 import os
 import time
 from collections import Counter
@@ -25,11 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from index.bulk.ray_cluster import actor_pool, start_actors_first
-
 from .measure import alternating_passes, ratio, spread
+from .report import Headline, SuiteResult, Table
 
-__all__ = ["run"]
+__all__ = ["add_dispatch_result", "measure_dispatch"]
 
 
 class _Waiter:
@@ -47,6 +43,8 @@ class _Waiter:
 def _pass(batches: int, actors: int, work_s: float, *, one_in_flight: bool) -> tuple[float, list[int]]:
     import ray
 
+    from index.bulk.ray_cluster import actor_pool, start_actors_first
+
     compute: Any = (
         ray.data.ActorPoolStrategy(size=actors, max_tasks_in_flight_per_actor=1)
         if one_in_flight
@@ -54,7 +52,12 @@ def _pass(batches: int, actors: int, work_s: float, *, one_in_flight: bool) -> t
     )
     # From the driver's items, as the backfill's keys and the image job's manifest rows are.
     ds = ray.data.from_items([{"i": i} for i in range(batches)]).map_batches(
-        _Waiter, batch_size=1, compute=compute, num_cpus=0.5, fn_constructor_kwargs={"work_s": work_s}
+        # A tenth of a CPU token each: the actors sleep, and the sidecar's replicas hold most of the run's tokens.
+        _Waiter,
+        batch_size=1,
+        compute=compute,
+        num_cpus=0.1,
+        fn_constructor_kwargs={"work_s": work_s},
     )
     start_actors_first(ds, 60)
     taken: Counter[int] = Counter()
@@ -64,52 +67,47 @@ def _pass(batches: int, actors: int, work_s: float, *, one_in_flight: bool) -> t
     return time.perf_counter() - started, sorted(taken.values())
 
 
-def run(*, batches: int = 100, actors: int = 2, work_s: float = 0.2, passes: int = 3) -> dict[str, Any]:
-    """Alternate the two variants ``passes`` times each (A B, then B A, ...) on a local Ray."""
+async def measure_dispatch(*, batches: int, actors: int = 2, work_s: float, passes: int) -> dict[str, Any]:
+    """Alternate the two variants ``passes`` times each (A B, then B A, ...)."""
     import ray
 
+    from index.bulk.ray_cluster import connect
+
+    started_ray = not ray.is_initialized()
+    connect("local")  # the bench sidecar's Ray when this run started one
     variants = {
         name: functools.partial(
             asyncio.to_thread, _pass, batches, actors, work_s, one_in_flight=name == "one_in_flight"
         )
         for name in ("one_in_flight", "pool")
     }
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
-        _pass(4, actors, 0.0, one_in_flight=True)  # warm-up: worker processes, imports
-        runs = asyncio.run(alternating_passes(variants, passes))
+        await asyncio.to_thread(_pass, 4, actors, 0.0, one_in_flight=True)  # warm-up: workers, imports
+        runs = await alternating_passes(variants, passes)
     finally:
-        ray.shutdown()
+        if started_ray:
+            ray.shutdown()
     seconds = {name: [p[name][0] for p in runs] for name in variants}
-    taken = {name: [p[name][1] for p in runs] for name in variants}
     ratios = [ratio(a, b) for a, b in zip(seconds["one_in_flight"], seconds["pool"], strict=True)]
-    ideal = batches * work_s / actors
     return {
-        "batches": batches,
-        "actors": actors,
-        "work_s": work_s,
-        "ideal_s": ideal,
-        "seconds": seconds,
-        "batches_per_actor": taken,
-        "one_in_flight_over_pool": float(np.median(ratios)),
-        "spread": spread(ratios),
-    }
+        "batches": batches, "actors": actors, "work_s": work_s, "ideal_s": batches * work_s / actors,
+        "seconds": seconds, "batches_per_actor": {name: [p[name][1] for p in runs] for name in variants},
+        "one_in_flight_over_pool": float(np.median(ratios)), "spread": spread(ratios),
+    }  # fmt: skip
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batches", type=int, default=100)
-    parser.add_argument("--actors", type=int, default=2)
-    parser.add_argument("--work-ms", type=float, default=200.0)
-    parser.add_argument("--passes", type=int, default=3)
-    args = parser.parse_args()
-    print(
-        json.dumps(
-            run(batches=args.batches, actors=args.actors, work_s=args.work_ms / 1000, passes=args.passes),
-            indent=2,
-        )
-    )
-
-
-if __name__ == "__main__":
-    main()
+def add_dispatch_result(suite: SuiteResult, result: dict[str, Any]) -> None:
+    """The ratio as a headline (wall time with one batch in flight over the pool's), and a table."""
+    suite.headlines.append(Headline(
+        f"Ray job wall time, 1 batch in flight per actor ({result['batches']} batches of "
+        f"{result['work_s'] * 1000:g} ms, {result['actors']} actors)", float(np.median(result["seconds"]["one_in_flight"])),
+        "s", "Ray Data's pool (2 in flight), alternating passes", float(np.median(result["seconds"]["pool"])),
+        higher_is_better=False, spread=result["spread"],
+    ))  # fmt: skip
+    suite.tables.append(Table(
+        f"Ray bulk job: batches in flight per actor (ideal {result['ideal_s']:.1f} s)",
+        ["variant", "seconds per pass", "batches per actor, per pass"],
+        [[name, ", ".join(f"{x:.2f}" for x in result["seconds"][name]), str(result["batches_per_actor"][name])]
+         for name in result["seconds"]],
+    ))  # fmt: skip
+    suite.figures["ray_dispatch"] = result

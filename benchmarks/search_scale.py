@@ -1,36 +1,34 @@
-"""Retrieval at scale: one store per size, its lexical legs and ``semantic_search`` through a real
-gateway, and each latency's growth from the smallest size to the largest (issue 24).
+"""Retrieval at scale, the scale suite's retrieval section: one store per size, every retrieval leg
+and ``semantic_search`` through real gateways on it, and each latency's growth from the smallest
+size to the largest (issues 24 and 44). Per size ``n``, on a fresh database of the bench stack's
+PostgreSQL:
 
-``python -m benchmarks.search_scale --sizes 100000,1000000 --out DIR``. Per size ``n``, on a fresh
-database of the bench stack's PostgreSQL:
-
-- **the store**: the lexical benchmark's corpus (:func:`benchmarks.lexical.build_corpus`: every
-  unique sentence of the bundled data sets, then Zipfian text in their languages), each chunk with a
-  vector of the bench model (:func:`benchmarks.gateway.mixed_vectors`: each a random mixture of two
-  real embeddings of the data sets' sentences, plus a little noise, so neighbours are spread as in
-  real embeddings rather than near-copies of a few), loaded by the bulk path with every index, HNSW
-  included. One record per chunk, in the projects of :func:`benchmarks.acl_shares.projects_of`
-  (researchers who see 100%, 10% and 1% of the chunks);
-- **dense recall@10** of pgvector's dense leg as the gateway runs it without the FAISS cache (HNSW
-  with iterative scans, or the exact path for a small scope; the gateway's over-fetch, its top 10)
-  against an exact scan, unfiltered and for researchers who see 100%, 10% and 1% of the chunks, at
-  each ``hnsw.ef_search`` of the plan, with each one's p50; probes: the data sets' queries embedded
-  by the bench model;
-- **the dense leg with the FAISS cache on CPU** (:func:`measure_dense_cache`, ``RAG_FAISS_CACHE=cpu``
-  at the gateway's defaults, in-process): its load time and memory, recall@10 and p50 per
-  visibility, and issue 24's goal cell: the 1% researcher's dense leg against the admin's, same
-  probes, in interleaved windows, with the cache and without it;
-- **the lexical section** over it (:func:`benchmarks.lexical.measure_lexical`: the SQL leg, the
-  Tantivy engine on the store's index and Tantivy's bare search, same chunks and queries; the
-  Tantivy legs in interleaved windows);
+- **the store**: the lexical cells' corpus (:func:`benchmarks.lexical.build_corpus`: every unique
+  sentence of the bundled data sets, then Zipfian text in their languages), each chunk with a
+  vector of the bench model (:func:`benchmarks.gateway.mixed_vectors`: a random mixture of two real
+  embeddings of the data sets' sentences plus a little noise, so neighbours are spread as in real
+  embeddings), loaded by the bulk path with every index, HNSW included; one record per chunk, in
+  the projects of :func:`benchmarks.acl_shares.projects_of` (researchers who see 100%, 10%, 1%);
+- **its Tantivy index**, written by ``mnemo lexical rebuild`` as an operator runs it: wall time,
+  the writer's peak RSS, the size on disk;
+- **dense recall@10** of pgvector's dense leg as the gateway runs it without the FAISS cache,
+  against an exact scan, per visibility and ``hnsw.ef_search``, with each one's p50;
+- **the dense leg with the FAISS cache on CPU** (:func:`measure_dense_cache`, the gateway's cache
+  settings, in-process): load time and memory, recall@10 and p50 per visibility, issue 24's goal
+  cell (the 1% researcher's leg against the admin's, interleaved, with the cache and without), 32
+  callers with the cache on against off, and its sync lag under a writer
+  (:mod:`benchmarks.vector_cache`); then two worker processes per way of holding it (read from
+  PostgreSQL, or its snapshot mapped): ready, memory, search p50;
+- **the lexical cells** (:func:`benchmarks.lexical.measure_lexical`: the SQL leg, the Tantivy engine,
+  Tantivy's bare search);
 - **``semantic_search``** through a ``mnemo gateway`` subprocess per configuration of
-  :data:`GATEWAY_CONFIGS` (``RAG_LEXICAL_INDEX=tantivy`` over the store's Tantivy index, built
-  before the gateways start as ``mnemo lexical rebuild`` builds it; the same with
-  ``RAG_FAISS_CACHE=cpu``; ``off``), defaults otherwise, each measured once its lexical engine
-  serves every partition and its cache is ready: the data
-  sets' queries, each sent once first (the gateway embeds it through the sidecar and caches its
-  vector), then a closed loop per caller count as an admin, and one caller as a researcher who sees
-  1% of the chunks; p50, p99, requests/s and the gateway's CPU per request, per cell.
+  :data:`GATEWAY_CONFIGS`, defaults otherwise, each measured once its lexical engine serves every
+  partition and its cache is ready (the seconds that took are its ready time): the data sets'
+  queries, each sent once first (the gateway embeds and caches it), then a closed loop per caller
+  count as an admin and one caller as a researcher who sees 1%: p50, p99, requests/s, the
+  gateway's CPU per request, and its processes' memory (PSS: pages the workers share count once);
+- at the largest size, **``mnemo gateway --workers 2`` against one process** on the Tantivy engine
+  (:func:`benchmarks.gateway_workers.workers_ab`): alternating windows of the most callers.
 
 Growth: every latency at the largest size against itself at the smallest, same run. A gateway whose
 lexical engine does not serve every partition, or a search answered with anything but 200, stops
@@ -39,10 +37,7 @@ the run.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import secrets
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -57,12 +52,13 @@ from .gateway import (
     cache_ready,
     gateway_process,
     gateway_read_pool,
+    lexical_rebuild,
     load_queries,
     mixed_vectors,
     partition_states,
     readyz_until,
-    tantivy_index,
 )
+from .gateway_workers import workers_ab
 from .lexical import SECTION, build_corpus, measure_lexical, populate
 from .measure import (
     closed_loop,
@@ -71,11 +67,13 @@ from .measure import (
     process_cpu_s,
     rss_bytes,
     tie_aware_recall,
+    tree_memory,
     window_ratios,
 )
-from .report import SuiteResult, write_report
+from .report import SuiteResult
 from .search_scale_figures import scale_report
-from .stack import BENCH_MODEL, BenchStack, open_stack
+from .stack import BENCH_MODEL, BenchStack
+from .vector_cache import callers_32, mapped_workers, sync_lag
 
 __all__ = ["SearchScalePlan", "as_suite", "run_search_scale"]
 
@@ -84,6 +82,7 @@ LIMIT = 10  # semantic_search's limit: the gateway over-fetches max(4 * limit, 2
 # (and RAG_LEXICAL_DIR: the store's Tantivy index, built before the gateways start).
 GATEWAY_CONFIGS: dict[str, dict[str, str]] = {
     "tantivy": {"RAG_LEXICAL_INDEX": "tantivy"},
+    "tantivy, 2 workers": {"RAG_LEXICAL_INDEX": "tantivy", "RAG_GATEWAY_WORKERS": "2"},
     "tantivy, FAISS cpu": {"RAG_LEXICAL_INDEX": "tantivy", "RAG_FAISS_CACHE": "cpu"},
     "off": {"RAG_LEXICAL_INDEX": "off"},
 }
@@ -105,6 +104,10 @@ class SearchScalePlan:
     recall_queries: int = 40  # probes per visibility; each needs an exact scan of the store
     recall_ef_search: tuple[int, ...] = (40, 100, 200, 400)
     windows: int = 3  # interleaved windows of the lexical legs and of the dense goal cell
+    cache_seconds: float = 3.0  # the cache's 32-caller windows and its sync lag (0: skip them)
+    mapped_workers: bool = True  # two cache worker processes per way of holding it
+    worker_passes: int = 2  # alternating windows of 2 gateway workers against 1 (0: skip them)
+    worker_window_s: float = 5.0
 
 
 async def _wait_lexical_ready(session: Any, url: str, search: Any, wait_s: float) -> dict[str, Any]:
@@ -199,8 +202,9 @@ async def measure_dense_recall(
 
 
 async def measure_dense_cache(
-    pool: Any, url: str, partition: Any, probes: np.ndarray, exact: dict[str, Any], windows: int
-) -> dict[str, Any]:
+    pool: Any, url: str, partition: Any, probes: np.ndarray, exact: dict[str, Any], windows: int,
+    texts: Sequence[str] = (), seconds: float = 0.0,
+) -> dict[str, Any]:  # fmt: skip
     """The dense leg as a gateway with ``RAG_FAISS_CACHE=cpu`` runs it
     (:meth:`gateway.retrieval.legs.RetrievalLegs.dense_leg`, the cache's defaults), beside the gateway's
     default (no cache: pgvector).
@@ -209,7 +213,10 @@ async def measure_dense_cache(
     - per visibility: recall@10 against ``exact``, p50, and the share of searches the cache served
       (an admin's unfiltered search goes to pgvector's HNSW past ``RAG_FAISS_CPU_BROAD_SCAN_MAX``);
     - issue 24's goal cell: the 1% researcher's leg against the admin's, alternating per probe in
-      ``windows`` interleaved windows, with and without the cache; each window's p50 ratio.
+      ``windows`` interleaved windows, with and without the cache; each window's p50 ratio;
+    - with ``seconds``: the 100% researcher's leg at 32 callers with the cache and without, then the
+      cache's sync lag under a writer rewriting the store built from ``texts``
+      (:mod:`benchmarks.vector_cache`).
     """
     from gateway.base.settings import load_gateway_settings
     from gateway.retrieval.engines import build_retrieval
@@ -258,6 +265,11 @@ async def measure_dense_cache(
                 "window_ratios": window_ratios(times["1%"], times["admin"]),
             }
         packed = cache.status()["packed_scopes"]
+        if seconds:
+            legs = {f"cache {state}": _dense_leg_of(retriever, partition, scopes["100%"], fetch)
+                    for state, retriever in (("on", cached), ("off", plain))}  # fmt: skip
+            under_load = {"callers_32": await callers_32(legs, probes, seconds),
+                          "sync": await sync_lag(pool, cache, partition, texts, seconds)}  # fmt: skip
     finally:
         await cache.stop()
     return {
@@ -268,6 +280,7 @@ async def measure_dense_cache(
         "packed_scopes": packed,
         "per_visibility": per_visibility,
         "one_percent_vs_admin": goal,
+        **(under_load if seconds else {}),
     }
 
 
@@ -357,7 +370,8 @@ async def measure_semantic_search(
 
             cells = {f"admin, {c} caller{'s' if c > 1 else ''}": await cell(admin, c) for c in plan.callers}
             cells["1% ACL, 1 caller"] = await cell(narrow, 1)
-    return {"mode": mode, "ready_s": ready_s, "cells": cells}
+            memory = tree_memory(gateway.process.pid)
+    return {"mode": mode, "ready_s": ready_s, "cells": cells, "memory": memory}
 
 
 async def _one_size(stack: BenchStack, n: int, bases: np.ndarray, queries: Sequence[str], probes: np.ndarray,
@@ -379,29 +393,38 @@ async def _one_size(stack: BenchStack, n: int, bases: np.ndarray, queries: Seque
         recall_probes = probes[: plan.recall_queries]
         exact = await exact_top10(pool, partition, recall_probes)
         recall = await measure_dense_recall(pool, partition, recall_probes, plan.recall_ef_search, exact)
-        cache = await measure_dense_cache(pool, url, partition, recall_probes, exact, plan.windows)
-        # The store's Tantivy index (what `mnemo lexical rebuild` writes): the lexical cells' engine
-        # reads it, and the gateways from their start.
-        start = time.perf_counter()
-        lexical_dir = await tantivy_index(url, partition, workdir / f"lexical-{n}")
-        tantivy_build_s = time.perf_counter() - start
+        cache = await measure_dense_cache(
+            pool, url, partition, recall_probes, exact, plan.windows, texts, plan.cache_seconds
+        )
+        # The store's Tantivy index as an operator writes it: the lexical cells' engine reads it,
+        # and the gateways from their start.
+        lexical_dir = workdir / f"lexical-{n}"
+        rebuild = await lexical_rebuild(url, lexical_dir)
         lexical = await measure_lexical(
             pool, partition, texts, lexical_dir, plan.lexical_dataset_queries, plan.lexical_generated_queries,
             plan.windows,
         )  # fmt: skip
     finally:
         await pool.close()
+    mapped = await mapped_workers(url, partition, workdir / f"vectors-{n}") if plan.mapped_workers else None
     search = {
         mode: await measure_semantic_search(
             url, stack.sidecar_url, BENCH_MODEL, queries, plan, mode, workdir, lexical_dir
         )
         for mode in plan.gateway_configs
     }
+    workers = None
+    if plan.worker_passes and n == max(plan.sizes):  # issue 44: 2 gateway workers against 1
+        env = {"RAG_LEXICAL_INDEX": "tantivy", "RAG_LEXICAL_DIR": str(lexical_dir)}
+        workers = await workers_ab(url, stack.sidecar_url, BENCH_MODEL, queries, workdir, env,
+                                   callers=max(plan.callers), passes=plan.worker_passes, window_s=plan.worker_window_s)  # fmt: skip
     return {
+        **({"workers": workers} if workers else {}),
         "chunks": n,
         "store_s": store_s,
-        "tantivy_build_s": tantivy_build_s,
+        "lexical_rebuild": rebuild,
         "dense_recall": recall,
+        **({"mapped_workers": mapped} if mapped else {}),
         "dense_cache": cache,
         "lexical": lexical,
         "semantic_search": search,
@@ -430,38 +453,3 @@ async def run_search_scale(stack: BenchStack, plan: SearchScalePlan) -> dict[str
 def as_suite(result: dict[str, Any]) -> SuiteResult:
     """The section's report (:func:`benchmarks.search_scale_figures.scale_report`) at this module's limit."""
     return scale_report(result, limit=LIMIT)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.search_scale", description=__doc__.splitlines()[0])
-    p.add_argument(
-        "--sizes", default="100000", help="chunks per store, comma-separated (a scale run: 100000,1000000)"
-    )
-    p.add_argument(
-        "--callers", default="1,32", help="closed-loop callers of semantic_search, comma-separated"
-    )
-    p.add_argument("--seconds", type=float, default=20.0, help="at most this long per closed loop")
-    p.add_argument(
-        "--bases", type=int, default=1_000, help="real sentences embedded for the vectors (full plan: 10000)"
-    )
-    p.add_argument("--database-url", default=None, help="a PostgreSQL server to use (default: embedded)")
-    p.add_argument("--out", type=Path, required=True, help="report folder (results.json, REPORT.md)")
-    args = p.parse_args(argv)
-    plan = SearchScalePlan(
-        sizes=tuple(int(s) for s in args.sizes.split(",") if s.strip()),
-        callers=tuple(int(c) for c in args.callers.split(",") if c.strip()),
-        seconds=args.seconds,
-        bases=args.bases,
-    )
-    with (
-        tempfile.TemporaryDirectory(prefix="mnemo-bench-search-scale-") as work,
-        open_stack(Path(work), database=True, sidecar=True, database_url=args.database_url) as stack,
-    ):
-        result = asyncio.run(run_search_scale(stack, plan))
-    report = write_report(args.out, [as_suite(result)], {"suite": "search_scale", **plan.__dict__})
-    print(report.read_text())
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

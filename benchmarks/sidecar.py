@@ -14,7 +14,8 @@ The in-process configurations, measured side by side before the grid (:func:`mea
 Then the load, each way to embed the same texts with the same model:
 
 - ``service``: the Ray-free :class:`~inference.service.ModelService` (token-budget batcher + executor)
-  driven by concurrent in-process callers: what batching itself costs (`--service`; off by default).
+  driven by concurrent in-process callers: what batching itself costs (``sidecar.service``; off by
+  default).
 - ``sidecar``: the Ray Serve sidecar over HTTP (the ingress replica's own HTTP front -> model replica): what callers get.
 
 Each mode runs concurrency 1, 4 and 16 with 1-item and 32-item requests (closed loop, bounded in time)
@@ -22,25 +23,19 @@ and reports items/s, tokens/s and latency p50/p95/p99. Baseline windows (in-proc
 strongest configuration) run around each request size's cells, whose ratios use the windows beside
 them: these machines are shared and their speed drifts within a run. The headline cells (concurrency
 16) are measured ``repeats`` times, each window beside its own baselines, and report the spread of
-their ratios. ``python -m benchmarks.sidecar`` prints the tables and the ratios;
-:func:`run_sidecar_benchmark` returns them as a dict for the suite's report. On a CUDA machine,
-:func:`run_encoder_tokens_benchmark` also records tokens/s for the bge-m3 architecture (XLM-R large,
-random weights: speed does not depend on their values).
+their ratios. :func:`run_sidecar_benchmark` returns them as a dict for the sidecar suite's report
+(:mod:`benchmarks.suite_sidecar`).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import os
 import platform
 import random
 import statistics
-import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from .grid import (
@@ -55,14 +50,8 @@ from .inprocess import (
     measure_inprocess,
     measure_pipelined,
 )
-from .measure import ratio
 
-__all__ = [
-    "BARS",
-    "format_report",
-    "run_encoder_tokens_benchmark",
-    "run_sidecar_benchmark",
-]
+__all__ = ["BARS", "run_sidecar_benchmark"]
 
 # Mnemo's bar on a 2-core CPU machine: sidecar throughput as a share of in-process batch-32 throughput.
 BARS = {"c16_1item": 0.50, "c16_32item": 0.80}
@@ -286,179 +275,9 @@ def run_sidecar_benchmark(
     return result
 
 
-def run_encoder_tokens_benchmark(
-    *,
-    lengths: Sequence[int] = (128, 512),
-    batch: int = 32,
-    seconds: float = 10.0,
-    device: str = "cuda",
-    dtype: str = "auto",
-    config_overrides: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Tokens/s of the bge-m3 architecture (XLM-R large, 24 layers, 1024 wide) with random weights.
-
-    Built from a config (nothing is downloaded) and run through the same forward path as served models
-    (fp16/bf16 and SDPA on CUDA). ``config_overrides`` shrinks it for a CPU smoke run.
-    """
-    import torch
-    from transformers import XLMRobertaConfig, XLMRobertaModel
-
-    from inference.encoders import resolve_device, resolve_dtype
-
-    device = resolve_device(device)
-    torch_dtype = resolve_dtype(dtype, device)
-    from .gpu_models import BGE_M3_SHAPE
-
-    shape: dict[str, Any] = {**BGE_M3_SHAPE, "pad_token_id": 1}
-    config = XLMRobertaConfig(**{**shape, **(config_overrides or {})})
-    kwargs = {"attn_implementation": "sdpa"} if device.startswith("cuda") else {}
-    model = XLMRobertaModel(config, add_pooling_layer=False, **kwargs).to(device, torch_dtype).eval()
-    results = {}
-    for length in lengths:
-        ids = torch.randint(5, config.vocab_size, (batch, length), device=device)
-        mask = torch.ones_like(ids)
-        with torch.inference_mode():
-            model(input_ids=ids, attention_mask=mask)  # warm (kernels, allocator)
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
-            calls, start = 0, time.perf_counter()
-            while time.perf_counter() - start < seconds:
-                model(input_ids=ids, attention_mask=mask)
-                calls += 1
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
-            wall = time.perf_counter() - start
-        results[str(length)] = {
-            "tokens_per_s": calls * batch * length / wall,
-            "texts_per_s": calls * batch / wall,
-        }
-    return {
-        "architecture": "xlm-roberta-large (bge-m3), random weights",
-        "device": device,
-        "dtype": str(torch_dtype).removeprefix("torch."),
-        "batch": batch,
-        "lengths": results,
-    }
-
-
 CONFIGURATIONS = {
     "inprocess_batch32": "in-process batch 32, tokenize then run (the goal table's baseline)",
     "strongest": "in-process strongest: all cores, swept batch, tokenization overlapped if faster",
     "ceiling": "ceiling: forward pass alone on pre-tokenized batches",
     "st_encode": "sentence-transformers encode(), swept batch",
 }
-
-
-def _range(spread: Sequence[float] | None) -> str:
-    return "n/a" if spread is None else f"{spread[0]:.2f}-{spread[1]:.2f}"
-
-
-def format_report(result: dict[str, Any]) -> str:
-    """A plain-text table and the ratios, as ``python -m benchmarks.sidecar`` prints them."""
-    base = result["baseline"]
-    configs = result.get("configurations")
-    lines = [
-        f"model {result['model']} on {result['machine']['cpus']} CPUs "
-        f"(torch threads {result['machine']['torch_threads']}, CUDA {result['machine']['cuda']})",
-        f"in-process batch 32: {base['items_per_s']:.1f} items/s, {base['tokens_per_s']:.0f} tokens/s "
-        f"(mean of {base['windows']} windows, {base['min_items_per_s']:.1f} to {base['max_items_per_s']:.1f}: "
-        "each ratio uses the windows beside its cells)",
-    ]
-    if configs is not None:
-        ceiling = configs["ceiling"]["items_per_s"]
-        lines += [
-            "",
-            f"{'in-process configuration':<72} {'batch':>5} {'items/s':>9} {'tokens/s':>9} {'/ceiling':>8}",
-        ]
-        for key, label in CONFIGURATIONS.items():
-            c = configs[key]
-            lines.append(
-                f"{label:<72} {c['batch']:>5} {c['items_per_s']:>9.1f} {c['tokens_per_s']:>9.0f} "
-                f"{ratio(c['items_per_s'], ceiling):>8.2f}"
-            )
-    has_strongest = any("ratio_to_strongest" in c for c in result["cells"])
-    lines += [
-        "",
-        f"{'mode':<8} {'conc':>4} {'size':>4} {'items/s':>9} {'tokens/s':>9} {'p50 ms':>8} {'p95 ms':>8} "
-        f"{'p99 ms':>8} {'ratio':>6} {'spread':>10}" + (f" {'/strong':>7}" if has_strongest else ""),
-    ]
-    for c in result["cells"]:
-        lat = c["latency_ms"]
-        lines.append(
-            f"{c['mode']:<8} {c['concurrency']:>4} {c['request_size']:>4} {c['items_per_s']:>9.1f} "
-            f"{c['tokens_per_s']:>9.0f} {lat['p50']:>8.1f} {lat['p95']:>8.1f} {lat['p99']:>8.1f} "
-            f"{c['ratio_to_inprocess']:>6.2f} {_range(c['spread']['ratio_to_inprocess']):>10}"
-            + (f" {c.get('ratio_to_strongest', float('nan')):>7.2f}" if has_strongest else "")
-        )
-    lines.append("")
-    for name, bar in result["bars"].items():
-        shown = "n/a" if bar["ratio"] is None else f"{bar['ratio']:.2f}"
-        verdict = "met" if bar["met"] else "NOT met"
-        if bar["settled"] is False:
-            verdict += ", but its spread crosses the bar: not settled, measure more windows (repeats)"
-        lines.append(
-            f"sidecar {name}: {shown} of in-process (spread {_range(bar['spread'])}; "
-            f"bar {bar['bar']:.2f}: {verdict})"
-        )
-    if "encoder_tokens" in result:
-        enc = result["encoder_tokens"]
-        for length, figures in enc["lengths"].items():
-            lines.append(
-                f"{enc['architecture']} on {enc['device']} {enc['dtype']}: {length} tokens/text -> "
-                f"{figures['tokens_per_s']:.0f} tokens/s"
-            )
-    lines.append(f"wall {result['wall_s']:.0f}s")
-    return "\n".join(lines)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.sidecar", description=__doc__.split("\n")[0])
-    parser.add_argument("--seconds", type=float, default=4.0, help="seconds per (concurrency, size) cell")
-    parser.add_argument("--baseline-seconds", type=float, default=2.0, help="seconds per baseline window")
-    parser.add_argument(
-        "--repeats", type=int, default=3, help="windows of each concurrency-16 cell, each beside baselines"
-    )
-    parser.add_argument(
-        "--sweep-batches",
-        default=",".join(map(str, SWEEP_BATCHES)),
-        help="batch sizes the in-process sweeps try (comma-separated)",
-    )
-    parser.add_argument("--sweep-seconds", type=float, default=1.0, help="seconds per sweep window")
-    parser.add_argument(
-        "--no-configurations",
-        action="store_true",
-        help="skip the strongest in-process configuration, the ceiling and sentence-transformers",
-    )
-    parser.add_argument("--url", default=None, help="drive this running sidecar instead of starting one")
-    parser.add_argument(
-        "--service",
-        action="store_true",
-        help="also run the Ray-free batcher grid (what batching alone costs)",
-    )
-    parser.add_argument("--torch-threads", type=int, default=None)
-    parser.add_argument("--json", type=Path, default=None, help="also write the result here")
-    args = parser.parse_args(argv)
-    result = run_sidecar_benchmark(
-        sidecar_url=args.url,
-        seconds_per_cell=args.seconds,
-        baseline_seconds=args.baseline_seconds,
-        repeats=args.repeats,
-        sweep_batches=tuple(int(b) for b in args.sweep_batches.split(",") if b.strip()),
-        sweep_seconds=args.sweep_seconds,
-        configurations=not args.no_configurations,
-        include_service=args.service,
-        torch_threads=args.torch_threads,
-    )
-    import torch
-
-    if torch.cuda.is_available():
-        result["encoder_tokens"] = run_encoder_tokens_benchmark()
-    print(format_report(result))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 import secrets
 import statistics
 import time
@@ -34,7 +35,8 @@ import numpy as np
 
 from .gateway_figures import as_suite
 from .http_floor import FloorCaller, floor_process, write_queries
-from .measure import LoadResult, alternating_passes, closed_loop, process_cpu_s, ratio, spread
+from .levers import parse_variant, run_levers
+from .measure import LoadResult, alternating_passes, closed_loop, percentile, process_cpu_s, ratio, spread
 from .plan import GatewayPlan
 from .report import SuiteResult
 from .stack import BENCH_MODEL, BenchStack
@@ -108,8 +110,7 @@ class GatewayCaller:
         self.pool, self.partition, self.scope = pool, partition, scope
         self.texts, self.vectors = queries
         self.hits: list[int] = []
-        self.raw = RawLegs(pool, partition, self.texts, self.vectors, LIMIT)
-        self.raw.scope = scope
+        self.raw = RawLegs(pool, partition, self.texts, self.vectors, LIMIT, scope)
 
     async def search(self, i: int) -> None:
         body = {
@@ -124,12 +125,17 @@ class GatewayCaller:
                 raise RuntimeError(f"semantic_search failed: {response.status} {payload}")
             self.hits.append(len(payload["data"]))
 
-    async def warm(self) -> None:
-        """One pass of every query on every path (the gateway caches query vectors after it)."""
+    async def warm(self) -> dict[str, float]:
+        """One pass of every query on every path (the gateway caches query vectors after it); the
+        gateway's p50 and p95 over it, each query embedded by the sidecar on its way (ms)."""
+        first = []
         for i in range(len(self.texts)):
+            started = time.perf_counter()
             await self.search(i)
+            first.append(time.perf_counter() - started)
             await self.raw.legs(i)
         self.hits.clear()
+        return {"p50": percentile(first, 50) * 1000, "p95": percentile(first, 95) * 1000}
 
 
 async def served_window(
@@ -304,10 +310,11 @@ async def _measure_size(
                 faiss = await cache_ready(http, gateway.url)
                 admin = issue_token(secret=secret, sub="bench-admin", projects=None, admin=True)
                 caller = GatewayCaller(http, gateway, admin, pool, partition, Scope(), queries)
-                await caller.warm()
+                first_pass = await caller.warm()
                 bare = FloorCaller(http, floor)
                 await bare.warm(len(caller.texts))
-                measured: dict[str, Any] = {"faiss": faiss, **await _pair(caller, plan, plan.concurrency)}
+                measured: dict[str, Any] = {"faiss": faiss, "first_pass": first_pass,
+                                            **await _pair(caller, plan, plan.concurrency)}  # fmt: skip
                 if largest and cache == plan.caches[0]:  # issue 45: what metering adds, same run
                     measured["metering"] = await _metering(url, stack.sidecar_url, secret, log, model.id, cache,
                                                            gateway.url, caller.texts, plan)  # fmt: skip
@@ -331,12 +338,27 @@ async def _measure_size(
                         measured["by_selectivity"].append(
                             {"visible": share, **await _pair(scoped, plan, plan.concurrency, caller)}
                         )
+                measured["leg_mean_ms"] = await _leg_means(http, gateway.url)
                 point["caches"][cache] = measured
         point.update(point["caches"][plan.caches[0]])  # the first mode's figures at the top level
+        if largest and plan.levers:  # one lever A/B, its gateways the only ones up
+            point["levers"] = await run_levers(
+                stack, url, pool, partition, queries, plan.levers, concurrency=sorted({1, max(plan.load_concurrency)}),
+                pairs=max(2, plan.pairs), seconds=plan.seconds, requests=plan.requests,
+            )  # fmt: skip
     finally:
         await floors.aclose()
         await pool.close()
     return point
+
+
+async def _leg_means(http: Any, url: str) -> dict[str, float]:
+    """Mean milliseconds per retrieval leg over everything the gateway served, from its /metrics."""
+    async with http.get(url + "/metrics") as r:
+        text = await r.text()
+    sums, counts = ({m.group(1): float(m.group(2)) for m in re.finditer(
+        rf'mnemo_retrieval_leg_seconds_{kind}\{{leg="(\w+)"\}} ([0-9.e+-]+)', text)} for kind in ("sum", "count"))  # fmt: skip
+    return {leg: 1000 * total / counts[leg] for leg, total in sums.items() if counts.get(leg)}
 
 
 @contextlib.asynccontextmanager
@@ -376,6 +398,8 @@ async def run_suite(stack: BenchStack, plan: GatewayPlan) -> SuiteResult:
     from .gateway import load_queries, load_sentences
 
     assert stack.sidecar_url is not None
+    for spec in plan.levers:  # a malformed variant fails the suite before anything is measured
+        parse_variant(spec)
     sizes = sorted(plan.sizes)
     sentences = load_sentences(sizes[-1])[: sizes[-1]]
     async with SidecarClient(stack.sidecar_url, timeout=300) as client:

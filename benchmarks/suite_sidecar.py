@@ -310,6 +310,10 @@ def _as_suite(grid: dict[str, Any], lengths: dict[str, Any], peers: dict[str, An
             rows(columns, cells),
         )
     ]
+    service = [c for c in grid["cells"] if c["mode"] == "service"]
+    if service:
+        title = "The Ray-free model service (batcher and executor in-process) by concurrency and request size"
+        tables.append(Table(title, headings(GRID), rows(GRID, service)))
     configs = grid.get("configurations")
     if configs is not None:
         tables.insert(0, configurations_table(configs))
@@ -370,6 +374,7 @@ def run_suite(stack: BenchStack, plan: SidecarPlan) -> SuiteResult:
         sweep_batches=plan.sweep_batches,
         sweep_seconds=plan.sweep_seconds,
         sweep_sample=plan.sweep_sample,
+        include_service=plan.service,
     )
     lengths = length_sweep(url, plan)
     peers = None

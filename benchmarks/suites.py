@@ -170,7 +170,7 @@ async def quality_suite(stack: BenchStack, plan: BenchPlan) -> SuiteResult:
         "minus 0.03. The tuned row is cross-validated: weights chosen on half the queries, scored on "
         "the other half, both ways."
     )
-    return SuiteResult(
+    suite = SuiteResult(
         "quality",
         headlines=headlines,
         tables=[
@@ -192,6 +192,12 @@ async def quality_suite(stack: BenchStack, plan: BenchPlan) -> SuiteResult:
         figures={"datasets": results},
         notes=notes,
     )
+    if plan.quality.recall_queries:
+        from .tantivy_recall import add_recall_result, run_recall
+
+        recall = await run_recall(stack, directories, plan.quality.recall_queries, plan.quality.recall_zipf)
+        add_recall_result(suite, recall)
+    return suite
 
 
 def _quality_headlines(result: dict[str, Any]) -> list[Headline]:
@@ -242,64 +248,64 @@ async def reliability_suite(stack: BenchStack, plan: BenchPlan) -> SuiteResult:
 
 
 async def scale_suite(stack: BenchStack, plan: BenchPlan) -> SuiteResult:
-    """Drain workers against the slowest stage alone; the row path against the bulk path; halfvec;
-    retrieval at scale (the lexical leg and semantic_search per store size, and their growth)."""
+    """Its sections, each skipped when its plan says 0 (or an empty list): drain workers against the
+    slowest stage alone; the row path against the bulk path; halfvec; retrieval at scale (every leg
+    and semantic_search per store size, and their growth); a Ray job's batches in flight; images."""
     from inference.client import SidecarClient
 
     from .scale_drain import measure_drain_workers
     from .scale_store import embed_bases, measure_halfvec, measure_store_paths, project_reembed
 
     assert stack.sidecar_url is not None
-    runs = await measure_drain_workers(
-        stack.fresh_database,
-        stack.sidecar_url,
-        plan.scale.drain_models,
-        records=plan.scale.drain_records,
-        workers=plan.scale.drain_workers,
-    )
-    suite = scale_drain_result(runs)
-    async with SidecarClient(stack.sidecar_url, timeout=300) as client:
-        corpus = await embed_bases(client, BENCH_MODEL, plan.scale.store_bases)
-    store = await measure_store_paths(
-        await stack.fresh_database("bench_scale_store"),
-        corpus,
-        rows=plan.scale.store_rows,
-        row_rows=plan.scale.store_row_rows,
-        row_writers=plan.scale.store_row_writers,
-        build_workers=plan.scale.store_build_workers,
-        recall_queries=plan.scale.store_recall_queries,
-        recall_ef_search=plan.scale.store_recall_ef_search,
-    )
-    add_store_result(suite, store, project_reembed(store))
-    half = await measure_halfvec(
-        await stack.fresh_database("bench_scale_halfvec"),
-        corpus,
-        rows=plan.scale.halfvec_rows,
-        queries=plan.scale.halfvec_queries,
-        build_workers=plan.scale.store_build_workers,
-    )
-    add_halfvec_result(suite, half)
-    if plan.scale.retrieval_sizes:
+    scale = plan.scale
+    suite = SuiteResult("scale")
+    if scale.drain_records:
+        runs = await measure_drain_workers(
+            stack.fresh_database, stack.sidecar_url, scale.drain_models, records=scale.drain_records,
+            workers=scale.drain_workers,
+        )  # fmt: skip
+        suite = scale_drain_result(runs)
+    if scale.store_rows or scale.halfvec_rows:
+        async with SidecarClient(stack.sidecar_url, timeout=300) as client:
+            corpus = await embed_bases(client, BENCH_MODEL, scale.store_bases)
+    if scale.store_rows:
+        store = await measure_store_paths(
+            await stack.fresh_database("bench_scale_store"), corpus, rows=scale.store_rows, row_rows=scale.store_row_rows,
+            row_writers=scale.store_row_writers, build_workers=scale.store_build_workers,
+            recall_queries=scale.store_recall_queries, recall_ef_search=scale.store_recall_ef_search,
+        )  # fmt: skip
+        add_store_result(suite, store, project_reembed(store))
+    if scale.halfvec_rows:
+        half = await measure_halfvec(
+            await stack.fresh_database("bench_scale_halfvec"), corpus, rows=scale.halfvec_rows,
+            queries=scale.halfvec_queries, build_workers=scale.store_build_workers,
+        )  # fmt: skip
+        add_halfvec_result(suite, half)
+    if scale.retrieval_sizes:
         from .search_scale import SearchScalePlan, run_search_scale
         from .search_scale import as_suite as retrieval_suite
 
-        retrieval = retrieval_suite(
-            await run_search_scale(
-                stack,
-                SearchScalePlan(
-                    sizes=plan.scale.retrieval_sizes,
-                    bases=plan.scale.store_bases,
-                    callers=plan.scale.retrieval_callers,
-                    seconds=plan.scale.retrieval_seconds,
-                    lexical_dataset_queries=plan.scale.retrieval_dataset_queries,
-                    lexical_generated_queries=plan.scale.retrieval_generated_queries,
-                ),
-            )
-        )
+        retrieval = retrieval_suite(await run_search_scale(stack, SearchScalePlan(
+            sizes=scale.retrieval_sizes, bases=scale.store_bases, callers=scale.retrieval_callers,
+            seconds=scale.retrieval_seconds, lexical_dataset_queries=scale.retrieval_dataset_queries,
+            lexical_generated_queries=scale.retrieval_generated_queries, cache_seconds=scale.retrieval_cache_seconds,
+            mapped_workers=scale.retrieval_mapped_workers, worker_passes=scale.retrieval_worker_passes,
+            worker_window_s=scale.retrieval_worker_window_s,
+        )))  # fmt: skip
         suite.headlines.extend(retrieval.headlines)
         suite.tables.extend(retrieval.tables)
         suite.notes.extend(retrieval.notes)
         suite.figures["retrieval"] = retrieval.figures
+    if scale.ray_batches:
+        from .ray_dispatch import add_dispatch_result, measure_dispatch
+
+        add_dispatch_result(suite, await measure_dispatch(
+            batches=scale.ray_batches, work_s=scale.ray_batch_ms / 1000, passes=scale.ray_passes
+        ))  # fmt: skip
+    if scale.images:
+        from .images import add_images_result, measure_images
+
+        add_images_result(suite, await measure_images(stack, scale.images, scale.images_workers_max))
     return suite
 
 

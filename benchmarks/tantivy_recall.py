@@ -1,25 +1,23 @@
-"""How often Tantivy's own BM25, over PostgreSQL's lexemes, selects the SQL leg's exact top k.
+"""How often Tantivy's own BM25, over PostgreSQL's lexemes, selects the SQL leg's exact top k: the
+quality suite's recall section (``quality.recall_queries``).
 
-``python -m benchmarks.tantivy_recall --out DIR`` loads each bundled data set's corpus
-(``benchmarks/datasets``) as one partition (one chunk per document, as :mod:`benchmarks.lexical`
-loads its corpus), builds its Tantivy index with the writer (:mod:`index.lexical.writer`), and runs
-the data set's queries through the Tantivy engine (:mod:`index.lexical.engine`) and the SQL leg
-(timed beside each other), for an
-administrator and for a researcher who sees 1% of the chunks (the classes filter inside the
-query). The engine's hits are the SQL leg's rows with the SQL leg's scores; what can differ is which
-rows: Tantivy ranks its ``overfetch * k`` candidates by its own BM25 (its statistics over the whole
-index, field lengths quantized to a byte, k1 1.2 against the SQL leg's 1.5), and a row it ranks
-below them is missed. Recall@k = the share of the SQL leg's top k the engine returns; ``exact`` =
-the share of queries whose top k is the SQL leg's, in order.
+Each data set's corpus is loaded as one partition (one chunk per document, as
+:func:`benchmarks.lexical.populate` loads its corpus), its Tantivy index built by the writer
+(:mod:`index.lexical.writer`), and the data set's queries run through the Tantivy engine
+(:mod:`index.lexical.engine`) at each candidate over-fetch and through the SQL leg (timed beside
+each other, in a shuffled order per query), for an administrator and for a researcher who sees 1%
+of the chunks (the classes filter inside the query). The engine's hits are the SQL leg's rows with
+the SQL leg's scores; what can differ is which rows: Tantivy ranks its ``overfetch * k`` candidates
+by its own BM25 (its statistics over the whole index, field lengths quantized to a byte, k1 1.2
+against the SQL leg's 1.5), and a row it ranks below them is missed. Recall@k = the share of the
+SQL leg's top k the engine returns; ``exact`` = the share of queries whose top k is the SQL leg's,
+in order.
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import json
 import random
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -27,14 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from .acl_shares import VISIBILITY_PROJECT
-from .datasets import find_datasets
 from .gateway import gateway_read_pool
 from .lexical import SECTION, build_corpus, dataset_queries, populate
 from .measure import p50_p99_ms
-from .report import Headline, SuiteResult, Table, write_report
-from .stack import BenchStack, open_stack
+from .report import Headline, SuiteResult, Table
+from .stack import BenchStack
 
-__all__ = ["run_recall"]
+__all__ = ["add_recall_result", "run_recall"]
 
 OVERFETCH = (1, 2, 4, 8)
 KS = (10, 40)  # the limit asked of the gateway, and the lexical leg's over-fetch for it (max(4 * 10, 20))
@@ -124,90 +121,46 @@ async def _measure(stack: BenchStack, name: str, texts: list[str], queries: list
         await pool.close()
 
 
-async def run_recall(stack: BenchStack, names: Sequence[str], max_queries: int, zipf: int) -> dict[str, Any]:
+async def run_recall(
+    stack: BenchStack, folders: Sequence[Path], max_queries: int, zipf: int
+) -> dict[str, Any]:
     """Each data set's corpus and queries; with ``zipf``, also :func:`benchmarks.lexical.build_corpus`
     of that many chunks (the data sets' sentences, then Zipfian text) under the data sets' queries."""
-    folders = find_datasets(tuple(names))
-    try:
-        result = {folder.name: await _dataset(stack, folder, max_queries) for folder in folders}
-        if zipf:
-            queries = random.Random(0).sample(dataset_queries(), max_queries)
-            result[f"zipf-{zipf}"] = await _measure(stack, f"zipf_{zipf}", build_corpus(zipf), queries)
-        return result
-    finally:
-        await stack.drop_created()
+    result = {folder.name: await _dataset(stack, folder, max_queries) for folder in folders}
+    if zipf:
+        queries = random.Random(0).sample(dataset_queries(), max_queries)
+        result[f"zipf-{zipf}"] = await _measure(stack, f"zipf_{zipf}", build_corpus(zipf), queries)
+    return result
 
 
-def as_suite(result: dict[str, Any]) -> SuiteResult:
+def add_recall_result(suite: SuiteResult, result: dict[str, Any]) -> None:
+    """The lowest recall at the engine's default over-fetch as a headline, the tables, the figures."""
+    from index.lexical.engine import TantivyConfig
+
     head = ["data set", "chunks", "scope@k", "queries"]
     head += [f"recall x{f}" for f in OVERFETCH] + [f"exact x{f}" for f in OVERFETCH]
-    body = []
-    for name, data in result.items():
-        for cell, row in data["rows"].items():
-            if not row["queries"]:
-                continue  # the scope sees none of the chunks any query matches
-            body.append(
-                [name, data["chunks"], cell, row["queries"]]
-                + [f"{row['recall'][f]:.3f}" for f in OVERFETCH]
-                + [f"{row['exact'][f]:.3f}" for f in OVERFETCH]
-            )
+    body = [
+        [name, data["chunks"], cell, row["queries"]]
+        + [row["recall"][f] for f in OVERFETCH] + [row["exact"][f] for f in OVERFETCH]
+        for name, data in result.items() for cell, row in data["rows"].items()
+        if row["queries"]  # a scope that sees none of the chunks any query matches has no row
+    ]  # fmt: skip
     legs = ["sql", *(f"x{f}" for f in OVERFETCH)]
-    timing = [
-        [
-            name,
-            data["chunks"],
-            *(f"{data['latency'][leg]['p50_ms']:.2f} / {data['latency'][leg]['p99_ms']:.2f}" for leg in legs),
-        ]
-        for name, data in result.items()
-    ]
-    worst = min(
-        (row["recall"][4] for data in result.values() for row in data["rows"].values() if row["queries"]),
-        default=float("nan"),
+    timing = [[name, data["chunks"], *(f"{data['latency'][leg]['p50_ms']:.2f} / {data['latency'][leg]['p99_ms']:.2f}"
+                                       for leg in legs)] for name, data in result.items()]  # fmt: skip
+    default = TantivyConfig().overfetch
+    worst = min((row["recall"][default] for data in result.values() for row in data["rows"].values() if row["queries"]),
+                default=float("nan"))  # fmt: skip
+    suite.headlines.append(Headline(f"lowest lexical recall@k, Tantivy engine (candidates x{default})", worst, "",
+                                    "the SQL leg (exact)", 1.0))  # fmt: skip
+    suite.tables += [
+        Table("The Tantivy engine's recall of the SQL leg's exact top k, per candidate over-fetch", head, body),
+        Table("Lexical leg latency, p50 / p99 ms (every scope and k; one caller; legs shuffled per query)",
+              ["data set", "chunks", "SQL leg", *(f"tantivy x{f}" for f in OVERFETCH)], timing),
+    ]  # fmt: skip
+    suite.notes.append(
+        "Recall@k of the Tantivy engine's top k against the SQL leg's exact BM25 top k, per candidate over-fetch "
+        f"(x1: k candidates; the engine's default is x{default}). exact: the share of queries whose top k is the "
+        "SQL leg's, in order. Every hit's score is the SQL leg's by construction."
     )
-    headlines = [Headline("lowest recall@k, Tantivy candidates x4", worst, "", "the SQL leg (exact)", 1.0)]
-    notes = [
-        "Recall@k of the Tantivy engine's top k against the SQL leg's exact BM25 top k, per candidate "
-        "over-fetch (x1: k candidates; the engine's default is x4). exact: the share of queries whose "
-        "top k is the SQL leg's, in order. Scores of every hit are the SQL leg's by construction.",
-    ]
-    return SuiteResult(
-        suite="tantivy-recall",
-        headlines=headlines,
-        tables=[
-            Table("recall against the SQL leg", head, body),
-            Table(
-                "lexical leg latency, p50 / p99 ms (every scope and k; one caller; legs shuffled per query)",
-                ["data set", "chunks", "SQL leg", *(f"tantivy x{f}" for f in OVERFETCH)],
-                timing,
-            ),
-        ],
-        figures=result,
-        notes=notes,
-    )
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.tantivy_recall", description=__doc__.splitlines()[0]
-    )
-    p.add_argument("--datasets", default="*", help="data set names, comma-separated (default: every one)")
-    p.add_argument("--max-queries", type=int, default=300, help="queries per data set at most")
-    p.add_argument("--zipf", type=int, default=0, help="also a corpus of this many chunks (0: none)")
-    p.add_argument("--database-url", default=None, help="a PostgreSQL server to use (default: embedded)")
-    p.add_argument("--out", type=Path, required=True, help="report folder (results.json, REPORT.md)")
-    args = p.parse_args(argv)
-    names = [n.strip() for n in args.datasets.split(",") if n.strip()]
-    with (
-        tempfile.TemporaryDirectory(prefix="mnemo-bench-recall-") as work,
-        open_stack(Path(work), database=True, sidecar=False, database_url=args.database_url) as stack,
-    ):
-        result = asyncio.run(run_recall(stack, names, args.max_queries, args.zipf))
-    report = write_report(
-        args.out, [as_suite(result)], {"suite": "tantivy-recall", "datasets": names, "zipf": args.zipf}
-    )
-    print(report.read_text())
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    suite.figures["tantivy_recall"] = result

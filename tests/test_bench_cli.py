@@ -142,9 +142,17 @@ def test_every_suite_writes_a_report_with_baselines_and_plots(
 
     quality = suites["quality"]
     names = [h["name"] for h in quality["headlines"]]
-    assert names == ["lexical nDCG@10 (tiny-beir)", "hybrid nDCG@10 (tiny-beir)", "dense nDCG@10 (tiny-beir)"]
+    assert names == [
+        "lexical nDCG@10 (tiny-beir)",
+        "hybrid nDCG@10 (tiny-beir)",
+        "dense nDCG@10 (tiny-beir)",
+        "lowest lexical recall@k, Tantivy engine (candidates x2)",  # the recall section
+    ]
     assert quality["headlines"][0]["bar"] == 0.95
-    (table,) = quality["tables"]  # one table: every data set, each leg, hybrid, tuned, references
+    # one table of every data set, each leg, hybrid, tuned, references; then the recall section's two
+    table, recall, timing = quality["tables"]
+    assert {row[0] for row in recall["rows"]} == {"tiny-beir"} and recall["columns"][4] == "recall x1"
+    assert timing["rows"][0][:2] == ["tiny-beir", 5]
     modes = {row[1] for row in table["rows"]}
     assert {"dense", "lexical", "hybrid", "hybrid, tuned (2-fold CV)", "ref: BM25 (bm25s)"} <= modes
     assert table["columns"] == ["data set", "mode", "ndcg@10", "recall@100", "mrr@10"]

@@ -15,8 +15,8 @@ from benchmarks.gpu import peak_tflops
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-# Imports benchmarks.gpu with ray, asyncpg and aiohttp made unimportable (as on a bare CUDA machine),
-# then runs its command line on a tiny CPU config.
+# Runs `python -m benchmarks.cli bench` (what benchmarks/gpu_run.sh runs) with ray, asyncpg and aiohttp
+# made unimportable, as on a bare CUDA machine, on the GPU suite's CPU smoke config.
 _BLOCKED_RUN = textwrap.dedent(
     """
     import importlib.abc, runpy, sys
@@ -30,9 +30,9 @@ _BLOCKED_RUN = textwrap.dedent(
             return None
 
     sys.meta_path.insert(0, Block())
-    sys.argv = ["benchmarks.gpu", *sys.argv[1:]]
+    sys.argv = ["benchmarks.cli", "bench", *sys.argv[1:]]
     try:
-        runpy.run_module("benchmarks.gpu", run_name="__main__")
+        runpy.run_module("benchmarks.cli", run_name="__main__")
     except SystemExit as exc:
         if exc.code:
             raise
@@ -66,7 +66,7 @@ def test_peak_table_matches_device_names(name: str, dtype: str, peak: float | No
 @pytest.mark.slow
 def test_gpu_mode_runs_on_cpu_without_ray_asyncpg_or_aiohttp(tmp_path: Path) -> None:
     out = tmp_path / "report"
-    args = ["--device", "cpu", "--tiny", "--dtypes", "float32", "--lengths", "16,24", "--seconds", "0.2"]
+    args = ["--device", "cpu", "--suite", "gpu", "--set", "gpu.lengths=16,24", "--set", "gpu.seconds=0.2"]
     args += ["--work-dir", str(tmp_path / "models"), "--out", str(out)]
     done = subprocess.run(
         [sys.executable, "-c", _BLOCKED_RUN, *args],

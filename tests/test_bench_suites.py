@@ -422,17 +422,18 @@ async def test_the_lexical_measurement_runs_every_leg_on_a_small_store(
     """The scale suite's lexical cells end to end on 2,000 chunks of the bundled data sets' sentences:
     every leg timed (the SQL leg, the Tantivy engine on the store's index, Tantivy's bare search), and
     the engine's answer judged against the SQL leg's on every query."""
-    from benchmarks.gateway import gateway_read_pool, tantivy_index
+    from benchmarks.gateway import gateway_read_pool, lexical_rebuild
     from benchmarks.lexical import build_corpus, measure_lexical, populate
 
     texts = build_corpus(2000)
     pool = await gateway_read_pool(database_url)
     try:
         partition = await populate(pool, texts, model="bench-lexical-measure-4", dimension=4)
-        root = await tantivy_index(database_url, partition, tmp_path / "lexical")
-        result = await measure_lexical(pool, partition, texts, root, 6, 2)
+        rebuild = await lexical_rebuild(database_url, tmp_path / "lexical")  # as an operator runs it
+        result = await measure_lexical(pool, partition, texts, tmp_path / "lexical", 6, 2)
     finally:
         await pool.close()
+    assert rebuild["disk_mib"] > 0 and rebuild["writer_peak_rss_mib"] > 0 and math.isfinite(rebuild["s"])
     assert result["chunks"] == 2000 and result["queries"] == {
         "datasets": 6,
         "rare": 2,

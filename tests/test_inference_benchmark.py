@@ -1,4 +1,4 @@
-"""benchmarks.sidecar runs end to end (tiny durations) and reports what the suite needs."""
+"""benchmarks.sidecar runs end to end (tiny durations) and gives the sidecar suite what it reports."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from benchmarks.sidecar import format_report, run_encoder_tokens_benchmark, run_sidecar_benchmark
+from benchmarks.sidecar import run_sidecar_benchmark
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -47,16 +47,3 @@ def test_sidecar_benchmark_reports_cells_ratios_and_bars(sidecar_url: str) -> No
     assert result["baseline"]["windows"] == 3  # before and after the size's cells, after the repeat
     assert set(result["bars"]) == {"c16_1item", "c16_32item"}  # not measured in this small grid
     assert all(bar["ratio"] is None for bar in result["bars"].values())
-    report = format_report(result)
-    assert "in-process batch 32" in report and "sidecar c16_1item: n/a" in report
-    assert "ceiling: forward pass alone" in report and "sentence-transformers encode()" in report
-
-
-def test_encoder_tokens_benchmark_runs_the_bge_m3_shape_small_on_cpu() -> None:
-    tiny = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
-    result = run_encoder_tokens_benchmark(
-        lengths=(16, 32), batch=2, seconds=0.1, device="cpu", config_overrides=tiny
-    )
-    assert result["device"] == "cpu" and result["dtype"] == "float32"
-    assert set(result["lengths"]) == {"16", "32"}
-    assert all(math.isfinite(v["tokens_per_s"]) for v in result["lengths"].values())

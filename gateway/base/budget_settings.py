@@ -78,8 +78,7 @@ class BudgetSettings:
         "Metered calls per second one non-admin principal may start (token bucket, per gateway: each of "
         "N workers holds 1/N); beyond it that principal alone gets 429 `rate_limited`. 0: no rate limit.",
         tradeoff="Size it to the share of the service one principal may take: about 10% of the searches/s "
-        "the host serves keeps a flood from others' latency (`python -m benchmarks.flood` measures both); "
-        "the default suits a GPU host.",
+        "the host serves keeps a flood from others' latency; the default suits a GPU host.",
     )
     fair_burst: int = setting(
         "RAG_FAIR_BURST", 40, "Calls a principal may start at once above `RAG_FAIR_RATE` (bucket size)."

@@ -40,7 +40,7 @@ def actor_pool(size: int) -> Any:
     """A fixed pool of ``size`` actors, with Ray Data's default of two batches in flight per actor.
     One in flight would spread a short job more evenly, but on Ray 2.60 it ran the actors nearly one
     after the other: 1.77x the wall time of the default for 100 batches of 200 ms on two actors
-    (``python -m benchmarks.ray_dispatch``). The default's risk, the actor that starts first taking
+    (``benchmarks/results/2026-12-04/ray-dispatch``). The default's risk, the actor that starts first taking
     every batch while the others start, is what :func:`start_actors_first` removes."""
     import ray
 

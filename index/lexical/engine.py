@@ -45,8 +45,8 @@ searched from the next search on; until then the partition is ``missing`` (or ``
 build's folder exists without a link) and the SQL leg serves.
 
 What is not exact: when more than ``overfetch * limit`` rows match, Tantivy's top may miss a row
-the SQL leg's exact BM25 ranks in the top ``limit`` (``benchmarks/tantivy_recall.py`` measures
-how often). A partition without an index (never built, or missing) and image rows go to the SQL
+the SQL leg's exact BM25 ranks in the top ``limit`` (how often: ``benchmarks/results/2026-12-04/
+tantivy-recall``). A partition without an index (never built, or missing) and image rows go to the SQL
 leg, counted in ``mnemo_lexical_searches``.
 """
 
