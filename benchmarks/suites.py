@@ -16,11 +16,21 @@ from .datasets import find_datasets
 from .plan import BenchPlan
 from .report import Bars, Curve, Headline, SuiteResult, Table
 from .stack import BENCH_MODEL, BenchStack
-from .tables import Column, headings, rows
+from .tables import Column, HeadlineRow, headings, rows
 
 __all__ = ["CPU_SUITES", "SUITES", "Suite"]
 
 EMBED_ONLY = "embed-only baseline (same texts, /embed alone)"
+# One ingest run, with its records per drain step ("batch").
+BY_BATCH = (
+    Column("records/step", "{batch}"),
+    Column("records/s", "{records_per_s}"),
+    Column("chunks/s", "{chunks_per_s}"),
+    Column("embed-only chunks/s", "{embed_only_chunks_per_s}"),
+    Column("ratio", "{pipeline_efficiency}"),
+    Column("embed share", "{embed_share}"),
+    Column("write share", "{write_share}"),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,43 +75,15 @@ async def ingest_suite(stack: BenchStack, plan: BenchPlan) -> SuiteResult:
     suite = as_suite(runs[headline_batch])
     suite.notes.insert(0, f"Headlines at {headline_batch} records per drain step (RAG_INGEST_BATCH_RECORDS).")
     sizes = sorted(runs)
-    suite.curves.append(
-        Curve(
-            "Ingestion throughput vs batch size",
-            "records per drain step (RAG_INGEST_BATCH_RECORDS)",
-            "chunks/s",
-            {
-                "ingest (chunk, embed, write)": [(b, runs[b]["chunks_per_s"]) for b in sizes],
-                EMBED_ONLY: [(b, runs[b]["embed_only_chunks_per_s"]) for b in sizes],
-            },
-            log_x=True,
-            baselines=(EMBED_ONLY,),
-        )
-    )
+    series = {"ingest (chunk, embed, write)": [(b, runs[b]["chunks_per_s"]) for b in sizes],
+              EMBED_ONLY: [(b, runs[b]["embed_only_chunks_per_s"]) for b in sizes]}  # fmt: skip
+    suite.curves.append(Curve("Ingestion throughput vs batch size", "records per drain step (RAG_INGEST_BATCH_RECORDS)",
+                              "chunks/s", series, log_x=True, baselines=(EMBED_ONLY,)))  # fmt: skip
     suite.tables.append(
         Table(
             "Ingestion by batch size",
-            [
-                "records/step",
-                "records/s",
-                "chunks/s",
-                "embed-only chunks/s",
-                "ratio",
-                "embed share",
-                "write share",
-            ],
-            [
-                [
-                    b,
-                    runs[b]["records_per_s"],
-                    runs[b]["chunks_per_s"],
-                    runs[b]["embed_only_chunks_per_s"],
-                    runs[b]["pipeline_efficiency"],
-                    runs[b]["embed_share"],
-                    runs[b]["write_share"],
-                ]
-                for b in sizes
-            ],
+            headings(BY_BATCH),
+            rows(BY_BATCH, ({**runs[b], "batch": b} for b in sizes)),
         )
     )
     suite.figures["by_batch_records"] = {str(b): runs[b] for b in sizes}
@@ -312,29 +294,12 @@ async def scale_suite(stack: BenchStack, plan: BenchPlan) -> SuiteResult:
 def add_halfvec_result(suite: SuiteResult, half: dict[str, Any]) -> None:
     """halfvec against vector: the index size as a headline, recall and build time in a table."""
     vec, hv = half["vector"], half["halfvec"]
-    suite.headlines.append(
-        Headline(
-            f"halfvec HNSW size, {half['rows']:,} rows",
-            hv["hnsw_bytes"] / 2**20,
-            "MiB",
-            "vector HNSW, same rows",
-            vec["hnsw_bytes"] / 2**20,
-            higher_is_better=False,
-        )
-    )
+    suite.headlines.append(Headline(f"halfvec HNSW size, {half['rows']:,} rows", hv["hnsw_bytes"] / 2**20, "MiB",
+                                    "vector HNSW, same rows", vec["hnsw_bytes"] / 2**20, higher_is_better=False))  # fmt: skip
+    title = f"RAG_VECTOR_TYPE: halfvec vs vector ({half['rows']:,} rows, {half['queries']} queries, ef_search {half['ef_search']})"
     suite.tables.append(
         Table(
-            f"RAG_VECTOR_TYPE: halfvec vs vector ({half['rows']:,} rows, {half['queries']} queries, ef_search {half['ef_search']})",
-            ["index", "HNSW (MiB)", "build (s)", "recall@10 vs exact"],
-            [
-                [
-                    name,
-                    round(r["hnsw_bytes"] / 2**20, 1),
-                    round(r["build_seconds"], 2),
-                    round(r["recall_at_10"], 4),
-                ]
-                for name, r in (("vector", vec), ("halfvec", hv))
-            ],
+            title, headings(HALFVEC), rows(HALFVEC, ({**vec, "index": "vector"}, {**hv, "index": "halfvec"}))
         )
     )
     suite.figures["halfvec"] = half
@@ -344,6 +309,13 @@ def _mib(key: str) -> Callable[[Mapping[str, Any]], int]:
     return lambda r: round(r[key] / 2**20)
 
 
+# One index type of the halfvec section, with its "index" name.
+HALFVEC = (
+    Column("index", "{index}"),
+    Column("HNSW (MiB)", lambda r: round(r["hnsw_bytes"] / 2**20, 1)),
+    Column("build (s)", lambda r: round(r["build_seconds"], 2)),
+    Column("recall@10 vs exact", lambda r: round(r["recall_at_10"], 4)),
+)
 # One write path of the store, with its "path" name and its "phases" described.
 STORE_PATHS = (
     Column("path", "{path}"),
@@ -427,64 +399,38 @@ def _store_notes(store: dict[str, Any], projection: dict[str, Any]) -> list[str]
     return notes
 
 
+# One drain run, with its "model".
+DRAIN = (
+    Column("model", "{model}"),
+    Column("workers", "{workers}"),
+    Column("chunks", "{chunks}"),
+    Column("drain chunks/s", lambda r: round(r["drain_chunks_per_s"], 1)),
+    Column("rows", "{rows}"),
+    Column("drain s", "{drain_seconds}"),
+    Column("embed alone s", "{embed_alone_seconds}"),
+    Column("store alone s", "{store_alone_seconds}"),
+    Column("bound", "{bounding_stage}"),
+    Column("bound s / drain s", lambda r: round(r["efficiency"], 3)),
+)
+# A model's run at the most workers: the drain against its slower stage alone (bar: 0.9 of it).
+DRAIN_HEADLINE = HeadlineRow(
+    "drain time vs the {bounding_stage} stage alone, {model}, {workers} workers", "{drain_seconds}", "s",
+    "{bounding_stage} stage alone, same work, {workers} callers", lambda r: r[f"{r['bounding_stage']}_alone_seconds"],
+    bar=1 / 0.9, higher_is_better=False,
+)  # fmt: skip
+
+
 def scale_drain_result(runs: dict[str, list[dict[str, Any]]]) -> SuiteResult:
     """The drain runs as headlines (each model at its best worker count), a table and a curve."""
     suite = SuiteResult("scale")
-    rows = []
     for model, per_workers in runs.items():
-        for r in per_workers:
-            rows.append(
-                [
-                    model,
-                    r["workers"],
-                    r["chunks"],
-                    round(r["drain_chunks_per_s"], 1),
-                    r["rows"],
-                    r["drain_seconds"],
-                    r["embed_alone_seconds"],
-                    r["store_alone_seconds"],
-                    r["bounding_stage"],
-                    round(r["efficiency"], 3),
-                ]
-            )
         best = max(per_workers, key=lambda r: r["workers"])  # the most saturating count measured
-        suite.headlines.append(
-            Headline(
-                f"drain time vs the {best['bounding_stage']} stage alone, {model}, {best['workers']} workers",
-                best["drain_seconds"],
-                "s",
-                f"{best['bounding_stage']} stage alone, same work, {best['workers']} callers",
-                best[f"{best['bounding_stage']}_alone_seconds"],
-                higher_is_better=False,
-                bar=1 / 0.9,
-            )
-        )
-    suite.tables.append(
-        Table(
-            "Drain workers vs each stage alone (same run, same concurrency)",
-            [
-                "model",
-                "workers",
-                "chunks",
-                "drain chunks/s",
-                "rows",
-                "drain s",
-                "embed alone s",
-                "store alone s",
-                "bound",
-                "bound s / drain s",
-            ],
-            rows,
-        )
-    )
-    suite.curves.append(
-        Curve(
-            "Drain throughput by worker count",
-            "workers",
-            "chunks/s",
-            {model: [(r["workers"], r["drain_chunks_per_s"]) for r in per] for model, per in runs.items()},
-        )
-    )
+        suite.headlines.append(DRAIN_HEADLINE.read({**best, "model": model}))
+    cells = [{**r, "model": model} for model, per_workers in runs.items() for r in per_workers]
+    suite.tables.append(Table("Drain workers vs each stage alone (same run, same concurrency)", headings(DRAIN),
+                              rows(DRAIN, cells)))  # fmt: skip
+    series = {model: [(r["workers"], r["drain_chunks_per_s"]) for r in per] for model, per in runs.items()}
+    suite.curves.append(Curve("Drain throughput by worker count", "workers", "chunks/s", series))
     suite.figures["drain"] = runs
     suite.notes.append(
         "Each drain run starts on a fresh database; 'embed alone' re-sends that run's texts to /embed in "
