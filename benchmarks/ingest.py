@@ -39,7 +39,8 @@ from index.store.partitions import ModelPartition, ensure_partition, get_partiti
 from index.store.sections import SectionStore
 from inference.client import EmbedResult, SidecarClient
 
-from .report import Headline, SuiteResult, Table
+from .report import SuiteResult, Table
+from .tables import Column, HeadlineRow, headings, rows
 
 __all__ = ["RecordingClient", "as_suite", "make_records", "run_ingest_benchmark"]
 
@@ -282,37 +283,31 @@ async def run_ingest_benchmark(
     }
 
 
+# Each headline of one ingest run, read from its result.
+HEADLINES = (
+    HeadlineRow("ingest chunks/s", "{chunks_per_s}", "chunks/s", "embed-only", "{embed_only_chunks_per_s}", bar=0.7),
+    HeadlineRow("multi-row writes", "{write_baseline[multirow_rows_per_s]}", "rows/s", "row-at-a-time",
+                "{write_baseline[row_at_a_time_rows_per_s]}", bar=2.0),
+    HeadlineRow("re-index unchanged", "{reindex_unchanged_records_per_s}", "records/s", "first ingest", "{records_per_s}"),
+)  # fmt: skip
+# A statement shape of the write baseline, with its "shape" and its two rates' keys.
+WRITES = (
+    Column("statement shape", "{shape}"),
+    Column("rows/s, HNSW maintained", "{with_index}"),
+    Column("rows/s, no HNSW index", "{without_index}"),
+)
+
+
 def as_suite(result: dict[str, Any]) -> SuiteResult:
     """The figures as a report suite (headlines against same-run baselines)."""
-    shares = result["phase_share"]
-    w = result["write_baseline"]
+    shares, w = result["phase_share"], result["write_baseline"]
+    shapes = [{"shape": "one multi-row upsert per record", "with_index": w["multirow_rows_per_s"],
+               "without_index": w["multirow_no_hnsw_rows_per_s"]},
+              {"shape": "one INSERT per chunk", "with_index": w["row_at_a_time_rows_per_s"],
+               "without_index": w["row_at_a_time_no_hnsw_rows_per_s"]}]  # fmt: skip
     return SuiteResult(
         suite="ingest",
-        headlines=[
-            Headline(
-                "ingest chunks/s",
-                result["chunks_per_s"],
-                "chunks/s",
-                "embed-only",
-                result["embed_only_chunks_per_s"],
-                bar=0.7,
-            ),
-            Headline(
-                "multi-row writes",
-                result["write_baseline"]["multirow_rows_per_s"],
-                "rows/s",
-                "row-at-a-time",
-                result["write_baseline"]["row_at_a_time_rows_per_s"],
-                bar=2.0,
-            ),
-            Headline(
-                "re-index unchanged",
-                result["reindex_unchanged_records_per_s"],
-                "records/s",
-                "first ingest",
-                result["records_per_s"],
-            ),
-        ],
+        headlines=[h.read(result) for h in HEADLINES],
         tables=[
             Table(
                 "Where the drain's time goes",
@@ -321,19 +316,8 @@ def as_suite(result: dict[str, Any]) -> SuiteResult:
             ),
             Table(
                 "Writes: statement shape vs the HNSW insert (same rows)",
-                ["statement shape", "rows/s, HNSW maintained", "rows/s, no HNSW index"],
-                [
-                    [
-                        "one multi-row upsert per record",
-                        w["multirow_rows_per_s"],
-                        w["multirow_no_hnsw_rows_per_s"],
-                    ],
-                    [
-                        "one INSERT per chunk",
-                        w["row_at_a_time_rows_per_s"],
-                        w["row_at_a_time_no_hnsw_rows_per_s"],
-                    ],
-                ],
+                headings(WRITES),
+                rows(WRITES, shapes),
             ),
         ],
         figures={k: v for k, v in result.items() if not isinstance(v, dict)},
