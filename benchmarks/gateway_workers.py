@@ -1,14 +1,8 @@
-"""Gateway workers: ``semantic_search`` throughput of ``mnemo gateway --workers 2`` against one
-process, the scale suite's cell at its largest retrieval size (:mod:`benchmarks.search_scale`).
-
-Issue 44's bar: 2 workers against 1, 32 callers, same store, same run: at least 1.3x (PostgreSQL
-and the sidecar share the machine's cores with the gateway, so this is bound by the hardware).
-Both gateways run side by side on one store, each warmed on the query set; then closed-loop windows
-of a raw keep-alive client (:func:`benchmarks.flood_client.closed_loop_searches`: a write and a read
-per search, so the client leaves the cores to the gateways) alternate between them (one worker, two
-workers; then two, one; ...), so a slow spell of the shared machine falls on both alike. The
-headline is the median of the windows' ratios, with their spread; each window also says where the
-cores went (each gateway's processes, PostgreSQL, the sidecar, this client).
+"""Gateway workers: ``mnemo gateway --workers 2`` against one process on one store, the retrieval
+section's cell at its largest size (issue 44's bar: 1.3x at 32 callers). Windows of a raw keep-alive
+client (:func:`benchmarks.flood_client.closed_loop_searches`: a write and a read per search, so the
+client leaves the cores to the gateways) alternate between the two, so a slow spell of the shared
+machine falls on both alike; each window says where the cores went.
 """
 
 from __future__ import annotations

@@ -1,20 +1,7 @@
-"""Image ingestion, the scale suite's images section: the bulk job against the sidecar's ``/image``
-alone, and the job's decode step by pool size.
-
-On the same images (the bundled coins, repeated to ``scale.images``), in one run:
-
-1. **decode/resize per worker**: :func:`index.ingest.images.prepare_file` (read, hash, decode, orient,
-   downsize, thumbnail) in a process pool of 1..N workers, images/s per pool size (the scaling curve,
-   and per-worker throughput = images/s / workers);
-2. **sidecar ``/image`` alone**: the already-downsized JPEGs embedded batch after batch through the
-   client, as the job calls it (the baseline: what the job could reach if decoding and writing were free);
-3. **the bulk job** (``mnemo ingest images``: decode pool pipelined with embedding, multi-row writes)
-   into a fresh section, so every image is embedded: images/s, its ratio to (2) (bar >= 0.8) and
-   where its time went.
-
-The model is the bench sidecar's tiny SigLIP (its speed, not its vectors, matters here): it embeds
-far faster than any real image model, so on a CPU the ratio is the harshest case for the job; with a
-real model the sidecar is the bottleneck and decoding hides behind it.
+"""Image ingestion, the scale suite's images section: the bulk job (``mnemo ingest images``) against
+the sidecar's ``/image`` alone on the same JPEGs, and the job's decode step by pool size, on the
+bundled coins (benchmarks/README.md). The bench sidecar's tiny SigLIP embeds far faster than any real
+image model, so on a CPU the ratio is the harshest case for the job.
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
-"""Ingestion throughput: records/s and chunks/s end to end, and where the time goes.
+"""Ingestion throughput: records/s and chunks/s end to end, and where the time goes (the ingest suite).
 
-:func:`run_ingest_benchmark` queues a deterministic multilingual collection
-(oral-history transcriptions with timecodes, catalogue cards, long documents
-with headings and pages) through the real intake path, drains it with the real
-sidecar into real PostgreSQL, and reports, all from the same run:
-
-- **ingest**: records/s and chunks/s of the drain, and the share of its time
-  spent chunking, counting tokens, embedding and writing;
-- **embed-only baseline**: the same chunk texts sent straight to ``/embed`` in
-  the same batch sizes, so ``ingest chunks/s / embed-only chunks/s`` is the
-  pipeline's efficiency (1.0 = the indexer costs nothing beyond the model);
-- **write baseline**: the same rows written one ``INSERT`` per chunk versus the
-  indexer's one multi-row upsert per record, each also into a partition without
-  its HNSW index (the graph insert is paid per row whatever the statement, which
-  bounds what any batching can gain: ``multirow_speedup_ceiling``);
-- **re-index**: the whole collection pushed again unchanged, which must embed
-  nothing (incremental), as records/s against the first pass.
-
-The ingest suite runs it at each records-per-step batch size (``mnemo bench --suite ingest``).
+:func:`run_ingest_benchmark` queues a deterministic multilingual collection (oral-history
+transcriptions with timecodes, catalogue cards, long documents with headings and pages) through the
+real intake, drains it with the real sidecar into real PostgreSQL, and measures beside it, in the same
+run, the same chunk texts sent straight to ``/embed``, the same rows written one ``INSERT`` per chunk
+and one multi-row upsert per record (each also without the HNSW index, which bounds what batching can
+gain), and the unchanged collection pushed again (which must embed nothing). benchmarks/README.md
+says what each figure is.
 """
 
 from __future__ import annotations

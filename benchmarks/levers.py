@@ -1,17 +1,10 @@
-"""One lever of the gateway's own cost, A/B in one run: the gateway suite's levers section, gateways
-that differ only by their environment or by the source tree they run from (``gateway.levers``).
-
-Two runs of the gateway suite minutes apart carry two samples of a shared machine's drift; a lever
-worth 10% drowns in it. Here every variant is a ``mnemo gateway`` process over the suite's largest
-store, up at the same time, and the windows interleave: A B SQL, then SQL B A, and so on, so a drift
-linear over a pair falls on all alike. Each pair gives each variant's p50, requests/s and CPU per
-request (the gateway process's CPU time over the window, per request served) and the legs' SQL
-beside them; the ratios to the first variant are per pair, reported with their min and max.
-
-A variant is ``NAME=VAR=VALUE[+VAR=VALUE]``; a code change is a lever too: ``NAME=@TREE`` (with
-``+VAR=VALUE`` for both) runs its gateway from another source tree, such as a git worktree of the
-commit before it (``git worktree add /tmp/before HEAD~1``); the database, the sidecar and the caller
-stay this tree's, so the trees must share a schema.
+"""One lever of the gateway's own cost, A/B in one run: the gateway suite's levers section
+(``gateway.levers``). Every variant is a ``mnemo gateway`` over the suite's largest store, up at the
+same time, its windows interleaved with the others' and the legs' SQL (A B SQL, then SQL B A, ...),
+so a drift of the shared machine falls on all alike; a lever worth 10% drowns in the drift between two
+runs. A variant is ``NAME=VAR=VALUE[+VAR=VALUE]``, or ``NAME=@TREE[+...]`` to run that gateway from
+another source tree (a git worktree of the commit before a change), the database, sidecar and caller
+staying this tree's.
 """
 
 from __future__ import annotations

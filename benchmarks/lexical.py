@@ -1,31 +1,11 @@
-"""The lexical leg at scale: the Tantivy engine against the SQL leg and Tantivy's own bare search.
-
-The scale suite's lexical cells (:func:`measure_lexical`, per store size of
-:mod:`benchmarks.search_scale`) over one partition of ``n`` chunks with realistic term statistics
-(issue 24, :func:`build_corpus`): every unique sentence of the bundled data sets
-(``benchmarks/datasets``: their corpora split into sentences), then text drawn from real word
-frequencies (the ``wordfreq`` package's lists for English, Spanish and German, Zipfian by
-construction) up to ``n``. No "(copy k)" cycling: a term's posting list is as long as its language
-makes it. Every record is in project 1, every 10th also in project 2 and every 100th also in
-project 3, so a researcher holding only project 3 sees 1% of the chunks.
-
-Queries: the data sets' own (a sample) plus generated ones over the corpus's words: rare (1-3
-words in 1-10 chunks), common (1-4 words in more than 1% of the chunks) and mixed (2-12 words,
-half common). Then, all in the same run, one caller, ``k`` = 40 (the gateway's over-fetch for
-``limit`` 10):
-
-- **SQL leg**: :func:`index.search.lexical_leg.lexical_search` (statistics cached, warm), admin and 1% ACL;
-- **Tantivy engine**: the product's leg (:class:`index.lexical.engine.TantivyLexical` over the
-  store's index as ``mnemo lexical rebuild`` writes it): the plan from the index's statistics,
-  Tantivy's candidates, their rows re-read and scored by the SQL leg's expression; admin and 1% ACL;
-- **Tantivy bare**: Tantivy's own search (PyPI ``tantivy``) over the same folded texts, the same
-  scored terms as one OR query, top ``k`` addresses and scores: what a search engine alone costs.
-
-The engine's answer is compared with the SQL leg's on every query: its hits carry the SQL leg's
-scores by construction, but its candidates are Tantivy's own ranking, so a query may miss a row of
-the SQL leg's top ``k`` (recall@k and the queries that differ are reported). Tantivy quantizes
-field norms to one byte and tokenizes on its own: the bare search's scores are not BM25-equal; it is
-the speed baseline only.
+"""The lexical leg at scale, the retrieval section's lexical cells (:func:`measure_lexical`): the
+Tantivy engine (the gateway's leg on the store's index) against the SQL leg and Tantivy's own bare
+search, on a corpus with realistic term statistics (:func:`build_corpus`: the bundled data sets'
+sentences, then Zipfian text in their languages) whose records give researchers 100%, 10% and 1%
+visibility. The engine's hits carry the SQL leg's scores by construction; its candidates are
+Tantivy's own ranking, so its answer is judged against the SQL leg's (recall@k). Tantivy's bare
+search (its own tokenizer, byte-quantized norms) is the speed baseline only. benchmarks/README.md
+says what each cell is.
 """
 
 from __future__ import annotations

@@ -1,24 +1,8 @@
-"""Retrieval quality: Mnemo's retrieval modes beside same-run references, on BEIR data sets.
-
-References, computed in the same run on the same corpus:
-
-- ``exact_dense``: exact cosine search (numpy) over the very chunk vectors the
-  store holds, best chunk per record: what the dense leg would return with no
-  ANN index and no filters, so the difference is what HNSW + filters lose;
-- ``bm25``: ``bm25s`` (Lucene BM25, k1 1.5, b 0.75, its English stop words)
-  over title + text, as measured in the issue (0.667 on ``med``, 0.945 on ``xquad-es``);
-- ``rrf``: plain RRF (k 60, equal weights) of those two.
-
-Bars: the dense leg within 0.01 nDCG@10 of ``exact_dense``; the lexical leg at
-least 95% of ``bm25``; hybrid at least ``rrf`` minus 0.005 and at least the best
-single leg minus 0.03.
-
-Other lexical engines (``lexical_engines``, ``mnemo eval --lexical-engines tantivy``) are scored in
-the same run on the same ingested store and query vectors: each one's lexical and hybrid rows beside
-the gateway's own lexical leg (``RAG_LEXICAL_INDEX``, the SQL leg when ``off``), with issue 44's bars:
-its lexical leg at least 95% of ``bm25`` and its hybrid no lower than the gateway leg's hybrid.
-
-The quality suite (``mnemo bench --suite quality``) and ``mnemo eval`` run it.
+"""Retrieval quality: Mnemo's retrieval modes beside same-run references on BEIR data sets (the quality
+suite and ``mnemo eval``): exact dense search over the stored vectors (``exact_dense``), ``bm25s``
+over title and text (``bm25``) and plain RRF of the two (``rrf``), with the bars of
+:func:`check_bars`; other lexical engines (``lexical_engines``) are scored on the same store and
+query vectors beside the gateway's lexical leg, with issue 44's bars (:func:`engine_bars`).
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
 """Batches in flight per actor in a Ray bulk job, the scale suite's ray section: the pool of
-``index.bulk.ray_cluster.actor_pool`` (Ray Data's default, two per actor) against one per actor.
-
-One in flight would spread a short job's batches more evenly over the actors. This measures what it
-costs: a job of ``batches`` batches on ``actors`` actors whose work per batch is ``work_s`` of
-waiting (a backfill writer mostly waits for the sidecar and PostgreSQL), fed from the driver's items
-as the backfill and the image job are, run alternately with both settings on the run's Ray (the
-bench sidecar's, or a local one started here). Each variant waits for its whole pool before its
-first batch, as the product does. Reported: each variant's wall time per pass (actor start
-included), the ratio one-in-flight / pool (1.0 = no cost) with the passes' spread, and how many
-batches each actor took.
+``index.bulk.ray_cluster.actor_pool`` (Ray Data's default, two per actor) against one per actor, on
+the run's Ray (the bench sidecar's, or a local one started here). One in flight would spread a short
+job's batches more evenly; this measures what it costs (benchmarks/README.md).
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
-"""The scale suite's drain section: N drain workers against the slowest stage's own ceiling.
-
-A queue of real records (documents of the shared BEIR corpora, one record each) is drained by 1, 2
-and 4 workers (:func:`index.ingest.drain.drain_parallel`, the same code as ``mnemo drain --workers N``).
-Each run's figure is chunks/s from the first claim to the last write. Beside it, measured in the same
-run and at the same concurrency, each stage alone:
-
-- **embed**: the texts that pass embedded, sent again to ``/embed`` by N callers in requests of the
-  drain's ``embed_batch`` (the sidecar's ceiling for this work);
-- **store**: the rows that pass wrote, written again by N connections with the drain's own writer
-  (:func:`index.store.store.upsert_rows`, one transaction per record, HNSW maintained) into an empty
-  partition (the store's ceiling).
-
-The pipeline's efficiency is ``(the slower stage's time alone) / (the drain's time)`` for the same
-work; that stage bounds it. A pipeline that overlapped its stages perfectly would reach 1.0.
+"""The scale suite's drain section: N drain workers (:func:`index.ingest.drain.drain_parallel`, what
+``mnemo drain --workers N`` runs) against each stage alone at the same concurrency on the same work:
+the embed stage (the texts sent again to ``/embed`` by N callers in the drain's request size) and the
+store stage (the rows written again by N connections with the drain's writer). The pipeline's
+efficiency is the slower stage's time over the drain's; 1.0 would be perfect overlap.
 """
 
 from __future__ import annotations

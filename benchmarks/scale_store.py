@@ -1,21 +1,9 @@
-"""The scale suite's store section: the row path against the bulk path, both including the index.
-
-The vectors are ``bases`` real MiniLM embeddings of real sentences (the shared corpora), each reused
-with small noise and normalized again, so the HNSW graph is as clustered as real data; each row's text
-is its base sentence (the lexical GIN index sees real terms). Two paths write them:
-
-- **row path**: the drain's writes (:func:`index.store.store.upsert_rows` then the stale-tail
-  :func:`index.store.store.prune_rows`, one transaction per record of five chunks, HNSW and every other
-  index maintained per row) from ``row_writers`` connections;
-- **bulk path**: what ``mnemo backfill`` does (:mod:`index.bulk.shadow`): binary ``COPY`` into a bare
-  shadow table, then every index the live partition has built with parallel maintenance workers
-  (``maintenance_work_mem`` sized from :func:`index.bulk.shadow.hnsw_build_bytes`), then the swap.
-
-Each path reports rows/s with its indexes included, its phases, PostgreSQL's peak memory (the sum
-of the server's processes' resident sets, sampled; shared buffers count once per process that
-touched them, so it overstates) and the index sizes. The row path's rate can be measured on fewer
-rows than the bulk path's (``row_rows``): an HNSW insert gets dearer as the graph grows, so a rate
-taken on a smaller graph flatters the row path, and the ratio is then a lower bound.
+"""The scale suite's store section: the drain's row path against ``mnemo backfill``'s bulk path (COPY
+into a shadow, every index built in parallel, the swap), both including every index, on ``bases`` real
+MiniLM embeddings reused with noise (a graph as clustered as real data); halfvec against vector; and
+the projection of a full re-embedding from this run's bulk path. The row path's rate may be taken on
+fewer rows than the bulk path's (an HNSW insert gets dearer as the graph grows, so the ratio is then a
+lower bound). benchmarks/README.md says what each figure is.
 """
 
 from __future__ import annotations

@@ -1,36 +1,7 @@
-"""Retrieval at scale, the scale suite's retrieval section: one store per size, every retrieval leg
-and ``semantic_search`` through real gateways on it, and each latency's growth from the smallest
-size to the largest (issues 24 and 44). Per size ``n``, on a fresh database of the bench stack's
-PostgreSQL:
-
-- **the store**: the lexical cells' corpus (:func:`benchmarks.lexical.build_corpus`: every unique
-  sentence of the bundled data sets, then Zipfian text in their languages), each chunk with a
-  vector of the bench model (:func:`benchmarks.gateway.mixed_vectors`: a random mixture of two real
-  embeddings of the data sets' sentences plus a little noise, so neighbours are spread as in real
-  embeddings), loaded by the bulk path with every index, HNSW included; one record per chunk, in
-  the projects of :func:`benchmarks.acl_shares.projects_of` (researchers who see 100%, 10%, 1%);
-- **its Tantivy index**, written by ``mnemo lexical rebuild`` as an operator runs it: wall time,
-  the writer's peak RSS, the size on disk;
-- **dense recall@10** of pgvector's dense leg as the gateway runs it without the FAISS cache,
-  against an exact scan, per visibility and ``hnsw.ef_search``, with each one's p50;
-- **the dense leg with the FAISS cache on CPU** (:func:`measure_dense_cache`, the gateway's cache
-  settings, in-process): load time and memory, recall@10 and p50 per visibility, issue 24's goal
-  cell (the 1% researcher's leg against the admin's, interleaved, with the cache and without), 32
-  callers with the cache on against off, and its sync lag under a writer
-  (:mod:`benchmarks.vector_cache`); then two worker processes per way of holding it (read from
-  PostgreSQL, or its snapshot mapped): ready, memory, search p50;
-- **the lexical cells** (:func:`benchmarks.lexical.measure_lexical`: the SQL leg, the Tantivy engine,
-  Tantivy's bare search);
-- **``semantic_search``** through a ``mnemo gateway`` subprocess per configuration of
-  :data:`GATEWAY_CONFIGS`, defaults otherwise, each measured once its lexical engine serves every
-  partition and its cache is ready (the seconds that took are its ready time): the data sets'
-  queries, each sent once first (the gateway embeds and caches it), then a closed loop per caller
-  count as an admin and one caller as a researcher who sees 1%: p50, p99, requests/s, the
-  gateway's CPU per request, and its processes' memory (PSS: pages the workers share count once);
-- at the largest size, **``mnemo gateway --workers 2`` against one process** on the Tantivy engine
-  (:func:`benchmarks.gateway_workers.workers_ab`): alternating windows of the most callers.
-
-Growth: every latency at the largest size against itself at the smallest, same run. A gateway whose
+"""Retrieval at scale, the scale suite's retrieval section (issues 24 and 44): one store per size,
+every retrieval leg and ``semantic_search`` through real gateways on it, and each latency's growth
+from the smallest size to the largest. What it measures, cell by cell, is benchmarks/README.md's
+"scale, retrieval at scale"; its report is :mod:`benchmarks.search_scale_figures`. A gateway whose
 lexical engine does not serve every partition, or a search answered with anything but 200, stops
 the run.
 """

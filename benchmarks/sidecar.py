@@ -1,30 +1,11 @@
-"""Sidecar throughput and latency, as ratios to the same model run in-process, same run.
+"""Sidecar throughput and latency, as ratios to the same model run in-process, same run: the sidecar
+suite's measurements (:func:`run_sidecar_benchmark`; its report is :mod:`benchmarks.suite_sidecar`).
 
-The in-process configurations, measured side by side before the grid (:func:`measure_configurations`):
-
-- ``inprocess-batch32``: the goal table's baseline. The model wrapper called directly, 32 texts per
-  forward pass, each batch tokenized and then run (serially), no batcher, no HTTP.
-- the strongest in-process configuration: all cores, the batch size a sweep finds best, and batch
-  k+1 tokenized on a helper thread while batch k runs (:func:`measure_pipelined`). This is the limit
-  a serving stack is measured against; 32-item requests can beat the serial baseline, not this.
-- the ceiling: the forward pass alone on batches tokenized beforehand, at the strongest batch size.
-- sentence-transformers' ``encode()`` at the batch size its own sweep finds best: what an engineer
-  would run instead of a sidecar.
-
-Then the load, each way to embed the same texts with the same model:
-
-- ``service``: the Ray-free :class:`~inference.service.ModelService` (token-budget batcher + executor)
-  driven by concurrent in-process callers: what batching itself costs (``sidecar.service``; off by
-  default).
-- ``sidecar``: the Ray Serve sidecar over HTTP (the ingress replica's own HTTP front -> model replica): what callers get.
-
-Each mode runs concurrency 1, 4 and 16 with 1-item and 32-item requests (closed loop, bounded in time)
-and reports items/s, tokens/s and latency p50/p95/p99. Baseline windows (in-process batch 32 and the
-strongest configuration) run around each request size's cells, whose ratios use the windows beside
-them: these machines are shared and their speed drifts within a run. The headline cells (concurrency
-16) are measured ``repeats`` times, each window beside its own baselines, and report the spread of
-their ratios. :func:`run_sidecar_benchmark` returns them as a dict for the sidecar suite's report
-(:mod:`benchmarks.suite_sidecar`).
+First the in-process configurations side by side (:func:`benchmarks.inprocess.measure_configurations`:
+batch 32, the goal table's baseline; the strongest configuration; the ceiling; sentence-transformers'
+``encode()``), then the load grid per mode (``sidecar`` over HTTP; ``service``, the Ray-free batcher,
+when asked), each request size's cells between baseline windows whose ratios they use: these machines
+are shared and their speed drifts within a run. benchmarks/README.md says what each figure is.
 """
 
 from __future__ import annotations

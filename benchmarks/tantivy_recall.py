@@ -1,17 +1,9 @@
 """How often Tantivy's own BM25, over PostgreSQL's lexemes, selects the SQL leg's exact top k: the
-quality suite's recall section (``quality.recall_queries``).
-
-Each data set's corpus is loaded as one partition (one chunk per document, as
-:func:`benchmarks.lexical.populate` loads its corpus), its Tantivy index built by the writer
-(:mod:`index.lexical.writer`), and the data set's queries run through the Tantivy engine
-(:mod:`index.lexical.engine`) at each candidate over-fetch and through the SQL leg (timed beside
-each other, in a shuffled order per query), for an administrator and for a researcher who sees 1%
-of the chunks (the classes filter inside the query). The engine's hits are the SQL leg's rows with
-the SQL leg's scores; what can differ is which rows: Tantivy ranks its ``overfetch * k`` candidates
-by its own BM25 (its statistics over the whole index, field lengths quantized to a byte, k1 1.2
-against the SQL leg's 1.5), and a row it ranks below them is missed. Recall@k = the share of the
-SQL leg's top k the engine returns; ``exact`` = the share of queries whose top k is the SQL leg's,
-in order.
+quality suite's recall section (``quality.recall_queries``). The engine's hits are the SQL leg's rows
+with the SQL leg's scores; what can differ is which rows: Tantivy ranks its ``overfetch * k``
+candidates by its own BM25 (statistics over the whole index, lengths quantized to a byte, k1 1.2
+against the SQL leg's 1.5), and a row it ranks below them is missed. benchmarks/README.md says how
+it is run.
 """
 
 from __future__ import annotations

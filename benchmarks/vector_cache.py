@@ -1,18 +1,8 @@
-"""The FAISS cache under load, following writes, and shared by worker processes: the scale suite's
-cache cells beside :func:`benchmarks.search_scale.measure_dense_cache`, per store size.
-
-- **32 callers, cache on against off** (:func:`callers_32`): the dense leg of a researcher who sees
-  100% in closed loops of 32 callers, through the cache and through pgvector: p50, queries/s;
-- **sync lag** (:func:`sync_lag`): while a drain-like writer rewrites records in transactions of
-  32 (each record written back as it was, under a new source hash, so the store the later cells
-  read is unchanged), the seconds from each row's write, and from each transaction's commit, to the
-  cache applying it (p50/p99);
-- **mapped workers** (:func:`mapped_workers`): the snapshot the writer (what ``mnemo vectors
-  rebuild`` runs) wrote, then per mode (``store``: the cache read from PostgreSQL,
-  ``RAG_FAISS_CACHE=cpu``; ``mmap``: the snapshot mapped) two worker processes started one after
-  the other, the first holding its cache while the second loads: each one's seconds to ready, RSS
-  and private (USS) memory growth after an exact search over every vector (which touches every page
-  of a mapping), and its search p50 unfiltered and for a researcher who sees 10%.
+"""The FAISS cache under load, following writes, and shared by worker processes: the retrieval
+section's cache cells beside :func:`benchmarks.search_scale.measure_dense_cache` (32 callers with
+the cache on and off, its sync lag under a writer that leaves the store as it was, and worker
+processes loading it from PostgreSQL against mapping its snapshot). benchmarks/README.md says what
+each figure is.
 """
 
 from __future__ import annotations
