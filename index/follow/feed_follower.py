@@ -22,6 +22,7 @@ from typing import Any
 
 import asyncpg
 
+from index.retry_log import log_retry
 from index.store.change_feed import ChangeListener
 from index.store.partitions import ModelPartition, list_partitions
 
@@ -40,6 +41,9 @@ RETRYABLE = (
     asyncpg.InterfaceError,
     asyncpg.InternalClientError,
 )
+
+
+SYNC_RETRY_S = 0.5  # a failed sync is tried again this much later
 
 
 class FeedFollower(ABC):
@@ -143,6 +147,7 @@ class FeedFollower(ABC):
 
     async def _follow(self) -> None:
         """Apply the feed: on every notification, after reconnects, and every ``poll_s`` regardless."""
+        failed = 0  # syncs in a row that failed
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.poll_s)
@@ -154,10 +159,13 @@ class FeedFollower(ABC):
                 # Answers stay exact meanwhile (each search re-reads the pending keys); the lag shows.
                 # Anything else is logged with its traceback, and the follower still lives on: a
                 # dead follower would leave the index behind with nothing to say so.
+                failed += 1
                 if isinstance(exc, RETRYABLE):
-                    log.warning("%s: sync failed (%s); retrying", self.label, exc)
+                    log_retry(log, f"{self.label} sync", exc, failed, SYNC_RETRY_S)
                 else:
                     log.exception("%s: sync failed unexpectedly; retrying", self.label)
                 self._dirty |= dirty or {None}
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(SYNC_RETRY_S)
                 self._wake.set()
+            else:
+                failed = 0

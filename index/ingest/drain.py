@@ -34,13 +34,14 @@ from typing import Any
 
 import asyncpg
 
-from index.ingest import drain_registry
-from index.ingest import queue
+from index.ingest import drain_registry, queue
 from index.ingest.drain_pass import DrainReport, drain_once, drain_parallel
 from index.ingest.drain_worker import DrainWorker, stale_after_s
 from index.ingest.metrics import IngestMetrics
+from index.retry_log import log_retry
 from index.settings import IngestSettings, MediaSettings
 from inference.client import SidecarClient
+from schema.database import database_unreachable
 
 # The pass (index.ingest.drain_pass) and the worker (index.ingest.drain_worker) live in their own modules; they
 # are named here too, so callers import the whole drain from this one module.
@@ -94,6 +95,7 @@ class DrainLoop:
         self.last_pass_at: datetime | None = None
         self.paused_until: datetime | None = None
         self.passes = 0
+        self.outages = 0  # passes in a row stopped by an outage (the database's or the sidecar's)
         self.claims_given_back = 0  # over every pass (DrainReport.claims_given_back)
         self.crashes = 0
         self.last_crash: str | None = None
@@ -128,8 +130,11 @@ class DrainLoop:
         except (asyncio.CancelledError, KeyboardInterrupt):
             raise
         except Exception as exc:
-            log.exception("drain pass failed")
-            report = DrainReport(error=f"{type(exc).__name__}: {exc}")
+            if database_unreachable(exc):  # restarting or away: retried (_run logs it), no one's bug
+                report = DrainReport(error=f"the database did not answer ({type(exc).__name__}: {exc})")
+            else:
+                log.exception("drain pass failed")
+                report = DrainReport(error=f"{type(exc).__name__}: {exc}")
         self.passes += 1
         self.claims_given_back += report.claims_given_back
         self.last_report = report
@@ -183,9 +188,14 @@ class DrainLoop:
             report = await self.pass_once()
             if report.unavailable or (report.error and not report.processed):
                 delay = self.settings.outage_pause
+                self.outages += 1
+                log_retry(log, "drain pass", report.error, self.outages, delay)
                 self.paused_until = datetime.fromtimestamp(time.time() + delay, UTC)
                 await _sleep_or(stop, delay)  # new records do not end an outage pause
             else:
+                if self.outages:
+                    log.info("drain: a pass ran again after %d failed", self.outages)
+                    self.outages = 0
                 self.paused_until = None
                 await _sleep_or(stop, self.settings.drain_interval, self._wake)
 

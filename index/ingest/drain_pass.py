@@ -226,7 +226,8 @@ async def _drain(
                     report.model = indexer.model.id
                 batch = await _embed_batch(pool, client, indexer, models, items, report, worker)
             except SidecarUnavailable as exc:
-                log.warning("sidecar unavailable; %d records stay queued: %s", len(items), exc)
+                # Retried by the loop, which logs the outage once a pass (index.ingest.drain).
+                log.info("sidecar unavailable; %d records stay queued: %s", len(items), exc)
                 await queue.note_outage(pool, items, str(exc))
                 worker.holding.difference_update((i.section_tipo, i.section_id) for i in items)
                 report.unavailable = True

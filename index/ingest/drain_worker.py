@@ -16,9 +16,10 @@ from types import TracebackType
 
 import asyncpg
 
-from index.ingest import drain_registry
-from index.ingest import queue
+from index.ingest import drain_registry, queue
+from index.retry_log import log_retry
 from index.settings import IngestSettings
+from schema.database import database_unreachable
 
 __all__ = ["RATE_WINDOW_S", "DrainWorker", "stale_after_s"]
 
@@ -110,15 +111,22 @@ class DrainWorker:
 
     async def _beat(self) -> None:
         interval = self.lease.seconds / 3
+        failed = 0  # beats in a row that failed
         while True:
             await asyncio.sleep(interval)
             try:
                 await self.heartbeat()
             except asyncio.CancelledError:
                 raise
-            except Exception:  # never die: a worker without a heartbeat loses its leases
+            except Exception as exc:  # never die: a worker without a heartbeat loses its leases
                 # The next beat tries again; a lease lost meanwhile is caught by queue.hold.
-                log.exception("drain worker %s heartbeat failed", self.id)
+                failed += 1
+                if database_unreachable(exc):
+                    log_retry(log, f"drain worker {self.id} heartbeat", exc, failed, interval)
+                else:
+                    log.exception("drain worker %s heartbeat failed", self.id)
+            else:
+                failed = 0
 
 
 def stale_after_s(settings: IngestSettings) -> float:

@@ -28,6 +28,7 @@ from typing import Any
 import asyncpg
 import numpy as np
 
+from index.retry_log import log_retry
 from index.store.partitions import ModelPartition
 
 log = logging.getLogger(__name__)
@@ -245,6 +246,7 @@ class ChangeListener:
 
     async def _run(self) -> None:
         delay = self.retry_s
+        failed = 0  # connections in a row that could not listen
         while True:
             conn: asyncpg.Connection | None = None
             lost = asyncio.Event()
@@ -257,12 +259,13 @@ class ChangeListener:
                         "change feed reconnected after %.1fs; catching up from the watermark",
                         time.monotonic() - self.disconnected_since,
                     )
-                self.connected, self.disconnected_since, delay = True, None, self.retry_s
+                self.connected, self.disconnected_since, delay, failed = True, None, self.retry_s, 0
                 self.wake(None)  # catch up on anything committed while we were not listening
                 await lost.wait()
                 log.warning("change feed: the listening connection was lost; reconnecting")
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                log.warning("change feed: cannot listen (%s); retrying in %.1fs", exc, delay)
+                failed += 1
+                log_retry(log, "change feed: listening", exc, failed, delay)
             finally:
                 if self.connected:
                     self.disconnected_since = time.monotonic()
