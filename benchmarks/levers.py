@@ -61,10 +61,12 @@ def parse_variant(raw: str) -> tuple[str, Variant]:
 
 async def run_levers(
     stack: Any, url: str, pool: Any, partition: Any, queries: tuple[Sequence[str], Any], specs: Sequence[str],
+    caller: Callable[..., Any], window: Callable[..., Awaitable[dict[str, float]]],
     *, concurrency: Sequence[int], pairs: int, seconds: float, requests: int,
 ) -> dict[str, Any]:  # fmt: skip
     """Every variant of ``specs`` over the store at ``url`` (``pool`` and ``partition`` its legs'
-    SQL), at each caller count of ``concurrency``, in ``pairs`` alternating passes."""
+    SQL), at each caller count of ``concurrency``, in ``pairs`` alternating passes; ``caller`` and
+    ``window``: the gateway suite's (:class:`benchmarks.suite_gateway.GatewayCaller`, its window)."""
     import secrets
 
     import aiohttp
@@ -74,7 +76,6 @@ async def run_levers(
 
     from .gateway import gateway_process
     from .stack import BENCH_MODEL
-    from .suite_gateway import GatewayCaller, gateway_window
 
     variants = dict(parse_variant(spec) for spec in specs)
     secret = secrets.token_urlsafe(48)
@@ -83,14 +84,14 @@ async def run_levers(
         http = await exits.enter_async_context(
             aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=2 * max(concurrency)))
         )
-        callers: dict[str, GatewayCaller] = {}
+        callers: dict[str, Any] = {}
         for name, variant in variants.items():
             gateway = await exits.enter_async_context(
                 gateway_process(url, stack.sidecar_url, secret, stack.work_dir / f"levers-{len(callers)}.log",
                                 text_model=BENCH_MODEL, source=variant.source,
                                 **{"RAG_FAISS_CACHE": "off", **variant.env})
             )  # fmt: skip
-            callers[name] = GatewayCaller(http, gateway, token, pool, partition, Scope(), queries)
+            callers[name] = caller(http, gateway, token, pool, partition, Scope(), queries)
             await callers[name].warm()
         sql = next(iter(callers.values())).raw
         points = []
@@ -100,7 +101,7 @@ async def run_levers(
                 return await closed_loop(call, concurrency=c, requests=requests, max_seconds=seconds)
 
             paths: dict[str, Callable[[], Awaitable[dict[str, float]]]] = {
-                name: functools.partial(gateway_window, callers[name], run) for name in callers
+                name: functools.partial(window, callers[name], run) for name in callers
             }
             paths["sql"] = functools.partial(_sql_window, run, sql)
             windows = await alternating_passes(paths, pairs)  # A B SQL, then SQL B A, ...

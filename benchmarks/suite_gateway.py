@@ -343,7 +343,8 @@ async def _measure_size(
         point.update(point["caches"][plan.caches[0]])  # the first mode's figures at the top level
         if largest and plan.levers:  # one lever A/B, its gateways the only ones up
             point["levers"] = await run_levers(
-                stack, url, pool, partition, queries, plan.levers, concurrency=sorted({1, max(plan.load_concurrency)}),
+                stack, url, pool, partition, queries, plan.levers, GatewayCaller, gateway_window,
+                concurrency=sorted({1, max(plan.load_concurrency)}),
                 pairs=max(2, plan.pairs), seconds=plan.seconds, requests=plan.requests,
             )  # fmt: skip
     finally:
