@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -193,3 +194,48 @@ def test_up_exits_promptly_with_the_log_when_the_sidecar_dies(
     assert done.returncode == 1, done.stdout + done.stderr
     assert "the sidecar did not start" in done.stderr and "last lines of" in done.stderr, done.stderr
     assert "no-such-models.yaml" in done.stderr, "the log's last lines name the cause"
+
+
+def _status(group: str, env: dict[str, str]) -> dict[str, dict[str, object]]:
+    done = _mnemo(group, "status", "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)["partitions"]
+
+
+def test_the_index_writers_on_an_empty_database(
+    empty_database_url: str, tmp_path: Path, sidecar_url: str
+) -> None:
+    """`mnemo lexical` and `mnemo vectors` (follow, status, rebuild) on a database created empty and
+    reached by URL alone: the followers start on it (migrating it) with nothing to build, build the
+    partition the first drained records make and follow it; status says so; rebuild replaces it."""
+    env = _env(empty_database_url, tmp_path, RAG_SIDECAR_URL=sidecar_url, RAG_TEXT_MODEL=TEXT_MODEL)
+    followers = {group: _foreground(group, "follow", env=env) for group in ("lexical", "vectors")}
+    try:
+        for group, proc in followers.items():
+            _read_until(proc, f"{group} writer: following the change feed")
+        assert _status("lexical", env) == {} and _status("vectors", env) == {}  # no partition yet
+        assert _mnemo("ingest", "demo", env=env).returncode == 0
+        drained = _mnemo("drain", "--once", env=env)
+        assert drained.returncode == 0 and "0 failed" in drained.stdout, drained.stdout + drained.stderr
+        for group in followers:  # built by the followers from the feed, nothing else asked
+            deadline = time.monotonic() + 300  # a hang guard, not a speed bar
+            while {p["state"] for p in _status(group, env).values()} != {"ready"}:
+                assert time.monotonic() < deadline, _status(group, env)
+                time.sleep(1)
+    finally:
+        stopped = {group: _stop(proc) for group, proc in followers.items()}
+    for group, (code, rest) in stopped.items():
+        assert code == 0 and f"{group} writer stopped" in rest, rest
+    lexical = _status("lexical", env)
+    (name,) = lexical
+    rows = lexical[name]["documents"]
+    assert rows > 0 and lexical[name]["behind"] == 0, lexical  # every drained row, committed
+    rebuilt = _mnemo("lexical", "rebuild", "--no-progress", env=env)
+    assert rebuilt.returncode == 0 and f"{name}: {rows} documents in" in rebuilt.stdout, rebuilt
+    # The snapshot the follower wrote holds the rows of its first load (readers apply the feed on
+    # top of it until it is rewritten); a rebuild writes them all.
+    rebuilt = _mnemo("vectors", "rebuild", env=env)
+    assert rebuilt.returncode == 0 and f"{name}: {rows} vectors in" in rebuilt.stdout, rebuilt
+    after = _status("lexical", env)[name], _status("vectors", env)[name]
+    assert [(s["state"], s["behind"]) for s in after] == [("ready", 0), ("ready", 0)], after
+    assert after[0]["folder"] != lexical[name]["folder"]  # swapped in anew
