@@ -33,6 +33,7 @@ from .bulk_load import bulk_load
 from .corpus_text import zipf_texts
 from .datasets import dataset_dir
 from .measure import folder_mib
+from .principals import grant_load_test_budgets, load_test_env
 from .settings import child_environment
 
 SECTION = "bench1"
@@ -150,14 +151,18 @@ async def gateway_process(
     *,
     text_model: str | None = None,
     source: Path | None = None,
+    load_testers: Sequence[str] = (),
     **env: str,
 ) -> AsyncIterator[GatewayProcess]:
     """``mnemo gateway`` in a subprocess on a free loopback port, ready (``/healthz``); terminated after.
 
     ``env``: more ``RAG_*`` settings for it. ``source``: a source tree to run the gateway's code from
-    (a git worktree of another commit, for an A/B of a code change); None runs this one. The caller
-    may signal or stop the process itself.
+    (a git worktree of another commit, for an A/B of a code change); None runs this one.
+    ``load_testers``: the non-admin principals whose calls the suite loops, set up for a load test
+    (:mod:`benchmarks.principals`). The caller may signal or stop the process itself.
     """
+    await grant_load_test_budgets(database_url, load_testers)
+    env = load_test_env(load_testers) | env
     # One process unless asked (RAG_GATEWAY_WORKERS in ``env``): the suites read the CPU time of
     # the process they measure, and the workers of `--workers N` are its children. The setting,
     # not the flag, so a tree from before the flag (levers' @TREE) starts the same way.

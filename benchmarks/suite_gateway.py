@@ -296,6 +296,8 @@ async def _measure_size(
         secret = secrets.token_urlsafe(48)
         assert stack.sidecar_url is not None
         largest = size == max(plan.sizes)
+        # the selectivity curve's callers, one per share: the load test's non-admin principals
+        readers = [f"bench-{k}" for k in range(len(plan.selectivity))] if largest else []
         point["caches"] = {}
         floor = await floors.enter_async_context(
             floor_process(url, model, write_queries(stack.work_dir / "floor-queries.npz", *queries),
@@ -304,7 +306,7 @@ async def _measure_size(
         for cache in plan.caches if largest else plan.caches[:1]:
             log = stack.work_dir / f"gateway-{size}-{cache}.log"
             async with (
-                _gateway(url, stack.sidecar_url, secret, log, model.id, cache) as gateway,
+                _gateway(url, stack.sidecar_url, secret, log, model.id, cache, readers) as gateway,
                 aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as http,
             ):
                 faiss = await cache_ready(http, gateway.url)
@@ -329,7 +331,7 @@ async def _measure_size(
                     measured["by_selectivity"] = []
                     perms = {SECTION: 1}
                     for k, share in enumerate(plan.selectivity):
-                        who = Principal(f"bench-{k}", projects=frozenset({k + 1}), perms=perms)
+                        who = Principal(readers[k], projects=frozenset({k + 1}), perms=perms)
                         token = issue_token(secret=secret, sub=who.sub, projects=[k + 1], perms=perms)
                         scoped = GatewayCaller(
                             http, gateway, token, pool, partition, Scope(acl=pushdown(who)), queries
@@ -364,14 +366,15 @@ async def _leg_means(http: Any, url: str) -> dict[str, float]:
 
 @contextlib.asynccontextmanager
 async def _gateway(
-    database_url: str, sidecar_url: str, secret: str, log: Any, model: str, cache: str
+    database_url: str, sidecar_url: str, secret: str, log: Any, model: str, cache: str, readers: Sequence[str]
 ) -> AsyncIterator[Any]:
     """The gateway benchmark's ``mnemo gateway`` subprocess (a :class:`benchmarks.gateway.GatewayProcess`),
-    told which text model the corpus is in and which ``RAG_FAISS_CACHE`` to run."""
+    told which text model the corpus is in, which ``RAG_FAISS_CACHE`` to run and which non-admin
+    principals the suite loops (set up for a load test: :mod:`benchmarks.principals`)."""
     from .gateway import gateway_process
 
     async with gateway_process(
-        database_url, sidecar_url, secret, log, text_model=model, RAG_FAISS_CACHE=cache
+        database_url, sidecar_url, secret, log, text_model=model, load_testers=readers, RAG_FAISS_CACHE=cache
     ) as gateway:
         yield gateway
 

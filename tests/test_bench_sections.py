@@ -5,13 +5,12 @@ to is the benchmark's, not the test's."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import pytest
 
-from gateway.cli import main as mnemo
+from tests.bench_support import run_bench
 
 SECTIONS_ALONE = [
     "gateway.sizes=60",
@@ -40,14 +39,7 @@ SECTIONS_ALONE = [
 def test_the_levers_ray_and_images_sections_report_their_figures(
     sidecar_url: str, pg_server, tmp_path: Path
 ) -> None:
-    out = tmp_path / "report"
-    args = ["bench", "--suite", "gateway,scale", "--out", str(out), "--sidecar-url", sidecar_url]
-    args += ["--database-url", pg_server.url, "--work-dir", str(tmp_path / "work")]
-    for assignment in SECTIONS_ALONE:
-        args += ["--set", assignment]
-    assert mnemo(args) == 0
-    suites = {s["suite"]: s for s in json.loads((out / "results.json").read_text())["suites"]}
-    assert {name: s["skipped"] for name, s in suites.items()} == {"gateway": None, "scale": None}
+    suites = run_bench(("gateway", "scale"), SECTIONS_ALONE, sidecar_url, pg_server, tmp_path)
 
     (point,) = suites["gateway"]["figures"]["points"]
     levers = point["levers"]
