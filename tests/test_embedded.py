@@ -111,12 +111,34 @@ def _lexical_served_by_the_engine(url: str, token: str, query: dict) -> bool:
     return False
 
 
+def _runtime_path(*code: str, warnings: str = "error") -> str:
+    """What platformdirs names the user's runtime folder in a fresh process without XDG_RUNTIME_DIR,
+    after ``code``; under ``-W error`` a warning fails the process."""
+    env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
+    script = "; ".join([*code, "import platformdirs", "print(platformdirs.user_runtime_path())"])
+    done = subprocess.run(
+        [sys.executable, "-W", warnings, "-c", script], cwd=REPO_ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_the_runtime_folder_is_platformdirs_own_named_without_a_warning() -> None:
+    """pgserver asks platformdirs for the runtime folder on import; without XDG_RUNTIME_DIR that
+    warned in `mnemo up`'s first screen. Named first, it is the same folder, and nothing warns."""
+    with pytest.raises(AssertionError, match="RuntimeDirWarning: XDG_RUNTIME_DIR is not set"):
+        _runtime_path()
+    named = _runtime_path("from schema.embedded import runtime_folder", "runtime_folder()")
+    assert named == _runtime_path(warnings="ignore")
+
+
 @pytest.mark.timeout(900)
 def test_mnemo_up_serves_the_stack_and_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
-    """The README's `make up` path: database, its own sidecar, gateway, demo, tokens; Ctrl-C stops it all."""
+    """The README's `make up` path: database, its own sidecar, gateway, demo, tokens; Ctrl-C stops it
+    all. Its first screen carries no library's warning, in a shell without XDG_RUNTIME_DIR too."""
     data_dir = (tmp_path / "state").resolve()
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_") and k != "XDG_RUNTIME_DIR"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway.cli", "up", "--data-dir", str(data_dir), "--port", str(port)],
         cwd=REPO_ROOT,
@@ -133,6 +155,7 @@ def test_mnemo_up_serves_the_stack_and_stops_everything_on_ctrl_c(tmp_path: Path
             if "Ctrl-C stops everything" in line:
                 break
         output = "".join(lines)
+        assert not re.search(r"\w+Warning\b", output), output
         assert "migrations applied" in output and f"embedded, data in {data_dir / 'pg'}" in output, output
         assert _postgres_processes(data_dir / "pg"), "the database is running while `up` runs"
         assert f"gateway   http://127.0.0.1:{port}  ({os.cpu_count() or 1} worker" in output, output

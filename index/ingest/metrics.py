@@ -6,10 +6,12 @@ One :class:`IngestMetrics` per registry: the gateway passes its app registry so
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from index.ingest.drain_registry import WorkerRow
 from index.ingest.queue import QueueStats
@@ -114,45 +116,14 @@ class IngestMetrics:
         )
 
     def _worker_metrics(self, r: CollectorRegistry) -> None:
-        """The live drain workers sharing the queue (every process and host), per worker."""
-        self.workers = Gauge(
-            "mnemo_ingest_drain_workers",
-            "Drain workers with a recent heartbeat, in every process and host sharing the queue, "
-            "by role (drain: `mnemo drain`; gateway: a gateway's own drain).",
-            ("role",),
-            registry=r,
-        )
-        self.worker_leases = Gauge(
-            "mnemo_ingest_drain_worker_leases",
-            "Queued records a live drain worker holds under a lease (it is processing them).",
-            ("worker",),
-            registry=r,
-        )
-        self.worker_rate = Gauge(
-            "mnemo_ingest_drain_worker_records_per_second",
-            "A live drain worker's records processed per second over its last minute.",
-            ("worker",),
-            registry=r,
-        )
-        self.worker_records = Gauge(
-            "mnemo_ingest_drain_worker_records",
-            "Records a live drain worker has processed since it started, by outcome (done, failed).",
-            ("worker", "outcome"),
-            registry=r,
-        )
+        """The live drain workers sharing the queue (every process and host), per worker: the
+        registry's rows as last read (:meth:`observe_workers`), written out at each scrape."""
+        self._workers = _WorkersCollector()
+        r.register(self._workers)
 
     def observe_workers(self, rows: list[WorkerRow]) -> None:
         """Publish the registry's live workers; workers gone since the last call disappear."""
-        for gauge in (self.workers, self.worker_leases, self.worker_rate, self.worker_records):
-            gauge.clear()
-        live = [w for w in rows if w.alive]
-        for role in sorted({w.role for w in live} | {"drain", "gateway"}):
-            self.workers.labels(role).set(sum(w.role == role for w in live))
-        for w in live:
-            self.worker_leases.labels(w.worker_id).set(w.leases)
-            self.worker_rate.labels(w.worker_id).set(w.records_per_s)
-            self.worker_records.labels(w.worker_id, "done").set(w.records_done)
-            self.worker_records.labels(w.worker_id, "failed").set(w.records_failed)
+        self._workers.rows = [w for w in rows if w.alive]
 
     def observe_stats(self, stats: QueueStats) -> None:
         for state in (
@@ -188,3 +159,47 @@ class IngestMetrics:
 
     def observe_restart(self) -> None:
         self.drain_up.set(1)
+
+
+class _WorkersCollector(Collector):
+    """The drain workers' families, computed from the rows last read at each scrape.
+
+    Not labelled gauges: a worker that stops must disappear from them, and clearing a labelled
+    gauge is not implemented in prometheus_client's multi-process mode (a gateway of several
+    workers), where it warned on every call. The rows are the database's registry, the same for
+    every process, so whichever gateway worker answers a scrape reports them whole."""
+
+    def __init__(self) -> None:
+        self.rows: list[WorkerRow] = []
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        live = self.rows
+        workers = GaugeMetricFamily(
+            "mnemo_ingest_drain_workers",
+            "Drain workers with a recent heartbeat, in every process and host sharing the queue, "
+            "by role (drain: `mnemo drain`; gateway: a gateway's own drain).",
+            labels=("role",),
+        )
+        for role in sorted({w.role for w in live} | {"drain", "gateway"}):
+            workers.add_metric((role,), sum(w.role == role for w in live))
+        leases = GaugeMetricFamily(
+            "mnemo_ingest_drain_worker_leases",
+            "Queued records a live drain worker holds under a lease (it is processing them).",
+            labels=("worker",),
+        )
+        rate = GaugeMetricFamily(
+            "mnemo_ingest_drain_worker_records_per_second",
+            "A live drain worker's records processed per second over its last minute.",
+            labels=("worker",),
+        )
+        records = GaugeMetricFamily(
+            "mnemo_ingest_drain_worker_records",
+            "Records a live drain worker has processed since it started, by outcome (done, failed).",
+            labels=("worker", "outcome"),
+        )
+        for w in live:
+            leases.add_metric((w.worker_id,), w.leases)
+            rate.add_metric((w.worker_id,), w.records_per_s)
+            records.add_metric((w.worker_id, "done"), w.records_done)
+            records.add_metric((w.worker_id, "failed"), w.records_failed)
+        yield from (workers, leases, rate, records)
