@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+from schema.settings import runtime_folder
 
 log = logging.getLogger(__name__)
 
@@ -30,45 +30,6 @@ RECOVERY_WAIT_S = 600.0
 
 class EmbeddedDatabaseError(RuntimeError):
     """The embedded PostgreSQL could not be started."""
-
-
-def runtime_folder() -> Path:
-    """The user's runtime folder, named in ``XDG_RUNTIME_DIR`` for this process and its children.
-
-    pgserver asks platformdirs for it when it is imported (its lock file lives there, and its socket
-    when the data folder's path is too long for one). Without ``XDG_RUNTIME_DIR`` (a container, a
-    cron job, ``su``, a shell without a login session) platformdirs warns on every start, in the
-    middle of ``mnemo up``'s first screen, and falls back to ``/run/user/<uid>``, else
-    ``<tmp>/runtime-<uid>``. This names that same folder, so every process (Mnemo's or not) keeps
-    one lock file, private as the XDG specification wants it (platformdirs' earlier releases made
-    the temporary one 0755; it repairs that too). A variable already set is the user's and is kept.
-    """
-    configured = os.environ.get("XDG_RUNTIME_DIR")
-    if configured:
-        return Path(configured)
-    uid = os.geteuid()
-    folder = Path(f"/run/user/{uid}")
-    if not _private_folder(folder, uid):
-        folder = Path(tempfile.gettempdir()) / f"runtime-{uid}"
-        folder.mkdir(mode=0o700, exist_ok=True)
-        if not folder.is_symlink() and folder.is_dir() and folder.stat().st_uid == uid:
-            folder.chmod(0o700)
-        if not _private_folder(folder, uid):
-            raise EmbeddedDatabaseError(
-                f"{folder} is not a private folder of this user (another user's, or a link): set "
-                "XDG_RUNTIME_DIR to one (mode 0700) for the embedded database's lock file"
-            )
-    os.environ["XDG_RUNTIME_DIR"] = str(folder)
-    return folder
-
-
-def _private_folder(path: Path, uid: int) -> bool:
-    """A folder (not a link) of user ``uid`` that nobody else may enter."""
-    try:
-        st = path.lstat()
-    except FileNotFoundError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == uid and st.st_mode & 0o077 == 0
 
 
 class EmbeddedPostgres:
@@ -84,7 +45,7 @@ class EmbeddedPostgres:
 
         A server still replaying its WAL after a crash is waited for, up to ``recovery_wait_s``.
         Calling it again after :meth:`halt` starts the same server again."""
-        runtime_folder()  # before the import, which asks for it
+        runtime_folder()  # named before the import, which asks for it
         try:
             import pgserver
         except ImportError as exc:  # pragma: no cover - a broken install

@@ -9,6 +9,9 @@ here for the callers that have always imported it from ``schema.settings``.
 from __future__ import annotations
 
 import dataclasses
+import os
+import stat
+import tempfile
 from pathlib import Path
 
 from inference.settings import (
@@ -29,6 +32,7 @@ __all__ = [
     "declarations",
     "load_settings",
     "parse_bool",
+    "runtime_folder",
     "setting",
 ]
 
@@ -90,3 +94,43 @@ class DatabaseSettings:
             )
         if not self.read_max_lag >= 0 or not 0 < self.read_check_interval <= 3600:
             raise SettingsError("RAG_READ_MAX_LAG must be >= 0 and RAG_READ_CHECK_INTERVAL in (0, 3600]")
+
+
+def runtime_folder() -> Path:
+    """The user's runtime folder, named in ``XDG_RUNTIME_DIR`` for this process and its children
+    (here, with the environment's other readers: not a ``RAG_*`` setting, a library's variable).
+
+    pgserver (:mod:`schema.embedded`) asks platformdirs for it when it is imported (its lock file
+    lives there, and its socket when the data folder's path is too long for one). Without
+    ``XDG_RUNTIME_DIR`` (a container, a cron job, ``su``, a shell without a login session)
+    platformdirs warns on every start, in the middle of ``mnemo up``'s first screen, and falls back
+    to ``/run/user/<uid>``, else ``<tmp>/runtime-<uid>``. This names that same folder, so every process (Mnemo's or not) keeps
+    one lock file, private as the XDG specification wants it (platformdirs' earlier releases made
+    the temporary one 0755; it repairs that too). A variable already set is the user's and is kept.
+    """
+    configured = os.environ.get("XDG_RUNTIME_DIR")
+    if configured:
+        return Path(configured)
+    uid = os.geteuid()
+    folder = Path(f"/run/user/{uid}")
+    if not _private_folder(folder, uid):
+        folder = Path(tempfile.gettempdir()) / f"runtime-{uid}"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        if not folder.is_symlink() and folder.is_dir() and folder.stat().st_uid == uid:
+            folder.chmod(0o700)
+        if not _private_folder(folder, uid):
+            raise SettingsError(
+                f"{folder} is not a private folder of this user (another user's, or a link): set "
+                "XDG_RUNTIME_DIR to one (mode 0700) for the embedded database's lock file"
+            )
+    os.environ["XDG_RUNTIME_DIR"] = str(folder)
+    return folder
+
+
+def _private_folder(path: Path, uid: int) -> bool:
+    """A folder (not a link) of user ``uid`` that nobody else may enter."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == uid and st.st_mode & 0o077 == 0

@@ -128,7 +128,7 @@ def test_the_runtime_folder_is_platformdirs_own_named_without_a_warning() -> Non
     warned in `mnemo up`'s first screen. Named first, it is the same folder, and nothing warns."""
     with pytest.raises(AssertionError, match="RuntimeDirWarning: XDG_RUNTIME_DIR is not set"):
         _runtime_path()
-    named = _runtime_path("from schema.embedded import runtime_folder", "runtime_folder()")
+    named = _runtime_path("from schema.settings import runtime_folder", "runtime_folder()")
     assert named == _runtime_path(warnings="ignore")
 
 

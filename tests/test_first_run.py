@@ -8,12 +8,12 @@ and reaches it only through ``RAG_DATABASE_URL``, never a flag or a pre-migrated
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +23,7 @@ import pytest
 from inference.net import free_port, wait_ready
 from tests.conftest import REPO_ROOT
 from tests.fixtures.gateway import SECRET, TEXT_MODEL
+from tests.waiting import until
 
 pytestmark = pytest.mark.ray
 
@@ -202,7 +203,7 @@ def _status(group: str, env: dict[str, str]) -> dict[str, dict[str, object]]:
     return json.loads(done.stdout)["partitions"]
 
 
-def test_the_index_writers_on_an_empty_database(
+async def test_the_index_writers_on_an_empty_database(
     empty_database_url: str, tmp_path: Path, sidecar_url: str
 ) -> None:
     """`mnemo lexical` and `mnemo vectors` (follow, status, rebuild) on a database created empty and
@@ -218,10 +219,12 @@ def test_the_index_writers_on_an_empty_database(
         drained = _mnemo("drain", "--once", env=env)
         assert drained.returncode == 0 and "0 failed" in drained.stdout, drained.stdout + drained.stderr
         for group in followers:  # built by the followers from the feed, nothing else asked
-            deadline = time.monotonic() + 300  # a hang guard, not a speed bar
-            while {p["state"] for p in _status(group, env).values()} != {"ready"}:
-                assert time.monotonic() < deadline, _status(group, env)
-                time.sleep(1)
+
+            async def built(group: str = group) -> bool:
+                shown = await asyncio.to_thread(_status, group, env)
+                return {p["state"] for p in shown.values()} == {"ready"}
+
+            await until(f"the {group} follower to build the drained partition", built, every_s=1)
     finally:
         stopped = {group: _stop(proc) for group, proc in followers.items()}
     for group, (code, rest) in stopped.items():
