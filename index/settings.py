@@ -130,6 +130,16 @@ class IngestSettings:
         "default) or `tantivy`. "
         "Unset: `lexical/` under `RAG_DATA_DIR`. Local disk: every reader memory-maps it.",
     )
+    lexical_max_behind: int = setting(
+        "RAG_LEXICAL_MAX_BEHIND",
+        10_000,
+        "Changes a partition's lexical index may be behind the store and still serve: past it the "
+        "gateways leave the partition to the SQL leg, and `/readyz`, the console and `mnemo lexical "
+        "status` call it `behind` (its writer is stopped or cannot keep up).",
+        tradeoff="Every search re-reads each change after the index's watermark: higher keeps the "
+        "index serving through a longer writer outage for slower searches meanwhile; lower hands the "
+        "partition to the SQL leg sooner.",
+    )
 
     vector_dir: Path | None = setting(
         "RAG_VECTOR_DIR",
@@ -166,6 +176,8 @@ class IngestSettings:
             raise SettingsError("RAG_INGEST_OUTAGE_PAUSE must be positive")
         if self.vector_snapshot_changes < 1:
             raise SettingsError("RAG_VECTOR_SNAPSHOT_CHANGES must be at least 1")
+        if self.lexical_max_behind < 0:
+            raise SettingsError("RAG_LEXICAL_MAX_BEHIND must be 0 or more")
         if self.lease_seconds < 1:
             raise SettingsError("RAG_INGEST_LEASE_SECONDS must be at least 1 second")
         for name, value in (

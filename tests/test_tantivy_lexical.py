@@ -121,6 +121,13 @@ def _engine(
     return TantivyLexical(root, replace(config, stats_ttl_s=0), metrics)
 
 
+async def _shown(engine: TantivyLexical, pool: asyncpg.Pool, partition: ModelPartition) -> dict:
+    """The partition as the engine's /readyz detail shows it."""
+    async with pool.acquire() as conn:
+        status = await engine.status(conn, [partition])
+    return status["partitions"][partition.partition]  # type: ignore[index]
+
+
 async def _search(engine: TantivyLexical, pool: asyncpg.Pool, partition: ModelPartition, query, scope, k):
     async with pool.acquire() as conn:
         hits = await engine.search(conn, partition, query, scope, k)
@@ -356,7 +363,7 @@ async def test_an_index_of_another_format_is_not_searched_and_is_rebuilt(built, 
     async with pool.acquire() as conn:
         assert await engine.search(conn, partition, "archive", Scope(), 5) is None  # the SQL leg serves
     assert metrics.searches.labels("cold")._value.get() == 1
-    assert engine.status()["partitions"][partition.partition]["state"] == "foreign"
+    assert (await _shown(engine, pool, partition))["state"] == "foreign"
     again = LexicalWriter(pool, database_url, root)
     try:
         await again.load(partition)
@@ -366,7 +373,7 @@ async def test_an_index_of_another_format_is_not_searched_and_is_rebuilt(built, 
         assert state is not None and state.format == FORMAT
         _same(await _search(engine, pool, partition, "archive letter", Scope(), 20),
               await _sql(pool, partition, "archive letter", Scope(), 20))  # fmt: skip
-        assert engine.status()["partitions"][partition.partition]["state"] == "ready"
+        assert (await _shown(engine, pool, partition))["state"] == "ready"
     finally:
         await again.stop()
 
@@ -406,17 +413,21 @@ async def test_a_missing_index_goes_to_the_sql_leg_until_a_writer_builds_it(
         assert await engine.search(conn, partition, "archive", Scope(), 5, modality="image") is None
     assert metrics.searches.labels("cold")._value.get() == 1
     assert metrics.searches.labels("image")._value.get() == 1
-    assert engine.status() == {
-        "mode": "auto", "running": True, "root": str(root), "partitions": {partition.partition: {"state": "missing"}}
+    async with db_pool.acquire() as conn:
+        status = await engine.status(conn, [partition])
+    assert status == {
+        "mode": "auto", "running": True, "root": str(root),
+        "partitions": {partition.partition: {"state": "missing", "store_seq": 6, "open": False}},
     }  # fmt: skip
     writer = LexicalWriter(db_pool, database_url, root)
     try:
         await writer.rebuild(partition)
-        assert engine.status()["partitions"][partition.partition]["state"] == "indexed"  # seen on disk
+        seen = await _shown(engine, db_pool, partition)  # on disk, not opened by this process yet
+        assert (seen["state"], seen["open"], seen["behind"]) == ("ready", False, 0)
         _same(await _search(engine, db_pool, partition, "archive", Scope(), 5),
               await _sql(db_pool, partition, "archive", Scope(), 5))  # fmt: skip
-        held = engine.status()["partitions"][partition.partition]
-        assert held["state"] == "ready" and held["behind"] == 0 and held["documents"] > 0
+        held = await _shown(engine, db_pool, partition)
+        assert held["state"] == "ready" and held["open"] and held["behind"] == 0 and held["documents"] > 0
         assert metrics.searches.labels("hit")._value.get() == 1
         assert metrics.chunks.labels(partition.partition)._value.get() == held["documents"]
         on_disk = sum(p.stat().st_size for p in (root / partition.partition / held["folder"]).iterdir())
@@ -432,7 +443,7 @@ async def test_a_missing_index_goes_to_the_sql_leg_until_a_writer_builds_it(
         async with db_pool.acquire() as conn:
             assert await engine.search(conn, partition, "archive", Scope(), 5) is None
         assert metrics.searches.labels("cold")._value.get() == 2
-        assert engine.status()["partitions"][partition.partition]["state"] == "foreign"
+        assert (await _shown(engine, db_pool, partition))["state"] == "foreign"
         assert (await folder_status("lexical", database_url, root))[partition.partition]["state"] == "foreign"
         await writer.stop()
         await writer.load(partition)
@@ -594,11 +605,11 @@ async def test_an_index_too_far_behind_the_store_leaves_the_sql_leg_serving(buil
     async with pool.acquire() as conn:
         assert await engine.search(conn, partition, "archive", Scope(), 5) is None
     assert metrics.searches.labels("behind")._value.get() == 1
-    assert engine.status()["partitions"][partition.partition]["state"] == "behind"  # type: ignore[index]
-    assert engine.status()["partitions"][partition.partition]["behind"] == 3  # type: ignore[index]
+    shown = await _shown(engine, pool, partition)
+    assert (shown["state"], shown["behind"]) == ("behind", 3)
     await writer.sync()
     assert await _search(engine, pool, partition, "archive", Scope(), 5)
-    assert engine.status()["partitions"][partition.partition]["behind"] == 0  # type: ignore[index]
+    assert (await _shown(engine, pool, partition))["behind"] == 0
 
 
 async def test_a_failed_rebuild_leaves_the_current_index_as_it_was(built) -> None:

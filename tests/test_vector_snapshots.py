@@ -133,11 +133,12 @@ async def test_a_snapshot_of_another_store_is_not_mapped_and_is_rebuilt(
     (folder / STATE_FILE).write_text(json.dumps({**raw, "store": "another/store"}))
     cache = MappedVectorCache(db_pool, database_url, CacheConfig(mode="mmap", snapshot_root=tmp_path))
     await cache.load(partition)
-    assert cache.partitions[partition.partition].state == "missing"
+    assert cache.partitions[partition.partition].state == "foreign"
     async with db_pool.acquire() as conn:
         assert await cache.search(conn, partition, np.ones(DIM, np.float32), Scope(), 5) is None
+        assert (await cache.snapshots(conn, [partition], 10_000))[partition.partition]["state"] == "foreign"
     await cache.sync()  # the same foreign folder: not mapped again
-    assert cache.partitions[partition.partition].state == "missing"
+    assert cache.partitions[partition.partition].state == "foreign"
     assert (await folder_status("vectors", database_url, tmp_path))[partition.partition]["state"] == "foreign"
     writer = VectorWriter(db_pool, database_url, tmp_path)
     await writer.load(partition)

@@ -62,6 +62,7 @@ from index.lexical.engine import TantivyConfig, TantivyLexical
 from index.lexical.metrics import LexicalMetrics
 from index.search.bm25 import CorpusStats
 from index.search.read_settings import read_session_settings
+from index.store.partitions import list_partitions
 from index.store.sections import SectionStore
 from index.vectors.metrics import CacheMetrics
 from index.vectors.partition import CacheConfig  # configuration only: FAISS loads with the cache
@@ -172,7 +173,9 @@ async def _lexical_index_ctx(app: web.Application) -> AsyncIterator[None]:
         return
     # Its statistics from its index, held as long as the SQL leg's (RAG_LEXICAL_STATS_TTL).
     root = settings.ingest.lexical_root(settings.database.data_dir)
-    config = TantivyConfig(stats_ttl_s=settings.lexical_stats_ttl)
+    config = TantivyConfig(
+        stats_ttl_s=settings.lexical_stats_ttl, max_behind=settings.ingest.lexical_max_behind
+    )
     metrics = LexicalMetrics(app[METRICS_KEY].registry)
     engine = TantivyLexical(root, config, metrics=metrics, mode=settings.lexical_index)
     app[LEXICAL_INDEX_KEY] = engine
@@ -273,13 +276,22 @@ async def readyz(request: web.Request) -> web.Response:
     drain = request.app.get(DRAIN_KEY)
     drain_status = drain.status() if drain is not None else None
     status = "degraded" if drain_status and drain_status["state"] == "crashed" else "ready"
+    settings = request.app[SETTINGS_KEY]
     cache = request.app.get(VECTOR_CACHE_KEY)
+    lexical = request.app.get(LEXICAL_INDEX_KEY)
     # A cold or lagging cache does not make the gateway unready either: pgvector answers meanwhile.
     # Not running: off, or auto without a GPU (the configured mode says which).
-    faiss = (
-        {"mode": request.app[SETTINGS_KEY].faiss_cache, "running": False} if cache is None else cache.status()
-    )
-    lexical = request.app.get(LEXICAL_INDEX_KEY)
+    faiss = {"mode": settings.faiss_cache, "running": False} if cache is None else cache.status()
+    lexical_detail: dict[str, object] = {"mode": "off", "running": False}
+    async with request.app[POOL_KEY].acquire() as conn:
+        partitions = await list_partitions(conn)
+        # Each index folder's state in the one vocabulary (index.follow.folder_state), as `mnemo
+        # lexical status` and `mnemo vectors status` say it.
+        if cache is not None and settings.faiss_cache == "mmap":
+            changes = settings.ingest.vector_snapshot_changes
+            faiss["snapshots"] = await cache.snapshots(conn, partitions, changes)
+        if lexical is not None:
+            lexical_detail = await lexical.status(conn, partitions)
     replica = request.app[READ_POOL_KEY].status().as_dict()
     return envelope_ok(
         request,
@@ -290,7 +302,7 @@ async def readyz(request: web.Request) -> web.Response:
             "drain": drain_status,
             "faiss": faiss,
             # Like the cache: a cold lexical index leaves the SQL leg serving, the gateway stays ready.
-            "lexical_index": {"mode": "off", "running": False} if lexical is None else lexical.status(),
+            "lexical_index": lexical_detail,
             "read_replica": replica,
         },
     )

@@ -7,7 +7,7 @@ import argparse
 import contextlib
 import json
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -64,43 +64,27 @@ async def print_status(
     root: Path,
     what: str,
     describe: Callable[[Path, str], dict[str, Any] | None],
+    max_behind: int,
     line: Callable[[dict[str, Any]], str],
-    missing: str,
-    foreign: str,
+    hints: Mapping[str, str],
 ) -> int:
-    """Each partition's current folder as ``describe`` reads it, given this store's identity (None:
-    missing; else at least its ``seq`` and whether it is ``foreign``: another store's, or a layout
-    readers do not search), with how many changes it is behind the store; JSON with ``--json``."""
-    from index.follow.swap_folders import current_folder
-    from index.store.change_feed import current_watermark, store_identity
+    """Each partition's folder in the one vocabulary (:mod:`index.follow.folder_state`, as
+    ``/readyz`` and the console say it): its state, then ``line`` of a finished folder's account and
+    the state's hint (what serves the partition meanwhile, what brings it back); JSON with ``--json``."""
+    from index.follow.folder_state import folder_reports
 
-    out: dict[str, Any] = {}
     async with database(args) as (pool, _url):
+        found = await partitions(pool, args.model, f"mnemo {what}")
         async with pool.acquire() as conn:
-            store = await store_identity(conn)
-        for partition in await partitions(pool, args.model, f"mnemo {what}"):
-            folder = current_folder(root, partition)
-            found = None if folder is None else describe(folder, store)
-            async with pool.acquire() as conn:
-                head = await current_watermark(conn, partition)
-            if found is None:
-                out[partition.partition] = {"state": "missing", "store_seq": head.seq}
-            else:
-                behind = max(0, head.seq - found["seq"])
-                out[partition.partition] = {
-                    "state": "foreign" if found.pop("foreign") else "ready",
-                    "folder": str(folder),
-                    **found,
-                    "store_seq": head.seq,
-                    "behind": behind,
-                }
+            out = await folder_reports(conn, root, found, describe, max_behind)
     if args.json:
         print(json.dumps({"root": str(root), "partitions": out}, indent=2))
     else:
         print(f"{what} in {root}")
         for name, row in out.items():
-            text = {"missing": missing, "foreign": foreign}.get(row["state"]) or line(row)
-            print(f"  {name}: {text}")
+            said = [line(row)] if "seq" in row else []
+            said += [hints[row["state"]]] if row["state"] in hints else []
+            print(f"  {name}: {row['state']}: " + "; ".join(said))
     return 0
 
 

@@ -11,21 +11,27 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from index.cli.folders import add_folder_commands, database, follow, partitions, print_status
 from inference.eventloop import command
 from schema.cli import database_settings
 
+if TYPE_CHECKING:
+    from index.settings import IngestSettings
+
 __all__ = ["register"]
 
 
-def _root(args: argparse.Namespace) -> Path:
+def _settings(args: argparse.Namespace) -> IngestSettings:
     from index.settings import IngestSettings
     from schema.settings import load_settings
 
-    settings = load_settings(IngestSettings, lexical_dir=args.dir)
-    return settings.lexical_root(database_settings(args).data_dir)
+    return load_settings(IngestSettings, lexical_dir=args.dir)
+
+
+def _root(args: argparse.Namespace) -> Path:
+    return _settings(args).lexical_root(database_settings(args).data_dir)
 
 
 async def _follow(args: argparse.Namespace) -> int:
@@ -63,28 +69,22 @@ async def _rebuild(args: argparse.Namespace) -> int:
 
 
 async def _status(args: argparse.Namespace) -> int:
-    from index.lexical.files import read_state
-
-    def describe(folder: Path, store: str) -> dict[str, Any] | None:
-        state = read_state(folder)
-        if state is None:
-            return None
-        return {
-            "seq": state.watermark.seq,
-            "documents": state.documents,
-            "classes": len(state.classes),
-            "format": state.format,
-            "foreign": not state.searchable_in(store),
-        }
+    from index.lexical.files import describe
 
     return await print_status(
         args,
         _root(args),
         "lexical indexes",
         describe,
+        _settings(args).lexical_max_behind,
         lambda row: f"{row['documents']} documents, seq {row['seq']} ({row['behind']} changes behind)",
-        "missing (the SQL leg serves it; run `mnemo lexical rebuild`)",
-        "another store's or an older format's (the SQL leg serves it; `mnemo lexical follow` rebuilds it)",
+        {
+            "behind": "the SQL leg serves it until `mnemo lexical follow` catches up (RAG_LEXICAL_MAX_BEHIND)",
+            "building": "a build is writing its first index; the SQL leg serves it meanwhile",
+            "missing": "the SQL leg serves it; run `mnemo lexical follow` or rebuild",
+            "foreign": "another store's or an older format's (the SQL leg serves it; `mnemo lexical follow` "
+            "rebuilds it)",
+        },
     )
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
 from index.cli.folders import add_folder_commands, database, follow, partitions, print_status
 from inference.eventloop import command
@@ -58,27 +57,23 @@ async def _rebuild(args: argparse.Namespace) -> int:
 
 
 async def _status(args: argparse.Namespace) -> int:
-    from index.vectors.files import read_state
+    from index.vectors.files import describe
 
-    def describe(folder: Path, store: str) -> dict[str, Any] | None:
-        state = read_state(folder)
-        if state is None:
-            return None
-        return {
-            "seq": state.watermark.seq,
-            "vectors": state.rows,
-            "dimension": state.dimension,
-            "foreign": state.store != store,
-        }
-
+    root, changes = _settings(args)
     return await print_status(
         args,
-        _settings(args)[0],
+        root,
         "vector snapshots",
         describe,
+        changes,
         lambda row: f"{row['vectors']} vectors, seq {row['seq']} ({row['behind']} changes behind)",
-        "missing (pgvector serves it; run `mnemo vectors follow` or rebuild)",
-        "another store's (pgvector serves it; `mnemo vectors follow` rebuilds it)",
+        {
+            "behind": "past RAG_VECTOR_SNAPSHOT_CHANGES: readers apply every change since it privately "
+            "until `mnemo vectors follow` writes a new one",
+            "building": "a build is writing its first snapshot; pgvector serves it meanwhile",
+            "missing": "pgvector serves it; run `mnemo vectors follow` or rebuild",
+            "foreign": "another store's (pgvector serves it; `mnemo vectors follow` rebuilds it)",
+        },
     )
 
 

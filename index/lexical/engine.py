@@ -64,6 +64,7 @@ import asyncpg
 import numpy as np
 import tantivy
 
+from index.follow.folder_state import folder_reports, too_far_behind
 from index.lexical.files import (
     CURRENT,
     STATE_FILE,
@@ -71,6 +72,7 @@ from index.lexical.files import (
     any_term,
     class_term,
     current_folder,
+    describe,
     key_of,
     lexical_schema,
     read_state,
@@ -181,8 +183,6 @@ class TantivyLexical:
         self.schema = lexical_schema()
         self.readers: dict[str, _Reader] = {}
         self._heads: dict[str, tuple[float, int]] = {}  # partition -> (when read, the store's latest seq)
-        self._missing: set[str] = set()  # partitions searched without an index (the SQL leg served)
-        self._foreign: set[str] = set()  # partitions whose index another store built (the SQL leg served)
         self._store: str | None = None  # this store's identity, read on the first search
 
     async def start(self) -> None:
@@ -427,18 +427,14 @@ class TantivyLexical:
         reader = await self.reader(partition)
         if reader is None:
             self.metrics.searches.labels("cold").inc()
-            self._missing.add(partition.partition)
             return None
-        self._missing.discard(partition.partition)
         if self._store is None:
             self._store = await store_identity(conn)
         if not reader.state.searchable_in(self._store):
             self.metrics.searches.labels("cold").inc()
-            self._foreign.add(partition.partition)
             return None
-        self._foreign.discard(partition.partition)
         watermark = reader.state.watermark  # the index holds at least this: every later change is re-read
-        if await self.behind(conn, partition, reader) > self.config.max_behind:
+        if too_far_behind(await self.behind(conn, partition, reader), self.config.max_behind):
             self.metrics.searches.labels("behind").inc()
             return None
         terms = scored_terms(await query_terms(conn, query))
@@ -496,50 +492,18 @@ class TantivyLexical:
                 return rows
             take *= 4
 
-    def status(self) -> dict[str, object]:
-        """The /readyz detail: the mode, the folder, and per partition its state. ``ready``: served
-        from its index (folder, watermark, documents, changes behind the store once a search read
-        its head, seconds since the writer last stamped it); ``behind``: more than ``max_behind``
-        changes behind; ``foreign``: built from another store or in another format; ``indexed``: an
-        index on disk this process has not searched yet (its store and lag are checked on its first
-        search); ``building``: a build's folder without a finished index; ``missing``: none. All
-        but ``ready``: the SQL leg serves (``indexed`` until its first search)."""
-        partitions: dict[str, dict[str, object]] = {}
-        for name in self._on_disk():
-            partitions[name] = self._disk_state(name)
-        for name in self._missing:
-            partitions.setdefault(name, {"state": "missing"})
-        for name, r in self.readers.items():
-            behind = None if name not in self._heads else max(0, self._heads[name][1] - r.state.watermark.seq)
-            state = "behind" if behind is not None and behind > self.config.max_behind else "ready"
-            partitions[name] = {
-                "state": "foreign" if name in self._foreign else state,
-                "folder": r.folder.name,
-                "seq": r.state.watermark.seq,
-                "documents": r.state.documents,
-                "behind": behind,
-                "age_s": round(max(0.0, time.time() - r.stamp[1] / 1e9), 1),
-            }
-        return {"mode": self.mode, "running": True, "root": str(self.root), "partitions": partitions}
-
-    def _on_disk(self) -> list[str]:
-        """The partition folders under the root (none when it does not exist yet)."""
-        try:
-            return sorted(e.name for e in os.scandir(self.root) if e.is_dir() and not e.name.startswith("."))
-        except FileNotFoundError:
-            return []
-
-    def _disk_state(self, name: str) -> dict[str, object]:
-        """A partition not opened yet, from its folder alone (no index or watermark file read)."""
-        folder = self.root / name
-        try:
-            link = os.readlink(folder / CURRENT)
-        except FileNotFoundError:
-            link = None
-        if link is not None:
-            return {"state": "indexed", "folder": link}
-        try:
-            building = any(p.name.startswith("v-") for p in folder.iterdir())
-        except FileNotFoundError:  # removed since the listing
-            building = False
-        return {"state": "building" if building else "missing"}
+    async def status(
+        self, conn: asyncpg.Connection, partitions: Sequence[ModelPartition]
+    ) -> dict[str, object]:
+        """The /readyz detail: the mode, the folder, and per partition its index's state in the one
+        vocabulary (:mod:`index.follow.folder_state`, as ``mnemo lexical status`` says it: ``ready``
+        is what this engine searches, every other state leaves the partition to the SQL leg), with
+        ``open`` (this process has opened it: a partition is opened on its first search) and, when
+        open, seconds since the writer last stamped it (``age_s``)."""
+        reports = await folder_reports(conn, self.root, partitions, describe, self.config.max_behind)
+        for name, report in reports.items():
+            reader = self.readers.get(name)
+            report["open"] = reader is not None
+            if reader is not None:
+                report["age_s"] = round(max(0.0, time.time() - reader.stamp[1] / 1e9), 1)
+        return {"mode": self.mode, "running": True, "root": str(self.root), "partitions": reports}

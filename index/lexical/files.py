@@ -69,6 +69,7 @@ __all__ = [
     "class_term",
     "create_index",
     "current_folder",
+    "describe",
     "document",
     "key_of",
     "key_text",
@@ -305,3 +306,18 @@ def read_state(folder: Path) -> IndexState | None:
 def write_state(folder: Path, state: IndexState) -> None:
     """Replace the watermark file atomically (temporary file, fsync, rename, fsync the folder)."""
     write_json_atomically(folder / STATE_FILE, state.as_json())
+
+
+def describe(folder: Path, store: str) -> dict[str, Any] | None:
+    """What ``folder`` holds, for :func:`index.follow.folder_state.folder_reports`: its watermark,
+    documents, classes and format, and whether a reader of ``store`` leaves it (``foreign``)."""
+    state = read_state(folder)
+    if state is None:
+        return None
+    return {
+        "seq": state.watermark.seq,
+        "documents": state.documents,
+        "classes": len(state.classes),
+        "format": state.format,
+        "foreign": not state.searchable_in(store),
+    }

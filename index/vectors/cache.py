@@ -83,7 +83,8 @@ class VectorCache(FeedFollower):
 
     label = "faiss cache"
     serves = "pgvector"
-    states = ("loading", "ready", "over_budget", "failed", "missing")
+    # missing and foreign: mode mmap, no snapshot of this store on disk (index.follow.folder_state)
+    states = ("loading", "ready", "over_budget", "failed", "missing", "foreign")
     partitions: dict[str, PartitionCache]
 
     def __init__(
@@ -428,7 +429,9 @@ class VectorCache(FeedFollower):
         pc = self.partitions.get(partition.partition)
         if pc is None or pc.state != "ready":
             state = pc.state if pc is not None else None
-            self.metrics.searches.labels(state if state in ("over_budget", "missing") else "cold").inc()
+            self.metrics.searches.labels(
+                state if state in ("over_budget", "missing", "foreign") else "cold"
+            ).inc()
             return None
         if self._broad_on_cpu(pc, scope):
             self.metrics.searches.labels("broad").inc()

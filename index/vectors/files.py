@@ -22,6 +22,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +31,15 @@ from index.store.change_feed import RowKey, Watermark
 from index.store.partitions import ModelPartition
 from index.vectors.slot_keys import SnapshotKeys, encode_keys
 
-__all__ = ["STATE_FILE", "Snapshot", "SnapshotState", "open_current", "read_state", "write_snapshot"]
+__all__ = [
+    "STATE_FILE",
+    "Snapshot",
+    "SnapshotState",
+    "describe",
+    "open_current",
+    "read_state",
+    "write_snapshot",
+]
 
 VECTORS_FILE = "vectors.f32"
 KEYS_FILE = "keys.npy"
@@ -74,6 +83,20 @@ def read_state(folder: Path) -> SnapshotState | None:
         Watermark(int(raw["seq"]), int(raw["xmin"])),
         str(raw.get("store", "")),
     )
+
+
+def describe(folder: Path, store: str) -> dict[str, Any] | None:
+    """What ``folder`` holds, for :func:`index.follow.folder_state.folder_reports`: its watermark,
+    vectors and dimension, and whether it is another store's (``foreign``: readers never map it)."""
+    state = read_state(folder)
+    if state is None:
+        return None
+    return {
+        "seq": state.watermark.seq,
+        "vectors": state.rows,
+        "dimension": state.dimension,
+        "foreign": state.store != store,
+    }
 
 
 def write_snapshot(

@@ -8,9 +8,9 @@ worker. The snapshot's watermark is the partition's; the change feed then applie
 exactly as after a load (an update writes one private page, an append goes behind the mapped
 rows), so :mod:`index.vectors.cache`'s invariants (exact, never stale, ACL re-read in SQL) hold
 unchanged. A new snapshot swapped in is mapped at the next sync (a notification or the poll); a
-partition without one is ``missing`` and pgvector serves it, counted, until one appears; so is a
+partition without one is ``missing`` and pgvector serves it, counted, until one appears; a
 partition whose snapshot another store wrote (a reset database, another deployment's folder: its
-watermark numbers other changes), until the writer rebuilds it. The GPU
+watermark numbers other changes) is ``foreign``, served by pgvector until the writer rebuilds it. The GPU
 cache stays per process: a device copy cannot be shared through a file.
 """
 
@@ -19,19 +19,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
+import asyncpg
 import numpy as np
 
 from index.follow.feed_follower import RETRYABLE
+from index.follow.folder_state import FOREIGN, MISSING, folder_reports
 from index.follow.swap_folders import current_folder
 from index.lru import Lru
 from index.store.change_feed import store_identity
 from index.store.partitions import ModelPartition
 from index.vectors.cache import VectorCache
 from index.vectors.faiss_backend import FlatIndex
-from index.vectors.files import Snapshot, open_current
+from index.vectors.files import Snapshot, describe, open_current
 from index.vectors.mapped_flat import MappedFlatIndex
 from index.vectors.partition import PartitionCache
 from index.vectors.slot_keys import KeyOf, RecordSlots, SlotOf
@@ -62,6 +65,13 @@ class MappedVectorCache(VectorCache):
                 self._store = await store_identity(conn)
         return self._store
 
+    async def snapshots(
+        self, conn: asyncpg.Connection, partitions: Sequence[ModelPartition], max_behind: int
+    ) -> dict[str, dict[str, Any]]:
+        """Each partition's snapshot folder in the one vocabulary (:mod:`index.follow.folder_state`,
+        as ``mnemo vectors status`` says it; ``max_behind``: the writer's ``RAG_VECTOR_SNAPSHOT_CHANGES``)."""
+        return await folder_reports(conn, self.snapshot_root, partitions, describe, max_behind)
+
     async def sync(self, models: Iterable[str] | None = None) -> int:
         await self._follow_snapshots()
         return await super().sync(models)
@@ -72,13 +82,12 @@ class MappedVectorCache(VectorCache):
         start = time.perf_counter()
         snapshot = await asyncio.to_thread(open_current, self.snapshot_root, partition)
         if snapshot is None:
-            return self._missing(partition, None, f"has no vector snapshot in {self.snapshot_root}")
+            return self._unmapped(partition, None, MISSING, f"has no vector snapshot in {self.snapshot_root}")
         if snapshot.state.store != await self.store():
             # Left unmapped until the writer swaps a snapshot of this store in (the folder is held so
             # that the next sync does not map it again).
-            return self._missing(
-                partition, snapshot.folder, f"has a vector snapshot of another store ({snapshot.folder})"
-            )
+            why = f"has a vector snapshot of another store ({snapshot.folder})"
+            return self._unmapped(partition, snapshot.folder, FOREIGN, why)
         if snapshot.state.dimension != partition.dimension or snapshot.state.model != partition.model:
             raise ValueError(
                 f"vector snapshot {snapshot.folder} holds {snapshot.state.model} at {snapshot.state.dimension} "
@@ -101,13 +110,16 @@ class MappedVectorCache(VectorCache):
         self.notify(partition.model)  # what is newer than the snapshot is applied by the follower
         return pc
 
-    def _missing(self, partition: ModelPartition, folder: Path | None, why: str) -> PartitionCache:
+    def _unmapped(
+        self, partition: ModelPartition, folder: Path | None, state: str, why: str
+    ) -> PartitionCache:
+        """A partition without a snapshot to map (``state``: missing or foreign); pgvector serves it."""
         pc = PartitionCache(partition, FlatIndex(partition.dimension), folder=folder)
         self.partitions[partition.partition] = pc
         log.warning(
             "faiss cache: %s %s (run `mnemo vectors follow`); pgvector serves it", partition.partition, why
         )
-        self._set_state(pc, "missing")
+        self._set_state(pc, state)
         self._observe(pc)
         return pc
 
@@ -127,7 +139,7 @@ class MappedVectorCache(VectorCache):
     async def _follow_snapshots(self) -> None:
         """Map each partition's snapshot anew when the writer swapped another one in (or made a first)."""
         for pc in list(self.partitions.values()):
-            if pc.state not in ("ready", "missing", "failed"):  # a failed map is tried again
+            if pc.state not in ("ready", MISSING, FOREIGN, "failed"):  # a failed map is tried again
                 continue
             if current_folder(self.snapshot_root, pc.partition) == pc.folder:
                 continue

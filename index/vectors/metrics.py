@@ -14,7 +14,7 @@ class CacheMetrics:
         r = self.registry = registry or CollectorRegistry(auto_describe=True)
         self.partitions = Gauge(
             "mnemo_faiss_partitions",
-            "Cached model partitions by state (loading, ready, over_budget, failed, missing).",
+            "Cached model partitions by state (loading, ready, over_budget, failed, missing, foreign).",
             ("state",),
             registry=r,
         )
@@ -33,7 +33,8 @@ class CacheMetrics:
         self.searches = Counter(
             "mnemo_faiss_searches",
             "Dense searches by outcome: hit (served by the cache), cold (partition not loaded yet), "
-            "over_budget (partition not cached), missing (mode mmap: no snapshot on disk yet), broad (an unfiltered scope left to HNSW on CPU), "
+            "over_budget (partition not cached), missing (mode mmap: no snapshot on disk yet), foreign "
+            "(mode mmap: another store's snapshot), broad (an unfiltered scope left to HNSW on CPU), "
             "fallback (the cache could not prove an exact answer).",
             ("result",),
             registry=r,

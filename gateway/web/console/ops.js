@@ -35,10 +35,14 @@ export async function refreshOps() {
   showError("ops", null);
   await Promise.all([
     settle($("#ops-ready"), () => get("/readyz"), (d) => {
-      // The lexical engine's detail gets its own table below, from this same answer.
-      const { lexical_index: lexical, ...rest } = d;
-      clear($("#ops-ready"), facts(rest));
-      renderLexical(lexical);
+      // The lexical engine's detail and the vector snapshots get their own tables below, from this
+      // same answer.
+      const { snapshots, ...cache } = d.faiss;
+      const shown = { ...d, faiss: cache };
+      delete shown.lexical_index;
+      clear($("#ops-ready"), facts(shown));
+      renderLexical(d.lexical_index);
+      renderSnapshots(d.faiss.mode, snapshots, cache.partitions || {});
     }),
     settle($("#ops-queue"), () => get("/v1/queue/stats"), (d) => clear($("#ops-queue"), facts(d))),
     settle($("#ops-failed tbody"), () => get("/v1/queue/failed"), (d) =>
@@ -62,6 +66,9 @@ export async function refreshOps() {
   ]);
 }
 
+// Every index folder's state is one of index.follow.folder_state's: ready, building, behind,
+// missing, foreign (/readyz names them as `mnemo lexical status` and `mnemo vectors status` do).
+
 // RAG_LEXICAL_INDEX and, per partition, what serves its lexical leg: the engine when its index is
 // ready (caught up), the SQL leg while it is missing, building, behind or another store's.
 const ENGINES = { auto: "Tantivy", tantivy: "Tantivy" };
@@ -81,7 +88,27 @@ function renderLexical(lexical) {
       ? partitions.map(([name, p]) =>
           row(name, p.state === "ready" ? engine : "SQL leg", p.state, p.seq, p.documents, p.behind, p.age_s),
         )
-      : row(engine ? "No partition indexed or searched yet" : "—", "SQL leg", "", "", "", "", ""),
+      : row(engine ? "No partition in the store yet" : "—", "SQL leg", "", "", "", "", ""),
+  );
+}
+
+// RAG_FAISS_CACHE=mmap: per partition, its snapshot's state and what serves its dense leg (the
+// worker's cache when it mapped the snapshot, pgvector otherwise).
+function renderSnapshots(mode, snapshots, cached) {
+  clear(
+    $("#ops-vectors-mode"),
+    snapshots
+      ? `Mode ${mode}: every worker maps the snapshots \`mnemo vectors follow\` writes`
+      : `Mode ${mode}: no snapshots (RAG_FAISS_CACHE=mmap maps them)`,
+  );
+  const rows = Object.entries(snapshots || {});
+  clear(
+    $("#ops-vectors tbody"),
+    rows.length
+      ? rows.map(([name, s]) =>
+          row(name, cached[name]?.state === "ready" ? "FAISS cache" : "pgvector", s.state, s.seq, s.vectors, s.behind),
+        )
+      : row("—", "", "", "", "", ""),
   );
 }
 
