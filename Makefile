@@ -7,6 +7,9 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.mnemo-installed
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-k chunker -x"`.
 PYTEST_ARGS ?=
+# pytest-xdist workers of `make test`, each with its own PostgreSQL, sidecar and browser (see
+# tests/scheduling.py); `make test TEST_WORKERS=0` runs the suite in one process.
+TEST_WORKERS ?= 2
 
 .PHONY: install up test test-stress browser screenshots lint docs bench clean
 
@@ -26,7 +29,7 @@ up: install
 	$(BIN)/mnemo up
 
 test: install browser
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # The suite with a busy loop taking one core beside it, as on a loaded machine: no test may depend
 # on how fast the machine is. The loop stops however the run ends (Ctrl-C included: a background
@@ -35,7 +38,7 @@ test-stress: install browser
 	@yes >/dev/null & hog=$$!; \
 	trap 'kill $$hog 2>/dev/null' EXIT; trap 'exit 130' INT; trap 'exit 143' TERM; \
 	echo "make test-stress: a busy loop (pid $$hog) takes one core"; \
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # The console's browser tests drive Debian's chromium through chromedriver. Installed here when
 # missing (apt-get, as root); when that cannot happen this says why and carries on, and the browser

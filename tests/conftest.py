@@ -18,7 +18,12 @@ import pytest
 
 from schema import EmbeddedPostgres, create_pool, migrate
 
-pytest_plugins = ["tests.fixtures.sidecar", "tests.fixtures.gateway", "tests.fixtures.browser"]
+pytest_plugins = [
+    "tests.fixtures.sidecar",
+    "tests.fixtures.gateway",
+    "tests.fixtures.browser",
+    "tests.scheduling",
+]
 
 # pyproject's per-test bound (300 s) is a hang guard sized for ordinary tests. A test marked
 # ``slow`` runs whole benchmark suites, clusters or model stacks: on a loaded 2-core machine one such

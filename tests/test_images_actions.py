@@ -372,6 +372,7 @@ async def test_media_switch_and_a_missing_image_model(
 # -- the Ray Data variant ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_ray_data_job_writes_the_same_rows_as_the_single_machine_job(
     database_url: str, sidecar_url: str, sidecar_config: Any, tmp_path: Path
 ) -> None:
