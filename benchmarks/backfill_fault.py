@@ -13,7 +13,6 @@ to its completion, and the queue left.
 from __future__ import annotations
 
 import asyncio
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -37,27 +36,11 @@ __all__ = ["backfill_killed_mid_build"]
 async def _backfill_process(
     url: str, sidecar_url: str, text_model: str, log: Path
 ) -> asyncio.subprocess.Process:
-    from .settings import child_environment
+    from .processes import start_mnemo
 
-    args = ("backfill", "--section", DRAIN_SECTION, "--batch", "4", "--no-progress")
-    with log.open("ab") as out:  # a file, not a pipe nobody reads
-        return await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "gateway.cli",
-            "--log-level",
-            "INFO",
-            *args,
-            "--database-url",
-            url,
-            "--sidecar-url",
-            sidecar_url,
-            "--text-model",
-            text_model,
-            env=child_environment(),
-            stdout=out,
-            stderr=out,
-        )
+    argv = ["--log-level", "INFO", "backfill", "--section", DRAIN_SECTION, "--batch", "4", "--no-progress"]
+    argv += ["--database-url", url, "--sidecar-url", sidecar_url, "--text-model", text_model]
+    return await start_mnemo(argv, log)
 
 
 async def _hold_at_primary_key(

@@ -17,7 +17,6 @@ import contextlib
 import http.client
 import json
 import signal
-import sys
 import threading
 import time
 from collections import Counter
@@ -401,34 +400,14 @@ async def drain_processes(
     logging to ``log_dir/drain-<i>.log``; the ones still running are stopped with SIGTERM after."""
     from inference.net import stop_process
 
-    from .settings import child_environment
+    from .processes import start_mnemo
 
-    environ = child_environment(**env)
+    argv = ["--log-level", "INFO", "drain", "--database-url", database_url]
+    argv += ["--sidecar-url", sidecar_url, "--text-model", text_model]
     procs: list[asyncio.subprocess.Process] = []
     try:
         for i in range(n):
-            args = (
-                "drain",
-                "--database-url",
-                database_url,
-                "--sidecar-url",
-                sidecar_url,
-                "--text-model",
-                text_model,
-            )
-            with (log_dir / f"drain-{i}.log").open("wb") as out:  # a file, not a pipe nobody reads
-                proc = await asyncio.create_subprocess_exec(
-                    sys.executable,
-                    "-m",
-                    "gateway.cli",
-                    "--log-level",
-                    "INFO",
-                    *args,
-                    env=environ,
-                    stdout=out,
-                    stderr=out,
-                )
-            procs.append(proc)
+            procs.append(await start_mnemo(argv, log_dir / f"drain-{i}.log", **env))
         yield procs
     finally:
         await asyncio.gather(*(stop_process(proc) for proc in procs))

@@ -18,7 +18,6 @@ import contextlib
 import dataclasses
 import json
 import re
-import sys
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
@@ -27,13 +26,14 @@ from typing import Any
 import numpy as np
 import psutil
 
-from inference.net import ProcessExited, await_ready, free_port, stop_process
+from inference.net import log_tail
 
 from .bulk_load import bulk_load
 from .corpus_text import zipf_texts
 from .datasets import dataset_dir
 from .measure import folder_mib
 from .principals import grant_load_test_budgets, load_test_env
+from .processes import serving_subprocess, start_mnemo
 from .settings import child_environment
 
 SECTION = "bench1"
@@ -119,30 +119,6 @@ class GatewayProcess:
 
 
 @contextlib.asynccontextmanager
-async def serving_subprocess(
-    argv: Sequence[str], log: Path, environ: dict[str, str], *, what: str, cwd: Path | None = None
-) -> AsyncIterator[tuple[str, asyncio.subprocess.Process]]:
-    """``python argv --port P`` on a free loopback port, ready (``/healthz``); its URL and process.
-
-    Terminated after (killed if it has not exited a minute later); ``what`` names it in the error of
-    a start that failed, beside its log."""
-    port = free_port()
-    with log.open("wb") as out:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, *argv, "--port", str(port), env=environ, stdout=out, stderr=out, cwd=cwd
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        try:
-            await await_ready(url, 120.0, path="/healthz", process=proc)
-        except (ProcessExited, TimeoutError) as exc:
-            raise RuntimeError(f"{what} did not start ({exc}); see {log}") from exc
-        yield url, proc
-    finally:
-        await stop_process(proc)
-
-
-@contextlib.asynccontextmanager
 async def gateway_process(
     database_url: str,
     sidecar_url: str,
@@ -218,12 +194,9 @@ async def cache_ready(session: Any, url: str, wait_s: float = 300.0) -> dict[str
 async def lexical_rebuild(database_url: str, root: Path) -> dict[str, float]:
     """``mnemo lexical rebuild`` as an operator runs it, writing the store's Tantivy index under
     ``root`` (a gateway's ``RAG_LEXICAL_DIR``): its wall time, the writer's peak RSS, the index's size."""
-    argv = ["-m", "gateway.cli", "lexical", "rebuild", "--database-url", database_url, "--dir", str(root)]
+    log = root.with_name(root.name + "-rebuild.log")
     started = time.perf_counter()
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, *argv, env=child_environment(), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
-    )  # fmt: skip
-    output = asyncio.create_task(proc.stdout.read())  # type: ignore[union-attr]
+    proc = await start_mnemo(["lexical", "rebuild", "--database-url", database_url, "--dir", str(root)], log)
     peak = 0
     while proc.returncode is None:
         with contextlib.suppress(psutil.NoSuchProcess):
@@ -231,7 +204,7 @@ async def lexical_rebuild(database_url: str, root: Path) -> dict[str, float]:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(proc.wait(), 0.5)
     if proc.returncode != 0:
-        raise RuntimeError(f"mnemo lexical rebuild failed ({proc.returncode}): {(await output)[-2000:]!r}")
+        raise RuntimeError(f"mnemo lexical rebuild failed ({proc.returncode}):\n{log_tail(log)}")
     seconds = time.perf_counter() - started
     return {
         "s": seconds,

@@ -111,7 +111,7 @@ async def floor_process(
     database_url: str, model: Any, queries: Path, log: Path, *, limit: int = 10
 ) -> AsyncIterator[FloorProcess]:
     """The floor server in a subprocess on a free loopback port, ready; terminated after."""
-    from .gateway import serving_subprocess
+    from .processes import serving_subprocess
 
     argv = ["-m", "benchmarks.cli", "http-floor", "--database-url", database_url, "--model", model.id,
             "--dimension", str(model.dimension), "--queries", str(queries), "--limit", str(limit)]  # fmt: skip

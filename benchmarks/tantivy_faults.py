@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import random
 import secrets
-import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -61,25 +60,14 @@ def lexicon_word(rng: random.Random, length: int = 10) -> str:
     return "".join(rng.choice("bcdfghjklmnpqrstvwxz") for _ in range(length))
 
 
-@contextlib.asynccontextmanager
-async def lexical_follower(
+def lexical_follower(
     database_url: str, root: Path, log: Path
-) -> AsyncIterator[asyncio.subprocess.Process]:
+) -> contextlib.AbstractAsyncContextManager[asyncio.subprocess.Process]:
     """``mnemo lexical follow`` into ``root`` in a subprocess, logging to ``log``; SIGTERM after
     (a caller may kill it first)."""
-    from inference.net import stop_process
+    from .processes import mnemo_process
 
-    from .settings import child_environment
-
-    argv = ["-m", "gateway.cli", "lexical", "follow", "--database-url", database_url, "--dir", str(root)]
-    with log.open("ab") as out:  # a file, not a pipe nobody reads
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, *argv, env=child_environment(), stdout=out, stderr=out
-        )
-    try:
-        yield proc
-    finally:
-        await stop_process(proc)
+    return mnemo_process(["lexical", "follow", "--database-url", database_url, "--dir", str(root)], log)
 
 
 def index_keys(root: Path, partition: Any) -> list[tuple[Any, ...]]:
