@@ -16,19 +16,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from .fault_store import (
-    DRAIN_SECTION,
-    FAULT_INGEST,
-    _clean_run,
-    _drop,
-    _fresh_database,
-    _fresh_pool,
-    _queue_size,
-    _wait_for,
-    compare_stores,
-    drain_records,
-    store_snapshot,
-)
+from .fault_store import DRAIN_SECTION, _queue_size, _wait_for, compare_stores, faulted_store, store_snapshot
 
 __all__ = ["backfill_killed_mid_build"]
 
@@ -108,29 +96,19 @@ async def backfill_killed_mid_build(
     import asyncpg
 
     from index.bulk import shadow
-    from index.ingest.intake import enqueue_records
-    from index.settings import IngestSettings
     from index.store.partitions import get_partition
     from inference.client import SidecarClient
 
-    batch = drain_records(records)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + deadline_s
     names = ("backfill_clean_run", "backfill_killed_run")
     log = log_dir / "backfill-killed.log"
-    try:
-        clean_pool = await _fresh_pool(server_url, names[0])
-        try:
-            async with SidecarClient(sidecar_url) as client:
-                clean = await _clean_run(
-                    clean_pool, client, IngestSettings(**FAULT_INGEST), batch, text_model, deadline
-                )
-        finally:
-            await clean_pool.close()
-        url, pool = await _fresh_database(server_url, names[1])
+    async with (
+        SidecarClient(sidecar_url) as client,
+        faulted_store(server_url, names, client, text_model, records, deadline) as (clean, url, pool),
+    ):
         holder = await asyncpg.connect(url)
         try:
-            await enqueue_records(pool, batch)
             proc = await _backfill_process(url, sidecar_url, text_model, log)
             partition = await _wait_for(lambda: get_partition(pool, text_model), deadline)
             if partition is None:
@@ -153,17 +131,12 @@ async def backfill_killed_mid_build(
             resumed = await pool.fetchval("SELECT (report->'result'->>'resumed')::boolean FROM rag_backfills")
         finally:
             await holder.close()
-            await pool.close()
-    finally:
-        await _drop(server_url, *names)
-    comparison = compare_stores(clean, after)
     return {
         "records": records,
         "records_copied_at_kill": copied,
         "indexes_built_at_kill": built,
-        "records_lost": len(comparison["records_differing"]),
         "duplicate_rows": duplicates + len(after.keys() - clean.keys()),
-        **comparison,
+        **compare_stores(clean, after),
         "resumed": resumed,
         "resume_to_done_s": finished_s,
         "queue_left": queue_left,

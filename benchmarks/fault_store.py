@@ -6,8 +6,9 @@ comparison of a faulted store against it (records lost, rows written twice, vect
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ __all__ = [
     "FAULT_INGEST",
     "compare_stores",
     "drain_records",
+    "faulted_store",
     "store_snapshot",
 ]
 
@@ -82,6 +84,7 @@ def compare_stores(clean: dict[tuple, tuple], other: dict[tuple, tuple]) -> dict
         if diff > 1e-4:
             differing.add(key[:2])
     return {
+        "records_lost": len(differing),
         "chunks_clean": len(clean),
         "chunks": len(other),
         "records_differing": sorted(f"{t}/{i}" for t, i in differing),
@@ -89,14 +92,38 @@ def compare_stores(clean: dict[tuple, tuple], other: dict[tuple, tuple]) -> dict
     }
 
 
-async def _fresh_pool(server_url: str, name: str) -> Any:
-    """A pool on a new, migrated database ``name`` (dropped first if it exists) of the server at
-    ``server_url``, with :data:`DRAIN_DESCRIPTOR` put."""
-    return (await _fresh_database(server_url, name))[1]
+@contextlib.asynccontextmanager
+async def faulted_store(
+    server_url: str, names: tuple[str, str], client: Any, model: str, records: int, deadline: float
+) -> AsyncIterator[tuple[dict[tuple, tuple], str, Any]]:
+    """A fault's two databases on ``server_url``: ``names[0]`` drained of :func:`drain_records` with
+    no fault (its store, the reference, comes first), then ``names[1]`` with the same records queued
+    for the fault (its URL and a pool); both dropped after."""
+    from index.ingest.intake import enqueue_records
+    from index.settings import IngestSettings
+
+    batch = drain_records(records)
+    try:
+        _, clean_pool = await _fresh_database(server_url, names[0])
+        try:
+            clean = await _clean_run(
+                clean_pool, client, IngestSettings(**FAULT_INGEST), batch, model, deadline
+            )
+        finally:
+            await clean_pool.close()
+        url, pool = await _fresh_database(server_url, names[1])
+        try:
+            await enqueue_records(pool, batch)
+            yield clean, url, pool
+        finally:
+            await pool.close()
+    finally:
+        await _drop(server_url, *names)
 
 
 async def _fresh_database(server_url: str, name: str) -> tuple[str, Any]:
-    """:func:`_fresh_pool`, with the database's URL."""
+    """A new, migrated database ``name`` (dropped first if it exists) of the server at ``server_url``,
+    with :data:`DRAIN_DESCRIPTOR` put: its URL and a pool on it."""
     from index.store.sections import SectionStore
     from schema import create_pool
 

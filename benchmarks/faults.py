@@ -27,16 +27,12 @@ from urllib.parse import urlsplit
 
 from .fault_store import (
     FAULT_INGEST,
-    _clean_run,
-    _drop,
-    _fresh_database,
-    _fresh_pool,
     _queue_size,
     _wait_drained,
     _wait_for,
     _wait_queue_at_most,
     compare_stores,
-    drain_records,
+    faulted_store,
     store_snapshot,
 )
 
@@ -216,45 +212,34 @@ async def _interrupted_drain(
     by a :class:`~index.ingest.drain.DrainLoop`, interrupted by ``interrupt(drain)`` (a fault: stop, wait,
     start; it returns figures of its own) once about a third is indexed; the stores are compared."""
     from index.ingest.drain import DrainLoop
-    from index.ingest.intake import enqueue_records
     from index.settings import IngestSettings
 
     settings = IngestSettings(**FAULT_INGEST)
-    batch = drain_records(records)
     loop = asyncio.get_running_loop()
-    clean_pool = await _fresh_pool(server_url, names[0])
-    try:
-        clean = await _clean_run(clean_pool, client, settings, batch, model, deadline)
-    finally:
-        await clean_pool.close()
-    pool = await _fresh_pool(server_url, names[1])
-    drain = DrainLoop(pool, client, settings, text_model=model)
-    stop = asyncio.Event()
-    try:
-        await enqueue_records(pool, batch)
-        runner = asyncio.create_task(drain.supervise(stop))
-        left_at_stop = await _wait_queue_at_most(pool, records - records // 3, deadline)
-        stopped_at = loop.time()
-        extra = await interrupt(drain)
-        started_at = loop.time()
-        drained_at = await _wait_drained(pool, deadline)
-        stop.set()
-        await asyncio.wait_for(runner, 60)
-        after = await store_snapshot(pool, model)
-        queue_left = await _queue_size(pool)
-        parked = await pool.fetchval(
-            "SELECT count(*) FROM rag_index_queue WHERE attempts >= $1", settings.max_attempts
-        )
-    finally:
-        stop.set()
-        await pool.close()
-    comparison = compare_stores(clean, after)
+    async with faulted_store(server_url, names, client, model, records, deadline) as (clean, _, pool):
+        drain = DrainLoop(pool, client, settings, text_model=model)
+        stop = asyncio.Event()
+        try:
+            runner = asyncio.create_task(drain.supervise(stop))
+            left_at_stop = await _wait_queue_at_most(pool, records - records // 3, deadline)
+            stopped_at = loop.time()
+            extra = await interrupt(drain)
+            started_at = loop.time()
+            drained_at = await _wait_drained(pool, deadline)
+            stop.set()
+            await asyncio.wait_for(runner, 60)
+            after = await store_snapshot(pool, model)
+            queue_left = await _queue_size(pool)
+            parked = await pool.fetchval(
+                "SELECT count(*) FROM rag_index_queue WHERE attempts >= $1", settings.max_attempts
+            )
+        finally:
+            stop.set()
     return {
         "records": records,
         "queued_when_stopped": left_at_stop,
         "seconds_down": round(started_at - stopped_at, 2),
-        "records_lost": len(comparison["records_differing"]),
-        **comparison,
+        **compare_stores(clean, after),
         "queue_left": queue_left,
         "parked": parked,
         "drain_crashes": drain.crashes,
@@ -386,7 +371,6 @@ async def sidecar_stopped_mid_drain(
             return await _interrupted_drain(server_url, names, client, spec.id, records, deadline, interrupt)
     finally:
         await sidecar.stop()
-        await _drop(server_url, *names)
 
 
 # -- a drain worker killed with SIGKILL mid-batch -----------------------------------------------
@@ -437,48 +421,30 @@ async def drain_worker_killed(
     text or vector), duplicate rows (rows written twice, so their ``updated_at`` moved, or not in
     the clean run), the seconds from the kill until the last orphaned record is indexed. Databases
     on ``server_url`` (created, then dropped). Bounded by ``deadline_s``."""
-    from index.ingest.intake import enqueue_records
-    from index.settings import IngestSettings
     from inference.client import SidecarClient
 
-    settings = IngestSettings(**FAULT_INGEST)
     # Batches of 2: a pipelined worker holds up to two of them, so it holds records through most
     # of even a short drain, and the kill lands mid-batch.
     env = {"RAG_INGEST_LEASE_SECONDS": str(lease_s), "RAG_INGEST_BATCH_RECORDS": "2"}
-    batch = drain_records(records)
     deadline = asyncio.get_running_loop().time() + deadline_s
     names = ("workers_clean_run", "workers_killed_run")
-    try:
-        clean_pool = await _fresh_pool(server_url, names[0])
-        try:
-            async with SidecarClient(sidecar_url) as client:
-                clean = await _clean_run(clean_pool, client, settings, batch, text_model, deadline)
-        finally:
-            await clean_pool.close()
-        url, pool = await _fresh_database(server_url, names[1])
-        try:
-            await enqueue_records(pool, batch)
-            async with drain_processes(
-                url, sidecar_url, log_dir, workers, text_model=text_model, **env
-            ) as procs:
-                killed = await _kill_mid_drain(pool, procs, records, deadline, log_dir)
-            after = await store_snapshot(pool, text_model)
-            rewritten = await _rows_rewritten(pool, text_model)
-            queue_left = await _queue_size(pool)
-        finally:
-            await pool.close()
-    finally:
-        await _drop(server_url, *names)
-    comparison = compare_stores(clean, after)
+    async with (
+        SidecarClient(sidecar_url) as client,
+        faulted_store(server_url, names, client, text_model, records, deadline) as (clean, url, pool),
+    ):
+        async with drain_processes(url, sidecar_url, log_dir, workers, text_model=text_model, **env) as procs:
+            killed = await _kill_mid_drain(pool, procs, records, deadline, log_dir)
+        after = await store_snapshot(pool, text_model)
+        rewritten = await _rows_rewritten(pool, text_model)
+        queue_left = await _queue_size(pool)
     return {
         "records": records,
         "workers": workers,
         "lease_s": lease_s,
         "queued_at_kill": killed["queued_at_kill"],
         "orphaned_records": killed["orphaned_records"],
-        "records_lost": len(comparison["records_differing"]),
         "duplicate_rows": rewritten + len(after.keys() - clean.keys()),
-        **comparison,
+        **compare_stores(clean, after),
         "queue_left": queue_left,
         "surviving_workers": killed["surviving_workers"],
         "orphans_indexed_s": killed["orphans_indexed_s"],
