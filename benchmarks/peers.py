@@ -260,32 +260,19 @@ def run_infinity_peer(
     at the headline concurrency, both servers up: the headlines.
     """
     import aiohttp
-    import torch
 
-    from inference.encoders import load_encoder
+    from inference.config import resolve_weights
 
-    from .inprocess import measure_inprocess
-    from .sidecar import bench_spec, corpus
-    from .stack import BENCH_MODEL, MINILM_WEIGHTS
+    from .sidecar import Baselines, bench_encoder, corpus
 
     try:
         exe, version = ensure_infinity(work_dir)
     except PeerUnavailable as exc:
         return {"status": "skipped", "peer": "infinity-emb", "reason": str(exc)}
-    threads = max(1, os.cpu_count() or 1)
-    torch.set_num_threads(threads)
-    spec = bench_spec(BENCH_MODEL, MINILM_WEIGHTS, "mean", threads)
-    encoder = load_encoder(spec)
-    from inference.config import resolve_weights
-
+    spec, encoder, _ = bench_encoder()
     model_dir = resolve_weights(spec)
     texts = corpus()
-    windows: list[dict[str, Any]] = []
-
-    def baseline() -> float:
-        windows.append(measure_inprocess(encoder, texts, seconds=plan.baseline_seconds))
-        return float(windows[-1]["items_per_s"])
-
+    baseline = Baselines(encoder, texts, plan.baseline_seconds)
     log = work_dir / "peers" / "infinity-serve.log"
     try:
         with running_infinity(exe, model_dir, log) as url:

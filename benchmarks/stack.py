@@ -16,6 +16,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "TINY_TEXT_MODEL",
     "BenchStack",
     "bench_sidecar_config",
+    "bench_spec",
     "open_stack",
 ]
 
@@ -43,16 +45,35 @@ TINY_TEXT_MODEL = "tiny-xlmr-random"
 BENCH_MAX_BODY_BYTES = 8 * 1024 * 1024
 
 
+def bench_spec(model_id: str, weights: str, torch_threads: int) -> Any:
+    """A MiniLM-shaped text model as the sidecar benchmark serves it (batches of 32 texts of up to
+    256 tokens, mean pooling) on ``torch_threads`` threads."""
+    from inference.config import ModelSpec
+
+    return ModelSpec(
+        id=model_id,
+        kind="text",
+        weights=weights,
+        pooling="mean",
+        max_input_tokens=256,
+        max_batch_size=32,
+        max_batch_tokens=32 * 256,
+        max_client_batch=64,
+        max_queued_items=2048,
+        batch_wait_ms=2.0,
+        num_cpus=1.0,
+        torch_threads=torch_threads,
+    )
+
+
 def bench_sidecar_config(models_dir: Path | None = None):
     """MiniLM as the sidecar benchmark measures it, plus its 512-token twin; with ``models_dir``, also
     tiny random models built there: a SigLIP (the reliability suite's hostile images) and an XLM-R
     (the scale suite's pipeline-bound drain)."""
     from inference.config import Limits, ModelSpec, SidecarConfig
 
-    from .sidecar import bench_spec
-
     threads = max(1, os.cpu_count() or 1)
-    spec = bench_spec(BENCH_MODEL, MINILM_WEIGHTS, "mean", threads)
+    spec = bench_spec(BENCH_MODEL, MINILM_WEIGHTS, threads)
     # Ray schedules by CPU shares: the twin takes half a CPU so both fit beside the ingress on 2 cores
     # (it only works while the other is idle, during the length curve).
     long = dataclasses.replace(

@@ -10,19 +10,18 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
-import os
 import random
+import statistics
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from .grid import headline_concurrency
 from .plan import SidecarPlan
 from .report import Curve, SuiteResult, Table, format_span
 from .sidecar import BARS
-from .stack import BENCH_MODEL, LONG_MODEL, MINILM_WEIGHTS, BenchStack
+from .stack import BENCH_MODEL, LONG_MODEL, BenchStack
 from .tables import Column, HeadlineRow, headings, pick, rows
 
 __all__ = ["configurations_table", "length_sweep", "run_suite", "texts_of_length"]
@@ -70,36 +69,19 @@ def _served(url: str) -> dict[str, dict[str, Any]]:
 
 def length_sweep(url: str, plan: SidecarPlan) -> dict[str, Any]:
     """Sidecar vs in-process batch 32 at each text length (one load: ``length_concurrency`` callers)."""
-    import torch
-
-    from inference.encoders import load_encoder
-
     from .grid import http_grid
-    from .inprocess import measure_inprocess
-    from .sidecar import bench_spec
+    from .sidecar import Baselines, bench_encoder
 
     served = _served(url)
     model = LONG_MODEL if LONG_MODEL in served else BENCH_MODEL
     if model not in served:
         raise RuntimeError(f"the sidecar at {url} serves neither {LONG_MODEL} nor {BENCH_MODEL}")
     limit = int(served[model]["max_input_tokens"])
-    threads = max(1, os.cpu_count() or 1)
-    torch.set_num_threads(threads)
-    spec = dataclasses.replace(
-        bench_spec(model, MINILM_WEIGHTS, "mean", threads),
-        max_input_tokens=limit,
-        max_batch_tokens=32 * limit,
-    )
-    encoder = load_encoder(spec)
+    _, encoder, _ = bench_encoder(model, max_input_tokens=limit, max_batch_tokens=32 * limit)
     points = []
     for length in [n for n in plan.lengths if n <= limit]:
         texts = texts_of_length(encoder, 32, length)  # one batch per baseline window
-        windows: list[dict[str, Any]] = []
-
-        def baseline(texts: Sequence[str] = texts, windows: list = windows) -> float:
-            windows.append(measure_inprocess(encoder, texts, seconds=plan.baseline_seconds))
-            return float(windows[-1]["items_per_s"])
-
+        baseline = Baselines(encoder, texts, plan.baseline_seconds)
         (cell,) = asyncio.run(
             http_grid(
                 url,
@@ -112,7 +94,7 @@ def length_sweep(url: str, plan: SidecarPlan) -> dict[str, Any]:
             )
         )
         cell["tokens_per_text"] = length
-        cell["baseline_tokens_per_s"] = sum(w["tokens_per_s"] for w in windows) / len(windows)
+        cell["baseline_tokens_per_s"] = statistics.fmean(w["tokens_per_s"] for w in baseline.windows)
         points.append(cell)
     return {
         "model": model,
@@ -363,19 +345,7 @@ def run_suite(stack: BenchStack, plan: SidecarPlan) -> SuiteResult:
 
     url = stack.sidecar_url
     assert url is not None
-    grid = run_sidecar_benchmark(
-        model_id=BENCH_MODEL,
-        sidecar_url=url,
-        concurrencies=plan.concurrencies,
-        sizes=plan.sizes,
-        seconds_per_cell=plan.seconds_per_cell,
-        baseline_seconds=plan.baseline_seconds,
-        repeats=plan.repeats,
-        sweep_batches=plan.sweep_batches,
-        sweep_seconds=plan.sweep_seconds,
-        sweep_sample=plan.sweep_sample,
-        include_service=plan.service,
-    )
+    grid = run_sidecar_benchmark(url, plan)
     lengths = length_sweep(url, plan)
     peers = None
     if plan.peers:

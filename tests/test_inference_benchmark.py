@@ -6,14 +6,14 @@ import math
 
 import pytest
 
+from benchmarks.plan import SidecarPlan
 from benchmarks.sidecar import run_sidecar_benchmark
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 def test_sidecar_benchmark_reports_cells_ratios_and_bars(sidecar_url: str) -> None:
-    result = run_sidecar_benchmark(
-        sidecar_url=sidecar_url,
+    plan = SidecarPlan(
         concurrencies=(1, 2),
         sizes=(4,),
         seconds_per_cell=0.3,
@@ -22,8 +22,8 @@ def test_sidecar_benchmark_reports_cells_ratios_and_bars(sidecar_url: str) -> No
         sweep_batches=(4, 8),
         sweep_seconds=0.05,
         sweep_sample=16,
-        include_service=False,
     )
+    result = run_sidecar_benchmark(sidecar_url, plan)
     assert [(c["mode"], c["concurrency"], c["request_size"]) for c in result["cells"]] == [
         ("sidecar", 1, 4),
         ("sidecar", 2, 4),
