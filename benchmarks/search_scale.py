@@ -8,11 +8,11 @@ the run.
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +41,13 @@ from .measure import (
     tree_memory,
     window_ratios,
 )
+from .plan import ScalePlan
 from .report import SuiteResult
 from .search_scale_figures import scale_report
 from .stack import BENCH_MODEL, BenchStack
 from .vector_cache import callers_32, mapped_workers, sync_lag
 
-__all__ = ["SearchScalePlan", "as_suite", "run_search_scale"]
+__all__ = ["REQUESTS", "as_suite", "run_search_scale"]
 
 LIMIT = 10  # semantic_search's limit: the gateway over-fetches max(4 * limit, 20) per leg
 # The gateway configurations semantic_search runs under: name -> environment beyond the defaults
@@ -59,26 +60,12 @@ GATEWAY_CONFIGS: dict[str, dict[str, str]] = {
 }
 
 
-@dataclass(frozen=True)
-class SearchScalePlan:
-    """What one run measures; the scale suite's plan fills it (``benchmarks/plan.py: ScalePlan``)."""
-
-    sizes: tuple[int, ...]
-    bases: int = 1_000  # real sentences embedded by the bench model; each row mixes two of them
-    queries: int = 100  # the data sets' queries sent to semantic_search
-    callers: tuple[int, ...] = (1, 32)
-    requests: int = 400  # per closed loop, bounded by ``seconds`` too
-    seconds: float = 20.0
-    lexical_dataset_queries: int = 60
-    lexical_generated_queries: int = 20  # of each kind: rare, common, mixed
-    gateway_configs: tuple[str, ...] = tuple(GATEWAY_CONFIGS)
-    recall_queries: int = 40  # probes per visibility; each needs an exact scan of the store
-    recall_ef_search: tuple[int, ...] = (40, 100, 200, 400)
-    windows: int = 3  # interleaved windows of the lexical legs and of the dense goal cell
-    cache_seconds: float = 3.0  # the cache's 32-caller windows and its sync lag (0: skip them)
-    mapped_workers: bool = True  # two cache worker processes per way of holding it
-    worker_passes: int = 2  # alternating windows of 2 gateway workers against 1 (0: skip them)
-    worker_window_s: float = 5.0
+# Fixed for every run (the plan's retrieval_* fields are the rest, benchmarks/plan.py: ScalePlan).
+QUERIES = 100  # the data sets' queries sent to semantic_search
+REQUESTS = 400  # per closed loop of semantic_search, bounded by retrieval_seconds too
+RECALL_QUERIES = 40  # probes per visibility; each needs an exact scan of the store
+RECALL_EF_SEARCH = (40, 100, 200, 400)
+WINDOWS = 3  # interleaved windows of the lexical legs and of the dense goal cell
 
 
 async def _wait_lexical_ready(session: Any, url: str, search: Any, wait_s: float) -> dict[str, Any]:
@@ -277,7 +264,7 @@ async def measure_semantic_search(
     sidecar_url: str,
     model_id: str,
     queries: Sequence[str],
-    plan: SearchScalePlan,
+    plan: ScalePlan,
     mode: str,
     workdir: Path,
     lexical_dir: Path,
@@ -303,7 +290,7 @@ async def measure_semantic_search(
         database_url, sidecar_url, secret, log, text_model=model_id, load_testers=[researcher], **env
     ) as gateway:
         async with aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=max(plan.callers) * 2)
+            connector=aiohttp.TCPConnector(limit=max(plan.retrieval_callers) * 2)
         ) as session:
 
             def caller(who: str) -> Any:
@@ -334,19 +321,22 @@ async def measure_semantic_search(
             async def cell(search: Any, callers: int) -> dict[str, Any]:
                 before = process_cpu_s(gateway.process.pid)
                 result = await closed_loop(
-                    search, concurrency=callers, requests=plan.requests, max_seconds=plan.seconds
+                    search, concurrency=callers, requests=REQUESTS, max_seconds=plan.retrieval_seconds
                 )
                 cpu_ms = (process_cpu_s(gateway.process.pid) - before) * 1e3 / max(1, result.requests)
                 return _cell(result, cpu_ms)
 
-            cells = {f"admin, {c} caller{'s' if c > 1 else ''}": await cell(admin, c) for c in plan.callers}
+            cells = {
+                f"admin, {c} caller{'s' if c > 1 else ''}": await cell(admin, c)
+                for c in plan.retrieval_callers
+            }
             cells["1% ACL, 1 caller"] = await cell(narrow, 1)
             memory = tree_memory(gateway.process.pid)
     return {"mode": mode, "ready_s": ready_s, "cells": cells, "memory": memory}
 
 
 async def _one_size(stack: BenchStack, n: int, bases: np.ndarray, queries: Sequence[str], probes: np.ndarray,
-                    plan: SearchScalePlan, workdir: Path) -> dict[str, Any]:  # fmt: skip
+                    plan: ScalePlan, workdir: Path) -> dict[str, Any]:  # fmt: skip
     assert stack.sidecar_url is not None
     url = await stack.fresh_database(f"search_scale_{n}")
     pool = await gateway_read_pool(url)
@@ -361,34 +351,40 @@ async def _one_size(stack: BenchStack, n: int, bases: np.ndarray, queries: Seque
             vectors=lambda first, stop: mixed_vectors(bases, stop - first, seed=first),
         )
         store_s = time.perf_counter() - start
-        recall_probes = probes[: plan.recall_queries]
+        recall_probes = probes[:RECALL_QUERIES]
         exact = await exact_top10(pool, partition, recall_probes)
-        recall = await measure_dense_recall(pool, partition, recall_probes, plan.recall_ef_search, exact)
+        recall = await measure_dense_recall(pool, partition, recall_probes, RECALL_EF_SEARCH, exact)
         cache = await measure_dense_cache(
-            pool, url, partition, recall_probes, exact, plan.windows, texts, plan.cache_seconds
+            pool, url, partition, recall_probes, exact, WINDOWS, texts, plan.retrieval_cache_seconds
         )
         # The store's Tantivy index as an operator writes it: the lexical cells' engine reads it,
         # and the gateways from their start.
         lexical_dir = workdir / f"lexical-{n}"
         rebuild = await lexical_rebuild(url, lexical_dir)
         lexical = await measure_lexical(
-            pool, partition, texts, lexical_dir, plan.lexical_dataset_queries, plan.lexical_generated_queries,
-            plan.windows,
+            pool, partition, texts, lexical_dir, plan.retrieval_dataset_queries, plan.retrieval_generated_queries,
+            WINDOWS,
         )  # fmt: skip
     finally:
         await pool.close()
-    mapped = await mapped_workers(url, partition, workdir / f"vectors-{n}") if plan.mapped_workers else None
+    mapped = (
+        await mapped_workers(url, partition, workdir / f"vectors-{n}")
+        if plan.retrieval_mapped_workers
+        else None
+    )
     search = {
         mode: await measure_semantic_search(
             url, stack.sidecar_url, BENCH_MODEL, queries, plan, mode, workdir, lexical_dir
         )
-        for mode in plan.gateway_configs
+        for mode in GATEWAY_CONFIGS
     }
     workers = None
-    if plan.worker_passes and n == max(plan.sizes):  # issue 44: 2 gateway workers against 1
+    if plan.retrieval_worker_passes and n == max(
+        plan.retrieval_sizes
+    ):  # issue 44: 2 gateway workers against 1
         env = {"RAG_LEXICAL_INDEX": "tantivy", "RAG_LEXICAL_DIR": str(lexical_dir)}
         workers = await workers_ab(url, stack.sidecar_url, BENCH_MODEL, queries, workdir, env,
-                                   callers=max(plan.callers), passes=plan.worker_passes, window_s=plan.worker_window_s)  # fmt: skip
+                                   callers=max(plan.retrieval_callers), passes=plan.retrieval_worker_passes, window_s=plan.retrieval_worker_window_s)  # fmt: skip
     return {
         **({"workers": workers} if workers else {}),
         "chunks": n,
@@ -402,8 +398,8 @@ async def _one_size(stack: BenchStack, n: int, bases: np.ndarray, queries: Seque
     }
 
 
-async def run_search_scale(stack: BenchStack, plan: SearchScalePlan) -> dict[str, Any]:
-    """Every size of ``plan`` on its own fresh database; a JSON-able dict (:func:`as_suite` reports it)."""
+async def run_search_scale(stack: BenchStack, plan: ScalePlan) -> dict[str, Any]:
+    """Every size of ``plan.retrieval_sizes`` on its own fresh database; a JSON-able dict (:func:`as_suite` reports it)."""
     from inference.client import SidecarClient
 
     from .scale_store import embed_bases
@@ -411,14 +407,16 @@ async def run_search_scale(stack: BenchStack, plan: SearchScalePlan) -> dict[str
     if stack.sidecar_url is None:
         raise RuntimeError("the retrieval-at-scale section needs the bench stack's sidecar (query vectors)")
     async with SidecarClient(stack.sidecar_url, timeout=300) as client:
-        bases = (await embed_bases(client, BENCH_MODEL, plan.bases)).vectors
-        queries = load_queries(plan.queries)
+        bases = (await embed_bases(client, BENCH_MODEL, plan.store_bases)).vectors
+        queries = load_queries(QUERIES)
         probes = np.asarray(
             (await client.embed(BENCH_MODEL, queries, truncate=True)).embeddings, dtype=np.float32
         )
     with tempfile.TemporaryDirectory(prefix="mnemo-bench-search-scale-") as work:
-        sizes = [await _one_size(stack, n, bases, queries, probes, plan, Path(work)) for n in plan.sizes]
-    return {"plan": plan.__dict__, "queries": len(queries), "sizes": sizes}
+        sizes = [
+            await _one_size(stack, n, bases, queries, probes, plan, Path(work)) for n in plan.retrieval_sizes
+        ]
+    return {"plan": dataclasses.asdict(plan), "queries": len(queries), "sizes": sizes}
 
 
 def as_suite(result: dict[str, Any]) -> SuiteResult:

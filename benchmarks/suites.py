@@ -264,16 +264,10 @@ async def scale_suite(stack: BenchStack, plan: BenchPlan) -> SuiteResult:
         )  # fmt: skip
         add_halfvec_result(suite, half)
     if scale.retrieval_sizes:
-        from .search_scale import SearchScalePlan, run_search_scale
         from .search_scale import as_suite as retrieval_suite
+        from .search_scale import run_search_scale
 
-        retrieval = retrieval_suite(await run_search_scale(stack, SearchScalePlan(
-            sizes=scale.retrieval_sizes, bases=scale.store_bases, callers=scale.retrieval_callers,
-            seconds=scale.retrieval_seconds, lexical_dataset_queries=scale.retrieval_dataset_queries,
-            lexical_generated_queries=scale.retrieval_generated_queries, cache_seconds=scale.retrieval_cache_seconds,
-            mapped_workers=scale.retrieval_mapped_workers, worker_passes=scale.retrieval_worker_passes,
-            worker_window_s=scale.retrieval_worker_window_s,
-        )))  # fmt: skip
+        retrieval = retrieval_suite(await run_search_scale(stack, scale))
         suite.headlines.extend(retrieval.headlines)
         suite.tables.extend(retrieval.tables)
         suite.notes.extend(retrieval.notes)

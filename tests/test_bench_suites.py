@@ -548,7 +548,7 @@ def test_retrieval_with_one_size_reports_no_growth() -> None:
 
 # The gateway and scale suites on a plan small in size whose non-admin loops outrun the default
 # fairness limiter (RAG_FAIR_RATE 20 calls/s after a burst of 40): one reader's gateway window asks
-# for 150 searches in at most 4 s, the 1% researcher's loop for 400 (SearchScalePlan.requests) in
+# for 150 searches in at most 4 s, the 1% researcher's loop for 400 (search_scale.REQUESTS) in
 # at most 1.5 s. One selectivity share, one FAISS mode, one retrieval size: each path once.
 LOAD_TEST_PLAN = [
     "gateway.sizes=200",
@@ -596,7 +596,7 @@ def test_the_gateway_and_scale_suites_run_their_non_admin_loops_as_load_tests(
     tight limiter makes the check independent of this machine's speed; the plan alone outruns the
     default one wherever a window completes its requests within its time bound (before the fix,
     both suites failed here with 429 rate_limited)."""
-    from benchmarks.search_scale import SearchScalePlan
+    from benchmarks.search_scale import REQUESTS
     from gateway.base.budget_settings import BudgetSettings
     from tests.bench_support import run_bench
 
@@ -604,10 +604,7 @@ def test_the_gateway_and_scale_suites_run_their_non_admin_loops_as_load_tests(
     plan = apply_overrides(QUICK, LOAD_TEST_PLAN)
     # a window that completes its requests within its time bound exceeded the default rate
     assert plan.gateway.requests > default.fair_burst + default.fair_rate * plan.gateway.seconds
-    assert (
-        SearchScalePlan(sizes=()).requests
-        > default.fair_burst + default.fair_rate * plan.scale.retrieval_seconds
-    )
+    assert REQUESTS > default.fair_burst + default.fair_rate * plan.scale.retrieval_seconds
     monkeypatch.setenv("RAG_FAIR_RATE", "0.01")  # the gateways the suites start inherit it
     monkeypatch.setenv("RAG_FAIR_BURST", "1")
     suites = run_bench(("gateway", "scale"), LOAD_TEST_PLAN, sidecar_url, pg_server, tmp_path)
