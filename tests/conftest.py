@@ -42,10 +42,24 @@ TEMPLATE_DB = "mnemo_template"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture
+def outside_basetemp() -> Iterator[Path]:
+    """A fresh folder outside pytest's basetemp, removed afterwards, for an embedded PostgreSQL's data.
+
+    The server runs as another user (``pgserver``), who must traverse every parent folder. A pytest
+    session starting on the same machine sets its basetemp root (``/tmp/pytest-of-<user>``) back to
+    mode 0700, which cuts a server under it off from its own files mid-run; it also prunes old
+    basetemp folders."""
+    root = Path(tempfile.mkdtemp(prefix="mnemo-test-"))
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[EmbeddedPostgres]:
-    # Not under pytest's basetemp: pytest prunes old basetemp folders, so a second pytest
-    # session on the same machine could delete a running server's data directory.
+    # Not under pytest's basetemp (see outside_basetemp).
     root = Path(tempfile.mkdtemp(prefix="mnemo-test-pg-"))
     server = EmbeddedPostgres(root / "data")
     server.start()

@@ -32,8 +32,8 @@ def _postgres_processes(data_dir: Path) -> list[psutil.Process]:
     return found
 
 
-async def test_data_directory_is_reused_across_restarts(tmp_path: Path) -> None:
-    data_dir = tmp_path / "pg"
+async def test_data_directory_is_reused_across_restarts(outside_basetemp: Path) -> None:
+    data_dir = outside_basetemp / "pg"
     with EmbeddedPostgres(data_dir) as server:
         await migrate(server.url)
         conn = await asyncpg.connect(server.url)
@@ -48,13 +48,13 @@ async def test_data_directory_is_reused_across_restarts(tmp_path: Path) -> None:
         await conn.close()
 
 
-async def test_a_start_waits_out_recovery_longer_than_pg_ctl_allows(tmp_path: Path) -> None:
+async def test_a_start_waits_out_recovery_longer_than_pg_ctl_allows(outside_basetemp: Path) -> None:
     """After a crash the server replays WAL before it is ready; pgserver gives ``pg_ctl -w`` 10 s,
     and an archive's recovery can take longer. A start waits for the postmaster it launched.
 
     The long recovery is real PostgreSQL: an archive recovery (``recovery.signal``) whose first
     ``restore_command`` call takes 12 s, with ``hot_standby`` off so nothing is ready before it ends."""
-    data_dir = tmp_path / "pg"
+    data_dir = outside_basetemp / "pg"
     server = EmbeddedPostgres(data_dir, recovery_wait_s=300)
     server.start()
     try:
@@ -133,10 +133,10 @@ def test_the_runtime_folder_is_platformdirs_own_named_without_a_warning() -> Non
 
 
 @pytest.mark.timeout(900)
-def test_mnemo_up_serves_the_stack_and_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
+def test_mnemo_up_serves_the_stack_and_stops_everything_on_ctrl_c(outside_basetemp: Path) -> None:
     """The README's `make up` path: database, its own sidecar, gateway, demo, tokens; Ctrl-C stops it
     all. Its first screen carries no library's warning, in a shell without XDG_RUNTIME_DIR too."""
-    data_dir = (tmp_path / "state").resolve()
+    data_dir = (outside_basetemp / "state").resolve()
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_") and k != "XDG_RUNTIME_DIR"}
     proc = subprocess.Popen(
