@@ -77,7 +77,7 @@ def api_call(conn: http.client.HTTPConnection, token: str, body: bytes) -> tuple
     return ("coded" if coded and retry_after and response.status in (429, 503) else "broken"), response.status
 
 
-def sigterm_under_load(
+async def sigterm_under_load(
     database_url: str,
     sidecar_url: str,
     secret: str,
@@ -90,24 +90,6 @@ def sigterm_under_load(
     exit_deadline_s: float = 60.0,
 ) -> dict[str, Any]:
     """SIGTERM a loaded gateway; count what each request met before and after the signal."""
-    return asyncio.run(
-        _sigterm(
-            database_url, sidecar_url, secret, token, log, text_model, callers, load_seconds, exit_deadline_s
-        )
-    )
-
-
-async def _sigterm(
-    database_url: str,
-    sidecar_url: str,
-    secret: str,
-    token: str,
-    log: Path,
-    text_model: str,
-    callers: int,
-    load_seconds: float,
-    exit_deadline_s: float,
-) -> dict[str, Any]:
     from .gateway import gateway_process
 
     async with gateway_process(database_url, sidecar_url, secret, log, text_model=text_model) as gateway:

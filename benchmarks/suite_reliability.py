@@ -255,55 +255,27 @@ async def _faults(stack: BenchStack, plan: ReliabilityPlan, result: dict[str, An
     from .stack import bench_sidecar_config
 
     assert stack.sidecar_url is not None and stack.server_url is not None
+    server, sidecar, work, records = stack.server_url, stack.sidecar_url, stack.work_dir, plan.fault_records
+    config = bench_sidecar_config()
     if plan.faults:
-        records = plan.fault_records
-        await _attempt(
-            result,
-            "postgres_stopped",
-            postgres_stopped_mid_drain(
-                stack.sidecar_url, stack.work_dir, text_model=BENCH_MODEL, records=records
-            ),
-        )
-        await _attempt(
-            result,
-            "drain_worker_killed",
-            drain_worker_killed(
-                stack.server_url, stack.sidecar_url, stack.work_dir, text_model=BENCH_MODEL, records=records
-            ),
-        )
-        await _attempt(
-            result,
-            "backfill_killed",
-            backfill_killed_mid_build(
-                stack.server_url, stack.sidecar_url, stack.work_dir, text_model=BENCH_MODEL, records=records
-            ),
-        )
-        config = bench_sidecar_config()
-        await _attempt(
-            result,
-            "sidecar_stopped",
-            sidecar_stopped_mid_drain(
-                stack.server_url, config.model(BENCH_MODEL), config.limits, records=records
-            ),
-        )
+        ingest: dict[str, Any] = {"text_model": BENCH_MODEL, "records": records}
+        await _attempt(result, "postgres_stopped", postgres_stopped_mid_drain(sidecar, work, **ingest))
+        await _attempt(result, "drain_worker_killed", drain_worker_killed(server, sidecar, work, **ingest))
+        await _attempt(result, "backfill_killed", backfill_killed_mid_build(server, sidecar, work, **ingest))
+        stopped = sidecar_stopped_mid_drain(server, config.model(BENCH_MODEL), config.limits, records=records)
+        await _attempt(result, "sidecar_stopped", stopped)
         if _ray_here():
-            await _attempt(
-                result,
-                "replica_killed",
-                asyncio.to_thread(replica_killed_under_load, stack.sidecar_url, BENCH_MODEL, callers=4),
-            )
+            killed = asyncio.to_thread(replica_killed_under_load, sidecar, BENCH_MODEL, callers=4)
+            await _attempt(result, "replica_killed", killed)
             await _attempt(result, "replica_killed_of_two", asyncio.to_thread(_one_of_two_replicas_killed))
     if plan.cluster_callers > 0:
         from .node_loss import cluster_faults
 
-        spec = bench_sidecar_config().model(BENCH_MODEL)
-        await _attempt(result, "cluster", cluster_faults(spec, callers=plan.cluster_callers))
+        cluster = cluster_faults(config.model(BENCH_MODEL), callers=plan.cluster_callers)
+        await _attempt(result, "cluster", cluster)
     if plan.overload_seconds > 0:
-        await _attempt(
-            result,
-            "overload",
-            sidecar_overload(stack.sidecar_url, BENCH_MODEL, seconds=plan.overload_seconds, factor=2.0),
-        )
+        overload = sidecar_overload(sidecar, BENCH_MODEL, seconds=plan.overload_seconds, factor=2.0)
+        await _attempt(result, "overload", overload)
 
 
 def _one_of_two_replicas_killed() -> dict[str, Any]:
@@ -378,8 +350,7 @@ async def run_suite(stack: BenchStack, plan: ReliabilityPlan) -> SuiteResult:
     if plan.sigterm_callers > 0:
         from .faults import sigterm_under_load
 
-        result["sigterm"] = await asyncio.to_thread(
-            sigterm_under_load,
+        result["sigterm"] = await sigterm_under_load(
             database,
             stack.sidecar_url,
             secret,
