@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import random
 import re
 import tempfile
@@ -298,37 +299,44 @@ def _text_rows(path: Path, config: GpuBenchConfig, dtype: str, peak: float | Non
     ]
 
 
-def _siglip_rows(path: Path, config: GpuBenchConfig, dtype: str, peak: float | None) -> list[dict[str, Any]]:
+def _image_text_rows(
+    path: Path, config: GpuBenchConfig, dtype: str, peak: float | None, backend: str = "transformers"
+) -> list[dict[str, Any]]:
+    """An image-text model's /image and /text (text tower) rows: SigLIP base through transformers, or
+    open_clip's ViT-B-16 through the open_clip backend (``backend: open_clip``)."""
     import torch
 
-    spec, encoder = _load("siglip-base", path, config, dtype)
+    spec, encoder = _load("siglip-base", path, config, dtype, backend=backend)
     n = max(spec.max_batch_size, config.concurrency * config.request_size)
-    size = int(encoder.model.config.vision_config.image_size)
+    text_length = encoder.max_input_tokens
+    if backend == "open_clip":
+        model, size = "open_clip ViT-B-16 (224 px)", encoder.model.visual.image_size
+        vocab = encoder.model.vocab_size
+
+        def collate_text(items: list[Any]) -> Any:
+            ids = torch.zeros((len(items), text_length), dtype=torch.long)
+            for row, item in enumerate(items):
+                ids[row, : item.length] = torch.tensor(item.fields["input_ids"][:text_length])
+            return ids.to(encoder.device)
+
+        def forward_text(batch: Any) -> Any:
+            return encoder.model.encode_text(batch)
+
+    else:
+        model, size = "SigLIP base (ViT-B/16, 224 px)", encoder.model.config.vision_config.image_size
+        vocab = encoder.model.config.text_config.vocab_size
+
+        def collate_text(items: list[Any]) -> Any:
+            return encoder._pad(items, padding="max_length", max_length=text_length)
+
+        def forward_text(batch: Any) -> Any:
+            return encoder.model.get_text_features(input_ids=batch["input_ids"]).pooler_output
+
+    size = int(size[0] if isinstance(size, (tuple, list)) else size)
     generator = torch.Generator().manual_seed(0)
     pixels = [torch.randn(3, size, size, generator=generator) for _ in range(n)]  # as prepare_images yields
-    text_length = encoder.max_input_tokens
-    texts = _token_items(n, text_length, int(encoder.model.config.text_config.vocab_size), bos=False, seed=1)
-
-    def collate_text(items: list[Any]) -> Any:
-        return encoder._pad(items, padding="max_length", max_length=text_length)
-
-    def forward_text(batch: Any) -> Any:
-        return encoder.model.get_text_features(input_ids=batch["input_ids"]).pooler_output
-
-    common = {"model": "SigLIP base (ViT-B/16, 224 px)", "dtype": dtype, "spec": spec, "config": config}
-    text_path = (texts, text_length, collate_text, forward_text)
-    return _image_text_rows(encoder, pixels, text_path, peak, common)
-
-
-def _image_text_rows(
-    encoder: Any,
-    pixels: list[Any],
-    text_path: tuple[Any, int, Any, Any],
-    peak: float | None,
-    common: dict[str, Any],
-) -> list[dict[str, Any]]:
-    """An image-text encoder's /image and /text rows (``text_path``: items, length, collate, forward)."""
-    texts, text_length, collate_text, forward_text = text_path
+    texts = _token_items(n, text_length, int(vocab), bos=False, seed=1)
+    common = {"model": model, "dtype": dtype, "spec": spec, "config": config, "peak": peak}
     return [
         _measure(
             task="/image",
@@ -337,7 +345,6 @@ def _image_text_rows(
             run_batch=encoder.run_batch,
             collate=encoder.collate,
             forward=encoder.forward,
-            peak=peak,
             **common,
         ),
         _measure(
@@ -347,39 +354,9 @@ def _image_text_rows(
             run_batch=encoder.run_text_batch,
             collate=collate_text,
             forward=forward_text,
-            peak=peak,
             **common,
         ),
     ]
-
-
-def _open_clip_rows(
-    path: Path, config: GpuBenchConfig, dtype: str, peak: float | None
-) -> list[dict[str, Any]]:
-    """The same /image and /text paths through the open_clip backend (``backend: open_clip``)."""
-    import torch
-
-    spec, encoder = _load("siglip-base", path, config, dtype, backend="open_clip")
-    n = max(spec.max_batch_size, config.concurrency * config.request_size)
-    size = encoder.model.visual.image_size
-    size = int(size[0] if isinstance(size, (tuple, list)) else size)
-    generator = torch.Generator().manual_seed(0)
-    pixels = [torch.randn(3, size, size, generator=generator) for _ in range(n)]
-    text_length = encoder.max_input_tokens
-    texts = _token_items(n, text_length, int(encoder.model.vocab_size), bos=False, seed=1)
-
-    def collate_text(items: list[Any]) -> Any:
-        ids = torch.zeros((len(items), text_length), dtype=torch.long)
-        for row, item in enumerate(items):
-            ids[row, : item.length] = torch.tensor(item.fields["input_ids"][:text_length])
-        return ids.to(encoder.device)
-
-    def forward_text(batch: Any) -> Any:
-        return encoder.model.encode_text(batch)
-
-    common = {"model": "open_clip ViT-B-16 (224 px)", "dtype": dtype, "spec": spec, "config": config}
-    text_path = (texts, text_length, collate_text, forward_text)
-    return _image_text_rows(encoder, pixels, text_path, peak, common)
 
 
 def _device_name(device: str) -> str:
@@ -407,7 +384,11 @@ def run_gpu_benchmark(config: GpuBenchConfig) -> dict[str, Any]:
     open_clip_path = build_open_clip_architecture(
         work / f"open-clip-{shape}", tiny=config.tiny, device=config.device
     )
-    paths = {_text_rows: text_path, _siglip_rows: image_path, _open_clip_rows: open_clip_path}
+    measures = {
+        "text": functools.partial(_text_rows, text_path),
+        "siglip": functools.partial(_image_text_rows, image_path),
+        "open_clip": functools.partial(_image_text_rows, open_clip_path, backend="open_clip"),
+    }
     build_s = time.perf_counter() - started
     rows: list[dict[str, Any]] = []
     skipped: list[str] = []
@@ -416,10 +397,10 @@ def run_gpu_benchmark(config: GpuBenchConfig) -> dict[str, Any]:
             skipped.append(f"bfloat16: {name} does not support it")
             continue
         peak = peak_tflops(name, dtype)
-        for measure in (_text_rows, _siglip_rows, _open_clip_rows):
+        for measure in measures.values():
             if config.device.startswith("cuda"):
                 torch.cuda.reset_peak_memory_stats()
-            batch_rows = measure(paths[measure], config, dtype, peak)
+            batch_rows = measure(config, dtype, peak)
             if config.device.startswith("cuda"):
                 for row in batch_rows:
                     row["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
