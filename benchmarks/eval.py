@@ -270,6 +270,14 @@ class EvalSession:
         self.retriever.legs.stats.invalidate()
         return report
 
+    async def partition(self) -> ModelPartition:
+        """The text model's partition of the evaluation's store."""
+        model = await self.retriever.text_model()
+        partition = await self.retriever.partitions.of(model.id)  # type: ignore[attr-defined]
+        if partition is None:
+            raise RuntimeError("the eval's store holds no partition of the text model")
+        return partition
+
     async def fetch_legs(self, *, concurrency: int = 4) -> None:
         """Every query's legs at ``limit`` 100 (each leg over-fetching ``max(limit * 4, 20)``)."""
         await self.retriever.queries.warm_queries(EVAL_PRINCIPAL, list(self.dataset.queries.values()))
@@ -291,10 +299,7 @@ class EvalSession:
         search it declines (None: the gateway's SQL leg would answer) is an error here: the figure
         must be the engine's own, never the SQL leg's under the engine's name.
         """
-        model = await self.retriever.text_model()
-        partition = await self.retriever.partitions.of(model.id)  # type: ignore[attr-defined]
-        if partition is None:
-            raise RuntimeError("the eval's store holds no partition of the text model")
+        partition = await self.partition()
         scope = Scope(section_tipos=(self.section_tipo,), acl=pushdown(EVAL_PRINCIPAL))
         fetch = over_fetch(EVAL_LIMIT)
         out = {}
@@ -487,15 +492,13 @@ async def eval_session(
             # evaluation store never has one, so the SQL leg answers, as `auto` does without one.
             # `tantivy` is built here from the ingested store.
             if settings.lexical_index == TANTIVY_MODE:
-                partition = await retriever.partitions.of((await retriever.text_model()).id)
-                if partition is not None:
-                    # The gateway's lexical engine (RAG_LEXICAL_INDEX), loaded from the ingested
-                    # store, so it joins the retriever after the ingest; its searches by outcome
-                    # are logged at the end (the SQL leg answers whatever it declines).
-                    engine = await engines.enter_async_context(
-                        lexical_engine(settings.lexical_index, db.pool, db.url, partition, stats)
-                    )
-                    retriever.legs.lexical_engine = engine
+                # The gateway's lexical engine (RAG_LEXICAL_INDEX), loaded from the ingested store,
+                # so it joins the retriever after the ingest; its searches by outcome are logged at
+                # the end (the SQL leg answers whatever it declines).
+                engine = await engines.enter_async_context(
+                    lexical_engine(settings.lexical_index, db.pool, db.url, await session.partition(), stats)
+                )
+                retriever.legs.lexical_engine = engine
             yield session
         finally:
             if engine is not None:

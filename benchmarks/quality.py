@@ -38,9 +38,7 @@ BM25_STOPWORDS = "en"
 
 async def exact_dense_runs(session: EvalSession) -> dict[str, list[str]]:
     """Exact cosine over the stored chunk vectors, best chunk per record, top 100 per query."""
-    model = await session.retriever.text_model()
-    partition = await session.retriever.partitions.of(model.id)  # type: ignore[attr-defined]
-    assert partition is not None
+    partition = await session.partition()
     rows = await session.pool.fetch(
         f"SELECT section_id, embedding FROM {partition.table} WHERE section_tipo = $1 AND modality = 'text'",
         session.section_tipo,
@@ -56,7 +54,7 @@ async def exact_dense_runs(session: EvalSession) -> dict[str, list[str]]:
     records, inverse = np.unique(record_of, return_inverse=True)
     runs = {}
     for qid, text in session.dataset.queries.items():
-        cached = session.retriever.queries.cache.get(model.id, text, owner=EVAL_PRINCIPAL.sub)  # type: ignore[attr-defined]
+        cached = session.retriever.queries.cache.get(partition.model, text, owner=EVAL_PRINCIPAL.sub)  # type: ignore[attr-defined]
         assert cached is not None, "queries are embedded once, by the retrieval run"
         sims = vectors @ cached.dense
         best = np.full(len(records), -np.inf, dtype=np.float32)
@@ -98,8 +96,7 @@ def check_bars(
 
     def bar(name: str, mode: str, ref: str, target: float) -> None:
         if mode in modes and ref in refs:
-            value = modes[mode]["ndcg@10"]
-            bars[name] = {"value": value, "target": round(target, 4), "pass": value >= target - 1e-9}
+            bars[name] = _bar(modes[mode]["ndcg@10"], target)
 
     if "exact_dense" in refs:
         bar("dense >= exact_dense - 0.01", "dense", "exact_dense", refs["exact_dense"]["ndcg@10"] - 0.01)
@@ -110,13 +107,15 @@ def check_bars(
     legs = [m for m in ("dense", "lexical", "sparse") if m in modes]
     if "hybrid" in modes and legs:
         best = max(legs, key=lambda m: modes[m]["ndcg@10"])
-        value, target = modes["hybrid"]["ndcg@10"], modes[best]["ndcg@10"] - 0.03
-        bars[f"hybrid >= best leg ({best}) - 0.03"] = {
-            "value": value,
-            "target": round(target, 4),
-            "pass": value >= target - 1e-9,
-        }
+        bars[f"hybrid >= best leg ({best}) - 0.03"] = _bar(
+            modes["hybrid"]["ndcg@10"], modes[best]["ndcg@10"] - 0.03
+        )
     return bars
+
+
+def _bar(value: float, target: float) -> dict[str, Any]:
+    """A bar on nDCG@10: the value, its target and whether it is met (to within float noise)."""
+    return {"value": value, "target": round(target, 4), "pass": value >= target - 1e-9}
 
 
 def engine_label(mode: str) -> str:
@@ -139,11 +138,7 @@ def engine_bars(
         targets[f"lexical [{name}] >= 0.95 * bm25"] = ("lexical", 0.95 * refs["bm25"]["ndcg@10"])
     if "hybrid" in engine and "hybrid" in modes:
         targets[f"hybrid [{name}] >= hybrid [{baseline}]"] = ("hybrid", modes["hybrid"]["ndcg@10"])
-    bars = {}
-    for label, (mode, target) in targets.items():
-        value = engine[mode]["ndcg@10"]
-        bars[label] = {"value": value, "target": round(target, 4), "pass": value >= target - 1e-9}
-    return bars
+    return {label: _bar(engine[mode]["ndcg@10"], target) for label, (mode, target) in targets.items()}
 
 
 async def run_quality_benchmark(
@@ -205,9 +200,8 @@ async def _other_engines(
 ) -> dict[str, Any]:
     """Each engine's lexical and hybrid metrics over the session's store and query vectors, the
     searches it served (every one: a declined search is an error) and its bars."""
-    model = await session.retriever.text_model()
-    partition = await session.retriever.partitions.of(model.id)  # type: ignore[attr-defined]
-    assert partition is not None and session.database_url is not None
+    partition = await session.partition()
+    assert session.database_url is not None
     engines: dict[str, Any] = {}
     for name in names:
         started = time.perf_counter()
