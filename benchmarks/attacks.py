@@ -19,7 +19,7 @@ from typing import Any
 
 import jwt
 
-from .fuzz import Case, send
+from .fuzz import Case, error_code, send
 
 __all__ = ["AclProbe", "bad_images", "forged_tokens", "leak_check", "post_json", "token_attacks"]
 
@@ -129,10 +129,7 @@ def token_attacks(url: str, tokens: dict[str, str], request: dict[str, Any]) -> 
     accepted = []
     for name, token in tokens.items():
         status, body = post_json(url, "/api/v1/json", request, token)
-        try:
-            code = json.loads(body)["error"]["code"]
-        except (ValueError, KeyError, TypeError):
-            code = None
+        code = error_code(body)
         outcomes[name] = {"status": status, "code": code}
         # Refused: a coded 4xx. Mostly auth.invalid_token; a token past the header-size limit is the
         # protocol's 400 (request.*) before any verification, which refuses it just as well.
@@ -312,7 +309,7 @@ def image_attacks(url: str, model: str, images: dict[str, bytes], dimension: int
             payload = json.loads(answer)
         except ValueError:
             payload = None
-        code = payload.get("error", {}).get("code") if isinstance(payload, dict) else None
+        code = error_code(answer)
         outcomes[name] = {"status": status, "code": code}
         if status == 200:
             vectors = payload.get("embeddings") if isinstance(payload, dict) else None

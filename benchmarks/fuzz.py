@@ -36,6 +36,7 @@ __all__ = [
     "case_strategy",
     "classes_for",
     "documented_errors",
+    "error_code",
     "fuzz_service",
     "judge",
     "send",
@@ -421,7 +422,8 @@ def documented_errors(operation: dict[str, Any]) -> dict[int, frozenset[str]]:
     return out
 
 
-def _error_code(body: bytes) -> str | None:
+def error_code(body: bytes) -> str | None:
+    """The ``error.code`` of an answer in either service's error shape; None when it has none."""
     try:
         error = json.loads(body).get("error")
     except (ValueError, AttributeError):
@@ -446,7 +448,7 @@ def judge(
     problem = contract(status, headers, body, path)
     if status < 500:
         return "ok", problem
-    code = _error_code(body)
+    code = error_code(body)
     if status == 500 or code is None or code not in documented.get(status, frozenset()):
         return "server_error", f"{status} {code or 'uncoded'} not documented for this route: {body[:160]!r}"
     return ("server_error" if problem else "documented_unavailable"), problem
@@ -489,7 +491,7 @@ def _runner(
         if kind == "server_error":
             report.server_errors += 1
         elif kind == "documented_unavailable":
-            report.documented_unavailable[f"{status} {_error_code(body)}"] += 1
+            report.documented_unavailable[f"{status} {error_code(body)}"] += 1
         if problem:
             report.problems.append(f"{problem} <- {case.describe()}")
 

@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from .fuzz import error_code
 from .measure import closed_loop, percentile
 
 __all__ = ["gateway_mixed_load", "replica_rss_mb", "sidecar_overload"]
@@ -48,11 +49,7 @@ def _check_answer(
         if len(json.loads(payload).get("embeddings", [])) != inputs:
             problems["200 without one vector per input"] += 1
     elif status in (429, 503):
-        try:
-            coded = isinstance(json.loads(payload)["error"]["code"], str)
-        except (ValueError, KeyError, TypeError):
-            coded = False
-        if not (coded and retry_after):
+        if not (error_code(payload) and retry_after):
             problems[f"{status} uncoded or without Retry-After"] += 1
 
 
@@ -161,13 +158,6 @@ async def sidecar_overload(
 MIXED_CLASSES = ("semantic_search", "retrieve", "similar_to", "ingest")
 
 
-def _code(answer: bytes) -> str:
-    try:
-        return str(json.loads(answer)["error"]["code"])
-    except (ValueError, KeyError, TypeError):
-        return "uncoded"
-
-
 async def _seeds(
     session: Any, url: str, headers: dict[str, str], section_tipo: str, queries: Any
 ) -> list[int]:
@@ -238,7 +228,7 @@ async def gateway_mixed_load(
                 status, answer = 0, b""
             latencies[klass].append(time.perf_counter() - start)
             if status not in (200, 202):
-                failed[klass][f"{status} {_code(answer)}" if status else "no answer"] += 1
+                failed[klass][f"{status} {error_code(answer) or 'uncoded'}" if status else "no answer"] += 1
 
         async def caller(offset: int) -> None:
             i = offset

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 from inference.launcher import APP_NAME
 
+from .fuzz import error_code
 from .measure import percentile
 
 __all__ = ["live_replicas", "replica_killed_under_load"]
@@ -43,12 +44,8 @@ def _embed_once(conn: http.client.HTTPConnection, body: bytes) -> tuple[str, int
         return "dropped", 0, 0.0
     if response.status == 200:
         return "ok", 200, 0.0
-    try:
-        coded = isinstance(json.loads(payload)["error"]["code"], str)
-    except (ValueError, KeyError, TypeError):
-        coded = False
     retry_after = response.getheader("Retry-After")
-    if coded and retry_after and response.status in (429, 503):
+    if error_code(payload) and retry_after and response.status in (429, 503):
         return "coded", response.status, float(retry_after)
     return "server_error", response.status, 0.0
 
