@@ -14,6 +14,7 @@ here, it only has these methods.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import asyncpg
@@ -40,8 +41,11 @@ class LexicalEngine(Protocol):
         """Stop following the store and release what the engine holds."""
         ...
 
-    def status(self) -> dict[str, object]:
-        """The ``/readyz`` detail: at least ``mode`` and ``running``, then per-partition state."""
+    async def status(
+        self, conn: asyncpg.Connection, partitions: Sequence[ModelPartition]
+    ) -> dict[str, object]:
+        """The ``/readyz`` detail: at least ``mode`` and ``running``, then each of ``partitions`` in
+        the index folders' vocabulary (:mod:`index.follow.folder_state`), read on ``conn``."""
         ...
 
     async def search(
