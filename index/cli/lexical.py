@@ -11,13 +11,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from index.cli.folders import add_folder_commands, database, follow, partitions, print_status
 from inference.eventloop import command
 from schema.cli import database_settings
 
 if TYPE_CHECKING:
+    from index.lexical.writer import LexicalWriter
     from index.settings import IngestSettings
 
 __all__ = ["register"]
@@ -34,22 +35,25 @@ def _root(args: argparse.Namespace) -> Path:
     return _settings(args).lexical_root(database_settings(args).data_dir)
 
 
-async def _follow(args: argparse.Namespace) -> int:
-    from index.lexical.writer import LexicalWriter
+def _writer(args: argparse.Namespace, pool: Any, url: str) -> LexicalWriter:
+    """The lexical writer of the configured folder, its memory ``RAG_LEXICAL_WRITER_MEMORY``."""
+    from index.lexical.writer import LexicalWriter, WriterConfig
 
-    root = _root(args)
-    return await follow(args, "lexical", root, lambda pool, url: LexicalWriter(pool, url, root))
+    config = WriterConfig(heap_bytes=_settings(args).lexical_writer_memory * 2**20)
+    return LexicalWriter(pool, url, _root(args), config)
+
+
+async def _follow(args: argparse.Namespace) -> int:
+    return await follow(args, "lexical", _root(args), lambda pool, url: _writer(args, pool, url))
 
 
 async def _rebuild(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from index.lexical.files import WriterLocked
-    from index.lexical.writer import LexicalWriter
 
-    root = _root(args)
     async with database(args) as (pool, url):
-        writer = LexicalWriter(pool, url, root)
+        writer = _writer(args, pool, url)
         try:
             for partition in await partitions(pool, args.model, "mnemo lexical"):
                 total = await pool.fetchval(

@@ -93,6 +93,7 @@ from index.search.bm25 import (
     scored_terms,
 )
 from index.search.lexical_reread import reread_candidates
+from index.settings import IngestSettings
 from index.store.change_feed import Watermark, store_identity
 from index.store.hits import ChunkHit, Scope, chunk_from_row, scope_key
 from index.store.partitions import ModelPartition
@@ -123,7 +124,7 @@ class TantivyConfig:
     scope_cache_size: int = 256
     # Every change after the index's watermark is re-read by every search: past this many (the
     # writer stopped or far behind) the SQL leg serves instead, counted as `behind`.
-    max_behind: int = 10_000
+    max_behind: int = IngestSettings.lexical_max_behind  # RAG_LEXICAL_MAX_BEHIND
     head_check_s: float = 1.0  # how long the store's latest change number is taken as current
     # How long the index's BM25 statistics of a section scope are held (0: counted on every search);
     # the gateway passes the SQL leg's RAG_LEXICAL_STATS_TTL.
