@@ -9,6 +9,7 @@ import json
 import random
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,13 +19,17 @@ from hypothesis import strategies as st
 
 from gateway.access.auth import Principal
 from index.follow.swap_folders import current_folder
+from index.store.change_feed import Watermark
 from index.store.hits import Scope
+from index.store.partitions import ModelPartition
 from index.store.store import delete_record
-from index.vectors.files import STATE_FILE, VECTORS_FILE
+from index.vectors.files import KEYS_FILE, STATE_FILE, VECTORS_FILE
 from index.vectors.mapped_cache import MappedVectorCache
 from index.vectors.mapped_flat import MappedFlatIndex
 from index.vectors.packed_scopes import PackedScopes
 from index.vectors.partition import CacheConfig
+from index.vectors.slot_keys import SnapshotKeys
+from index.vectors.snapshot_build import SnapshotBuilder
 from index.vectors.writer import VectorWriter
 from tests.test_vector_cache import (
     DIM,
@@ -38,6 +43,32 @@ from tests.test_vector_cache import (
     principals,
     scopes,
 )
+
+WRITER_CONFIG = CacheConfig(max_bytes=2**62, cpu_broad_scan_max=0)
+
+
+def test_a_snapshot_merged_from_runs_holds_every_row_in_key_order(tmp_path) -> None:
+    """Batches in the store's key order (section_id numerically) become a snapshot in the encoded
+    keys' order (bytewise: 12 before 2), merged a few rows of each run at a time."""
+    partition = ModelPartition("m", 3, "vector", "p")
+    keys = [("oh1", i, "c", "lg-eng", "", chunk) for i in range(1, 40) for chunk in (0, 1)]
+    vectors = np.random.default_rng(0).standard_normal((len(keys), 3)).astype(np.float32)
+    folder = tmp_path / "v-1"
+    folder.mkdir()
+    builder = SnapshotBuilder(folder, partition, merge_rows=5)
+    for start in range(0, len(keys), 11):
+        builder.add(keys[start : start + 11], vectors[start : start + 11])
+    state = builder.finish(Watermark(7, 3), "a/store")
+    assert (state.rows, state.watermark, sorted(p.name for p in folder.iterdir())) == (
+        len(keys), Watermark(7, 3), sorted([KEYS_FILE, VECTORS_FILE, STATE_FILE])
+    )  # fmt: skip
+    stored = np.load(folder / KEYS_FILE)
+    assert list(stored) == sorted(stored) and len(set(stored)) == len(keys)
+    mapped = SnapshotKeys(stored)
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    written = np.fromfile(folder / VECTORS_FILE, dtype=np.float32).reshape(-1, 3)
+    for key, vector in zip(keys, unit, strict=True):
+        assert np.allclose(written[mapped.find(key)], vector)
 
 
 async def _changes(pool, partition, seed: int) -> None:
@@ -54,7 +85,9 @@ async def _changes(pool, partition, seed: int) -> None:
 async def mapped(db_pool, database_url, tmp_path):
     """A snapshot of 120 records, then changes the reader applies on top of the mapped file."""
     partition = await _populate(db_pool, 120)
-    writer = VectorWriter(db_pool, database_url, tmp_path)
+    # Read 37 rows at a time: the snapshot is merged from runs whose keys interleave (the store
+    # orders section 12 after 2, a snapshot before it).
+    writer = VectorWriter(db_pool, database_url, tmp_path, config=replace(WRITER_CONFIG, load_batch=37))
     await writer.rebuild(partition)
     await writer.stop()
     await _changes(db_pool, partition, 11)

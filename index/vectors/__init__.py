@@ -8,7 +8,8 @@ Modules and their public names:
 - ``cache``: ``VectorCache``, ``CacheUnavailable``; ``partition``: ``PartitionCache``, ``CacheConfig``.
 - ``faiss_backend``: ``FlatIndex``, ``GpuFlatIndex``, ``top_permitted``.
 - ``mapped_cache``, ``mapped_flat``: the snapshot-mapped cache and its index.
-- ``files``: snapshots on disk (``write_snapshot``, ``open_current``); ``writer``: ``VectorWriter``.
+- ``files``: snapshots on disk (``open_current``); ``snapshot_build``: ``SnapshotBuilder`` writes
+  one in bounded memory; ``writer``: ``VectorWriter``.
 - ``slot_keys``: key <-> slot maps over a snapshot; ``packed_scopes``: small scopes packed together.
 - ``metrics``: ``CacheMetrics``.
 """

@@ -13,23 +13,23 @@ per model partition, swapped as the lexical indexes are (:mod:`index.follow.swap
 Every slot of a snapshot is live (the writer compacts), in key order, so the keys file is both
 slot -> key and, by binary search, key -> slot. ``snapshot.json`` is written last, after the two
 data files are fsynced, and the folder is swapped in only then: a folder without it is not a
-snapshot, and a reader never maps a half-written one.
+snapshot, and a reader never maps a half-written one. :mod:`index.vectors.snapshot_build` writes
+them.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from index.follow.swap_folders import current_folder, fsync_path, write_json_atomically
-from index.store.change_feed import RowKey, Watermark
+from index.follow.swap_folders import current_folder, write_json_atomically
+from index.store.change_feed import Watermark
 from index.store.partitions import ModelPartition
-from index.vectors.slot_keys import SnapshotKeys, encode_keys
+from index.vectors.slot_keys import SnapshotKeys
 
 __all__ = [
     "STATE_FILE",
@@ -38,13 +38,12 @@ __all__ = [
     "describe",
     "open_current",
     "read_state",
-    "write_snapshot",
+    "write_state",
 ]
 
 VECTORS_FILE = "vectors.f32"
 KEYS_FILE = "keys.npy"
 STATE_FILE = "snapshot.json"
-WRITE_ROWS = 65_536  # vectors gathered and written at a time (the writer never copies them all)
 
 
 @dataclass(frozen=True)
@@ -85,6 +84,21 @@ def read_state(folder: Path) -> SnapshotState | None:
     )
 
 
+def write_state(folder: Path, state: SnapshotState) -> None:
+    """The state file that makes ``folder`` a snapshot: written last, atomically."""
+    write_json_atomically(
+        folder / STATE_FILE,
+        {
+            "model": state.model,
+            "dimension": state.dimension,
+            "rows": state.rows,
+            "seq": state.watermark.seq,
+            "xmin": state.watermark.xmin,
+            "store": state.store,
+        },
+    )
+
+
 def describe(folder: Path, store: str) -> dict[str, Any] | None:
     """What ``folder`` holds, for :func:`index.follow.folder_state.folder_reports`: its watermark,
     vectors and dimension, and whether it is another store's (``foreign``: readers never map it)."""
@@ -97,42 +111,6 @@ def describe(folder: Path, store: str) -> dict[str, Any] | None:
         "dimension": state.dimension,
         "foreign": state.store != store,
     }
-
-
-def write_snapshot(
-    folder: Path,
-    partition: ModelPartition,
-    watermark: Watermark,
-    store: str,
-    keys: Sequence[RowKey],
-    slots: np.ndarray,
-    read_vectors: Callable[[np.ndarray], np.ndarray],
-) -> SnapshotState:
-    """Write the live ``keys`` (at ``slots`` of the caller's index, read with ``read_vectors``) into
-    ``folder`` in key order, consistent with ``watermark`` of ``store``; fsynced, the state file last."""
-    encoded = encode_keys(keys)
-    order = np.argsort(encoded, kind="stable")
-    with open(folder / VECTORS_FILE, "wb") as out:
-        for start in range(0, len(order), WRITE_ROWS):
-            chunk = read_vectors(np.asarray(slots, dtype=np.int64)[order[start : start + WRITE_ROWS]])
-            out.write(np.ascontiguousarray(chunk, dtype=np.float32).tobytes())
-    with open(folder / KEYS_FILE, "wb") as out:
-        np.save(out, encoded[order])
-    for name in (VECTORS_FILE, KEYS_FILE):
-        fsync_path(folder / name)
-    state = SnapshotState(partition.model, partition.dimension, len(keys), watermark, store)
-    write_json_atomically(
-        folder / STATE_FILE,
-        {
-            "model": state.model,
-            "dimension": state.dimension,
-            "rows": state.rows,
-            "seq": watermark.seq,
-            "xmin": watermark.xmin,
-            "store": store,
-        },
-    )
-    return state
 
 
 def _open(folder: Path) -> Snapshot | None:
