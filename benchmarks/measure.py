@@ -240,6 +240,18 @@ def process_cpu_s(pid: int) -> float:
     return total
 
 
+async def metric_samples(url: str, family: str, token: str | None = None) -> list[Any]:
+    """The samples of metric ``family`` a service at ``url`` exposes on ``/metrics`` now (every
+    worker's), each with its ``name``, ``labels`` and ``value``."""
+    import aiohttp
+    from prometheus_client.parser import text_string_to_metric_families
+
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    async with aiohttp.ClientSession(headers=headers) as http, http.get(url + "/metrics") as response:
+        text = await response.text()
+    return [s for f in text_string_to_metric_families(text) if f.name == family for s in f.samples]
+
+
 def folder_mib(folder: Path) -> float:
     """The size of the files under ``folder``, in MiB (an index on disk)."""
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 2**20

@@ -24,9 +24,6 @@ import dataclasses
 import time
 from typing import Any
 
-import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
-
 from inference.client import SidecarClient, SidecarError
 from inference.config import ModelSpec, SidecarConfig
 from inference.launcher import APP_NAME
@@ -34,7 +31,7 @@ from inference.serve_app import deployment_name
 
 from .autoscaling import FAST_SCALING, replicas_follow_the_load
 from .cluster import LocalRayCluster, cluster_sidecar, wait_for_placement
-from .measure import percentile
+from .measure import metric_samples, percentile
 
 __all__ = ["cluster_faults", "node_lost_under_load", "node_rejoined", "server_errors_answered"]
 
@@ -46,15 +43,12 @@ _TEXTS = (
 
 async def server_errors_answered(url: str) -> int:
     """5xx answers the sidecar at ``url`` has given since it started (``mnemo_sidecar_requests_total``)."""
-    async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as response:
-        text = await response.text()
+    samples = await metric_samples(url, "mnemo_sidecar_requests")
     return int(
         sum(
-            sample.value
-            for family in text_string_to_metric_families(text)
-            if family.name == "mnemo_sidecar_requests"
-            for sample in family.samples
-            if sample.name.endswith("_total") and sample.labels.get("status", "").startswith("5")
+            s.value
+            for s in samples
+            if s.name.endswith("_total") and s.labels.get("status", "").startswith("5")
         )
     )
 

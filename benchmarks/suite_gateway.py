@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import re
 import secrets
 import statistics
 import time
@@ -340,7 +339,7 @@ async def _measure_size(
                         measured["by_selectivity"].append(
                             {"visible": share, **await _pair(scoped, plan, plan.concurrency, caller)}
                         )
-                measured["leg_mean_ms"] = await _leg_means(http, gateway.url)
+                measured["leg_mean_ms"] = await _leg_means(gateway.url)
                 point["caches"][cache] = measured
         point.update(point["caches"][plan.caches[0]])  # the first mode's figures at the top level
         if largest and plan.levers:  # one lever A/B, its gateways the only ones up
@@ -355,12 +354,15 @@ async def _measure_size(
     return point
 
 
-async def _leg_means(http: Any, url: str) -> dict[str, float]:
+async def _leg_means(url: str) -> dict[str, float]:
     """Mean milliseconds per retrieval leg over everything the gateway served, from its /metrics."""
-    async with http.get(url + "/metrics") as r:
-        text = await r.text()
-    sums, counts = ({m.group(1): float(m.group(2)) for m in re.finditer(
-        rf'mnemo_retrieval_leg_seconds_{kind}\{{leg="(\w+)"\}} ([0-9.e+-]+)', text)} for kind in ("sum", "count"))  # fmt: skip
+    from .measure import metric_samples
+
+    samples = await metric_samples(url, "mnemo_retrieval_leg_seconds")
+    sums, counts = (
+        {s.labels["leg"]: s.value for s in samples if s.name.endswith(f"_{kind}")}
+        for kind in ("sum", "count")
+    )
     return {leg: 1000 * total / counts[leg] for leg, total in sums.items() if counts.get(leg)}
 
 

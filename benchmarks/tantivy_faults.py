@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from .fault_store import _wait_for
-from .measure import percentile
+from .measure import metric_samples, percentile
 
 __all__ = [
     "TantivyGateway",
@@ -263,20 +263,10 @@ async def _timed_from(epoch: float, wait: Awaitable[Any]) -> float:
 async def engine_searches(url: str, token: str) -> dict[str, int]:
     """The gateway's ``mnemo_lexical_searches_total`` by outcome, every worker's (``/metrics``):
     ``hit`` the engine served, the others the SQL leg."""
-    import aiohttp
-    from prometheus_client.parser import text_string_to_metric_families
-
-    async with (
-        aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as session,
-        session.get(url + "/metrics") as r,
-    ):
-        text = await r.text()
     out: Counter[str] = Counter()
-    for family in text_string_to_metric_families(text):
-        if family.name == "mnemo_lexical_searches":
-            for sample in family.samples:
-                if sample.name.endswith("_total"):
-                    out[sample.labels["result"]] += int(sample.value)
+    for sample in await metric_samples(url, "mnemo_lexical_searches", token):
+        if sample.name.endswith("_total"):
+            out[sample.labels["result"]] += int(sample.value)
     return dict(out)
 
 
