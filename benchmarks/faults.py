@@ -113,9 +113,9 @@ async def sigterm_gateway(
     exit_deadline_s: float = 60.0,
 ) -> dict[str, Any]:
     """Closed-loop ``semantic_search`` callers on a running gateway process, then SIGTERM to it."""
-    body = json.dumps(
-        {"dd_api": "dd_rag_api", "action": "semantic_search", "options": {"query": "reservoir families"}}
-    ).encode()
+    from .gateway import api_request
+
+    body = json.dumps(api_request("semantic_search", query="reservoir families")).encode()
     signalled = threading.Event()
     stop = threading.Event()
     outcomes: list[tuple[bool, str, int]] = []  # (sent after SIGTERM, outcome, status)

@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from .gateway import api_request
 from .measure import alternating_passes, closed_loop, percentile, ratio, spread
 
 FLOOD_FACTOR = 10.0
@@ -33,7 +34,7 @@ SECTION_PERMS = {"bench1": 1}  # benchmarks.gateway.SECTION: the bench corpus's 
 
 async def _search(http: Any, url: str, token: str, query: str) -> tuple[int, str, float]:
     """One ``semantic_search``: (status, error code or ok, seconds)."""
-    body = {"dd_api": "dd_rag_api", "action": "semantic_search", "options": {"query": query, "limit": 10}}
+    body = api_request("semantic_search", query=query, limit=10)
     started = time.perf_counter()
     async with http.post(url + "/api/v1/json", json=body, headers={"Authorization": f"Bearer {token}"}) as r:
         payload = await r.json()

@@ -41,6 +41,11 @@ SENTENCE_CORPORA = ("med", "xquad-es", "xquad-de", "adi")  # bundled BEIR data s
 CHUNKS_PER_RECORD = 5
 
 
+def api_request(action: str, **options: Any) -> dict[str, Any]:
+    """A ``POST /api/v1/json`` body: the dd_rag_api ``action`` with ``options``."""
+    return {"dd_api": "dd_rag_api", "action": action, "options": options}
+
+
 def load_sentences(minimum: int) -> list[str]:
     """Real sentences of at least 6 words from the bundled BEIR corpora (about 10k), then text drawn
     from real word frequencies (:func:`benchmarks.corpus_text.zipf_texts`) to reach ``minimum``."""

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .fuzz import error_code
+from .gateway import api_request
 from .measure import closed_loop, percentile
 
 __all__ = ["gateway_mixed_load", "replica_rss_mb", "sidecar_overload"]
@@ -164,8 +165,7 @@ async def _seeds(
     """Ids of ``section_tipo`` records a search finds now: ``similar_to`` seeds that exist."""
     ids: list[int] = []
     for query in queries:
-        options = {"query": query, "section_tipo": section_tipo, "limit": 20}
-        payload = {"dd_api": "dd_rag_api", "action": "semantic_search", "options": options}
+        payload = api_request("semantic_search", query=query, section_tipo=section_tipo, limit=20)
         async with session.post(url + "/api/v1/json", json=payload, headers=headers) as response:
             rows = (await response.json()).get("data") or []
         ids += [
@@ -218,7 +218,7 @@ async def gateway_mixed_load(
                 else:
                     options["query"] = queries[i % len(queries)]
                 method, path = "POST", "/api/v1/json"
-                payload = {"dd_api": "dd_rag_api", "action": klass, "options": options}
+                payload = api_request(klass, **options)
             start = time.perf_counter()
             try:
                 async with s.request(method, url + path, json=payload, headers=headers) as response:

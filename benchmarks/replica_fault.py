@@ -25,7 +25,7 @@ from schema import EmbeddedPostgres
 from schema.embedded_replica import StreamingReplica
 
 from .faults import api_call
-from .gateway import gateway_process
+from .gateway import api_request, gateway_process
 
 __all__ = ["read_replica_restarted"]
 
@@ -65,13 +65,7 @@ async def read_replica_restarted(
     gateway reading from it; ``database_url`` is the primary's database holding a corpus."""
     database = urlsplit(database_url).path.lstrip("/")
     root = Path(tempfile.mkdtemp(prefix="replica-", dir=work_dir))
-    body = json.dumps(
-        {
-            "dd_api": "dd_rag_api",
-            "action": "semantic_search",
-            "options": {"query": "the reservoir flooded the valley"},
-        }
-    ).encode()
+    body = json.dumps(api_request("semantic_search", query="the reservoir flooded the valley")).encode()
     with StreamingReplica(primary, root) as replica:
         env = {
             "RAG_DATABASE_READ_URL": replica.url_for(database),

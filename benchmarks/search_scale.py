@@ -20,6 +20,7 @@ import numpy as np
 
 from .acl_shares import VISIBILITY_PROJECT
 from .gateway import (
+    api_request,
     cache_ready,
     gateway_process,
     gateway_read_pool,
@@ -297,8 +298,7 @@ async def measure_semantic_search(
                 headers = {"Authorization": f"Bearer {tokens[who]}"}
 
                 async def search(i: int) -> None:
-                    body = {"dd_api": "dd_rag_api", "action": "semantic_search",
-                            "options": {"query": queries[i % len(queries)], "limit": LIMIT}}  # fmt: skip
+                    body = api_request("semantic_search", query=queries[i % len(queries)], limit=LIMIT)
                     async with session.post(gateway.url + "/api/v1/json", json=body, headers=headers) as r:
                         payload = await r.json()
                         if r.status != 200 or not payload.get("data"):

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from .gateway import api_request
 from .gateway_figures import as_suite
 from .http_floor import FloorCaller, floor_process, write_queries
 from .levers import parse_variant, run_levers
@@ -112,11 +113,7 @@ class GatewayCaller:
         self.raw = RawLegs(pool, partition, self.texts, self.vectors, LIMIT, scope)
 
     async def search(self, i: int) -> None:
-        body = {
-            "dd_api": "dd_rag_api",
-            "action": "semantic_search",
-            "options": {"query": self.texts[i % len(self.texts)], "limit": LIMIT},
-        }
+        body = api_request("semantic_search", query=self.texts[i % len(self.texts)], limit=LIMIT)
         headers = {"Authorization": f"Bearer {self.token}"}
         async with self.http.post(self.url + "/api/v1/json", json=body, headers=headers) as response:
             payload = await response.json()

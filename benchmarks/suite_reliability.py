@@ -20,6 +20,7 @@ from typing import Any
 
 from .attacks import AclProbe, bad_images, forged_tokens, image_attacks, leak_check, post_json, token_attacks
 from .fuzz import fuzz_service, gateway_contract, sidecar_contract
+from .gateway import api_request
 from .plan import ReliabilityPlan
 from .reliability_figures import as_suite
 from .report import SuiteResult
@@ -83,36 +84,17 @@ def _allowed(row: dict[str, Any]) -> bool:
 def _probe(admin: str, restricted: str) -> AclProbe:
     scopes: list[Any] = [["oh1", "rsc1"], "oh1", "rsc1", None]
     requests = [
-        {
-            "dd_api": "dd_rag_api",
-            "action": action,
-            "options": {"query": query, "limit": 50, **({"section_tipo": scope} if scope else {})},
-        }
+        api_request(action, query=query, limit=50, **({"section_tipo": scope} if scope else {}))
         for action in ("semantic_search", "retrieve", "get_agent_context", "ask")
         for query in ("reservoir families", "silver coins mill", "amphora chariot")
         for scope in scopes
     ]
     requests += [
-        {
-            "dd_api": "dd_rag_api",
-            "action": "similar_to",
-            "options": {"section_tipo": t, "section_id": i, "limit": 50},
-        }
+        api_request("similar_to", section_tipo=t, section_id=i, limit=50)
         for t, i in (("oh1", 1), ("oh1", 2), ("rsc1", 1))
     ]
     twins = [
-        (
-            {
-                "dd_api": "dd_rag_api",
-                "action": action,
-                "options": {"section_tipo": tipo, "section_id": forbidden},
-            },
-            {
-                "dd_api": "dd_rag_api",
-                "action": action,
-                "options": {"section_tipo": tipo, "section_id": 999_999},
-            },
-        )
+        tuple(api_request(action, section_tipo=tipo, section_id=seed) for seed in (forbidden, 999_999))
         for action in ("similar_to", "similar_objects", "characterize_object")
         for tipo, forbidden in (("oh1", 2), ("rsc1", 1))
     ]
@@ -183,7 +165,7 @@ def _run(gateway_url: str, sidecar_url: str, secret: str, plan: ReliabilityPlan)
     budget = {"cases_per_route": plan.cases_per_route, "seconds": plan.seconds}
     # The ACL check first, on the corpus as loaded: the fuzz's valid cases replace descriptors and
     # records, after which the restricted principal could read nothing and "0 rows leaked" meant nothing.
-    search = {"dd_api": "dd_rag_api", "action": "semantic_search", "options": {"query": "reservoir"}}
+    search = api_request("semantic_search", query="reservoir")
     acl = leak_check(gateway_url, _probe(admin, restricted))
     tokens = token_attacks(gateway_url, forged_tokens(secret), search)
     gateway = fuzz_service(

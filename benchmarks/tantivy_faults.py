@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from .fault_store import _wait_for
+from .gateway import api_request
 from .measure import metric_samples, percentile
 
 __all__ = [
@@ -247,8 +248,9 @@ class _Save:
 
     async def _found(self, section_id: int, word: str) -> bool:
         """Whether ``semantic_search`` for the record's own word returns it, found by the lexical leg."""
-        body = {"dd_api": "dd_rag_api", "action": "semantic_search",
-                "options": {"query": word, "section_tipo": self.section_tipo, "limit": 5, "explain": True}}  # fmt: skip
+        body = api_request(
+            "semantic_search", query=word, section_tipo=self.section_tipo, limit=5, explain=True
+        )
         async with self.session.post(self.url + "/api/v1/json", json=body) as r:
             data = (await r.json()).get("data") or []
         return any(h.get("section_id") == section_id and "lexical" in h.get("legs", {}) for h in data)
