@@ -9,10 +9,20 @@ its path (anything with a ``/``); a bundled one by its name.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-__all__ = ["BEIR_FILE", "DATASETS_DIR", "bundled_datasets", "dataset_dir", "find_datasets"]
+__all__ = [
+    "BEIR_FILE",
+    "DATASETS_DIR",
+    "bundled_datasets",
+    "dataset_dir",
+    "document_text",
+    "find_datasets",
+    "read_jsonl",
+]
 
 DATASETS_DIR = Path(__file__).resolve().parent / "datasets"
 BEIR_FILE = "corpus.jsonl"  # the file that makes a folder a BEIR data set
@@ -31,6 +41,18 @@ def dataset_dir(name: str, needs: str = BEIR_FILE) -> Path:
             f"{', '.join(d.name for d in bundled_datasets()) or f'none under {DATASETS_DIR}'})"
         )
     return folder
+
+
+def read_jsonl(folder: Path, name: str) -> list[dict[str, Any]]:
+    """The objects of a data set's JSON-lines file ``name`` (``corpus.jsonl``, ``queries.jsonl``,
+    ``manifest.jsonl``) in ``folder``, in file order."""
+    lines = (folder / name).read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def document_text(doc: Mapping[str, Any]) -> str:
+    """A corpus document's title and text as one text (either may be missing)."""
+    return " ".join(p for p in (doc.get("title"), doc.get("text")) if p)
 
 
 def bundled_datasets() -> list[Path]:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import logging
 import math
 import re
@@ -56,6 +55,8 @@ from index.search.lexical_engine import LexicalEngine
 from index.store.hits import Scope
 from index.store.partitions import ModelPartition
 
+from .datasets import read_jsonl
+
 log = logging.getLogger(__name__)
 
 MODES = ("dense", "lexical", "sparse", "hybrid")
@@ -78,12 +79,10 @@ class BeirDataset:
 def load_beir(directory: Path) -> BeirDataset:
     """A BEIR-layout data set; queries without judgments in ``qrels/test.tsv`` are skipped."""
     directory = Path(directory)
-    corpus: dict[str, tuple[str, str]] = {}
-    with open(directory / "corpus.jsonl", encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                doc = json.loads(line)
-                corpus[str(doc["_id"])] = (str(doc.get("title") or ""), str(doc.get("text") or ""))
+    corpus = {
+        str(doc["_id"]): (str(doc.get("title") or ""), str(doc.get("text") or ""))
+        for doc in read_jsonl(directory, "corpus.jsonl")
+    }
     qrels: dict[str, dict[str, int]] = {}
     with open(directory / "qrels" / "test.tsv", encoding="utf-8") as f:
         for i, line in enumerate(f):
@@ -91,13 +90,11 @@ def load_beir(directory: Path) -> BeirDataset:
             if (i == 0 and parts[0] == "query-id") or len(parts) < 3:
                 continue
             qrels.setdefault(parts[0], {})[parts[1]] = int(parts[2])
-    queries: dict[str, str] = {}
-    with open(directory / "queries.jsonl", encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                q = json.loads(line)
-                if str(q["_id"]) in qrels:
-                    queries[str(q["_id"])] = str(q["text"])
+    queries = {
+        str(q["_id"]): str(q["text"])
+        for q in read_jsonl(directory, "queries.jsonl")
+        if str(q["_id"]) in qrels
+    }
     return BeirDataset(directory.name, corpus, queries, {q: qrels[q] for q in queries})
 
 

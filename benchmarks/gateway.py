@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -30,7 +29,7 @@ from inference.net import log_tail
 
 from .bulk_load import bulk_load
 from .corpus_text import zipf_texts
-from .datasets import dataset_dir
+from .datasets import dataset_dir, read_jsonl
 from .measure import folder_mib
 from .principals import grant_load_test_budgets, load_test_env
 from .processes import serving_subprocess, start_mnemo
@@ -51,9 +50,8 @@ def load_sentences(minimum: int) -> list[str]:
     from real word frequencies (:func:`benchmarks.corpus_text.zipf_texts`) to reach ``minimum``."""
     sentences: list[str] = []
     for name in SENTENCE_CORPORA:
-        path = dataset_dir(name) / "corpus.jsonl"
-        for line in path.read_text(encoding="utf-8").splitlines():
-            text = json.loads(line).get("text", "").replace("\ufeff", "")
+        for doc in read_jsonl(dataset_dir(name), "corpus.jsonl"):
+            text = doc.get("text", "").replace("\ufeff", "")
             for s in re.split(r"(?<=[.!?])\s+", text):
                 if len(s.split()) >= 6:
                     sentences.append(s.strip())
@@ -64,8 +62,7 @@ def load_queries(n: int) -> list[str]:
     """``n`` of the bundled corpora's queries, in a seeded random order."""
     queries: list[str] = []
     for name in SENTENCE_CORPORA:
-        path = dataset_dir(name, "queries.jsonl") / "queries.jsonl"
-        queries += [json.loads(line)["text"] for line in path.read_text(encoding="utf-8").splitlines()]
+        queries += [q["text"] for q in read_jsonl(dataset_dir(name, "queries.jsonl"), "queries.jsonl")]
     rng = np.random.default_rng(7)
     return [queries[i] for i in rng.permutation(len(queries))[:n]]
 

@@ -16,7 +16,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from .datasets import dataset_dir
+from .datasets import dataset_dir, read_jsonl
 from .report import Curve, Headline, SuiteResult, Table
 from .stack import IMAGE_MODEL
 
@@ -28,8 +28,7 @@ SECTION = {
 
 def _files(manifest: Path, count: int) -> list[str]:
     """``count`` image paths of ``manifest``, its images repeated as needed."""
-    lines = [line for line in manifest.read_text().splitlines() if line.strip()]
-    found = [str(manifest.parent / json.loads(line)["path"]) for line in lines]
+    found = [str(manifest.parent / entry["path"]) for entry in read_jsonl(manifest.parent, manifest.name)]
     return [found[i % len(found)] for i in range(count)]
 
 

@@ -11,7 +11,6 @@ says what each cell is.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import re
 import shutil
@@ -26,7 +25,7 @@ import numpy as np
 
 from .acl_shares import VISIBILITY_PROJECT, projects_of
 from .corpus_text import zipf_texts
-from .datasets import find_datasets
+from .datasets import document_text, find_datasets, read_jsonl
 from .measure import folder_mib, interleaved_windows, p50_p99_ms, spread, window_ratios
 from .report import Headline, SuiteResult, Table
 
@@ -43,9 +42,8 @@ def real_sentences() -> list[str]:
     """Every unique sentence (4+ words) of the bundled data sets' corpora, in a stable order."""
     seen: dict[str, None] = {}
     for folder in find_datasets(("*",)):
-        for line in (folder / "corpus.jsonl").read_text().splitlines():
-            doc = json.loads(line)
-            for sentence in _SENTENCE.split(" ".join(p for p in (doc.get("title"), doc.get("text")) if p)):
+        for doc in read_jsonl(folder, "corpus.jsonl"):
+            for sentence in _SENTENCE.split(document_text(doc)):
                 sentence = sentence.strip()
                 if len(sentence.split()) >= 4:
                     seen.setdefault(sentence)
@@ -53,11 +51,8 @@ def real_sentences() -> list[str]:
 
 
 def dataset_queries() -> list[str]:
-    out: list[str] = []
-    for folder in find_datasets(("*",)):
-        lines = (folder / "queries.jsonl").read_text().splitlines()
-        out.extend(json.loads(line)["text"] for line in lines if line.strip())
-    return out
+    """Every query of the bundled data sets."""
+    return [q["text"] for folder in find_datasets(("*",)) for q in read_jsonl(folder, "queries.jsonl")]
 
 
 def build_corpus(n: int, seed: int = 0) -> list[str]:

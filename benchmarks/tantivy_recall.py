@@ -8,7 +8,6 @@ it is run.
 
 from __future__ import annotations
 
-import json
 import random
 import tempfile
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .acl_shares import VISIBILITY_PROJECT
+from .datasets import document_text, read_jsonl
 from .gateway import gateway_read_pool
 from .lexical import SECTION, build_corpus, dataset_queries, populate
 from .measure import p50_p99_ms
@@ -29,17 +29,9 @@ OVERFETCH = (1, 2, 4, 8)
 KS = (10, 40)  # the limit asked of the gateway, and the lexical leg's over-fetch for it (max(4 * 10, 20))
 
 
-def _corpus(folder: Path) -> tuple[list[str], list[str]]:
-    docs = [json.loads(line) for line in (folder / "corpus.jsonl").read_text().splitlines() if line.strip()]
-    texts = [" ".join(p for p in (d.get("title"), d.get("text")) if p) for d in docs]
-    queries = [
-        json.loads(line)["text"] for line in (folder / "queries.jsonl").read_text().splitlines() if line
-    ]
-    return texts, queries
-
-
 async def _dataset(stack: BenchStack, folder: Path, max_queries: int) -> dict[str, Any]:
-    texts, queries = _corpus(folder)
+    texts = [document_text(d) for d in read_jsonl(folder, "corpus.jsonl")]
+    queries = [q["text"] for q in read_jsonl(folder, "queries.jsonl")]
     return await _measure(stack, folder.name, texts, queries[:max_queries])
 
 
