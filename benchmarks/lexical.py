@@ -110,6 +110,19 @@ async def populate(
     return partition
 
 
+def visibility_scopes() -> dict[str, Any]:
+    """The admin's scope (nothing filtered) and, per visibility of a store :func:`populate` built,
+    the scope of a researcher who sees that share of its records."""
+    from gateway.access.acl import pushdown
+    from gateway.access.auth import Principal
+    from index.store.hits import Scope
+
+    return {"admin": Scope()} | {
+        share: Scope(acl=pushdown(Principal("r", frozenset({project}), {SECTION: 1})))
+        for share, project in VISIBILITY_PROJECT.items()
+    }
+
+
 def _generated_queries(texts: Sequence[str], rng: random.Random, each: int) -> dict[str, list[str]]:
     """Rare, common and mixed queries over the corpus's words (by the number of chunks holding each)."""
     from index.text import fold
@@ -234,11 +247,8 @@ async def measure_lexical(
     order alternating, so a slow spell of the machine cannot land on one leg's block), each
     headline ratio with the spread of its windows' ratios.
     """
-    from gateway.access.acl import pushdown
-    from gateway.access.auth import Principal
     from index.lexical.engine import TantivyConfig, TantivyLexical
     from index.search.bm25 import query_terms, scored_terms
-    from index.store.hits import Scope
     from index.text import fold
 
     n = len(texts)
@@ -254,8 +264,8 @@ async def measure_lexical(
         built = await asyncio.to_thread(_tantivy_build, [fold(t) for t in texts], bare_dir)
         engine = TantivyLexical(index_root, TantivyConfig(stats_ttl_s=3600))
         legs = _Legs(pool, partition, engine, built[:2], terms_of)
-        admin = Scope()
-        narrow = Scope(acl=pushdown(Principal("r", frozenset({VISIBILITY_PROJECT["1%"]}), {SECTION: 1})))
+        scopes = visibility_scopes()
+        admin, narrow = scopes["admin"], scopes["1%"]
         # Against the SQL leg first (this also warms its statistics and the query-term cache).
         exactness = await _against_sql(queries, legs, admin)
         latency = {

@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from .acl_shares import VISIBILITY_PROJECT
 from .gateway import (
     api_request,
     cache_ready,
@@ -31,7 +30,7 @@ from .gateway import (
     readyz_until,
 )
 from .gateway_workers import workers_ab
-from .lexical import SECTION, build_corpus, measure_lexical, populate
+from .lexical import SECTION, build_corpus, measure_lexical, populate, visibility_scopes
 from .measure import (
     closed_loop,
     interleaved_windows,
@@ -83,18 +82,6 @@ async def _wait_lexical_ready(session: Any, url: str, search: Any, wait_s: float
     if partition_states(status) != {"ready"}:
         raise RuntimeError(f"the gateway's lexical engine does not serve every partition: {status}")
     return status
-
-
-def visibility_scopes() -> dict[str, Any]:
-    """The admin's scope (nothing filtered) and a researcher's per visibility of the store."""
-    from gateway.access.acl import pushdown
-    from gateway.access.auth import Principal
-    from index.store.hits import Scope
-
-    return {"admin": Scope()} | {
-        share: Scope(acl=pushdown(Principal("r", frozenset({project}), {SECTION: 1})))
-        for share, project in VISIBILITY_PROJECT.items()
-    }
 
 
 async def exact_top10(

@@ -15,10 +15,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .acl_shares import VISIBILITY_PROJECT
 from .datasets import document_text, read_jsonl
 from .gateway import gateway_read_pool
-from .lexical import SECTION, build_corpus, dataset_queries, populate
+from .lexical import build_corpus, dataset_queries, populate, visibility_scopes
 from .measure import p50_p99_ms
 from .report import Headline, SuiteResult, Table
 from .stack import BenchStack
@@ -36,20 +35,14 @@ async def _dataset(stack: BenchStack, folder: Path, max_queries: int) -> dict[st
 
 
 async def _measure(stack: BenchStack, name: str, texts: list[str], queries: list[str]) -> dict[str, Any]:
-    from gateway.access.acl import pushdown
-    from gateway.access.auth import Principal
     from index.lexical.engine import TantivyConfig, TantivyLexical
     from index.lexical.writer import LexicalWriter
     from index.search.bm25 import CorpusStats, query_terms, scored_terms
     from index.search.lexical_leg import lexical_search
-    from index.store.hits import Scope
 
     url = await stack.fresh_database(f"recall_{name.replace('-', '_')}")
     pool = await gateway_read_pool(url)
-    scopes = {
-        "admin": Scope(),
-        "1%": Scope(acl=pushdown(Principal("r", frozenset({VISIBILITY_PROJECT["1%"]}), {SECTION: 1}))),
-    }
+    scopes = {name: scope for name, scope in visibility_scopes().items() if name in ("admin", "1%")}
     try:
         partition = await populate(pool, texts, model=f"recall-{name}")
         with tempfile.TemporaryDirectory(prefix="mnemo-tantivy-recall-") as root:

@@ -155,8 +155,6 @@ def _memory() -> dict[str, int]:
 async def _worker(mode: str, url: str, root: Path, model: str) -> tuple[dict[str, Any], Any]:
     """Load (or map) the partition, search every vector once; the time, the memory and the cache
     (held by the caller: a cache let go unmaps its pages, and the next worker would share none)."""
-    from gateway.access.acl import pushdown
-    from gateway.access.auth import Principal
     from index.store.hits import Scope
     from index.store.partitions import list_partitions
     from index.vectors.cache import VectorCache
@@ -164,8 +162,7 @@ async def _worker(mode: str, url: str, root: Path, model: str) -> tuple[dict[str
     from index.vectors.partition import CacheConfig
     from schema import create_pool
 
-    from .acl_shares import VISIBILITY_PROJECT
-    from .lexical import SECTION
+    from .lexical import visibility_scopes
 
     pool = await create_pool(url, max_size=4)
     try:
@@ -186,8 +183,7 @@ async def _worker(mode: str, url: str, root: Path, model: str) -> tuple[dict[str
         async with pool.acquire() as conn:
             await cache.search(conn, partition, probes[0], Scope(), 10)
         after = _memory()  # before the latency runs: their scope bitmaps are not the load's
-        scopes = {"unfiltered": Scope(),
-                  "ACL 10%": Scope(acl=pushdown(Principal("r", frozenset({VISIBILITY_PROJECT["10%"]}), {SECTION: 1})))}  # fmt: skip
+        scopes = {"unfiltered": Scope(), "ACL 10%": visibility_scopes()["10%"]}
         latency = {}
         for label, scope in scopes.items():
             times = []
