@@ -420,7 +420,8 @@ async def test_operations_for_admins(browser: WebDriver, gateway: Gateway, scree
         tab(browser, "ops")
         wait(browser, lambda d: "all-minilm-l6-v2" in d.find_element(By.ID, "ops-models").text)
         assert IMAGE_MODEL in browser.find_element(By.ID, "ops-models").text
-        assert '"coins1"' in browser.find_element(By.ID, "ops-sections").text
+        # The sections come from their own request, which may land after the models' on a busy machine.
+        wait(browser, lambda d: '"coins1"' in d.find_element(By.ID, "ops-sections").text)
         # /readyz answers for the moment of its call (a sidecar slower than the 5 s readiness bound
         # reads as unreachable on a loaded machine) and the page shows that one answer: refreshed,
         # as an operator would, until it says ready.
