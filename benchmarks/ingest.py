@@ -11,6 +11,7 @@ says what each figure is.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 from collections.abc import Sequence
@@ -31,7 +32,7 @@ from inference.client import EmbedResult, SidecarClient
 from .report import SuiteResult, Table
 from .tables import Column, HeadlineRow, headings, rows
 
-__all__ = ["RecordingClient", "as_suite", "make_records", "run_ingest_benchmark"]
+__all__ = ["RecordingClient", "as_suite", "embed_alone", "make_records", "run_ingest_benchmark"]
 
 _WORDS = {
     "lg-spa": (
@@ -192,11 +193,19 @@ async def _prepared(pool: asyncpg.Pool, client: RecordingClient, text_model: str
     return model
 
 
-async def _embed_alone(client: RecordingClient, model: str, texts: list[str], batch: int) -> float:
-    """Seconds to embed ``texts`` alone, in the drain's batches: the baseline the drain is held to."""
+async def embed_alone(
+    client: SidecarClient, model: str, texts: Sequence[str], batch: int, callers: int = 1
+) -> float:
+    """Seconds to embed ``texts`` alone, in the drain's ``batch``-sized requests sent by ``callers``
+    at once: the baseline the drain is held to."""
+    cursor = (list(texts[i : i + batch]) for i in range(0, len(texts), batch))
+
+    async def caller() -> None:
+        for some in cursor:  # one shared iterator: each request is sent once
+            await client.embed(model, some, truncate=True)
+
     started = time.perf_counter()
-    for start in range(0, len(texts), batch):
-        await client.embed(model, texts[start : start + batch], truncate=True)
+    await asyncio.gather(*(caller() for _ in range(callers)))
     return time.perf_counter() - started
 
 
@@ -235,7 +244,7 @@ async def run_ingest_benchmark(
     texts = list(client.embedded)
     if len(texts) != first.chunks_embedded:
         raise RuntimeError(f"recorded {len(texts)} embedded texts, the drain reports {first.chunks_embedded}")
-    embed_only_s = await _embed_alone(client, model.id, texts, settings.embed_batch)
+    embed_only_s = await embed_alone(client, model.id, texts, settings.embed_batch)
 
     # Incremental: the same collection again embeds nothing.
     await enqueue_records(pool, collection)

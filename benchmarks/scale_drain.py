@@ -7,27 +7,24 @@ efficiency is the slower stage's time over the drain's; 1.0 would be perfect ove
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Sequence
 from typing import Any
-
-import asyncpg
 
 from index.ingest.drain import DrainWorker, drain_parallel
 from index.ingest.intake import enqueue_records
 from index.models import resolve_model
 from index.settings import IngestSettings
 from index.store import store
-from index.store.partitions import ModelPartition, ensure_partition
+from index.store.partitions import ensure_partition
 from index.store.sections import SectionStore
-from inference.client import SidecarClient
 from schema import create_pool
 
 from .datasets import dataset_dir
 from .eval import load_beir
-from .ingest import RecordingClient
+from .ingest import RecordingClient, embed_alone
+from .scale_store import write_records
 
 __all__ = ["SECTION", "measure_drain_workers", "real_records"]
 
@@ -60,40 +57,6 @@ def real_records(n: int) -> list[dict[str, Any]]:
 DESCRIPTOR = {
     "embed": [{"id": "doc", "contributors": ["text"], "chunk": {"max_tokens": 200, "min_tokens": 50}}]
 }
-
-
-async def _embed_ceiling(
-    client: SidecarClient, model: str, texts: Sequence[str], batch: int, callers: int
-) -> float:
-    """chunks/s of ``texts`` sent to ``/embed`` in ``batch``-sized requests by ``callers`` at once."""
-    batches = [list(texts[i : i + batch]) for i in range(0, len(texts), batch)]
-    cursor = iter(batches)
-
-    async def caller() -> None:
-        for texts_ in cursor:
-            await client.embed(model, texts_, truncate=True)
-
-    started = time.perf_counter()
-    await asyncio.gather(*(caller() for _ in range(callers)))
-    return len(texts) / (time.perf_counter() - started)
-
-
-async def _store_ceiling(
-    pool: asyncpg.Pool, target: ModelPartition, records: Sequence[Sequence[store.EmbeddingRow]], writers: int
-) -> float:
-    """rows/s of the drain's writer (one transaction per record, HNSW maintained) with ``writers``
-    connections, into the empty partition ``target``."""
-    cursor = iter(records)
-
-    async def writer() -> None:
-        for rows in cursor:
-            async with pool.acquire() as conn, conn.transaction():
-                await store.upsert_rows(conn, target, rows)
-
-    started = time.perf_counter()
-    await asyncio.gather(*(writer() for _ in range(writers)))
-    seconds = time.perf_counter() - started
-    return sum(len(r) for r in records) / seconds
 
 
 async def _one_run(
@@ -136,12 +99,13 @@ async def _one_run(
                     f"errors: {[(r['last_error'], r['n']) for r in errors]}"
                 )
             texts = list(client.embedded)
-            embed = await _embed_ceiling(client, served.id, texts, settings.embed_batch, workers)
+            embed = len(texts) / await embed_alone(client, served.id, texts, settings.embed_batch, workers)
 
         by_record = list((await store.read_rows(pool, partition, "text", SECTION)).values())
         target = await ensure_partition(pool, f"scale-store-ceiling-{workers}", served.dimension or 0)
-        written = await _store_ceiling(pool, target, by_record, workers)
         rows = sum(len(r) for r in by_record)
+        # rows/s of the drain's writer (HNSW maintained) from as many connections, into an empty partition
+        written = rows / await write_records(pool, target, by_record, workers, prune=False)
         # Each stage's time for this run's work when it runs alone: the drain can be no faster than
         # the slower of the two, so that one bounds it (the units differ: chunks embedded, rows written).
         alone = {"embed": report.chunks_embedded / embed, "store": rows / written}

@@ -13,7 +13,7 @@ import contextlib
 import hashlib
 import math
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,7 @@ from .gpu import peak_tflops
 from .gpu_models import BGE_M3_SHAPE
 from .measure import tie_aware_recall
 
-__all__ = ["StoreCorpus", "embed_bases", "measure_store_paths", "project_reembed"]
+__all__ = ["StoreCorpus", "embed_bases", "measure_store_paths", "project_reembed", "write_records"]
 
 SECTION = "scale_store"
 CHUNKS_PER_RECORD = 5
@@ -159,6 +159,30 @@ def _record_batches(corpus: StoreCorpus, rows: int, first: int = 0) -> Iterator[
             yield batch[first : first + CHUNKS_PER_RECORD]
 
 
+async def write_records(
+    pool: asyncpg.Pool,
+    partition: ModelPartition,
+    records: Iterable[Sequence[store.EmbeddingRow]],
+    writers: int,
+    *,
+    prune: bool = True,
+) -> float:
+    """Seconds for ``writers`` connections to write ``records`` as the drain's writer does: one
+    transaction per record, its upsert (and, with ``prune``, the prune of its stale tail)."""
+    cursor = iter(records)
+
+    async def writer() -> None:
+        for rows in cursor:  # one shared iterator: each record is written once
+            async with pool.acquire() as conn, conn.transaction():
+                await store.upsert_rows(conn, partition, rows)
+                if prune:
+                    await store.prune_rows(conn, partition, rows[0].record, "text", [r.slot for r in rows])
+
+    started = time.perf_counter()
+    await asyncio.gather(*(writer() for _ in range(writers)))
+    return time.perf_counter() - started
+
+
 async def _row_path(
     pool: asyncpg.Pool,
     corpus: StoreCorpus,
@@ -167,22 +191,10 @@ async def _row_path(
     model: str = "scale-store-row-path",
     first: int = 0,
 ) -> dict[str, Any]:
-    """The drain's writer: one upsert transaction per record into ``model``'s partition (a fresh
-    one by default; the bulk path's built graph to measure an insert at that graph's size)."""
+    """The drain's writer into ``model``'s partition (a fresh one by default; the bulk path's built
+    graph to measure an insert at that graph's size)."""
     partition = await ensure_partition(pool, model, corpus.dimension)
-    records = _record_batches(corpus, rows, first)
-
-    async def writer() -> None:
-        for record_rows in records:  # one shared iterator: each record is written once
-            async with pool.acquire() as conn, conn.transaction():
-                await store.upsert_rows(conn, partition, record_rows)
-                await store.prune_rows(
-                    conn, partition, record_rows[0].record, "text", [r.slot for r in record_rows]
-                )
-
-    started = time.perf_counter()
-    await asyncio.gather(*(writer() for _ in range(writers)))
-    seconds = time.perf_counter() - started
+    seconds = await write_records(pool, partition, _record_batches(corpus, rows, first), writers)
     return {"rows": rows, "seconds": seconds, "rows_per_s": rows / seconds, **await _sizes(pool, partition)}
 
 
