@@ -102,6 +102,8 @@ async def faulted_store(
     from index.ingest.intake import enqueue_records
     from index.settings import IngestSettings
 
+    from .stack import drop_databases
+
     batch = drain_records(records)
     try:
         _, clean_pool = await _fresh_database(server_url, names[0])
@@ -118,7 +120,7 @@ async def faulted_store(
         finally:
             await pool.close()
     finally:
-        await _drop(server_url, *names)
+        await drop_databases(server_url, *names)
 
 
 async def _fresh_database(server_url: str, name: str) -> tuple[str, Any]:
@@ -133,17 +135,6 @@ async def _fresh_database(server_url: str, name: str) -> tuple[str, Any]:
     pool = await create_pool(url, max_size=4)
     await SectionStore(pool).put(DRAIN_SECTION, DRAIN_DESCRIPTOR)
     return url, pool
-
-
-async def _drop(server_url: str, *names: str) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(server_url)
-    try:
-        for name in names:
-            await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    finally:
-        await conn.close()
 
 
 async def _queue_size(pool: Any) -> int | None:

@@ -27,6 +27,7 @@ __all__ = [
     "BenchStack",
     "bench_sidecar_config",
     "bench_spec",
+    "drop_databases",
     "open_stack",
 ]
 
@@ -147,17 +148,21 @@ class BenchStack:
 
     async def drop_created(self) -> None:
         """Drop every database this run created (an external server keeps nothing of ours)."""
-        import asyncpg
-
-        if self.server_url is None or not self.created:
-            return
-        conn = await asyncpg.connect(self.server_url)
-        try:
-            for name in self.created:
-                await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        finally:
-            await conn.close()
+        if self.server_url is not None and self.created:
+            await drop_databases(self.server_url, *self.created)
         self.created.clear()
+
+
+async def drop_databases(server_url: str, *names: str) -> None:
+    """Drop databases ``names`` of the server at ``server_url`` (those that exist), sessions and all."""
+    import asyncpg
+
+    conn = await asyncpg.connect(server_url)
+    try:
+        for name in names:
+            await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    finally:
+        await conn.close()
 
 
 @contextlib.contextmanager
