@@ -8,7 +8,7 @@ query vectors beside the gateway's lexical leg, with issue 44's bars (:func:`eng
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -88,22 +88,24 @@ def rrf_runs(*runs: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
     return out
 
 
+# Each mode's bar against its same-run reference: the mode, the reference, the reference's name in a
+# report's headline, the bar's name, and its target on nDCG@10 from the reference's.
+REFERENCE_BARS: tuple[tuple[str, str, str, str, Callable[[float], float]], ...] = (
+    ("lexical", "bm25", "BM25 reference (bm25s)", "lexical >= 0.95 * bm25", lambda ref: 0.95 * ref),
+    ("hybrid", "rrf", "plain RRF of references", "hybrid >= rrf - 0.005", lambda ref: ref - 0.005),
+    ("dense", "exact_dense", "exact dense (numpy)", "dense >= exact_dense - 0.01", lambda ref: ref - 0.01),
+)
+
+
 def check_bars(
     modes: Mapping[str, Mapping[str, float]], refs: Mapping[str, Mapping[str, float]]
 ) -> dict[str, Any]:
     """The issue's bars on nDCG@10, each with its value, target and verdict."""
-    bars = {}
-
-    def bar(name: str, mode: str, ref: str, target: float) -> None:
-        if mode in modes and ref in refs:
-            bars[name] = _bar(modes[mode]["ndcg@10"], target)
-
-    if "exact_dense" in refs:
-        bar("dense >= exact_dense - 0.01", "dense", "exact_dense", refs["exact_dense"]["ndcg@10"] - 0.01)
-    if "bm25" in refs:
-        bar("lexical >= 0.95 * bm25", "lexical", "bm25", 0.95 * refs["bm25"]["ndcg@10"])
-    if "rrf" in refs:
-        bar("hybrid >= rrf - 0.005", "hybrid", "rrf", refs["rrf"]["ndcg@10"] - 0.005)
+    bars = {
+        name: _bar(modes[mode]["ndcg@10"], target(refs[ref]["ndcg@10"]))
+        for mode, ref, _, name, target in REFERENCE_BARS
+        if mode in modes and ref in refs
+    }
     legs = [m for m in ("dense", "lexical", "sparse") if m in modes]
     if "hybrid" in modes and legs:
         best = max(legs, key=lambda m: modes[m]["ndcg@10"])

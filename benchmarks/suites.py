@@ -183,13 +183,12 @@ async def quality_suite(stack: BenchStack, plan: BenchPlan) -> SuiteResult:
 
 
 def _quality_headlines(result: dict[str, Any]) -> list[Headline]:
+    """Each mode beside its reference, the bar (:data:`benchmarks.quality.REFERENCE_BARS`) as a ratio."""
+    from .quality import REFERENCE_BARS
+
     refs, modes, name = result.get("references", {}), result["modes"], result["dataset"]
     out = []
-    for mode, ref, label, bar in (
-        ("lexical", "bm25", "BM25 reference (bm25s)", lambda base: 0.95),
-        ("hybrid", "rrf", "plain RRF of references", lambda base: (base - 0.005) / base),
-        ("dense", "exact_dense", "exact dense (numpy)", lambda base: (base - 0.01) / base),
-    ):
+    for mode, ref, label, _, target in REFERENCE_BARS:
         if mode in modes and ref in refs:
             base = refs[ref]["ndcg@10"]
             out.append(
@@ -199,7 +198,7 @@ def _quality_headlines(result: dict[str, Any]) -> list[Headline]:
                     "",
                     label,
                     base,
-                    bar=round(bar(base), 4) if base > 0 else None,
+                    bar=round(target(base) / base, 4) if base > 0 else None,
                 )
             )
     return out
