@@ -7,8 +7,9 @@ mixture of those (:func:`load_corpus`, :func:`mixed_vectors`: a 2-core CPU sidec
 whole time budget embedding, and latency depends on the index's size and shape, not on which
 sentence a vector came from; the texts stay real so the lexical leg sees real term statistics); a
 ``mnemo gateway`` subprocess (:func:`gateway_process`) and its ``/readyz``; the store's Tantivy index
-as ``mnemo lexical rebuild`` writes it (:func:`lexical_rebuild`); and the legs' SQL as the gateway
-runs them (:class:`RawLegs`, on :func:`gateway_read_pool`), the baseline of every gateway figure.
+and vector snapshot as ``mnemo lexical|vectors rebuild`` write them (:func:`writer_rebuild`); and
+the legs' SQL as the gateway runs them (:class:`RawLegs`, on :func:`gateway_read_pool`), the baseline
+of every gateway figure.
 """
 
 from __future__ import annotations
@@ -193,26 +194,39 @@ async def cache_ready(session: Any, url: str, wait_s: float = 300.0) -> dict[str
     return await readyz_until(session, url, "faiss", settled, wait_s, 0.5)
 
 
-async def lexical_rebuild(database_url: str, root: Path) -> dict[str, float]:
-    """``mnemo lexical rebuild`` as an operator runs it, writing the store's Tantivy index under
-    ``root`` (a gateway's ``RAG_LEXICAL_DIR``): its wall time, the writer's peak RSS, the index's size."""
+async def writer_rebuild(kind: str, database_url: str, root: Path) -> dict[str, float]:
+    """``mnemo <kind> rebuild`` as an operator runs it (``lexical``: the store's Tantivy index,
+    ``vectors``: its vector snapshot), writing under ``root`` (a gateway's ``RAG_LEXICAL_DIR`` or
+    ``RAG_VECTOR_DIR``): its wall time, the writer's peak RSS and peak private (anonymous) memory,
+    and the folder's size. The RSS also counts the pages of the files the writer maps (the Tantivy
+    segments it merges: the page cache's, shared and reclaimable), the private memory does not."""
     log = root.with_name(root.name + "-rebuild.log")
     started = time.perf_counter()
-    proc = await start_mnemo(["lexical", "rebuild", "--database-url", database_url, "--dir", str(root)], log)
-    peak = 0
+    proc = await start_mnemo([kind, "rebuild", "--database-url", database_url, "--dir", str(root)], log)
+    peak = anon = 0
     while proc.returncode is None:
-        with contextlib.suppress(psutil.NoSuchProcess):
+        with contextlib.suppress(psutil.NoSuchProcess, FileNotFoundError, ProcessLookupError):
             peak = max(peak, psutil.Process(proc.pid).memory_info().rss)
+            anon = max(anon, _rss_anon(proc.pid))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(proc.wait(), 0.5)
     if proc.returncode != 0:
-        raise RuntimeError(f"mnemo lexical rebuild failed ({proc.returncode}):\n{log_tail(log)}")
+        raise RuntimeError(f"mnemo {kind} rebuild failed ({proc.returncode}):\n{log_tail(log)}")
     seconds = time.perf_counter() - started
     return {
         "s": seconds,
         "writer_peak_rss_mib": peak / 2**20,
+        "writer_peak_private_mib": anon / 2**20,
         "disk_mib": await asyncio.to_thread(folder_mib, root),
     }
+
+
+def _rss_anon(pid: int) -> int:
+    """A process's resident anonymous memory in bytes (``RssAnon`` of /proc/<pid>/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+    raise ValueError(f"/proc/{pid}/status has no RssAnon")
 
 
 async def gateway_read_pool(database_url: str) -> Any:

@@ -23,11 +23,11 @@ from .gateway import (
     cache_ready,
     gateway_process,
     gateway_read_pool,
-    lexical_rebuild,
     load_queries,
     mixed_vectors,
     partition_states,
     readyz_until,
+    writer_rebuild,
 )
 from .gateway_workers import workers_ab
 from .lexical import SECTION, build_corpus, measure_lexical, populate, visibility_scopes
@@ -347,7 +347,9 @@ async def _one_size(stack: BenchStack, n: int, bases: np.ndarray, queries: Seque
         # The store's Tantivy index as an operator writes it: the lexical cells' engine reads it,
         # and the gateways from their start.
         lexical_dir = workdir / f"lexical-{n}"
-        rebuild = await lexical_rebuild(url, lexical_dir)
+        rebuild = await writer_rebuild("lexical", url, lexical_dir)
+        # And the vector snapshot as `mnemo vectors rebuild` writes it: the other writer's peak.
+        vectors_rebuild = await writer_rebuild("vectors", url, workdir / f"vectors-rebuild-{n}")
         lexical = await measure_lexical(
             pool, partition, texts, lexical_dir, plan.retrieval_dataset_queries, plan.retrieval_generated_queries,
             WINDOWS,
@@ -377,6 +379,7 @@ async def _one_size(stack: BenchStack, n: int, bases: np.ndarray, queries: Seque
         "chunks": n,
         "store_s": store_s,
         "lexical_rebuild": rebuild,
+        "vectors_rebuild": vectors_rebuild,
         "dense_recall": recall,
         **({"mapped_workers": mapped} if mapped else {}),
         "dense_cache": cache,

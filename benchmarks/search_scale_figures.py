@@ -24,6 +24,9 @@ ONE_PERCENT_BAR = 2.0  # issue 24: a 1%-visibility researcher's dense leg within
 # Issue 44's bars at the largest size: a Tantivy gateway ready within 5 s, a second worker adding at
 # most 200 MiB (PSS), semantic_search p99 within 50 ms on two workers, two workers serving 1.3x one.
 READY_BAR_S, WORKER_GROWTH_BAR_MIB, SEARCH_P99_BAR_MS, WORKERS_BAR = 5.0, 200.0, 50.0, 1.3
+# issue 57: a writer's rebuild peak at the largest size within 1.3x of itself at the smallest, and
+# `mnemo lexical rebuild` at most 600 MiB at 1M chunks.
+REBUILD_GROWTH_BAR, REBUILD_BUDGET_MIB = 1.3, 600.0
 
 # One caller's cell of semantic_search, with its "chunks" (formatted), gateway "mode", caller "name"
 # and the gateway's "ready_s".
@@ -39,12 +42,15 @@ SEARCH_CELLS = (
     Column("gateway ready s", "{ready_s}"),
     Column("gateway PSS MiB", "{pss_mib}"),
 )
-# Per size: the store's Tantivy index as `mnemo lexical rebuild` wrote it.
+# Per size and writer: the store's Tantivy index and vector snapshot as `mnemo lexical rebuild` and
+# `mnemo vectors rebuild` wrote them, each writer's peaks (RSS, and its private memory alone).
 REBUILD = (
     Column("chunks", "{chunks}"),
+    Column("writer", "{writer}"),
     Column("rebuild s", "{s}"),
     Column("writer peak RSS MiB", "{writer_peak_rss_mib}"),
-    Column("index MiB on disk", "{disk_mib}"),
+    Column("peak private MiB", "{writer_peak_private_mib}"),
+    Column("MiB on disk", "{disk_mib}"),
 )
 # Per size: the FAISS cache under 32 callers (the 100% researcher's dense leg) and under a writer.
 UNDER_LOAD = (
@@ -112,6 +118,10 @@ NOTES = (
     "worker 1 holds its cache. RSS growth counts mapped pages too (held once by the page cache); USS is "
     "what the worker alone holds. Search p50: the cache's whole dense search (the scan, the SQL re-read), "
     "20 queries after 3 warm-ups, the unfiltered one over every vector.",
+    "The writers' rebuilds: `mnemo lexical rebuild` and `mnemo vectors rebuild` as processes, their memory "
+    "sampled every 0.5 s. Peak RSS counts the pages of the files a writer maps (the Tantivy segments it "
+    "merges: the page cache's, shared, reclaimed under pressure); peak private is its anonymous memory "
+    "alone (RssAnon), what RAG_LEXICAL_WRITER_MEMORY bounds for the lexical writer.",
 )
 
 
@@ -264,7 +274,12 @@ def scale_report(result: dict[str, Any], *, limit: int) -> SuiteResult:
     if growth:
         title = "semantic_search growth, same run (largest size / smallest)"
         tables.append(Table(title, headings(GROWTH), rows(GROWTH, growth)))
-    headlines = growth_headlines + _one_percent_headlines(result["sizes"][-1]) + _issue_44(result["sizes"])
+    headlines = (
+        growth_headlines
+        + _one_percent_headlines(result["sizes"][-1])
+        + _issue_44(result["sizes"])
+        + _rebuild_headlines(result["sizes"])
+    )
     return SuiteResult(
         suite="retrieval at scale",
         headlines=lexical.headlines + recall_headlines + cache_headlines + headlines,
@@ -274,6 +289,33 @@ def scale_report(result: dict[str, Any], *, limit: int) -> SuiteResult:
     )
 
 
+def _rebuild_headlines(sizes: list[dict[str, Any]]) -> list[Headline]:
+    """Each writer's rebuild peaks (RSS, private memory) at the largest size against themselves at
+    the smallest (same run), and the lexical writer's RSS at 1M chunks or more against its budget."""
+    built = [s for s in sizes if s.get("lexical_rebuild")]
+    if not built:
+        return []
+    small, large = built[0], built[-1]
+    out = []
+    for writer in ("lexical", "vectors"):
+        if len(built) > 1 and small.get(f"{writer}_rebuild") and large.get(f"{writer}_rebuild"):
+            for figure, what in (
+                ("writer_peak_rss_mib", "peak RSS"),
+                ("writer_peak_private_mib", "peak private memory"),
+            ):
+                out.append(Headline(
+                    f"mnemo {writer} rebuild {what}, {large['chunks']:,} vs {small['chunks']:,} chunks",
+                    large[f"{writer}_rebuild"][figure], "MiB", f"itself at {small['chunks']:,} chunks",
+                    small[f"{writer}_rebuild"][figure], higher_is_better=False, bar=REBUILD_GROWTH_BAR,
+                ))  # fmt: skip
+    if large["chunks"] >= 1_000_000:
+        out.append(Headline(
+            f"{large['chunks']:,}: mnemo lexical rebuild peak RSS", large["lexical_rebuild"]["writer_peak_rss_mib"],
+            "MiB", f"the budget ({REBUILD_BUDGET_MIB:.0f} MiB)", REBUILD_BUDGET_MIB, higher_is_better=False, bar=1.0,
+        ))  # fmt: skip
+    return out
+
+
 def _operations_tables(sizes: list[dict[str, Any]]) -> list[Table]:
     """The Tantivy rebuild per size, the cache under load and its workers, the largest size's
     gateway workers (each when measured)."""
@@ -281,7 +323,8 @@ def _operations_tables(sizes: list[dict[str, Any]]) -> list[Table]:
     def at(size: dict[str, Any], key: str) -> Any:
         return {**size[key], "chunks": f"{size['chunks']:,}"} if size.get(key) else None
 
-    rebuilds = [r for s in sizes if (r := at(s, "lexical_rebuild"))]
+    rebuilds = [{**r, "writer": writer} for s in sizes for writer in ("lexical", "vectors")
+                if (r := at(s, f"{writer}_rebuild"))]  # fmt: skip
     loaded = [
         {**c, "chunks": f"{s['chunks']:,}"} for s in sizes if "sync" in (c := s.get("dense_cache") or {})
     ]
@@ -289,7 +332,7 @@ def _operations_tables(sizes: list[dict[str, Any]]) -> list[Table]:
               for s in sizes if s.get("mapped_workers") for mode in MAPPED_MODES
               for i, w in enumerate(s["mapped_workers"][mode])]  # fmt: skip
     tables = [Table(title, headings(columns), rows(columns, items)) for title, columns, items in (
-        ("The store's Tantivy index (`mnemo lexical rebuild`)", REBUILD, rebuilds),
+        ("The writers' rebuilds (`mnemo lexical rebuild`, `mnemo vectors rebuild`)", REBUILD, rebuilds),
         ("The FAISS cache on CPU under 32 callers and under a writer", UNDER_LOAD, loaded),
         ("FAISS cache workers: read from PostgreSQL against the snapshot mapped", MAPPED, mapped),
     ) if items]  # fmt: skip

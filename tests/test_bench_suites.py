@@ -422,18 +422,22 @@ async def test_the_lexical_measurement_runs_every_leg_on_a_small_store(
     """The scale suite's lexical cells end to end on 2,000 chunks of the bundled data sets' sentences:
     every leg timed (the SQL leg, the Tantivy engine on the store's index, Tantivy's bare search), and
     the engine's answer judged against the SQL leg's on every query."""
-    from benchmarks.gateway import gateway_read_pool, lexical_rebuild
+    from benchmarks.gateway import gateway_read_pool, writer_rebuild
     from benchmarks.lexical import build_corpus, measure_lexical, populate
 
     texts = build_corpus(2000)
     pool = await gateway_read_pool(database_url)
     try:
         partition = await populate(pool, texts, model="bench-lexical-measure-4", dimension=4)
-        rebuild = await lexical_rebuild(database_url, tmp_path / "lexical")  # as an operator runs it
+        # As an operator runs them: the index the lexical cells read, and the vector snapshot.
+        rebuild = await writer_rebuild("lexical", database_url, tmp_path / "lexical")
+        vectors = await writer_rebuild("vectors", database_url, tmp_path / "vectors")
         result = await measure_lexical(pool, partition, texts, tmp_path / "lexical", 6, 2)
     finally:
         await pool.close()
-    assert rebuild["disk_mib"] > 0 and rebuild["writer_peak_rss_mib"] > 0 and math.isfinite(rebuild["s"])
+    for written in (rebuild, vectors):
+        assert written["disk_mib"] > 0 and math.isfinite(written["s"])
+        assert 0 < written["writer_peak_private_mib"] < written["writer_peak_rss_mib"]
     assert result["chunks"] == 2000 and result["queries"] == {
         "datasets": 6,
         "rare": 2,
@@ -492,6 +496,15 @@ def test_retrieval_growth_puts_each_cell_at_the_largest_size_against_itself_at_t
                 },
             },
             "lexical": _lexical_size(chunks),
+            **{
+                f"{w}_rebuild": {
+                    "s": 1.0,
+                    "writer_peak_rss_mib": chunks / 2e3 if w == "lexical" else 300.0,
+                    "writer_peak_private_mib": 200.0,
+                    "disk_mib": 1.0,
+                }
+                for w in ("lexical", "vectors")
+            },
             "semantic_search": {
                 "tantivy": {"mode": "tantivy", "ready_s": 1.0, "cells": cells(1.0)},
                 "off": {"mode": "off", "ready_s": 1.0, "cells": cells(10.0)},
@@ -531,6 +544,16 @@ def test_retrieval_growth_puts_each_cell_at_the_largest_size_against_itself_at_t
     assert len(recall_table.rows) == 3 * 2 * 2  # sizes x visibilities x ef_search values
     table = next(t for t in suite.tables if t.title.startswith("semantic_search growth"))
     assert len(table.rows) == 6 and all(row[4] == 2.0 and row[7] == 2.0 for row in table.rows)
+    rebuilds = next(t for t in suite.tables if t.title.startswith("The writers' rebuilds"))
+    assert [row[:2] for row in rebuilds.rows] == [
+        [f"{n:,}", w] for n in (100_000, 200_000, 1_000_000) for w in ("lexical", "vectors")
+    ]
+    peaks = {h.name: h for h in suite.headlines if "rebuild" in h.name}
+    lexical = peaks["mnemo lexical rebuild peak RSS, 1,000,000 vs 100,000 chunks"]
+    assert (lexical.value, lexical.baseline, lexical.bar, lexical.meets_bar) == (500.0, 50.0, 1.3, False)
+    assert peaks["mnemo vectors rebuild peak private memory, 1,000,000 vs 100,000 chunks"].meets_bar
+    budget = peaks["1,000,000: mnemo lexical rebuild peak RSS"]
+    assert (budget.value, budget.baseline, budget.meets_bar) == (500.0, 600.0, True)
 
 
 def test_retrieval_with_one_size_reports_no_growth() -> None:
@@ -618,6 +641,10 @@ def test_the_gateway_and_scale_suites_run_their_non_admin_loops_as_load_tests(
     assert set(scale) == {"drain", "store", "projection", "halfvec", "retrieval"}
     assert set(scale["drain"]) == {"all-minilm-l6-v2", "tiny-bge-m3-random"}
     (size,) = scale["retrieval"]["sizes"]
+    assert (
+        size["lexical_rebuild"]["writer_peak_rss_mib"] > 0
+        and size["vectors_rebuild"]["writer_peak_rss_mib"] > 0
+    )
     assert set(size["semantic_search"]) >= {"tantivy", "tantivy, FAISS cpu", "off"}
     for mode, run in size["semantic_search"].items():  # the 1% researcher's loop in every gateway
         assert "1% ACL, 1 caller" in run["cells"], mode
