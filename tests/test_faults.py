@@ -21,8 +21,14 @@ from tests.fixtures.gateway import ADMIN, TEXT_MODEL, running_gateway
 
 
 @pytest.mark.ray
-async def test_postgres_stopped_hard_mid_drain_loses_no_record(sidecar_url: str, tmp_path: Path) -> None:
-    result = await postgres_stopped_mid_drain(sidecar_url, tmp_path, text_model=TEXT_MODEL, records=24)
+async def test_postgres_stopped_hard_mid_drain_loses_no_record(
+    sidecar_url: str, outside_basetemp: Path
+) -> None:
+    # The fault's own PostgreSQL keeps its data outside pytest's basetemp (see outside_basetemp): it is
+    # stopped and started again mid-test, and must still reach its files then.
+    result = await postgres_stopped_mid_drain(
+        sidecar_url, outside_basetemp, text_model=TEXT_MODEL, records=24
+    )
     assert 0 < result["queued_when_stopped"] < result["records"], result  # stopped mid-drain
     assert result["records_lost"] == 0 and result["chunks"] == result["chunks_clean"] > 0, result
     assert result["queue_left"] == 0 and result["parked"] == 0 and result["recovery_s"] is not None, result
