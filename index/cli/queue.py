@@ -14,8 +14,7 @@ from schema.cli import add_database_flags
 
 
 async def _queue_stats(args: argparse.Namespace) -> int:
-    from index.ingest import drain_registry
-    from index.ingest import queue
+    from index.ingest import drain_registry, queue
     from index.ingest.drain import stale_after_s
 
     settings = ingest_settings(args)
