@@ -30,8 +30,7 @@ from gateway.access.auth import require_admin
 from gateway.base.body import read_json
 from gateway.base.errors import ApiError, envelope_ok
 from gateway.base.resources import METRICS_KEY, POOL_KEY, SETTINGS_KEY, SIDECAR_KEY
-from index.ingest import drain_registry
-from index.ingest import queue
+from index.ingest import drain_registry, queue
 from index.ingest.drain import DrainLoop, stale_after_s
 from index.ingest.intake import IntakeError, as_record_list, enqueue_delete, enqueue_records
 from index.ingest.metrics import IngestMetrics
