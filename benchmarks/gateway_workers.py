@@ -20,7 +20,7 @@ from .flood_client import closed_loop_searches
 from .gateway import gateway_process
 from .measure import alternating_passes, cores_used, cpu_by_process, spread
 
-__all__ = ["workers_ab"]
+__all__ = ["WARM_PASSES", "process_groups", "workers_ab"]
 
 WARM_PASSES = 5  # each worker holds its own query-vector cache: enough passes that each has seen most
 
@@ -45,7 +45,7 @@ async def workers_ab(
         for url in urls.values():  # query vectors cached in every worker, pages warm
             await closed_loop_searches(url, bearer, queries, callers=4, seconds=600, requests=len(queries) * WARM_PASSES,
                                        limit=limit, let_retryable_pass=True)  # fmt: skip
-        group = _process_groups(dict(zip(names, (one.process.pid, many.process.pid), strict=True)))
+        group = process_groups(dict(zip(names, (one.process.pid, many.process.pid), strict=True)))
 
         def window(name: str) -> Any:
             async def run() -> dict[str, Any]:
@@ -70,9 +70,10 @@ async def workers_ab(
     }  # fmt: skip
 
 
-def _process_groups(gateways: dict[str, int]) -> Any:
-    """``group(pid, command line)`` for :func:`benchmarks.measure.cores_used`: each gateway's process
-    tree by name, then PostgreSQL, the sidecar (its Ray processes included), this client, the rest."""
+def process_groups(gateways: dict[str, int], *, plain: bool = False) -> Any:
+    """``group(pid, command line)`` for :func:`benchmarks.measure.cpu_used`: each gateway's process
+    tree by name (``gateway (NAME)``, or NAME itself when ``plain``), then ``postgresql``, the
+    ``sidecar`` (its Ray processes included), this ``client``, the rest (``other``)."""
     trees = {
         pid: name
         for name, root in gateways.items()
@@ -82,9 +83,9 @@ def _process_groups(gateways: dict[str, int]) -> Any:
 
     def group(pid: int, command: str) -> str:
         if pid in trees:
-            return f"gateway ({trees[pid]})"
+            return trees[pid] if plain else f"gateway ({trees[pid]})"
         if pid == here:
-            return "client (this benchmark)"
+            return "client" if plain else "client (this benchmark)"
         if "postgres" in command:
             return "postgresql"
         if "sidecar" in command or "ray" in command:

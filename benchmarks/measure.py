@@ -298,19 +298,29 @@ def cpu_by_process() -> dict[int, tuple[str, float]]:
     return out
 
 
+def cpu_used(
+    before: Mapping[int, tuple[str, float]],
+    after: Mapping[int, tuple[str, float]],
+    group: Callable[[int, str], str],
+) -> dict[str, float]:
+    """CPU seconds each group (``group(pid, command line)``) used between two :func:`cpu_by_process`
+    snapshots. A process started inside the window counts from zero; one that ended inside it is
+    not seen, so each figure is a floor."""
+    out: dict[str, float] = {}
+    for pid, (command, cpu_s) in after.items():
+        prior = before.get(pid)
+        used = cpu_s - (prior[1] if prior is not None and prior[0] == command else 0.0)
+        name = group(pid, command)
+        out[name] = out.get(name, 0.0) + used
+    return out
+
+
 def cores_used(
     before: Mapping[int, tuple[str, float]],
     after: Mapping[int, tuple[str, float]],
     wall_s: float,
     group: Callable[[int, str], str],
 ) -> dict[str, float]:
-    """Cores each group (``group(pid, command line)``) used between two :func:`cpu_by_process`
-    snapshots ``wall_s`` apart. A process started inside the window counts from zero; one that
-    ended inside it is not seen, so each figure is a floor."""
-    out: dict[str, float] = {}
-    for pid, (command, cpu_s) in after.items():
-        prior = before.get(pid)
-        used = cpu_s - (prior[1] if prior is not None and prior[0] == command else 0.0)
-        name = group(pid, command)
-        out[name] = out.get(name, 0.0) + used / wall_s
-    return out
+    """Cores each group used between two :func:`cpu_by_process` snapshots ``wall_s`` apart
+    (:func:`cpu_used` over the wall time)."""
+    return {name: used / wall_s for name, used in cpu_used(before, after, group).items()}

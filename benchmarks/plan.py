@@ -168,6 +168,11 @@ class ScalePlan:
     retrieval_mapped_workers: bool = True
     retrieval_worker_passes: int = 2
     retrieval_worker_window_s: float = 5.0
+    # At each retrieval size, the cost of a search (benchmarks/search_cost.py): CPU per search by
+    # process for an admin and researchers at each caller count, windows of this many seconds (0
+    # skips), and a py-spy profile of the gateway's workers over a window of its own (0: none).
+    retrieval_cost_seconds: float = 5.0
+    retrieval_profile_seconds: float = 5.0
     # A Ray bulk job's batches in flight per actor (benchmarks/ray_dispatch.py): Ray Data's pool (two
     # per actor) against one, ray_batches batches of ray_batch_ms on 2 actors, alternating passes
     # (0 batches skips it).
@@ -236,6 +241,8 @@ FULL = BenchPlan(
         retrieval_cache_seconds=8.0,
         retrieval_worker_passes=4,
         retrieval_worker_window_s=15.0,
+        retrieval_cost_seconds=10.0,
+        retrieval_profile_seconds=10.0,
         ray_batches=100,
         ray_batch_ms=200.0,
         ray_passes=3,

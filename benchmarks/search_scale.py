@@ -43,6 +43,7 @@ from .measure import (
 )
 from .plan import ScalePlan
 from .report import SuiteResult
+from .search_cost import measure_search_cost
 from .search_scale_figures import scale_report
 from .stack import BENCH_MODEL, BenchStack
 from .vector_cache import callers_32, mapped_workers, sync_lag
@@ -367,6 +368,13 @@ async def _one_size(stack: BenchStack, n: int, bases: np.ndarray, queries: Seque
         )
         for mode in GATEWAY_CONFIGS
     }
+    cost = None
+    if plan.retrieval_cost_seconds > 0:
+        cost = await measure_search_cost(
+            url, stack.sidecar_url, BENCH_MODEL, queries, probes, partition, lexical_dir, workdir,
+            callers=plan.retrieval_callers, seconds=plan.retrieval_cost_seconds,
+            profile_s=plan.retrieval_profile_seconds, limit=LIMIT,
+        )  # fmt: skip
     workers = None
     if plan.retrieval_worker_passes and n == max(
         plan.retrieval_sizes
@@ -385,6 +393,7 @@ async def _one_size(stack: BenchStack, n: int, bases: np.ndarray, queries: Seque
         "dense_cache": cache,
         "lexical": lexical,
         "semantic_search": search,
+        **({"search_cost": cost} if cost else {}),
     }
 
 

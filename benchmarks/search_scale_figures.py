@@ -13,6 +13,7 @@ from typing import Any
 from .lexical import lexical_report
 from .measure import ratio, spread
 from .report import Headline, SuiteResult, Table
+from .search_cost import cost_headlines, cost_tables
 from .tables import Column, headings, rows
 from .vector_cache import MAPPED_MODES
 
@@ -270,6 +271,7 @@ def scale_report(result: dict[str, Any], *, limit: int) -> SuiteResult:
         ),
         *cache_tables,
         *_operations_tables(result["sizes"]),
+        *cost_tables(result["sizes"]),
     ]
     if growth:
         title = "semantic_search growth, same run (largest size / smallest)"
@@ -279,6 +281,7 @@ def scale_report(result: dict[str, Any], *, limit: int) -> SuiteResult:
         + _one_percent_headlines(result["sizes"][-1])
         + _issue_44(result["sizes"])
         + _rebuild_headlines(result["sizes"])
+        + cost_headlines(result["sizes"])
     )
     return SuiteResult(
         suite="retrieval at scale",

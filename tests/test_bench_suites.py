@@ -556,6 +556,57 @@ def test_retrieval_growth_puts_each_cell_at_the_largest_size_against_itself_at_t
     assert (budget.value, budget.baseline, budget.meets_bar) == (500.0, 600.0, True)
 
 
+def test_a_profile_folds_into_self_and_inclusive_shares_of_all_samples() -> None:
+    """py-spy's folded stacks: the innermost frame is a sample's self time; a frame anywhere on the
+    stack (a recursive one once) is its inclusive time; files are named from their package, lines
+    dropped so one function's lines add up."""
+    from benchmarks.search_cost import summarize_profile
+
+    site = "/work/.venv/lib/python3.11/site-packages"
+    lines = [
+        'process 12:"mnemo";run (/x/gateway/web/app.py:10);search (/x/index/lexical/engine.py:40) 6',
+        f"run (/x/gateway/web/app.py:11);fetch ({site}/asyncpg/connection.py:5) 3",
+        "run (/x/gateway/web/app.py:10);run (/x/gateway/web/app.py:12) 1",
+        "a malformed line",
+    ]
+    profile = summarize_profile(lines)
+    assert profile["samples"] == 10
+    assert dict(profile["self"]) == {
+        "search (index/lexical/engine.py)": 0.6,
+        "fetch (asyncpg/connection.py)": 0.3,
+        "run (gateway/web/app.py)": 0.1,
+    }
+    inclusive = dict(profile["inclusive"])
+    assert inclusive["run (gateway/web/app.py)"] == 1.0  # every sample, the recursive one once
+    assert inclusive["search (index/lexical/engine.py)"] == 0.6
+    assert summarize_profile([]) == {"samples": 0, "self": [], "inclusive": []}
+
+
+def test_the_cost_of_a_search_is_judged_at_a_million_chunks_against_its_bars_and_floors() -> None:
+    """Issue 56's headlines: at 1M chunks (none at a smaller largest size), the served CPU and the
+    gateway's share against their budgets, req/s against the 2026-12-05 reference, p99 against its
+    bar, and the served CPU against the sum of the floors measured in the same run."""
+    from benchmarks.search_cost import cost_headlines, cost_tables
+
+    cell = {"requests": 100, "requests_per_s": 500.0, "p50_ms": 50.0, "p99_ms": 100.0,
+            "cpu_ms": {"gateway": 1.0, "postgresql": 2.5, "sidecar": 0.1, "client": 0.3, "served": 3.6}}  # fmt: skip
+    floors = {"dense SQL": {"calls": 9, "cpu_ms": 1.5, "backend_ms": 1.2, "client_ms": 0.3},
+              "tantivy bare": {"calls": 9, "cpu_ms": 0.5, "backend_ms": 0.0, "client_ms": 0.5}}  # fmt: skip
+    cost = {"callers": 32, "cells": {"admin, 32 callers": cell, "1%, 32 callers": cell}, "floors": floors}
+    headlines = {
+        h.name.split(": ", 1)[1]: h for h in cost_headlines([{"chunks": 1_000_000, "search_cost": cost}])
+    }
+    assert [h.meets_bar for h in headlines.values()] == [True, True, True, True, True]
+    floors_headline = headlines[
+        "a search's CPU against its legs' floors (dense SQL + Tantivy bare, same run)"
+    ]
+    assert (floors_headline.value, floors_headline.baseline) == (3.6, 2.0)
+    assert headlines["semantic_search req/s, 2 workers, 32 callers"].ratio == 500.0 / 190.0
+    assert cost_headlines([{"chunks": 100_000, "search_cost": cost}]) == []
+    by_process, floor_table = cost_tables([{"chunks": 100_000, "search_cost": cost}])
+    assert len(by_process.rows) == 2 and len(floor_table.rows) == 2
+
+
 def test_retrieval_with_one_size_reports_no_growth() -> None:
     from benchmarks.search_scale import as_suite
 
@@ -603,6 +654,8 @@ LOAD_TEST_PLAN = [
     "scale.retrieval_cache_seconds=0.5",
     "scale.retrieval_worker_passes=1",
     "scale.retrieval_worker_window_s=1",
+    "scale.retrieval_cost_seconds=0.5",
+    "scale.retrieval_profile_seconds=1",
     "scale.ray_batches=0",  # the Ray dispatch and images sections: tests/test_bench_sections.py
     "scale.images=0",
 ]
@@ -649,3 +702,9 @@ def test_the_gateway_and_scale_suites_run_their_non_admin_loops_as_load_tests(
     for mode, run in size["semantic_search"].items():  # the 1% researcher's loop in every gateway
         assert "1% ACL, 1 caller" in run["cells"], mode
         assert all(cell["requests"] > 0 for cell in run["cells"].values()), (mode, run["cells"])
+    cost = size["search_cost"]  # every visibility's window served, its CPU counted by process
+    assert set(cost["cells"]) == {"admin, 1 caller", "10%, 1 caller", "1%, 1 caller"}
+    for cell in cost["cells"].values():
+        assert cell["requests"] > 0 and cell["cpu_ms"]["gateway"] > 0 and cell["cpu_ms"]["served"] > 0
+    assert all(f["calls"] > 0 and f["cpu_ms"] > 0 for f in cost["floors"].values())
+    assert cost["profile"]["samples"] > 0 and cost["profile"]["inclusive"]
