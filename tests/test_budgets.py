@@ -23,7 +23,8 @@ from gateway.base.budget_settings import BudgetSettings, parse_limits
 from gateway.base.errors import ApiError
 from gateway.base.metrics import Metrics
 from gateway.budgets.fairness import FairLimiter
-from gateway.budgets.ledger import Budgets, Metering, Reservation, window_of
+from gateway.budgets.ledger import Reservation, window_of
+from gateway.budgets.metering import Budgets, Metering
 from gateway.web.embeddings import sidecar_failure
 from inference.client import SidecarError, SidecarOverloaded, SidecarRejected, SidecarUnavailable
 from inference.errors import ErrorCode
@@ -40,8 +41,11 @@ class Clock:
         return self.now
 
 
-def _budgets(pool: asyncpg.Pool, limits: str, clock: Clock, window: int = WINDOW) -> Budgets:
-    return Budgets.configured(pool, BudgetSettings(window=window, limits=limits), Metrics(), clock)
+def _budgets(pool: asyncpg.Pool, limits: str, clock: Clock, window: int = WINDOW, lease: int = 1) -> Budgets:
+    """Budgets over ``pool``; every call reserved in the ledger unless ``lease`` > 1 (the ledger's
+    own rules are checked call by call; the leases have tests of their own below)."""
+    settings = BudgetSettings(window=window, limits=limits, lease=lease)
+    return Budgets.configured(pool, settings, Metrics(), clock)
 
 
 async def _ledger(pool: asyncpg.Pool, sub: str) -> dict[tuple[str, float], int]:
@@ -186,6 +190,104 @@ async def test_overrides_replace_the_role_default_and_reset_clears_the_window(db
     with pytest.raises(ApiError) as info:
         await ledger.set_limit("alice", "gpu_hours", 1)
     assert info.value.code == "request.invalid_options"
+
+
+# -- leases: a principal without a limit counted one ledger write per lease ---------------------------
+
+
+async def _served(
+    budgets: Budgets, principal: Principal, calls: int, meter: str = "query_embeddings"
+) -> list:
+    return [await Metering(budgets, principal).reserve(meter, 1) for _ in range(calls)]
+
+
+async def test_a_principal_without_a_limit_takes_leases_and_the_ledger_ends_exact(
+    db_pool: asyncpg.Pool,
+) -> None:
+    """An admin (no limit on any meter here): the first call learns "no limit" (reserved alone), the
+    next ones come out of leases of 4, so the ledger counts ahead (never behind) by what a lease
+    still holds; given back, it holds exactly the calls served. Each call reports the use the ledger
+    would show had it reserved alone."""
+    budgets = _budgets(db_pool, "", Clock(), lease=4)
+    root = Principal(sub=f"root-{uuid.uuid4().hex[:6]}", admin=True)
+    seen = []
+    for served in range(1, 11):
+        (reservation,) = await _served(budgets, root, 1)
+        counted = (await _ledger(db_pool, root.sub)).popitem()[1]
+        assert served <= counted < served + 4, (served, counted)
+        seen.append((reservation.used, reservation.leased, reservation.limit))
+    assert seen == [(n, n > 1, None) for n in range(1, 11)]
+    # calls 2-5, 6-9 and 10 came out of three leases: the ledger wrote 1 + 3 times, not 10
+    assert list((await _ledger(db_pool, root.sub)).values()) == [1 + 3 * 4]
+    assert await budgets.leases.return_idle(everything=True) == 3
+    assert list((await _ledger(db_pool, root.sub)).values()) == [10]
+
+
+async def test_a_failed_calls_leased_unit_goes_back_into_its_lease(db_pool: asyncpg.Pool) -> None:
+    budgets = _budgets(db_pool, "", Clock(), lease=4)
+    root = Principal(sub=f"root-{uuid.uuid4().hex[:6]}", admin=True)
+    await _served(budgets, root, 3)
+    failed = Metering(budgets, root)
+    assert (await failed.reserve("query_embeddings", 1)).leased  # type: ignore[union-attr]
+    await failed.refund_all()
+    await budgets.leases.return_idle(everything=True)
+    assert list((await _ledger(db_pool, root.sub)).values()) == [3]  # the three served, not the failed one
+
+
+async def test_a_principal_with_a_limit_is_reserved_call_by_call(db_pool: asyncpg.Pool) -> None:
+    budgets = _budgets(db_pool, "user.query_embeddings=5", Clock(), lease=4)
+    reader = Principal(sub=f"reader-{uuid.uuid4().hex[:6]}")
+    for served in range(1, 6):
+        (reservation,) = await _served(budgets, reader, 1)
+        assert not reservation.leased and list((await _ledger(db_pool, reader.sub)).values()) == [served]
+    with pytest.raises(ApiError) as info:
+        await _served(budgets, reader, 1)
+    assert info.value.code == "budget_exhausted"
+
+
+async def test_a_limit_set_on_a_leased_principal_applies_from_its_next_lease(db_pool: asyncpg.Pool) -> None:
+    """An operator limits a principal that was taking leases: the units its lease holds are still
+    served (the lease was counted); the next lease is refused, the call reserved alone and refused
+    past the limit, and the ledger never counts less than was served."""
+    budgets = _budgets(db_pool, "", Clock(), lease=4)
+    root = Principal(sub=f"root-{uuid.uuid4().hex[:6]}", admin=True)
+    await _served(budgets, root, 2)  # one alone, one of a lease of 4 (3 left)
+    await budgets.ledger.set_limit(root.sub, "query_embeddings", 6)
+    await _served(budgets, root, 3)  # the lease's last three
+    with pytest.raises(ApiError) as info:  # 5 + 4 > 6: no lease; 5 + 1 fits: one more alone
+        await _served(budgets, root, 2)
+    assert info.value.code == "budget_exhausted"
+    assert list((await _ledger(db_pool, root.sub)).values()) == [6]
+    assert not budgets.leases.may_lease(root.sub, "query_embeddings", 1)
+
+
+async def test_leases_go_back_when_idle_and_to_their_own_window(db_pool: asyncpg.Pool) -> None:
+    """A lease idle RAG_BUDGET_LEASE_IDLE seconds gives its units back; a lease whose window ended
+    is replaced, its units going back to the window they were counted in."""
+    from gateway.budgets.lease import Leases
+
+    clock, idle = Clock(1_000_000.0), Clock(0.0)
+    budgets = _budgets(db_pool, "", clock, lease=4)
+    leases = Leases(budgets.ledger, 4, idle_s=2.0, clock=idle)
+    budgets = Budgets(budgets.settings, budgets.ledger, budgets.limiter, budgets.metrics, leases)
+    root = Principal(sub=f"root-{uuid.uuid4().hex[:6]}", admin=True)
+    first = window_of(clock.now, WINDOW)[0].timestamp()
+    await _served(budgets, root, 3)  # one alone, two of a lease (2 left)
+    idle.now += 1.9
+    assert await leases.return_idle() == 0  # not idle long enough
+    clock.now += WINDOW  # the next window: a new lease there, the old one's 2 back to its own window
+    await _served(budgets, root, 2)
+    second = window_of(clock.now, WINDOW)[0].timestamp()
+    assert await _ledger(db_pool, root.sub) == {
+        ("query_embeddings", first): 3,
+        ("query_embeddings", second): 4,
+    }
+    idle.now += 2.0
+    assert await leases.return_idle() == 2
+    assert await _ledger(db_pool, root.sub) == {
+        ("query_embeddings", first): 3,
+        ("query_embeddings", second): 2,
+    }
 
 
 def test_the_limiter_sheds_the_flooding_principal_only() -> None:

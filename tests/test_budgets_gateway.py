@@ -10,6 +10,7 @@ import asyncio
 import logging
 import shutil
 import tempfile
+import uuid
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ import numpy as np
 import pytest
 
 from gateway.base.resources import POOL_KEY
-from gateway.budgets.ledger import BUDGETS_KEY
+from gateway.budgets.metering import BUDGETS_KEY
 from gateway.web.embeddings import token_bound
 from schema import EmbeddedPostgres, create_pool
 from tests.fixtures.chat_server import ChatServer, running_chat_server
@@ -194,6 +195,21 @@ async def test_the_ledger_commits_without_a_disk_flush_unless_told(
             assert await gw.app[POOL_KEY].fetchval("SHOW synchronous_commit") == "on"
             assert (await gw.call("semantic_search", {"query": DAM}, bearer=_reader("flush")))[0] == 200
     assert await _used(corpus_database_url, "flush") == {"query_embeddings": 2}
+
+
+async def test_an_admins_searches_are_counted_exactly_once_the_gateways_leases_go_back(
+    corpus_database_url: str, sidecar_url: str
+) -> None:
+    """An admin (no limit) is counted by lease (RAG_BUDGET_LEASE): while the gateway runs the ledger
+    counts at least every search served and at most a lease ahead; stopped, it holds exactly them."""
+    sub = f"lease-{uuid.uuid4().hex[:6]}"
+    admin = token(sub, admin=True, projects=None)
+    async with running_gateway(corpus_database_url, sidecar_url, RAG_BUDGET_LEASE="8") as gw:
+        for served in range(1, 21):
+            assert (await gw.call("semantic_search", {"query": DAM}, bearer=admin))[0] == 200
+            counted = (await _used(corpus_database_url, sub))["query_embeddings"]
+            assert served <= counted < served + 8, (served, counted)
+    assert await _used(corpus_database_url, sub) == {"query_embeddings": 20}
 
 
 async def test_a_flood_is_shed_as_its_own_429s_while_another_principal_is_served(

@@ -14,7 +14,7 @@ from mcp import Client
 
 from gateway.access.auth import ANONYMOUS_ADMIN
 from gateway.base.resources import SETTINGS_KEY
-from gateway.budgets.ledger import BUDGETS_KEY
+from gateway.budgets.metering import BUDGETS_KEY
 from gateway.web.mcp import McpStartupError, build_mcp_server, principal_from_token
 from tests.fixtures.gateway import Gateway, running_gateway, token
 

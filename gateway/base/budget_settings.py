@@ -57,6 +57,21 @@ class BudgetSettings:
         86400,
         "Seconds in one budget window, aligned to the UTC epoch (86400: a UTC day, reset at midnight UTC).",
     )
+    lease: int = setting(
+        "RAG_BUDGET_LEASE",
+        16,
+        "Units of a meter a gateway worker reserves at once for a principal the ledger gives no limit "
+        "on that meter (an admin by default), then hands to its calls one by one: one ledger write "
+        "per lease instead of one per search. Unused units go back after `RAG_BUDGET_LEASE_IDLE`, at "
+        "the window's end and when the gateway stops; a worker killed holding a lease leaves fewer "
+        "than this many units counted but unused. A principal with a limit is reserved call by call. "
+        "1: every call reserves in the ledger.",
+    )
+    lease_idle: float = setting(
+        "RAG_BUDGET_LEASE_IDLE",
+        2.0,
+        "Seconds a lease (`RAG_BUDGET_LEASE`) may sit unused before its unused units go back to the ledger.",
+    )
     limits: str = setting(
         "RAG_BUDGET_LIMITS",
         "user.ask=200,user.llm_prompt_tokens=1000000,user.llm_completion_tokens=200000,"
@@ -129,3 +144,7 @@ class BudgetSettings:
             raise SettingsError("RAG_FAIR_RATE must be finite and >= 0")
         if self.fair_burst < 1 or self.fair_concurrency < 0:
             raise SettingsError("RAG_FAIR_BURST must be >= 1 and RAG_FAIR_CONCURRENCY >= 0")
+        if self.lease < 1 or not 0 < self.lease_idle < float("inf"):
+            raise SettingsError(
+                "RAG_BUDGET_LEASE must be >= 1 and RAG_BUDGET_LEASE_IDLE a number of seconds > 0"
+            )

@@ -12,7 +12,7 @@ from gateway.access.auth import require_admin
 from gateway.base.body import read_json
 from gateway.base.budget_settings import METERS
 from gateway.base.errors import ApiError, envelope_ok
-from gateway.budgets.ledger import BUDGETS_KEY
+from gateway.budgets.metering import BUDGETS_KEY
 
 __all__ = ["setup_budget_routes"]
 

@@ -46,7 +46,7 @@ from gateway.base.resources import (
     WORKERS_KEY,
 )
 from gateway.base.settings import GatewaySettings
-from gateway.budgets.ledger import BUDGETS_KEY, Budgets
+from gateway.budgets.metering import BUDGETS_KEY, Budgets
 from gateway.budgets.routes import setup_budget_routes
 from gateway.retrieval.engines import build_retrieval
 from gateway.retrieval.rerank import Reranker
@@ -95,11 +95,13 @@ async def _budgets_ctx(app: web.Application) -> AsyncIterator[None]:
         reset_session=False,
         session={"synchronous_commit": "on" if settings.budgets.durable_commit else "off"},
     )
-    app[BUDGETS_KEY] = Budgets.configured(
+    budgets = Budgets.configured(
         ledger_pool, settings.budgets, app[METRICS_KEY], workers=app.get(WORKERS_KEY, 1)
     )
+    app[BUDGETS_KEY] = budgets
     try:
-        yield
+        async with budgets.leases_returned():  # a lease's unused units back to the ledger, idle or at the end
+            yield
     finally:
         await ledger_pool.close()
 

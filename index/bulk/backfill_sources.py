@@ -14,6 +14,7 @@ from typing import Any
 
 import asyncpg
 
+from index.beside import running_beside
 from index.bulk import shadow
 from index.bulk.backfill_types import BackfillOptions, BackfillReport, Embedded
 from index.chunking.chunker import embed_text_for, source_hash
@@ -156,13 +157,8 @@ class QueueSource:
                     log.warning("backfill lease renewal failed (retrying): %s", exc)
                 await asyncio.sleep(lease.seconds / 3)
 
-        task = asyncio.create_task(beat(), name=f"mnemo-backfill-leases-{lease.owner}")
-        try:
+        async with running_beside(beat, f"mnemo-backfill-leases-{lease.owner}"):
             yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
     async def finish(self, pool: asyncpg.Pool, backfill_id: str, report: BackfillReport) -> None:
         """After the swap: remove the indexed records from the queue (at the version embedded; a
