@@ -27,7 +27,9 @@ from index.settings import IngestSettings
 from index.store import store
 from index.store.partitions import ModelPartition, ensure_partition, get_partition
 from index.store.sections import SectionStore
-from inference.client import EmbedResult, SidecarClient
+from inference.client import SidecarClient
+from inference.contract import Route
+from inference.routes import EMBED
 
 from .report import SuiteResult, Table
 from .tables import Column, HeadlineRow, headings, rows
@@ -173,11 +175,12 @@ class RecordingClient(SidecarClient):
         self.embedded: list[str] = []
         self.recording = False
 
-    async def embed(self, model: str, texts: Sequence[str], **kwargs: Any) -> EmbedResult:
-        result = await super().embed(model, texts, **kwargs)
-        if self.recording:
-            self.embedded.extend(texts)
-        return result
+    async def _request(self, route: Route, **fields: Any) -> Any:
+        """Every ``/embed`` call's texts, kept once answered (the client's own calls, not rewritten)."""
+        answer = await super()._request(route, **fields)
+        if self.recording and route is EMBED:
+            self.embedded.extend(fields["input"])
+        return answer
 
 
 async def _prepared(pool: asyncpg.Pool, client: RecordingClient, text_model: str | None) -> Any:

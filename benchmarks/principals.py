@@ -25,6 +25,7 @@ def load_test_env(principals: Sequence[str]) -> dict[str, str]:
 async def grant_load_test_budgets(database_url: str, principals: Sequence[str]) -> None:
     """Give each of ``principals`` no limit on any meter in the ledger of ``database_url``."""
     from gateway.base.budget_settings import METERS, BudgetSettings
+    from gateway.budgets import admin as budget_admin
     from gateway.budgets.ledger import Ledger
     from schema import create_pool
 
@@ -35,6 +36,6 @@ async def grant_load_test_budgets(database_url: str, principals: Sequence[str]) 
         ledger = Ledger(pool, BudgetSettings())
         for principal in principals:
             for meter in METERS:
-                await ledger.set_limit(principal, meter, None)
+                await budget_admin.set_limit(ledger, principal, meter, None)
     finally:
         await pool.close()

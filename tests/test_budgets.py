@@ -22,9 +22,9 @@ from gateway.access.auth import Principal
 from gateway.base.budget_settings import BudgetSettings, parse_limits
 from gateway.base.errors import ApiError
 from gateway.base.metrics import Metrics
+from gateway.budgets import admin as budget_admin
 from gateway.budgets.fairness import FairLimiter
-from gateway.budgets.ledger import Reservation, window_of
-from gateway.budgets.metering import Budgets, Metering
+from gateway.budgets.ledger import Budgets, Metering, Reservation, window_of
 from gateway.web.embeddings import sidecar_failure
 from inference.client import SidecarError, SidecarOverloaded, SidecarRejected, SidecarUnavailable
 from inference.errors import ErrorCode
@@ -171,16 +171,18 @@ async def test_overrides_replace_the_role_default_and_reset_clears_the_window(db
     await Metering(budgets, alice).reserve("ask", 1)
     with pytest.raises(ApiError):
         await Metering(budgets, alice).reserve("ask", 1)
-    await ledger.set_limit("alice", "ask", 3)
+    await budget_admin.set_limit(ledger, "alice", "ask", 3)
     await Metering(budgets, alice).reserve("ask", 2)
-    rows = {r.meter: r for r in await ledger.show("alice")}
+    rows = {r.meter: r for r in await budget_admin.show(ledger, "alice")}
     assert (rows["ask"].used, rows["ask"].limit, rows["ask"].override) == (3, 3, True)
-    assert await ledger.reset("alice") == 1
-    await ledger.set_limit("alice", "ask", None)  # unlimited, still counted
+    assert await budget_admin.reset(ledger, "alice") == 1
+    await budget_admin.set_limit(ledger, "alice", "ask", None)  # unlimited, still counted
     for _ in range(5):
         await Metering(budgets, alice).reserve("ask", 1)
-    assert (await ledger.show("alice"))[0].used == 5
-    assert await ledger.clear_limit("alice", "ask") and not await ledger.clear_limit("alice", "ask")
+    assert (await budget_admin.show(ledger, "alice"))[0].used == 5
+    assert await budget_admin.clear_limit(ledger, "alice", "ask") and not await budget_admin.clear_limit(
+        ledger, "alice", "ask"
+    )
     with pytest.raises(ApiError):  # back to the role's 1
         await Metering(budgets, alice).reserve("ask", 1)
     # an admin token's role has no limit here: counted only
@@ -188,7 +190,7 @@ async def test_overrides_replace_the_role_default_and_reset_clears_the_window(db
     for _ in range(3):
         assert (await Metering(budgets, root).reserve("ask", 1)).limit is None  # type: ignore[union-attr]
     with pytest.raises(ApiError) as info:
-        await ledger.set_limit("alice", "gpu_hours", 1)
+        await budget_admin.set_limit(ledger, "alice", "gpu_hours", 1)
     assert info.value.code == "request.invalid_options"
 
 
@@ -252,7 +254,7 @@ async def test_a_limit_set_on_a_leased_principal_applies_from_its_next_lease(db_
     budgets = _budgets(db_pool, "", Clock(), lease=4)
     root = Principal(sub=f"root-{uuid.uuid4().hex[:6]}", admin=True)
     await _served(budgets, root, 2)  # one alone, one of a lease of 4 (3 left)
-    await budgets.ledger.set_limit(root.sub, "query_embeddings", 6)
+    await budget_admin.set_limit(budgets.ledger, root.sub, "query_embeddings", 6)
     await _served(budgets, root, 3)  # the lease's last three
     with pytest.raises(ApiError) as info:  # 5 + 4 > 6: no lease; 5 + 1 fits: one more alone
         await _served(budgets, root, 2)
@@ -264,7 +266,7 @@ async def test_a_limit_set_on_a_leased_principal_applies_from_its_next_lease(db_
 async def test_leases_go_back_when_idle_and_to_their_own_window(db_pool: asyncpg.Pool) -> None:
     """A lease idle RAG_BUDGET_LEASE_IDLE seconds gives its units back; a lease whose window ended
     is replaced, its units going back to the window they were counted in."""
-    from gateway.budgets.lease import Leases
+    from gateway.budgets.ledger import Leases
 
     clock, idle = Clock(1_000_000.0), Clock(0.0)
     budgets = _budgets(db_pool, "", clock, lease=4)

@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 from gateway.base.resources import POOL_KEY
-from gateway.budgets.metering import BUDGETS_KEY
+from gateway.budgets import admin as budget_admin
+from gateway.budgets.ledger import BUDGETS_KEY
 from gateway.web.embeddings import token_bound
 from schema import EmbeddedPostgres, create_pool
 from tests.fixtures.chat_server import ChatServer, running_chat_server
@@ -424,7 +425,7 @@ async def test_the_gateways_v1_embeddings_is_the_sidecars_answer_metered_per_pri
         # a limit below the bound of the request (its bytes and specials), above its real cost: refused
         bound = token_bound(texts)
         assert tokens < bound
-        await gw.app[BUDGETS_KEY].ledger.set_limit("tight", "embedding_input_tokens", bound - 1)
+        await budget_admin.set_limit(gw.app[BUDGETS_KEY].ledger, "tight", "embedding_input_tokens", bound - 1)
         status, answer, headers = await post(body, _reader("tight"))
         assert (status, answer["error"]["code"]) == (429, "budget_exhausted"), answer
         assert (answer["error"]["meter"], answer["error"]["used"]) == ("embedding_input_tokens", 0)
@@ -464,7 +465,7 @@ async def test_the_official_openai_sdk_lists_and_embeds_through_the_gateway_with
         async with AsyncOpenAI(base_url=gw.url + "/v1", api_key=_reader("newcomer"), max_retries=0) as sdk:
             listed = {model.id: model async for model in sdk.models.list()}
             answer = await sdk.embeddings.create(model=TEXT_MODEL, input=["a coin", "an amphora"])
-        await gw.app[BUDGETS_KEY].ledger.set_limit("spent", "embedding_input_tokens", 0)
+        await budget_admin.set_limit(gw.app[BUDGETS_KEY].ledger, "spent", "embedding_input_tokens", 0)
         async with AsyncOpenAI(base_url=gw.url + "/v1", api_key=_reader("spent"), max_retries=0) as sdk:
             with pytest.raises(RateLimitError) as refused:
                 await sdk.embeddings.create(model=TEXT_MODEL, input="a coin")

@@ -14,7 +14,8 @@ from mcp import Client
 
 from gateway.access.auth import ANONYMOUS_ADMIN
 from gateway.base.resources import SETTINGS_KEY
-from gateway.budgets.metering import BUDGETS_KEY
+from gateway.budgets import admin as budget_admin
+from gateway.budgets.ledger import BUDGETS_KEY
 from gateway.web.mcp import McpStartupError, build_mcp_server, principal_from_token
 from tests.fixtures.gateway import Gateway, running_gateway, token
 
@@ -95,7 +96,7 @@ async def test_a_spent_budget_is_an_mcp_tool_error_like_the_api(
     bearer = token(sub, projects=[1], oh1=1)
     async with running_gateway(corpus_database_url, sidecar_url, RAG_BUDGET_LIMITS="user.ask=0") as gw:
         # the ask run is spent by the role's limit, the query embeddings by this principal's own
-        await gw.app[BUDGETS_KEY].ledger.set_limit(sub, "query_embeddings", 0)
+        await budget_admin.set_limit(gw.app[BUDGETS_KEY].ledger, sub, "query_embeddings", 0)
         status, body = await gw.call("ask", {"query": DAM}, bearer=bearer)
         assert (status, body["error"]["code"]) == (429, "budget_exhausted")
         server = build_mcp_server(gw.app, principal_from_token(gw.app[SETTINGS_KEY], bearer))

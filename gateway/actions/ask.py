@@ -33,7 +33,7 @@ from gateway.actions.citations import citations, validate_markers
 from gateway.actions.context import ActionContext, Args, AskServices, query_error
 from gateway.actions.providers import DEFAULT_SYSTEM_PROMPT, Generation, GenerationFailed, GenerationRequest
 from gateway.base.errors import ApiError, request_id
-from gateway.budgets.metering import hold_generation, settle_generation
+from gateway.budgets.ledger import hold_generation, settle_generation
 from gateway.retrieval.expand import Expanded, unexpanded
 from gateway.retrieval.passages import provenance
 from gateway.retrieval.query_embedding import EmbeddingUnavailable, QueryRejected

@@ -20,7 +20,7 @@ from gateway.base.errors import ApiError
 from gateway.base.metrics import Metrics
 from gateway.base.resources import POOL_KEY
 from gateway.base.settings import AskSettings
-from gateway.budgets.metering import BUDGETS_KEY, Metering
+from gateway.budgets.ledger import BUDGETS_KEY, Metering
 from gateway.retrieval.expand import ChunkWindows, Expanded
 from gateway.retrieval.objects import ObjectRetriever
 from gateway.retrieval.query_embedding import EmbeddingUnavailable, QueryRejected

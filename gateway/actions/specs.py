@@ -21,7 +21,7 @@ from gateway.actions.ask import run_ask, stream_ask
 from gateway.actions.context import ActionContext, Args, Handler
 from gateway.base.errors import ApiError
 from gateway.base.settings import GatewaySettings
-from gateway.budgets.metering import metered
+from gateway.budgets.ledger import metered
 from schema.read_pool import replica_lost
 
 __all__ = ["ACTIONS", "ActionSpec", "admit", "handle", "run_action"]

@@ -4,7 +4,7 @@ Every metered action (they are the ones that call the sidecar or the language mo
 :meth:`FairLimiter.acquire` first, so a flooding principal is shed with its own 429 ``rate_limited``
 while other principals' calls go through untouched. It lives in the gateway's process: each worker
 of ``mnemo gateway --workers N`` holds its own buckets with 1/N of the settings
-(:meth:`gateway.budgets.metering.Budgets.configured`); the budgets in :mod:`gateway.budgets.ledger` are the
+(:meth:`gateway.budgets.ledger.Budgets.configured`); the budgets in :mod:`gateway.budgets.ledger` are the
 database's and exact across workers.
 """
 

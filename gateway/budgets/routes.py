@@ -12,7 +12,8 @@ from gateway.access.auth import require_admin
 from gateway.base.body import read_json
 from gateway.base.budget_settings import METERS
 from gateway.base.errors import ApiError, envelope_ok
-from gateway.budgets.metering import BUDGETS_KEY
+from gateway.budgets import admin as budget_admin
+from gateway.budgets.ledger import BUDGETS_KEY
 
 __all__ = ["setup_budget_routes"]
 
@@ -22,7 +23,7 @@ async def budgets_show(request: web.Request) -> web.Response:
     require_admin(request)
     budgets = request.app[BUDGETS_KEY]
     principal = request.query.get("principal") or None
-    rows = await budgets.ledger.show(principal)
+    rows = await budget_admin.show(budgets.ledger, principal)
     return envelope_ok(
         request,
         {
@@ -48,13 +49,13 @@ async def budgets_limit(request: web.Request) -> web.Response:
     principal, meter = _text(body, "principal"), _text(body, "meter")
     ledger = request.app[BUDGETS_KEY].ledger
     if body.get("default") is True:
-        return envelope_ok(request, {"cleared": await ledger.clear_limit(principal, meter)})
+        return envelope_ok(request, {"cleared": await budget_admin.clear_limit(ledger, principal, meter)})
     if "limit" not in body:
         raise ApiError.invalid_options('limit: give a number, null (unlimited) or "default": true')
     limit = body["limit"]
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)):
         raise ApiError.invalid_options("limit: an integer >= 0, or null for unlimited")
-    await ledger.set_limit(principal, meter, limit)
+    await budget_admin.set_limit(ledger, principal, meter, limit)
     return envelope_ok(request, {"principal": principal, "meter": meter, "limit": limit})
 
 
@@ -65,8 +66,10 @@ async def budgets_reset(request: web.Request) -> web.Response:
     if not isinstance(body, dict):
         raise ApiError.invalid_request("the body must be an object")
     meter = body.get("meter")
-    reset = await request.app[BUDGETS_KEY].ledger.reset(
-        _text(body, "principal"), None if meter is None else _text(body, "meter")
+    reset = await budget_admin.reset(
+        request.app[BUDGETS_KEY].ledger,
+        _text(body, "principal"),
+        None if meter is None else _text(body, "meter"),
     )
     return envelope_ok(request, {"reset": reset})
 

@@ -183,6 +183,7 @@ async def _budgets(args: argparse.Namespace) -> int:
     """``mnemo budgets show|set|reset``: the ledger's current window and per-principal limits."""
     from gateway.base.budget_settings import BudgetSettings
     from gateway.base.errors import ApiError
+    from gateway.budgets import admin as budget_admin
     from gateway.budgets.ledger import Ledger
     from schema.database import open_database
     from schema.settings import load_settings
@@ -197,18 +198,18 @@ async def _budgets(args: argparse.Namespace) -> int:
         try:
             if args.budgets_command == "set":
                 if args.default:
-                    had = await ledger.clear_limit(args.principal, args.meter)
+                    had = await budget_admin.clear_limit(ledger, args.principal, args.meter)
                     print(f"{args.principal} {args.meter}: the role's limit" + ("" if had else " (already)"))
                 else:
-                    await ledger.set_limit(args.principal, args.meter, args.limit)
+                    await budget_admin.set_limit(ledger, args.principal, args.meter, args.limit)
                     shown = "unlimited" if args.limit is None else str(args.limit)
                     print(f"{args.principal} {args.meter}: {shown} per window")
                 return 0
             if args.budgets_command == "reset":
-                rows = await ledger.reset(args.principal, args.meter)
+                rows = await budget_admin.reset(ledger, args.principal, args.meter)
                 print(f"{args.principal}: {rows} meter(s) of the current window reset")
                 return 0
-            rows = await ledger.show(args.principal)
+            rows = await budget_admin.show(ledger, args.principal)
         except ApiError as exc:
             print(f"mnemo budgets: {exc.message}", file=sys.stderr)
             return 2

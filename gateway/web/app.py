@@ -46,7 +46,7 @@ from gateway.base.resources import (
     WORKERS_KEY,
 )
 from gateway.base.settings import GatewaySettings
-from gateway.budgets.metering import BUDGETS_KEY, Budgets
+from gateway.budgets.ledger import BUDGETS_KEY, Budgets
 from gateway.budgets.routes import setup_budget_routes
 from gateway.retrieval.engines import build_retrieval
 from gateway.retrieval.rerank import Reranker

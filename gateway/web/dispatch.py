@@ -20,7 +20,7 @@ from gateway.actions.specs import ACTIONS, admit, handle
 from gateway.base.body import read_json
 from gateway.base.errors import ApiError, envelope_ok
 from gateway.base.resources import ACTION_KEY, SETTINGS_KEY
-from gateway.budgets.metering import metered
+from gateway.budgets.ledger import metered
 
 API_NAME = "dd_rag_api"
 

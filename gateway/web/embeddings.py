@@ -11,7 +11,7 @@ In order: the token (401); the kill switch (``RAG_ENABLED`` off: 503 ``rag.disab
 action that reaches the sidecar); the body, read strictly (:func:`gateway.base.body.read_json`) and checked here
 field by field as the sidecar declares them, so a bad one is the gateway's coded 400 before anything
 is reserved; the fairness limiter and the reservation of an upper bound of the input's tokens on
-``embedding_input_tokens`` (429, :func:`gateway.budgets.metering.metered`); one sidecar call; the settlement
+``embedding_input_tokens`` (429, :func:`gateway.budgets.ledger.metered`); one sidecar call; the settlement
 to the sidecar's ``usage.prompt_tokens``. A sidecar failure refunds the whole reservation and answers
 the sidecar's refusal with its status (:data:`gateway.base.errors.ERRORS`' ``embeddings.*`` codes);
 a failure of the service rather than of the input is 503 ``rag.embedding_unavailable``.
@@ -36,7 +36,7 @@ from gateway.access.auth import Principal, authenticate
 from gateway.base.body import read_json
 from gateway.base.errors import ERRORS, ApiError, json_response
 from gateway.base.resources import SETTINGS_KEY, SIDECAR_KEY
-from gateway.budgets.metering import BUDGETS_KEY, Metering, metered
+from gateway.budgets.ledger import BUDGETS_KEY, Metering, metered
 from inference.client import ModelInfo, SidecarError, SidecarRejected
 
 __all__ = [
