@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 
 from inference.net import log_tail
 
@@ -198,18 +197,18 @@ async def writer_rebuild(kind: str, database_url: str, root: Path) -> dict[str, 
     """``mnemo <kind> rebuild`` as an operator runs it (``lexical``: the store's Tantivy index,
     ``vectors``: its vector snapshot), writing under ``root`` (a gateway's ``RAG_LEXICAL_DIR`` or
     ``RAG_VECTOR_DIR``): its wall time, the writer's peak RSS and peak private (anonymous) memory,
-    and the folder's size. The RSS also counts the pages of the files the writer maps (the Tantivy
+    and the folder's size (both sampled together every 0.1 s). The RSS also counts the pages of the files the writer maps (the Tantivy
     segments it merges: the page cache's, shared and reclaimable), the private memory does not."""
     log = root.with_name(root.name + "-rebuild.log")
     started = time.perf_counter()
     proc = await start_mnemo([kind, "rebuild", "--database-url", database_url, "--dir", str(root)], log)
     peak = anon = 0
     while proc.returncode is None:
-        with contextlib.suppress(psutil.NoSuchProcess, FileNotFoundError, ProcessLookupError):
-            peak = max(peak, psutil.Process(proc.pid).memory_info().rss)
-            anon = max(anon, _rss_anon(proc.pid))
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            rss, private = _resident(proc.pid)
+            peak, anon = max(peak, rss), max(anon, private)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(proc.wait(), 0.5)
+            await asyncio.wait_for(proc.wait(), 0.1)
     if proc.returncode != 0:
         raise RuntimeError(f"mnemo {kind} rebuild failed ({proc.returncode}):\n{log_tail(log)}")
     seconds = time.perf_counter() - started
@@ -221,12 +220,16 @@ async def writer_rebuild(kind: str, database_url: str, root: Path) -> dict[str, 
     }
 
 
-def _rss_anon(pid: int) -> int:
-    """A process's resident anonymous memory in bytes (``RssAnon`` of /proc/<pid>/status)."""
+def _resident(pid: int) -> tuple[int, int]:
+    """A process's resident memory and its anonymous (private) part, in bytes, from one read of
+    ``/proc/<pid>/status`` (``VmRSS``, ``RssAnon``), so the part is never above the whole; (0, 0)
+    for a process that has exited (a zombie holds no memory)."""
+    fields: dict[str, int] = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("RssAnon:"):
-            return int(line.split()[1]) * 1024
-    raise ValueError(f"/proc/{pid}/status has no RssAnon")
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "RssAnon"):
+            fields[key] = int(value.split()[0]) * 1024
+    return fields.get("VmRSS", 0), fields.get("RssAnon", 0)
 
 
 async def gateway_read_pool(database_url: str) -> Any:

@@ -24,6 +24,7 @@ __all__ = ["MAPPED_MODES", "callers_32", "mapped_workers", "sync_lag", "worker_m
 
 MAPPED_MODES = ("store", "mmap")
 LATENCY_QUERIES = 20
+LAND_WAIT_S = 120.0  # at most, for the sync cell's last transaction to reach the cache
 
 
 async def callers_32(
@@ -80,8 +81,12 @@ async def sync_lag(
             )
         commits.append((time.monotonic(), int(seq)))
         await asyncio.sleep(0.05)
-    for _ in range(100):  # let the last transaction land
-        if len(cache.recent_lags) >= written:
+    # Let every transaction land: the figure is the lag, not whether it fits a wait chosen here (on a
+    # loaded machine the cache's follow loop can take seconds); past LAND_WAIT_S one is unapplied.
+    last = commits[-1][1] if commits else 0
+    waited = time.perf_counter()
+    while time.perf_counter() - waited < LAND_WAIT_S:
+        if max((seq for _, model, seq in cache.applied_log if model == partition.model), default=0) >= last:
             break
         await asyncio.sleep(0.05)
     lags = list(cache.recent_lags)

@@ -437,7 +437,7 @@ async def test_the_lexical_measurement_runs_every_leg_on_a_small_store(
         await pool.close()
     for written in (rebuild, vectors):
         assert written["disk_mib"] > 0 and math.isfinite(written["s"])
-        assert 0 < written["writer_peak_private_mib"] < written["writer_peak_rss_mib"]
+        assert 0 < written["writer_peak_private_mib"] <= written["writer_peak_rss_mib"]
     assert result["chunks"] == 2000 and result["queries"] == {
         "datasets": 6,
         "rare": 2,
