@@ -79,7 +79,11 @@ async def sync_lag(
                 "SELECT max(seq) FROM rag_embedding_changes WHERE model = $1 AND xid = pg_current_xact_id()",
                 partition.model,
             )
-        commits.append((time.monotonic(), int(seq)))
+            # Stamped as the COMMIT is sent: the cache may apply the transaction before this
+            # coroutine resumes after it (its listener runs on the same loop), and a stamp taken
+            # then would come after the application that covers it.
+            at = time.monotonic()
+        commits.append((at, int(seq)))
         await asyncio.sleep(0.05)
     # Let every transaction land: the figure is the lag, not whether it fits a wait chosen here (on a
     # loaded machine the cache's follow loop can take seconds); past LAND_WAIT_S one is unapplied.
