@@ -192,7 +192,7 @@ async def _tantivy_floor(
         await conn.close()
     index = tantivy.Index.open(str(folder))
     schema, searcher = index.schema, index.searcher()
-    fetch = max(over_fetch(limit) * TantivyConfig().overfetch, over_fetch(limit) + 8)
+    fetch = TantivyConfig().candidates(over_fetch(limit))
     built = [
         tantivy.Query.boolean_query(
             [(tantivy.Occur.Should, tantivy.Query.term_query(schema, "lex", t)) for t in ts]

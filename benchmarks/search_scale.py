@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .acl_shares import VISIBILITY_PROJECT
 from .gateway import (
     api_request,
     cache_ready,
@@ -270,7 +271,9 @@ async def measure_semantic_search(
     researcher = "researcher"  # the load test's non-admin principal (benchmarks.principals)
     tokens = {
         "admin": issue_token(secret=secret, sub="bench", projects=None, admin=True),
-        "1% ACL": issue_token(secret=secret, sub=researcher, projects=[3], perms={SECTION: 1}),
+        "1% ACL": issue_token(
+            secret=secret, sub=researcher, projects=[VISIBILITY_PROJECT["1%"]], perms={SECTION: 1}
+        ),
     }
     env = {**GATEWAY_CONFIGS[mode], "RAG_LEXICAL_DIR": str(lexical_dir)}
     log = workdir / f"gateway-{mode.replace(' ', '').replace(',', '-')}.log"

@@ -136,6 +136,10 @@ class TantivyConfig:
                 "tantivy lexical engine: overfetch >= 1, max_behind >= 0, head_check_s >= 0, stats_ttl_s >= 0"
             )
 
+    def candidates(self, limit: int) -> int:
+        """How many candidates Tantivy is asked for to serve ``limit`` results (:attr:`overfetch`)."""
+        return max(limit * self.overfetch, limit + 8)
+
 
 @dataclass
 class _Reader:
@@ -452,7 +456,7 @@ class TantivyLexical:
         if allowed is None or allowed:
             searcher = reader.index.searcher()  # one view of the index: the query's counts, its hits
             tq = self._query(searcher, plan, terms, scope, allowed)
-            fetch = max(limit * self.config.overfetch, limit + 8)
+            fetch = self.config.candidates(limit)
             # On the event loop: at 1M chunks a thread's hand-off cost 0.7 ms of a 4.6 ms search
             # (interleaved windows), more than the 1-2 ms it frees.
             docs, scores = self._candidates(searcher, tq, fetch, plan)
