@@ -196,9 +196,10 @@ async def cache_ready(session: Any, url: str, wait_s: float = 300.0) -> dict[str
 async def writer_rebuild(kind: str, database_url: str, root: Path) -> dict[str, float]:
     """``mnemo <kind> rebuild`` as an operator runs it (``lexical``: the store's Tantivy index,
     ``vectors``: its vector snapshot), writing under ``root`` (a gateway's ``RAG_LEXICAL_DIR`` or
-    ``RAG_VECTOR_DIR``): its wall time, the writer's peak RSS and peak private (anonymous) memory,
-    and the folder's size (both sampled together every 0.1 s). The RSS also counts the pages of the files the writer maps (the Tantivy
-    segments it merges: the page cache's, shared and reclaimable), the private memory does not."""
+    ``RAG_VECTOR_DIR``): its wall time, the writer's peak RSS and peak private (anonymous) memory
+    (sampled together every 0.1 s), and the folder's size. The RSS also counts the pages of the files
+    the writer maps (the Tantivy segments it merges: the page cache's, shared and reclaimable), the
+    private memory does not."""
     log = root.with_name(root.name + "-rebuild.log")
     started = time.perf_counter()
     proc = await start_mnemo([kind, "rebuild", "--database-url", database_url, "--dir", str(root)], log)

@@ -299,13 +299,14 @@ class LexicalWriter(FeedFollower):
                     rows = await _rows_after(conn, partition, after, self.config.build_batch)
                     if adding is not None:
                         await adding
+                        adding = None
                     if not rows:
                         break
                     adding = asyncio.ensure_future(asyncio.to_thread(built.add, rows))
                     if progress is not None:
                         progress(len(rows))
                     after = row_key(rows[-1])
-            finally:
+            finally:  # a read that failed while the last batch was being added: let it end first
                 if adding is not None:
                     await adding
         await asyncio.to_thread(built.commit, IndexState(watermark, store=store))
