@@ -27,6 +27,7 @@ import collections
 import re
 import secrets
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -49,6 +50,7 @@ VISIBILITIES = ("admin", "10%", "1%")  # who searches: an admin, researchers who
 WORKERS = 2
 FLOOR_PASSES = 3  # each floor runs every query this many times (CPU times are coarse: 10 ms ticks)
 PROFILE_TOP = 25  # functions kept from the profile, by self and by inclusive share
+PY_SPY_WAIT_S = 60.0  # py-spy's start (it reads the tree's processes) and its writing of the file
 # Process groups whose CPU a search costs (the load client and the rest of the machine are reported
 # beside, not counted: a client on another host costs the service nothing).
 SERVED_BY = ("gateway", "postgresql", "sidecar")
@@ -235,18 +237,40 @@ async def _profile(
     spy = _py_spy()
     out = workdir / "gateway-profile.txt"
     proc = await asyncio.create_subprocess_exec(
-        spy, "record", "--pid", str(pid), "--subprocesses", "--duration", str(int(seconds)), "--rate", "200",
+        spy, "record", "--pid", str(pid), "--subprocesses", "--rate", "200",
         "--format", "raw", "--nonblocking", "--output", str(out),
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
-    await asyncio.sleep(1.0)  # py-spy attached before the load starts
+    # The window is the load's, not a duration py-spy counts from its own start: on a loaded machine
+    # a fixed duration could lapse before the first search (0 samples). Load starts once py-spy says
+    # it samples, and py-spy stops (Ctrl-C, which writes the file) once the load has stopped.
+    said = await _sampling_started(proc)
     await closed_loop_searches(url, token, queries, callers=callers, seconds=seconds, limit=limit)
-    _, err = await proc.communicate()
+    if proc.returncode is None:
+        proc.send_signal(signal.SIGINT)
+    rest, err = await asyncio.wait_for(proc.communicate(), timeout=PY_SPY_WAIT_S)
     if proc.returncode != 0 or not out.exists():
         raise RuntimeError(
-            f"py-spy record failed ({proc.returncode}): {err.decode(errors='replace')[-2000:]}"
+            f"py-spy record failed ({proc.returncode}): {(said + rest + err).decode(errors='replace')[-2000:]}"
         )
     return {"file": out.name, **summarize_profile(out.read_text().splitlines())}
+
+
+async def _sampling_started(proc: asyncio.subprocess.Process) -> bytes:
+    """Wait for py-spy's ``Sampling process`` line on its stdout (its readiness), returning what it
+    printed; loud if it exits or stays silent for ``PY_SPY_WAIT_S``."""
+    assert proc.stdout is not None
+    said = b""
+    while b"Sampling process" not in said:
+        line = await asyncio.wait_for(proc.stdout.readline(), timeout=PY_SPY_WAIT_S)
+        if not line:
+            _, err = await proc.communicate()
+            said += err
+            raise RuntimeError(
+                f"py-spy record exited ({proc.returncode}) before sampling: {said.decode(errors='replace')}"
+            )
+        said += line
+    return said
 
 
 def _py_spy() -> str:
