@@ -9,6 +9,7 @@ stop on their own when their supervisor is killed.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -17,15 +18,18 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import asyncpg
 import psutil
 import pytest
 
+from gateway.base.budget_settings import BudgetSettings
 from inference.net import free_port, wait_ready
 from tests.conftest import REPO_ROOT
-from tests.fixtures.gateway import ADMIN, SECRET
+from tests.fixtures.gateway import ADMIN, SECRET, TEXT_MODEL, token
 
 WORKERS = 2
 _PID = re.compile(r'pid="(\d+)"')
@@ -34,14 +38,15 @@ EMBED_GROUPS = json.dumps(
 ).encode()
 
 
-def _start(database_url: str, tmp_path: Path, port: int) -> subprocess.Popen[str]:
+def _start(database_url: str, tmp_path: Path, port: int, **settings: str) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
     env |= {
         "RAG_DATABASE_URL": database_url,
         "RAG_DATA_DIR": str(tmp_path / "state"),
         "RAG_JWT_SECRET": SECRET,
-        "RAG_SIDECAR_URL": f"http://127.0.0.1:{free_port()}",  # none: nothing asked here embeds
+        "RAG_SIDECAR_URL": f"http://127.0.0.1:{free_port()}",  # none unless given: nothing else embeds
         "RAG_LOG_FORMAT": "text",
+        **settings,
     }
     return subprocess.Popen(
         [sys.executable, "-m", "gateway.cli", "gateway", "--port", str(port), "--workers", str(WORKERS)],
@@ -93,11 +98,8 @@ def _finish(proc: subprocess.Popen[str], sig: int = signal.SIGTERM) -> tuple[int
     return proc.returncode, out
 
 
-@pytest.fixture
-def gateway_workers(empty_database_url: str, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    port = free_port()
-    proc = _start(empty_database_url, tmp_path, port)
-    url = f"http://127.0.0.1:{port}"
+def _started(proc: subprocess.Popen[str], url: str) -> None:
+    """Wait until every worker listens; the gateway's output printed if it does not."""
     try:
         wait_ready(url, 180, path="/healthz", exit_code=proc.poll)
         _until("every worker listening", lambda: len(_worker_pids(url)) == WORKERS, proc)
@@ -105,6 +107,14 @@ def gateway_workers(empty_database_url: str, tmp_path: Path) -> Iterator[tuple[s
         code, out = _finish(proc)
         print(f"the gateway's output (exit {code}):\n{out}")
         raise
+
+
+@pytest.fixture
+def gateway_workers(empty_database_url: str, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    port = free_port()
+    proc = _start(empty_database_url, tmp_path, port)
+    url = f"http://127.0.0.1:{port}"
+    _started(proc, url)
     try:
         yield proc, url
     finally:
@@ -234,3 +244,79 @@ def test_workers_stop_by_themselves_when_the_supervisor_is_killed(
     gone, alive = psutil.wait_procs(workers, timeout=120)
     assert not alive, f"workers outlived their supervisor: {alive}"
     assert len(gone) == WORKERS
+
+
+def _search(url: str, bearer: str) -> tuple[int, str]:
+    """One semantic_search on a new connection (the kernel spreads them over the workers): its
+    status, and its body when it is not a 200."""
+    import urllib.error
+    import urllib.request
+
+    body = json.dumps(
+        {"dd_api": "dd_rag_api", "action": "semantic_search", "options": {"query": "the flooded valley"}}
+    )
+    request = urllib.request.Request(
+        f"{url}/api/v1/json",
+        data=body.encode(),
+        headers={"Authorization": f"Bearer {bearer}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return answer.status, ""
+    except urllib.error.HTTPError as refused:
+        return refused.code, refused.read().decode(errors="replace")
+
+
+def _counted(database_url: str, principal: str) -> int:
+    """The ledger's query_embeddings for ``principal``, every window summed."""
+
+    async def read() -> int:
+        conn = await asyncpg.connect(database_url)
+        try:
+            return await conn.fetchval(
+                "SELECT coalesce(sum(used), 0) FROM rag_budget_ledger"
+                " WHERE principal = $1 AND meter = 'query_embeddings'",
+                principal,
+            )
+        finally:
+            await conn.close()
+
+    return asyncio.run(read())
+
+
+def test_workers_killed_holding_budget_leases_leave_the_ledger_ahead_never_behind(
+    corpus_database_url: str, sidecar_url: str, tmp_path: Path
+) -> None:
+    """An admin (no limit) is counted by lease (``RAG_BUDGET_LEASE``): each worker writes the ledger
+    once for its first search and once per lease after. Every process SIGKILLed with leases held
+    (idle leases kept: ``RAG_BUDGET_LEASE_IDLE`` an hour) gives nothing back, so the ledger stays
+    ahead of what was served, by less than a lease per worker, and is never behind it."""
+    lease = BudgetSettings().lease
+    principal = f"lease-kill-{uuid.uuid4().hex[:6]}"
+    bearer = token(principal, admin=True, projects=None)
+    port = free_port()
+    proc = _start(
+        corpus_database_url, tmp_path, port,
+        RAG_SIDECAR_URL=sidecar_url, RAG_TEXT_MODEL=TEXT_MODEL, RAG_FAISS_CACHE="off",
+        RAG_BUDGET_LEASE_IDLE="3600",
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    _started(proc, url)
+    try:
+        searches = lease + 4
+        answers = [_search(url, bearer) for _ in range(searches)]
+        assert answers == [(200, "")] * searches, answers
+        held = _counted(corpus_database_url, principal)
+        # A worker's count equals what it served only after 0, 1 or 1 + k * lease searches; two
+        # workers cannot split lease + 4 that way, so some lease has units unused now.
+        assert searches < held <= searches + WORKERS * (lease - 1), (searches, held)
+        processes = [psutil.Process(pid) for pid in _children(proc)]
+        for worker in processes:
+            worker.kill()
+        proc.kill()
+        proc.wait()
+        _, alive = psutil.wait_procs(processes, timeout=60)
+        assert not alive, alive
+    finally:
+        _finish(proc)
+    assert _counted(corpus_database_url, principal) == held, "a killed worker gave nothing back"
