@@ -81,6 +81,7 @@ def running_sidecar(
 
     port = port or free_port(host)
     started_ray, joined = _attach_ray(address, num_cpus, object_store_mb, log_to_driver)
+    served = False
     try:
         # A cluster whose Serve already runs (its proxies included) keeps its options.
         serve.start(proxy_location="Disabled")
@@ -96,9 +97,10 @@ def running_sidecar(
         _deploy(app, app_name, ready_timeout_s)
         url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
         wait_ready(url, max(1.0, deadline - time.monotonic()))
+        served = True
         yield url
     finally:
-        _detach_ray(app_name, started_ray=started_ray, joined=joined)
+        _detach_ray(app_name, started_ray=started_ray, joined=joined, drain=served)
 
 
 def _attach_ray(
@@ -132,9 +134,12 @@ def _attach_ray(
     return True, False
 
 
-def _detach_ray(app_name: str, *, started_ray: bool, joined: bool) -> None:
+def _detach_ray(app_name: str, *, started_ray: bool, joined: bool, drain: bool) -> None:
     """Undo :func:`_attach_ray`: Serve and Ray stop only when this call started them; otherwise the
-    application is deleted, and a joined cluster keeps running (this driver only disconnects)."""
+    application is deleted, and a joined cluster keeps running (this driver only disconnects).
+    ``drain``: the application served, so its deletion is awaited (requests in flight finish);
+    a start that failed returns at once while Serve deletes what never served (it would otherwise
+    wait out a replica that was never placed, about 20 s)."""
     import ray
     from ray import serve
 
@@ -144,7 +149,7 @@ def _detach_ray(app_name: str, *, started_ray: bool, joined: bool) -> None:
         ray.shutdown()
         return
     with contextlib.suppress(Exception):
-        serve.delete(app_name)
+        serve.delete(app_name, _blocking=drain)
     if joined:
         ray.shutdown()
 
