@@ -159,6 +159,9 @@ class ScalePlan:
     retrieval_sizes: tuple[int, ...] = (10_000, 100_000)
     retrieval_callers: tuple[int, ...] = (1, 32)
     retrieval_seconds: float = 10.0  # at most, per closed loop of semantic_search
+    # The data sets' queries sent to semantic_search (and the dense probes, the first 40 for recall):
+    # each gateway embeds every one once, warming, before a window.
+    retrieval_queries: int = 100
     retrieval_dataset_queries: int = 60
     retrieval_generated_queries: int = 20  # of each kind: rare, common, mixed
     # At each retrieval size, the FAISS cache under 32 callers and under a writer (seconds each, 0

@@ -63,7 +63,6 @@ GATEWAY_CONFIGS: dict[str, dict[str, str]] = {
 
 
 # Fixed for every run (the plan's retrieval_* fields are the rest, benchmarks/plan.py: ScalePlan).
-QUERIES = 100  # the data sets' queries sent to semantic_search
 REQUESTS = 400  # per closed loop of semantic_search, bounded by retrieval_seconds too
 RECALL_QUERIES = 40  # probes per visibility; each needs an exact scan of the store
 RECALL_EF_SEARCH = (40, 100, 200, 400)
@@ -410,7 +409,7 @@ async def run_search_scale(stack: BenchStack, plan: ScalePlan) -> dict[str, Any]
         raise RuntimeError("the retrieval-at-scale section needs the bench stack's sidecar (query vectors)")
     async with SidecarClient(stack.sidecar_url, timeout=300) as client:
         bases = (await embed_bases(client, BENCH_MODEL, plan.store_bases)).vectors
-        queries = load_queries(QUERIES)
+        queries = load_queries(plan.retrieval_queries)
         probes = np.asarray(
             (await client.embed(BENCH_MODEL, queries, truncate=True)).embeddings, dtype=np.float32
         )

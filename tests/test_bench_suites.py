@@ -649,6 +649,7 @@ LOAD_TEST_PLAN = [
     "scale.retrieval_sizes=2000",
     "scale.retrieval_callers=1",
     "scale.retrieval_seconds=1.5",
+    "scale.retrieval_queries=12",  # each gateway embeds each once, warming
     "scale.retrieval_dataset_queries=6",
     "scale.retrieval_generated_queries=2",
     "scale.retrieval_cache_seconds=0.5",
