@@ -41,7 +41,9 @@ async def assert_lexical_leg_is_the_sql_legs(retriever: Retriever, k: int = 20) 
             legs = await retriever.query_legs(principal, query, scope, k, legs=("lexical",))
             model_id, _ = await retriever.queries.embed_query(principal, query)
             partition = await retriever.partitions.of(model_id)
-            sql = await lexical_search(retriever.legs.pool, partition, query, scope, k, stats=CorpusStats(ttl=0))
+            sql = await lexical_search(
+                retriever.legs.pool, partition, query, scope, k, stats=CorpusStats(ttl=0)
+            )
             assert [h.key for h in legs.lists["lexical"]] == [h.key for h in sql]
             assert [h.score for h in legs.lists["lexical"]] == pytest.approx([h.score for h in sql], rel=1e-9)
 
