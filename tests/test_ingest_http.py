@@ -184,12 +184,13 @@ async def test_intake_accepts_during_an_outage_and_nothing_is_lost(
         await _http(gw, "PUT", "/v1/sections/oh1", ORAL_HISTORY)
         status, body = await _http(gw, "POST", "/v1/records", [record(i) for i in range(1, 6)])
         assert status == 202 and body["data"]["queued"] == 5
-        stats = await _wait_for(gw, lambda s: s["waiting_on_sidecar"] == 5)
-        assert (stats["pending"], stats["failed"]) == (5, 0)
-        assert (
-            stats["drain"]["sidecar_available"] is False
-            and "sidecar unavailable" in stats["drain"]["last_error"]
+        # The rows' outage mark is committed inside the drain's pass, its sidecar flag set as the
+        # pass returns: a read between the two sees the first without the second, so wait for both.
+        stats = await _wait_for(
+            gw, lambda s: s["waiting_on_sidecar"] == 5 and s["drain"]["sidecar_available"] is False
         )
+        assert (stats["pending"], stats["failed"]) == (5, 0)
+        assert "sidecar unavailable" in stats["drain"]["last_error"]
         async with aiohttp.ClientSession() as s, s.get(gw.url + "/metrics") as r:
             assert "mnemo_ingest_sidecar_available 0.0" in await r.text()
     assert await text_rows(db_pool) == []
