@@ -139,7 +139,8 @@ def _detach_ray(app_name: str, *, started_ray: bool, joined: bool, drain: bool) 
     application is deleted, and a joined cluster keeps running (this driver only disconnects).
     ``drain``: the application served, so its deletion is awaited (requests in flight finish);
     a start that failed returns at once while Serve deletes what never served (it would otherwise
-    wait out a replica that was never placed, about 20 s)."""
+    wait out a replica that was never placed, about 20 s), unless this driver is about to leave a
+    joined cluster: Serve sends the deletion without waiting for it, so it is awaited there."""
     import ray
     from ray import serve
 
@@ -149,7 +150,7 @@ def _detach_ray(app_name: str, *, started_ray: bool, joined: bool, drain: bool) 
         ray.shutdown()
         return
     with contextlib.suppress(Exception):
-        serve.delete(app_name, _blocking=drain)
+        serve.delete(app_name, _blocking=drain or joined)
     if joined:
         ray.shutdown()
 
