@@ -33,6 +33,7 @@ from tests.fixtures.gateway import (
     TEXT_MODEL,
     Gateway,
     index_docs,
+    ledger_used,
     put_sections,
     running_gateway,
     token,
@@ -47,15 +48,6 @@ CROWD = {"RAG_FAIR_RATE": "0", "RAG_FAIR_CONCURRENCY": "0", "RAG_ASK_RERANK": "f
 
 def _reader(sub: str, **kw: Any) -> str:
     return token(sub, projects=[1], oh1=1, rsc1=1, **kw)
-
-
-async def _used(database_url: str, sub: str) -> dict[str, int]:
-    conn = await asyncpg.connect(database_url)
-    try:
-        rows = await conn.fetch("SELECT meter, used FROM rag_budget_ledger WHERE principal = $1", sub)
-    finally:
-        await conn.close()
-    return {r["meter"]: r["used"] for r in rows}
 
 
 async def _post(
@@ -131,7 +123,7 @@ async def test_64_concurrent_callers_with_100_ask_runs_get_exactly_100(
     if not failed:  # a refund between two reservations can show one remaining count twice
         assert remaining == list(range(100))
     assert set(remaining) <= set(range(100)) and remaining[0] == 0
-    used = await _used(corpus_database_url, sub)
+    used = await ledger_used(corpus_database_url, sub)
     assert used["ask"] == 100 and used["query_embeddings"] == 100
     # the chat server reports 100 prompt and 20 completion tokens per answer: settled to its usage
     assert used["llm_prompt_tokens"] == 100 * 100 and used["llm_completion_tokens"] == 20 * 100
@@ -155,7 +147,7 @@ async def test_with_the_model_failing_half_the_calls_the_ledger_counts_the_succe
     succeeded = codes.count("ok")
     assert codes.count("rag.generation_failed") > 0 and succeeded > 0
     assert set(codes) <= {"ok", "rag.generation_failed", "budget_exhausted"}
-    used = await _used(corpus_database_url, sub)
+    used = await ledger_used(corpus_database_url, sub)
     assert used["ask"] == succeeded
     # the chat server reports 100 prompt and 20 completion tokens per answer: settled to its usage
     assert used["llm_prompt_tokens"] == 100 * succeeded and used["llm_completion_tokens"] == 20 * succeeded
@@ -176,11 +168,11 @@ async def test_ask_needs_its_grant_before_any_retrieval(corpus_database_url: str
     async with running_gateway(corpus_database_url, sidecar_url) as gw:
         status, body = await gw.call("ask", {"query": DAM}, bearer=bare)
         assert (status, body["error"]["code"]) == (403, "auth.ask_not_granted"), body
-        assert await _used(corpus_database_url, sub) == {}  # nothing reserved, nothing retrieved
+        assert await ledger_used(corpus_database_url, sub) == {}  # nothing reserved, nothing retrieved
         assert (await gw.call("semantic_search", {"query": DAM}, bearer=bare))[0] == 200
-        assert await _used(corpus_database_url, sub) == {"query_embeddings": 1}
+        assert await ledger_used(corpus_database_url, sub) == {"query_embeddings": 1}
         status, body = await gw.call("read_chunk", {"chunk_id": CHUNK}, bearer=bare)
-        assert await _used(corpus_database_url, sub) == {"query_embeddings": 1}  # unmetered
+        assert await ledger_used(corpus_database_url, sub) == {"query_embeddings": 1}  # unmetered
     async with running_gateway(corpus_database_url, sidecar_url, RAG_ASK_GRANT="open") as gw:
         assert (await gw.call("ask", {"query": DAM}, bearer=bare))[0] == 200
 
@@ -195,7 +187,7 @@ async def test_the_ledger_commits_without_a_disk_flush_unless_told(
             assert await gw.app[BUDGETS_KEY].ledger.pool.fetchval("SHOW synchronous_commit") == expected
             assert await gw.app[POOL_KEY].fetchval("SHOW synchronous_commit") == "on"
             assert (await gw.call("semantic_search", {"query": DAM}, bearer=_reader("flush")))[0] == 200
-    assert await _used(corpus_database_url, "flush") == {"query_embeddings": 2}
+    assert await ledger_used(corpus_database_url, "flush") == {"query_embeddings": 2}
 
 
 async def test_an_admins_searches_are_counted_exactly_once_the_gateways_leases_go_back(
@@ -208,9 +200,9 @@ async def test_an_admins_searches_are_counted_exactly_once_the_gateways_leases_g
     async with running_gateway(corpus_database_url, sidecar_url, RAG_BUDGET_LEASE="8") as gw:
         for served in range(1, 21):
             assert (await gw.call("semantic_search", {"query": DAM}, bearer=admin))[0] == 200
-            counted = (await _used(corpus_database_url, sub))["query_embeddings"]
+            counted = (await ledger_used(corpus_database_url, sub))["query_embeddings"]
             assert served <= counted < served + 8, (served, counted)
-    assert await _used(corpus_database_url, sub) == {"query_embeddings": 20}
+    assert await ledger_used(corpus_database_url, sub) == {"query_embeddings": 20}
 
 
 async def test_a_flood_is_shed_as_its_own_429s_while_another_principal_is_served(
@@ -230,7 +222,7 @@ async def test_a_flood_is_shed_as_its_own_429s_while_another_principal_is_served
         steady_results = [await _post(http, gw, steady, "semantic_search", search) for _ in range(3)]
         flood_results = await flooding
         assert [r[0] for r in await testing] == [200] * 40
-        assert await _used(corpus_database_url, "load-tester") == {"query_embeddings": 40}
+        assert await ledger_used(corpus_database_url, "load-tester") == {"query_embeddings": 40}
         assert [r[0] for r in steady_results] == [200, 200, 200]
         shed = [r for r in flood_results if r[0] == 429]
         assert shed and all(r[1]["error"]["code"] == "rate_limited" for r in shed)
@@ -295,7 +287,7 @@ async def test_the_ledger_survives_a_gateway_restart_and_a_real_postgresql_resta
                 assert (await gw.call("ask", {"query": DAM}, bearer=bearer))[0] == 200
             async with running_gateway(url, sidecar_url, **env) as gw:  # the ledger is in PostgreSQL
                 assert (await gw.call("ask", {"query": DAM}, bearer=bearer))[0] == 200
-                assert (await _used(url, sub))["ask"] == 2
+                assert (await ledger_used(url, sub))["ask"] == 2
 
                 caplog.clear()
                 await asyncio.to_thread(server.stop)
@@ -327,7 +319,7 @@ async def test_the_ledger_survives_a_gateway_restart_and_a_real_postgresql_resta
         assert not outage, "the outage is not logged as a bug on the request path"
         # every served ask counted once, every refused one not at all; tokens settled to the chat
         # server's usage (100 prompt and 20 completion tokens per answer)
-        used = await _used(url, sub)
+        used = await ledger_used(url, sub)
         assert used == {
             "ask": 3,
             "query_embeddings": 3,
@@ -417,7 +409,7 @@ async def test_the_gateways_v1_embeddings_is_the_sidecars_answer_metered_per_pri
         assert [(d["object"], d["index"]) for d in answer["data"]] == [("embedding", 0), ("embedding", 1)]
         assert np.allclose([d["embedding"] for d in answer["data"]], [d["embedding"] for d in direct["data"]])
         tokens = answer["usage"]["prompt_tokens"]
-        assert await _used(database_url, "embedder") == {"embedding_input_tokens": tokens}
+        assert await ledger_used(database_url, "embedder") == {"embedding_input_tokens": tokens}
         limit = 1_000_000  # the role's default (RAG_BUDGET_LIMITS)
         assert '"embedding_input_tokens";q=1000000' in headers["RateLimit-Policy"]
         assert f'"embedding_input_tokens";r={limit - tokens};' in headers["RateLimit"]
@@ -430,16 +422,16 @@ async def test_the_gateways_v1_embeddings_is_the_sidecars_answer_metered_per_pri
         assert (status, answer["error"]["code"]) == (429, "budget_exhausted"), answer
         assert (answer["error"]["meter"], answer["error"]["used"]) == ("embedding_input_tokens", 0)
         assert int(headers["Retry-After"]) >= 1
-        assert await _used(database_url, "tight") == {}
+        assert await ledger_used(database_url, "tight") == {}
 
         for bad in ([], {"input": texts}, {"model": TEXT_MODEL, "input": []}, {**body, "input": [1]},
                     {**body, "encoding_format": "int8"}, {**body, "dimensions": True}):  # fmt: skip
             status, answer, _ = await post(bad, _reader("careless"))
             assert (status, answer["error"]["code"]) == (400, "request.invalid_request"), (bad, answer)
-        assert await _used(database_url, "careless") == {}  # nothing reserved for a refused body
+        assert await ledger_used(database_url, "careless") == {}  # nothing reserved for a refused body
         status, answer, _ = await post({**body, "model": "no-such-model"}, _reader("careless"))
         assert (status, answer["error"]["code"]) == (404, "embeddings.model_not_found"), answer
-        assert await _used(database_url, "careless") == {"embedding_input_tokens": 0}  # refunded whole
+        assert await ledger_used(database_url, "careless") == {"embedding_input_tokens": 0}  # refunded whole
         status, answer, _ = await post(body, None)
         assert (status, answer["error"]["code"]) == (401, "auth.not_logged"), answer
     async with (
@@ -450,7 +442,7 @@ async def test_the_gateways_v1_embeddings_is_the_sidecars_answer_metered_per_pri
         async with http.post(gw.url + "/v1/embeddings", json=body, headers=headers) as r:
             assert r.status == 200 and "RateLimit" not in r.headers  # served, unmetered
             assert (await r.json())["usage"]["prompt_tokens"] == tokens
-        assert await _used(database_url, "embedder") == {"embedding_input_tokens": tokens}
+        assert await ledger_used(database_url, "embedder") == {"embedding_input_tokens": tokens}
 
 
 async def test_the_official_openai_sdk_lists_and_embeds_through_the_gateway_with_a_users_token(
@@ -479,10 +471,12 @@ async def test_the_official_openai_sdk_lists_and_embeds_through_the_gateway_with
     )
     assert "device" not in seen and "dtype" not in seen  # an admin's detail
     assert [d.index for d in answer.data] == [0, 1] and len(answer.data[0].embedding) == 384
-    assert await _used(database_url, "newcomer") == {"embedding_input_tokens": answer.usage.prompt_tokens}
+    assert await ledger_used(database_url, "newcomer") == {
+        "embedding_input_tokens": answer.usage.prompt_tokens
+    }
     error = refused.value.body
     assert isinstance(error, dict) and (error["code"], error["meter"]) == (
         "budget_exhausted",
         "embedding_input_tokens",
     )
-    assert await _used(database_url, "spent") == {}
+    assert await ledger_used(database_url, "spent") == {}

@@ -22,14 +22,13 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import asyncpg
 import psutil
 import pytest
 
 from gateway.base.budget_settings import BudgetSettings
 from inference.net import free_port, wait_ready
 from tests.conftest import REPO_ROOT
-from tests.fixtures.gateway import ADMIN, SECRET, TEXT_MODEL, token
+from tests.fixtures.gateway import ADMIN, RAW_SEARCH, SECRET, TEXT_MODEL, ledger_used, token
 
 WORKERS = 2
 _PID = re.compile(r'pid="(\d+)"')
@@ -252,12 +251,9 @@ def _search(url: str, bearer: str) -> tuple[int, str]:
     import urllib.error
     import urllib.request
 
-    body = json.dumps(
-        {"dd_api": "dd_rag_api", "action": "semantic_search", "options": {"query": "the flooded valley"}}
-    )
     request = urllib.request.Request(
         f"{url}/api/v1/json",
-        data=body.encode(),
+        data=RAW_SEARCH,
         headers={"Authorization": f"Bearer {bearer}", "Content-Type": "application/json"},
     )
     try:
@@ -269,19 +265,7 @@ def _search(url: str, bearer: str) -> tuple[int, str]:
 
 def _counted(database_url: str, principal: str) -> int:
     """The ledger's query_embeddings for ``principal``, every window summed."""
-
-    async def read() -> int:
-        conn = await asyncpg.connect(database_url)
-        try:
-            return await conn.fetchval(
-                "SELECT coalesce(sum(used), 0) FROM rag_budget_ledger"
-                " WHERE principal = $1 AND meter = 'query_embeddings'",
-                principal,
-            )
-        finally:
-            await conn.close()
-
-    return asyncio.run(read())
+    return asyncio.run(ledger_used(database_url, principal)).get("query_embeddings", 0)
 
 
 def test_workers_killed_holding_budget_leases_leave_the_ledger_ahead_never_behind(
