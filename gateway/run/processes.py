@@ -59,6 +59,14 @@ STABLE_AFTER_S = 30.0
 RESTART_DELAY_MAX_S = 30.0
 # Beyond RAG_SHUTDOWN_TIMEOUT: the worker's app cleanup (pools, caches) after its last request.
 STOP_MARGIN_S = 15.0
+
+
+def stop_bound_s(settings: GatewaySettings) -> float:
+    """How long a worker's graceful stop may take: past it the supervisor kills the worker, and a
+    worker whose supervisor is gone ends itself (:mod:`gateway.run.worker`)."""
+    return settings.shutdown_timeout + STOP_MARGIN_S
+
+
 READY_TIMEOUT_S = 300.0  # a worker's start: migrations are already applied, its app opens pools
 
 
@@ -216,7 +224,7 @@ class Supervisor:
         for process in running:
             with contextlib.suppress(ProcessLookupError):
                 process.send_signal(signal.SIGTERM)
-        bound = self.settings.shutdown_timeout + STOP_MARGIN_S
+        bound = stop_bound_s(self.settings)
         waits = [asyncio.create_task(p.wait()) for p in running]
         if waits:
             _, late = await asyncio.wait(waits, timeout=bound)
