@@ -68,7 +68,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# Quick plan on CPU (about 10.5 min on 2 cores before the scale suite, which adds a few more (not yet timed on a quiet machine)); e.g. `make bench BENCH_ARGS="--suite gateway --full"`.
+# Quick plan on CPU (about 30 min on 2 cores, every suite: benchmarks/plan.py has the split); e.g. `make bench BENCH_ARGS="--suite gateway --full"`.
 BENCH_ARGS ?=
 bench: install
 	$(BIN)/mnemo bench $(BENCH_ARGS)

@@ -75,18 +75,6 @@ def summarize(samples: Sequence[float]) -> Summary:
     )
 
 
-def repeat(fn: Callable[[], Any], *, repeats: int = 5, warmup: int = 1) -> Summary:
-    """Time ``fn`` ``repeats`` times after ``warmup`` untimed calls."""
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return summarize(samples)
-
-
 @dataclass(frozen=True)
 class LoadResult:
     """A closed-loop load run: ``concurrency`` workers issuing ``requests`` calls in total."""

@@ -1,11 +1,11 @@
 """How much each suite measures: the quick plan (``make bench``) and the full one (``--full``).
 
-The quick plan took about 10.5 minutes on a quiet 2-core CPU machine before the scale suite was added
-(which adds a few minutes, not yet timed on a quiet machine) (10 min 24 s at the commit
-after ff27cc2: sidecar 151 s, ingest 21 s, gateway 81 s, quality 247 s, reliability 78 s, and about
-45 s starting and stopping PostgreSQL and the sidecar): small corpora, short curves, no peers, no
+The quick plan took 29 min 48 s on this 2-core CPU machine with all six suites (``make bench`` at
+cc501bf, 2026-12-07, other work beside it: sidecar 171 s, ingest 15 s, gateway 80 s, quality 553 s,
+reliability 463 s, scale 505 s, their sum 1,788 s); before the scale suite, on a quiet machine, it
+took 10 min 24 s (after ff27cc2, with quality at 247 s). Small corpora, short curves, no peers, no
 tuned row, but every data set in the quality suite, whose embedding of about 4,800 documents with
-MiniLM (182 s) is its longest part (``--suite`` narrows a run).
+MiniLM is its longest part (``--suite`` narrows a run).
 ``mnemo bench --set SUITE.FIELD=VALUE`` overrides any field (``--set gateway.sizes=1000,5000``).
 """
 
