@@ -16,10 +16,10 @@ from aiohttp import web
 
 from gateway.access.auth import Principal
 from gateway.actions.providers import Provider
+from gateway.base.ask_settings import AskSettings
 from gateway.base.errors import ApiError
 from gateway.base.metrics import Metrics
 from gateway.base.resources import POOL_KEY
-from gateway.base.settings import AskSettings
 from gateway.budgets.ledger import BUDGETS_KEY, Metering
 from gateway.retrieval.expand import ChunkWindows, Expanded
 from gateway.retrieval.objects import ObjectRetriever

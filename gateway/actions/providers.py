@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import numpy as np
 
-from gateway.base.settings import AskSettings
+from gateway.base.ask_settings import AskSettings
 from index.chunking.sentences import sentence_spans
 from index.search.stopwords import strip_stopwords
 from index.text import fold

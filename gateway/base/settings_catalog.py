@@ -20,6 +20,7 @@ import re
 from pathlib import Path
 from types import ModuleType
 
+import gateway.base.ask_settings
 import gateway.base.budget_settings
 import gateway.base.settings
 import index.settings
@@ -47,6 +48,7 @@ SETTINGS_MODULES: tuple[ModuleType, ...] = (
     inference.settings,
     index.settings,
     gateway.base.settings,
+    gateway.base.ask_settings,
     gateway.base.budget_settings,
 )
 PACKAGE_TITLES = {

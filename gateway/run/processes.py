@@ -20,7 +20,7 @@ How it runs (gunicorn's model: one listening socket, shared by pre-started worke
 - SIGINT or SIGTERM to the supervisor: it closes its own copy of the socket and sends SIGTERM to
   every worker; each stops taking new connections, takes the ones already queued, finishes its
   in-flight requests (``RAG_SHUTDOWN_TIMEOUT``) and exits; the port closes with the last of them. A
-  worker still running past that (plus a margin) is killed.
+  worker still running past that plus ``RAG_SHUTDOWN_CLEANUP_TIMEOUT`` is killed (:func:`stop_bound_s`).
 - A worker that fails before it ever served stops the whole start, with its last log lines: what
   breaks one worker's start breaks every worker's, so retrying would only loop. A worker that dies
   later is logged and restarted (with a growing delay when it keeps dying).
@@ -57,14 +57,13 @@ log = logging.getLogger(__name__)
 # delay (up to the cap), so a worker that crashes at every request cannot spin the host.
 STABLE_AFTER_S = 30.0
 RESTART_DELAY_MAX_S = 30.0
-# Beyond RAG_SHUTDOWN_TIMEOUT: the worker's app cleanup (pools, caches) after its last request.
-STOP_MARGIN_S = 15.0
 
 
 def stop_bound_s(settings: GatewaySettings) -> float:
-    """How long a worker's graceful stop may take: past it the supervisor kills the worker, and a
-    worker whose supervisor is gone ends itself (:mod:`gateway.run.worker`)."""
-    return settings.shutdown_timeout + STOP_MARGIN_S
+    """How long a worker's graceful stop may take (its in-flight requests, then its app's cleanup):
+    past it the supervisor kills the worker, and a worker whose supervisor is gone ends itself
+    (:mod:`gateway.run.worker`)."""
+    return settings.shutdown_timeout + settings.shutdown_cleanup_timeout
 
 
 READY_TIMEOUT_S = 300.0  # a worker's start: migrations are already applied, its app opens pools

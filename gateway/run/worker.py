@@ -62,7 +62,8 @@ def _end_if_late(loop: asyncio.AbstractEventLoop, bound_s: float) -> threading.T
 
     def end() -> None:
         log.error(
-            "gateway worker: its stop took over %.0fs (RAG_SHUTDOWN_TIMEOUT + margin): ending it", bound_s
+            "gateway worker: its stop took over %.0fs (RAG_SHUTDOWN_TIMEOUT + RAG_SHUTDOWN_CLEANUP_TIMEOUT): ending it",
+            bound_s,
         )
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         try:
