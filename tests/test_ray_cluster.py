@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.cluster import LocalRayCluster, cluster_sidecar, wait_for_placement
+from benchmarks.cluster import FAST_NODE_DEATH, LocalRayCluster, cluster_sidecar, wait_for_placement
 from benchmarks.node_loss import node_lost_under_load, node_rejoined
 from inference.client import SidecarClient
 from inference.config import config_from_dict
@@ -37,7 +37,8 @@ PLACEMENT_TIMEOUT_S = 300
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalRayCluster]:
-    with LocalRayCluster(cpus_per_node=1) as started:
+    # The lost node is declared dead in seconds (FAST_NODE_DEATH), not Ray's 15-25 s of load.
+    with LocalRayCluster(cpus_per_node=1, system_config=FAST_NODE_DEATH) as started:
         started.start_head("node_a")
         started.add_node("node_b")
         yield started
