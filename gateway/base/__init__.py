@@ -3,8 +3,9 @@
 What every other part of the gateway stands on, importing none of them.
 
 Modules and their public names:
-- ``settings``: ``GatewaySettings``, ``load_gateway_settings``; ``budget_settings``: ``BudgetSettings``;
-  ``settings_catalog``: the generated reference of every ``RAG_*`` variable.
+- ``settings``: ``GatewaySettings``, ``load_gateway_settings``; ``ask_settings``: ``AskSettings``;
+  ``budget_settings``: ``BudgetSettings``; ``settings_catalog``: the generated reference of every
+  ``RAG_*`` variable.
 - ``errors``: ``ApiError``, the status table and envelope v2 (``error_response``, ``error_middleware``).
 - ``metrics``: ``Metrics`` (the app's own Prometheus registry).
 - ``resources``: the typed ``AppKey``/``RequestKey`` s routes share.
