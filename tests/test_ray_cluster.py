@@ -37,7 +37,7 @@ PLACEMENT_TIMEOUT_S = 300
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalRayCluster]:
-    # The lost node is declared dead in seconds (FAST_NODE_DEATH), not Ray's 15-25 s of load.
+    # The lost node is declared dead in about 5 s (FAST_NODE_DEATH), not Ray's 15-25 s of load.
     with LocalRayCluster(cpus_per_node=1, system_config=FAST_NODE_DEATH) as started:
         started.start_head("node_a")
         started.add_node("node_b")
