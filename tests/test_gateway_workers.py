@@ -235,6 +235,18 @@ def test_a_port_in_use_is_one_clear_error_before_anything_starts(
     assert "worker" not in out, "no worker was started"
 
 
+def _kill_the_supervisor(proc: subprocess.Popen[str], workers: list[psutil.Process]) -> str:
+    """SIGKILL the supervisor, wait for every worker to go (a hang guard), and return the output of
+    all of them (the workers have let go of the pipe by then)."""
+    proc.kill()
+    proc.wait()
+    gone, alive = psutil.wait_procs(workers, timeout=120)
+    out, _ = proc.communicate(timeout=60)
+    assert not alive, f"workers outlived their supervisor: {alive}\n{out}"
+    assert len(gone) == WORKERS
+    return out
+
+
 class LateStopWarning(UserWarning):
     """A worker ended itself at its stop's bound: reported in the run's summary, not an error (the
     suite's warnings are), since the product bounds such a stop; its output names what held it."""
@@ -245,13 +257,7 @@ def test_workers_stop_by_themselves_when_the_supervisor_is_killed(
     gateway_workers: tuple[subprocess.Popen[str], str],
 ) -> None:
     proc, _ = gateway_workers
-    workers = [psutil.Process(pid) for pid in _children(proc)]
-    proc.kill()
-    proc.wait()
-    gone, alive = psutil.wait_procs(workers, timeout=120)
-    out, _ = proc.communicate(timeout=60)  # the workers' output too: they have let go of the pipe
-    assert not alive, f"workers outlived their supervisor: {alive}\n{out}"
-    assert len(gone) == WORKERS
+    out = _kill_the_supervisor(proc, [psutil.Process(pid) for pid in _children(proc)])
     if LATE_STOP in out:  # bounded (the next test), but a graceful stop should not need the bound
         warnings.warn(
             LateStopWarning(f"a worker's stop outlasted its bound; what it waited on:\n{out}"), stacklevel=1
@@ -267,9 +273,13 @@ async def test_an_orphaned_worker_whose_stop_hangs_ends_itself_saying_on_what(
     itself and prints what it was waiting on."""
     import asyncpg
 
-    port = free_port()
+    port, shutdown, cleanup = free_port(), 1, 2
     proc = _start(
-        empty_database_url, tmp_path, port, RAG_SHUTDOWN_TIMEOUT="1", RAG_SHUTDOWN_CLEANUP_TIMEOUT="2"
+        empty_database_url,
+        tmp_path,
+        port,
+        RAG_SHUTDOWN_TIMEOUT=str(shutdown),
+        RAG_SHUTDOWN_CLEANUP_TIMEOUT=str(cleanup),
     )
     _started(proc, f"http://127.0.0.1:{port}")
     workers = [psutil.Process(pid) for pid in _children(proc)]
@@ -285,14 +295,10 @@ async def test_an_orphaned_worker_whose_stop_hangs_ends_itself_saying_on_what(
             raise AssertionError(f"the workers' drains never registered\n{_finish(proc)[1]}")
         async with holder.transaction():
             await holder.execute("LOCK TABLE rag_drain_workers IN ACCESS EXCLUSIVE MODE")
-            proc.kill()
-            _, alive = await asyncio.to_thread(psutil.wait_procs, workers, timeout=120)
+            out = await asyncio.to_thread(_kill_the_supervisor, proc, workers)
     finally:
         await holder.close()
-    out, _ = proc.communicate(timeout=60)
-    assert not alive, f"workers outlived their supervisor: {alive}\n{out}"
-    bound = 1 + 2
-    assert out.count(f"{LATE_STOP} {bound:.0f}s") == WORKERS, out
+    assert out.count(f"{LATE_STOP} {shutdown + cleanup}s") == WORKERS, out
     assert out.count("pending task mnemo-drain:") == WORKERS, out
     assert "drain_registry.py" in out, out  # the statement it waited on: the registry row's delete
 

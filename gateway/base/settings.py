@@ -385,7 +385,10 @@ class GatewaySettings:
             self.lexical_stats_ttl,
         )
         if min(timeouts) < 0:
-            raise SettingsError("RAG_JWT_LEEWAY, RAG_SHUTDOWN_*TIMEOUT and RAG_LEXICAL_STATS_TTL are >= 0")
+            raise SettingsError(
+                "RAG_JWT_LEEWAY, RAG_SHUTDOWN_TIMEOUT, RAG_SHUTDOWN_CLEANUP_TIMEOUT and RAG_LEXICAL_STATS_TTL"
+                " are >= 0"
+            )
         if self.log_format not in ("json", "text"):
             raise SettingsError(f"RAG_LOG_FORMAT={self.log_format!r}: use json or text")
         parse_weights(self.fusion_weights)

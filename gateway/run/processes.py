@@ -58,15 +58,14 @@ log = logging.getLogger(__name__)
 STABLE_AFTER_S = 30.0
 RESTART_DELAY_MAX_S = 30.0
 
+READY_TIMEOUT_S = 300.0  # a worker's start: migrations are already applied, its app opens pools
+
 
 def stop_bound_s(settings: GatewaySettings) -> float:
     """How long a worker's graceful stop may take (its in-flight requests, then its app's cleanup):
     past it the supervisor kills the worker, and a worker whose supervisor is gone ends itself
     (:mod:`gateway.run.worker`)."""
     return settings.shutdown_timeout + settings.shutdown_cleanup_timeout
-
-
-READY_TIMEOUT_S = 300.0  # a worker's start: migrations are already applied, its app opens pools
 
 
 class WorkerStartError(RuntimeError):
