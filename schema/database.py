@@ -195,7 +195,7 @@ async def open_database(
     if settings.database_url:
         url = settings.database_url
     else:
-        embedded = EmbeddedPostgres(settings.data_dir / "pg")
+        embedded = EmbeddedPostgres(settings.data_dir / "pg", shared_buffers=settings.embedded_shared_buffers)
         # initdb and pg_ctl take seconds: never on the event loop.
         url = await asyncio.to_thread(embedded.start)
     try:

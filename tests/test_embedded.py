@@ -19,6 +19,8 @@ import pytest
 from gateway.run.up import RESEARCHER_PERMS
 from inference.launcher import free_port
 from schema import EmbeddedPostgres, migrate
+from schema.database import open_database
+from schema.settings import DatabaseSettings, load_settings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,19 +35,35 @@ def _postgres_processes(data_dir: Path) -> list[psutil.Process]:
 
 
 async def test_data_directory_is_reused_across_restarts(outside_basetemp: Path) -> None:
+    """... and each start applies the embedded server's shared_buffers (RAG_EMBEDDED_SHARED_BUFFERS,
+    through the production path: settings from the environment, open_database), from the first
+    start of a new data folder on, while an operator's ALTER SYSTEM still has the last word."""
     data_dir = outside_basetemp / "pg"
-    with EmbeddedPostgres(data_dir) as server:
-        await migrate(server.url)
-        conn = await asyncpg.connect(server.url)
-        await conn.execute("CREATE TABLE kept (v int); INSERT INTO kept VALUES (42)")
-        await conn.close()
+    first = load_settings(
+        DatabaseSettings, {"RAG_DATA_DIR": str(outside_basetemp), "RAG_EMBEDDED_SHARED_BUFFERS": "200MB"}
+    )
+    async with open_database(first) as db:
+        assert db.embedded is not None
+        async with db.pool.acquire() as conn:
+            assert await conn.fetchval("SHOW shared_buffers") == "200MB"
+            await conn.execute("CREATE TABLE kept (v int); INSERT INTO kept VALUES (42)")
     assert not _postgres_processes(data_dir.resolve()), "stop() leaves no server behind"
 
-    with EmbeddedPostgres(data_dir) as server:
+    with EmbeddedPostgres(data_dir, shared_buffers="136MB") as server:
         assert await migrate(server.url) == []
         conn = await asyncpg.connect(server.url)
         assert await conn.fetchval("SELECT v FROM kept") == 42
+        assert await conn.fetchval("SHOW shared_buffers") == "136MB", (
+            "a changed value applies at the next start"
+        )
+        await conn.execute("ALTER SYSTEM SET shared_buffers = '144MB'")
         await conn.close()
+
+    with EmbeddedPostgres(data_dir, shared_buffers="136MB") as server:
+        conn = await asyncpg.connect(server.url)
+        assert await conn.fetchval("SHOW shared_buffers") == "144MB", "ALTER SYSTEM overrides Mnemo's value"
+        await conn.close()
+    assert (data_dir / "postgresql.conf").read_text().count("include_if_exists = 'mnemo.conf'") == 1
 
 
 async def test_a_start_waits_out_recovery_longer_than_pg_ctl_allows(outside_basetemp: Path) -> None:

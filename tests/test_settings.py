@@ -22,6 +22,7 @@ from gateway.base.settings_catalog import (
 from gateway.cli import main
 from inference.config import ConfigError, config_from_dict
 from inference.settings import declarations
+from schema.embedded_config import shared_buffers_size
 from schema.settings import DatabaseSettings, SettingsError, load_settings, setting
 
 
@@ -58,6 +59,21 @@ def test_an_empty_directory_is_refused_not_read_as_the_working_directory() -> No
 def test_bad_values_are_named(env: dict[str, str]) -> None:
     with pytest.raises(SettingsError, match="RAG_DB_POOL_SIZE"):
         load_settings(DatabaseSettings, env)
+
+
+@pytest.mark.parametrize("value", ["2 GB", "2g", "0MB", "-1GB", "lots", ""])
+def test_a_shared_buffers_size_without_its_unit_is_refused(value: str) -> None:
+    with pytest.raises(SettingsError, match="RAG_EMBEDDED_SHARED_BUFFERS must be auto or a size"):
+        load_settings(DatabaseSettings, {"RAG_EMBEDDED_SHARED_BUFFERS": value})
+
+
+def test_auto_shared_buffers_is_a_quarter_of_the_memory_within_postgresqls_bounds() -> None:
+    gib = 1 << 30
+    assert shared_buffers_size("auto", 24 * gib) == "6144MB"
+    assert shared_buffers_size("auto", 256 << 20) == "128MB", "never below PostgreSQL's own default"
+    assert shared_buffers_size("auto", 1024 * gib) == "32768MB"
+    assert shared_buffers_size("3GB", 24 * gib) == "3GB", "a size named is the size used"
+    assert load_settings(DatabaseSettings, {}).embedded_shared_buffers == "auto"
 
 
 # -- the settings catalog -----------------------------------------------------------------------
