@@ -12,6 +12,7 @@ from types import MappingProxyType
 import asyncpg
 from pgvector.asyncpg import register_vector
 
+from .buffers import warn_if_short
 from .embedded import EmbeddedPostgres
 from .migrate import MigrationError, migrate
 from .settings import DatabaseSettings
@@ -204,6 +205,7 @@ async def open_database(
         applied = await migrate(url) if run_migrations else []
         pool = await create_pool(url, max_size=settings.pool_size, vector_type=settings.vector_type)
         try:
+            await warn_if_short(pool)
             yield Database(url=url, pool=pool, embedded=embedded, applied=applied)
         finally:
             await pool.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
@@ -19,6 +20,7 @@ import pytest
 from gateway.run.up import RESEARCHER_PERMS
 from inference.launcher import free_port
 from schema import EmbeddedPostgres, migrate
+from schema.buffers import buffer_shortfall
 from schema.database import open_database
 from schema.settings import DatabaseSettings, load_settings
 
@@ -218,3 +220,30 @@ def test_mnemo_up_serves_the_stack_and_stops_everything_on_ctrl_c(outside_basete
     _, alive = psutil.wait_procs(started, timeout=60)
     assert not alive, f"processes left behind: {[p.info for p in alive if hasattr(p, 'info')]}"
     assert not _postgres_processes(data_dir / "pg"), "Ctrl-C leaves no database process behind"
+
+
+async def test_a_server_whose_buffers_cannot_hold_the_hnsw_indexes_is_named_at_start(
+    outside_basetemp: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A gateway or drain opening a database whose HNSW indexes outgrow ``shared_buffers`` warns,
+    naming both sizes and the setting; one whose indexes fit says nothing."""
+    with EmbeddedPostgres(outside_basetemp / "pg", shared_buffers="1MB") as server:
+        conn = await asyncpg.connect(server.url)
+        try:
+            await conn.execute("CREATE EXTENSION IF NOT EXISTS vector; CREATE TABLE v (e vector(64))")
+            await conn.execute(
+                "INSERT INTO v SELECT array_fill(random()::real, ARRAY[64])::vector FROM generate_series(1, 3000)"
+            )
+            await conn.execute("CREATE INDEX v_hnsw ON v USING hnsw (e vector_cosine_ops)")
+            with caplog.at_level(logging.WARNING, logger="schema.buffers"):
+                async with open_database(DatabaseSettings(database_url=server.url)):
+                    pass
+            (warning,) = [r.getMessage() for r in caplog.records if r.name == "schema.buffers"]
+            assert re.match(
+                r"shared_buffers \(1 MiB\) is smaller than this database's HNSW indexes \(\d+ MiB\)", warning
+            )
+            assert "RAG_EMBEDDED_SHARED_BUFFERS" in warning
+            await conn.execute("DROP INDEX v_hnsw")
+            assert await buffer_shortfall(conn) is None
+        finally:
+            await conn.close()
