@@ -186,10 +186,14 @@ def open_stack(
                 bench.server_url = database_url
             else:
                 from schema import EmbeddedPostgres
+                from schema.settings import DatabaseSettings, load_settings
 
                 scratch = Path(tempfile.mkdtemp(prefix="pg-", dir=work_dir))
                 stack.callback(shutil.rmtree, scratch, ignore_errors=True)
-                server = EmbeddedPostgres(scratch / "data")
+                # Sized as the product's embedded server is (RAG_EMBEDDED_SHARED_BUFFERS: auto, or a
+                # size for an A/B such as PostgreSQL's own 128MB).
+                memory = load_settings(DatabaseSettings).embedded_shared_buffers
+                server = EmbeddedPostgres(scratch / "data", shared_buffers=memory)
                 bench.server_url = server.start()
                 bench.embedded = server
                 stack.callback(server.stop)
