@@ -9,6 +9,7 @@ the middle of its work reopens and catches up with no row missing or duplicated.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import random
@@ -41,11 +42,15 @@ from index.lexical.files import (
 from index.lexical.metrics import LexicalMetrics
 from index.lexical.stats import index_corpus, index_doc_freqs
 from index.lexical.writer import LexicalWriter
-from index.search.bm25 import CorpusStats, query_terms, scored_terms
+from index.search.bm25 import Bm25Plan, CorpusStats, query_terms, scored_terms
 from index.search.lexical_leg import lexical_search
+from index.search.lexical_reread import reread_statement
+from index.search.read_settings import PLANNED_ONCE
+from index.store.change_feed import Watermark
 from index.store.hits import Scope
 from index.store.partitions import ModelPartition, ensure_partition
 from index.store.store import EmbeddingRow, delete_record, upsert_rows
+from schema.database import create_pool
 from tests.test_vector_cache import COMPONENTS, CONTRIBUTORS, SECTIONS, _scope, principals, scopes
 from tests.test_vector_snapshots import folder_status
 from tests.waiting import until
@@ -128,11 +133,24 @@ async def _shown(engine: TantivyLexical, pool: asyncpg.Pool, partition: ModelPar
     return status["partitions"][partition.partition]  # type: ignore[index]
 
 
-async def _search(engine: TantivyLexical, pool: asyncpg.Pool, partition: ModelPartition, query, scope, k):
+async def _search(engine: TantivyLexical, pool: asyncpg.Pool, partition: ModelPartition, query, scope, k,
+                  reread: asyncpg.Pool | None = None):  # fmt: skip
     async with pool.acquire() as conn:
-        hits = await engine.search(conn, partition, query, scope, k)
+        hits = await engine.search(conn, partition, query, scope, k, reread=reread)
     assert hits is not None, "the engine should have served this search"
     return hits
+
+
+@pytest.fixture(params=["custom-plans", "planned-once"])
+async def reread(request: pytest.FixtureRequest, database_url: str) -> AsyncIterator[asyncpg.Pool | None]:
+    """Where the engine re-reads its candidates: on the search's own connection, planned with its
+    values (None), or on a pool whose sessions plan it once, as the gateway's (PLANNED_ONCE)."""
+    if request.param == "custom-plans":
+        yield None
+        return
+    pool = await create_pool(database_url, max_size=2, reset_session=False, session=PLANNED_ONCE)
+    yield pool
+    await pool.close()
 
 
 @pytest.fixture
@@ -286,39 +304,40 @@ async def test_candidates_without_stored_counts_are_scored_by_postgresql(
                   await _sql(db_pool, partition, query, Scope(), k))  # fmt: skip
 
 
-async def test_a_change_is_served_before_and_after_the_writer_applies_it(built) -> None:
+async def test_a_change_is_served_before_and_after_the_writer_applies_it(built, reread) -> None:
     pool, partition, writer, root = built
     engine = _engine(root)
+    search = functools.partial(_search, reread=reread)
     text = "zanzibar lighthouse lighthouse"
     row = EmbeddingRow("text", "oh1", 999, "oh22", "lg-eng", 0, "h999", text, text,
                        np.ones(4, dtype=np.float32), projects=[1])  # fmt: skip
     await upsert_rows(pool, partition, [row])
     # Not applied: the row is re-read as a change after the watermark, found and scored in SQL.
-    assert [h.section_id for h in await _search(engine, pool, partition, "zanzibar", Scope(), 3)] == [999]
+    assert [h.section_id for h in await search(engine, pool, partition, "zanzibar", Scope(), 3)] == [999]
     assert await writer.sync() == 1
-    assert [h.section_id for h in await _search(engine, pool, partition, "zanzibar", Scope(), 3)] == [999]
-    _same(await _search(engine, pool, partition, "zanzibar archive", Scope(), 20),
+    assert [h.section_id for h in await search(engine, pool, partition, "zanzibar", Scope(), 3)] == [999]
+    _same(await search(engine, pool, partition, "zanzibar archive", Scope(), 20),
           await _sql(pool, partition, "zanzibar archive", Scope(), 20))  # fmt: skip
 
     # An ACL change hides the row at once, before the writer applies it.
     member = Scope(acl=pushdown(Principal("p", frozenset({1}), {"oh1": 1})))
-    assert [h.section_id for h in await _search(engine, pool, partition, "zanzibar", member, 3)] == [999]
+    assert [h.section_id for h in await search(engine, pool, partition, "zanzibar", member, 3)] == [999]
     moved = EmbeddingRow("text", "oh1", 999, "oh22", "lg-eng", 0, "h999", text, text,
                          np.ones(4, dtype=np.float32), projects=[2])  # fmt: skip
     await upsert_rows(pool, partition, [moved])
-    assert await _search(engine, pool, partition, "zanzibar", member, 3) == []
+    assert await search(engine, pool, partition, "zanzibar", member, 3) == []
     await writer.sync()
-    assert await _search(engine, pool, partition, "zanzibar", member, 3) == []
+    assert await search(engine, pool, partition, "zanzibar", member, 3) == []
 
     # A delete is never served, applied or not.
     await delete_record(pool, ("oh1", 999))
     assert 999 not in {
-        h.section_id for h in await _search(engine, pool, partition, "lighthouse", Scope(), 200)
+        h.section_id for h in await search(engine, pool, partition, "lighthouse", Scope(), 200)
     }
     await writer.sync()
-    assert await _search(engine, pool, partition, "zanzibar", Scope(), 3) == []
+    assert await search(engine, pool, partition, "zanzibar", Scope(), 3) == []
     for query in ["lighthouse weaver", "archive 7", "bishop quarry archive"]:
-        _same(await _search(engine, pool, partition, query, Scope(), 30),
+        _same(await search(engine, pool, partition, query, Scope(), 30),
               await _sql(pool, partition, query, Scope(), 30))  # fmt: skip
 
 
@@ -624,3 +643,35 @@ async def test_a_failed_rebuild_leaves_the_current_index_as_it_was(built) -> Non
     assert current_folder(root, partition) == before
     assert sorted(p.name for p in (root / partition.partition).glob("v-*")) == [before.name]  # type: ignore[union-attr]
     await _assert_index_matches_store(pool, partition, root)
+
+
+async def test_the_rereads_plan_made_once_reads_the_change_feed_through_its_indexes(built) -> None:
+    """The gateway's re-read is planned once per session (PLANNED_ONCE), without its values: on a
+    change feed as long as a drained store's, that plan must still reach the changes after the
+    watermark through the feed's indexes, never by reading the whole feed (30 ms at 1M rows
+    against 0.2), and start no parallel workers."""
+    pool, partition, _writer, _root = built
+    async with pool.acquire() as conn:
+        await conn.execute(
+            """INSERT INTO rag_embedding_changes
+               SELECT $1, 'text', 'feed', g, 'rag:doc', 'lg-eng', '', 0, 1000000 + g, pg_current_xact_id(), now()
+               FROM generate_series(1, 20000) g""",
+            partition.model,
+        )
+        await conn.execute("ANALYZE rag_embedding_changes")
+        plan = Bm25Plan(terms=["archive"], weights=[1.0], selective=["archive"], avgdl=5.0)
+        member = Scope(acl=pushdown(Principal("p", frozenset({1}), {"oh1": 1})))
+        for scope in (Scope(), member):
+            query, params = reread_statement(partition, plan, scope, [], [], Watermark(1, 1))
+            async with conn.transaction():
+                for name, value in PLANNED_ONCE.items():
+                    await conn.execute(f"SET LOCAL {name} = {value}")
+                await conn.execute("PREPARE reread AS " + query)
+                nulls = ", ".join(["NULL"] * len(params))  # a generic plan does not look at them
+                shown = "\n".join(r[0] for r in await conn.fetch(f"EXPLAIN EXECUTE reread({nulls})"))
+                await conn.execute("DEALLOCATE reread")
+            assert "Seq Scan on rag_embedding_changes" not in shown, shown
+            assert "rag_embedding_changes_seq_idx" in shown and "rag_embedding_changes_xid_idx" in shown, (
+                shown
+            )
+            assert "Gather" not in shown, shown

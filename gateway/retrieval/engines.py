@@ -21,7 +21,7 @@ from gateway.retrieval.query_embedding import QueryEmbedder
 from gateway.retrieval.ranking import SectionFusion
 from gateway.retrieval.retriever import Retriever
 from index.search.bm25 import CorpusStats
-from index.search.lexical_engine import LexicalEngine
+from index.search.lexical_engine import Connections, LexicalEngine
 from index.store.partitions import Partitions
 from inference.client import SidecarClient
 
@@ -52,6 +52,7 @@ def build_retrieval(
     vector_cache: VectorCache | None = None,
     lexical_engine: LexicalEngine | None = None,
     corpus_stats: CorpusStats | None = None,
+    reread_pool: Connections | None = None,
 ) -> RetrievalEngines:
     """Retrieval over a read ``pool`` and the sidecar ``client``, with the app's vector cache and
     lexical engine when it has them; both may still be loading (pgvector and SQL serve until then)."""
@@ -64,6 +65,7 @@ def build_retrieval(
         vector_cache=vector_cache,
         lexical_engine=lexical_engine,
         corpus_stats=corpus_stats,
+        reread_pool=reread_pool,
     )
     partitions = Partitions(pool)
     fusion = SectionFusion(pool, settings.lexical_stats_ttl)

@@ -29,7 +29,7 @@ from gateway.base.settings import LEGS, GatewaySettings
 from gateway.retrieval.query_cache import QueryVector
 from index.search.bm25 import CorpusStats
 from index.search.dense_leg import DenseLeg, seed_chunks
-from index.search.lexical_engine import LexicalEngine
+from index.search.lexical_engine import Connections, LexicalEngine
 from index.search.lexical_leg import lexical_search, sparse_search
 from index.store.hits import ChunkHit, ChunkKey, Scope
 from index.store.partitions import ModelPartition
@@ -71,8 +71,12 @@ class RetrievalLegs:
         vector_cache: VectorCache | None = None,
         lexical_engine: LexicalEngine | None = None,
         corpus_stats: CorpusStats | None = None,
+        reread_pool: Connections | None = None,
     ) -> None:
+        """``reread_pool``: read connections whose sessions plan the lexical engine's re-read once
+        (:data:`index.search.read_settings.PLANNED_ONCE`); None re-reads on the leg's own."""
         self.pool = pool
+        self.reread_pool = reread_pool
         self.settings = settings
         self.metrics = metrics
         self.vector_cache = vector_cache
@@ -104,7 +108,9 @@ class RetrievalLegs:
         """The lexical leg over ``modality`` rows: from the lexical engine when it can answer
         exactly, else in SQL with this gateway's corpus statistics (IDF)."""
         if self.lexical_engine is not None:
-            hits = await self.lexical_engine.search(conn, partition, query, scope, fetch, modality=modality)
+            hits = await self.lexical_engine.search(
+                conn, partition, query, scope, fetch, modality=modality, reread=self.reread_pool
+            )
             if hits is not None:
                 return hits
         return await lexical_search(conn, partition, query, scope, fetch, stats=self.stats, modality=modality)

@@ -14,7 +14,7 @@ import hmac
 import logging
 import signal
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 from aiohttp import web
@@ -61,7 +61,7 @@ from gateway.web.thumbnails import setup_thumbnails
 from index.lexical.engine import TantivyConfig, TantivyLexical
 from index.lexical.metrics import LexicalMetrics
 from index.search.bm25 import CorpusStats
-from index.search.read_settings import read_session_settings
+from index.search.read_settings import PLANNED_ONCE, read_session_settings
 from index.store.partitions import list_partitions
 from index.store.sections import SectionStore
 from index.vectors.metrics import CacheMetrics
@@ -188,29 +188,40 @@ async def _lexical_index_ctx(app: web.Application) -> AsyncIterator[None]:
         await engine.stop()
 
 
+async def _read_pool(app: web.Application, session: Mapping[str, str]) -> ReadPool:
+    """Retrieval read connections whose sessions open with ``session``, released without asyncpg's
+    reset query: their users leave no session state (SET LOCAL only), and the reset cost a round
+    trip plus RESET ALL / CLOSE ALL / UNLISTEN on the server per leg (issue 15). With
+    ``RAG_DATABASE_READ_URL``, a streaming replica serves them while it is up and fresh."""
+    database = app[SETTINGS_KEY].database
+    primary = await create_pool(
+        app[DATABASE_URL_KEY], max_size=database.pool_size, reset_session=False, session=session
+    )
+    reads = ReadPool(
+        primary,
+        database.read_url,
+        max_size=database.pool_size,
+        session=session,
+        max_lag_s=database.read_max_lag,
+        check_interval_s=database.read_check_interval,
+    )
+    await reads.start()
+    return reads
+
+
 async def _retriever_ctx(app: web.Application) -> AsyncIterator[None]:
     """The retrieval engines (text, and image beside it), with their own sidecar client: one quick
     retry, then a 503 for the caller."""
     settings = app[SETTINGS_KEY]
-    # Its own pool of read connections, released without asyncpg's reset query: every leg and
-    # seed read leaves no session state (SET LOCAL only), and the reset cost a round trip plus
-    # RESET ALL / CLOSE ALL / UNLISTEN on the server per leg (issue 15). Their sessions open with
-    # the legs' settings, so a leg is one round trip, not three (issue 27). Writes, the drain's
-    # advisory lock and the cache's listener stay on the main pool.
-    session = read_session_settings(settings.hnsw_ef_search, settings.hnsw_max_scan_tuples)
-    primary_reads = await create_pool(
-        app[DATABASE_URL_KEY], max_size=settings.database.pool_size, reset_session=False, session=session
+    # Its own pools of read connections (_read_pool). The legs' sessions open with the legs'
+    # settings, so a leg is one round trip, not three (issue 27). Writes, the drain's advisory
+    # lock and the cache's listener stay on the main pool.
+    reads = await _read_pool(
+        app, read_session_settings(settings.hnsw_ef_search, settings.hnsw_max_scan_tuples)
     )
-    # RAG_DATABASE_READ_URL: a streaming replica serves these reads while it is up and fresh.
-    reads = ReadPool(
-        primary_reads,
-        settings.database.read_url,
-        max_size=settings.database.pool_size,
-        session=session,
-        max_lag_s=settings.database.read_max_lag,
-        check_interval_s=settings.database.read_check_interval,
-    )
-    await reads.start()
+    # The lexical engine's re-read, planned once per session: a pool of its own, since the legs'
+    # sessions plan every statement with its values (index.search.read_settings says why each).
+    rereads = await _read_pool(app, PLANNED_ONCE)
     app[READ_POOL_KEY] = reads
     app[METRICS_KEY].watch_read_pool(reads.status)
     client = settings.sidecar.client(max_retries=1)
@@ -224,6 +235,7 @@ async def _retriever_ctx(app: web.Application) -> AsyncIterator[None]:
         vector_cache=app.get(VECTOR_CACHE_KEY),
         lexical_engine=app.get(LEXICAL_INDEX_KEY),
         corpus_stats=app[CORPUS_STATS_KEY],
+        reread_pool=rereads,
     )
     app[QUERY_SIDECAR_KEY] = client
     app[RETRIEVER_KEY] = engines.retriever
@@ -237,6 +249,7 @@ async def _retriever_ctx(app: web.Application) -> AsyncIterator[None]:
         await app[CORPUS_STATS_KEY].stop()
         await client.close()
         await reads.close()
+        await rereads.close()
 
 
 async def _ask_ctx(app: web.Application) -> AsyncIterator[None]:

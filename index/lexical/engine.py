@@ -56,7 +56,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -92,7 +92,9 @@ from index.search.bm25 import (
     query_terms,
     scored_terms,
 )
+from index.search.lexical_engine import Connections
 from index.search.lexical_reread import reread_candidates
+from index.search.read_settings import CUSTOM_PLANS, PLANNED_ONCE
 from index.settings import IngestSettings
 from index.store.change_feed import Watermark, store_identity
 from index.store.hits import ChunkHit, Scope, chunk_from_row, scope_key
@@ -424,8 +426,11 @@ class TantivyLexical:
         limit: int,
         *,
         modality: str = "text",
+        reread: Connections | None = None,
     ) -> list[ChunkHit] | None:
-        """The lexical top-``limit`` for ``scope`` scored by the SQL leg, or None: use the SQL leg."""
+        """The lexical top-``limit`` for ``scope`` scored by the SQL leg, or None: use the SQL leg.
+        The candidates are re-read on a connection of ``reread`` (planned once per session,
+        :data:`~index.search.read_settings.PLANNED_ONCE`) when given, else on ``conn``."""
         if modality != "text":
             self.metrics.searches.labels("image").inc()
             return None
@@ -460,13 +465,22 @@ class TantivyLexical:
             # On the event loop: at 1M chunks a thread's hand-off cost 0.7 ms of a 4.6 ms search
             # (interleaved windows), more than the 1-2 ms it frees.
             docs, scores = self._candidates(searcher, tq, fetch, plan)
-        rows = await self._reread(conn, partition, plan, scope, docs, scores, watermark, limit)
+        if reread is None:
+            rows = await self._reread(
+                conn, CUSTOM_PLANS, partition, plan, scope, docs, scores, watermark, limit
+            )
+        else:
+            async with reread.acquire() as planned:
+                rows = await self._reread(
+                    planned, PLANNED_ONCE, partition, plan, scope, docs, scores, watermark, limit
+                )
         self.metrics.searches.labels("hit").inc()
         return [chunk_from_row(r, float(r["score"])) for r in rows[:limit]]
 
     async def _reread(
         self,
         conn: asyncpg.Connection,
+        plans: Mapping[str, str],
         partition: ModelPartition,
         plan: Bm25Plan,
         scope: Scope,
@@ -492,6 +506,7 @@ class TantivyLexical:
                 [key_of(d["key"][0]) for d in docs[:cut]],
                 scores[:cut],
                 watermark,
+                plans=plans,
             )
             if trusted >= limit or cut >= len(docs):
                 return rows

@@ -15,6 +15,7 @@ here, it only has these methods.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
 import asyncpg
@@ -22,7 +23,13 @@ import asyncpg
 from index.store.hits import ChunkHit, Scope
 from index.store.partitions import ModelPartition
 
-__all__ = ["LexicalEngine"]
+__all__ = ["Connections", "LexicalEngine"]
+
+
+class Connections(Protocol):
+    """Where a read takes a connection from: an asyncpg pool, or the gateway's read pool."""
+
+    def acquire(self) -> AbstractAsyncContextManager[asyncpg.Connection]: ...
 
 
 class LexicalEngine(Protocol):
@@ -57,7 +64,10 @@ class LexicalEngine(Protocol):
         limit: int,
         *,
         modality: str = "text",
+        reread: Connections | None = None,
     ) -> list[ChunkHit] | None:
         """The BM25 top-``limit`` of ``query`` in ``scope`` (scores and ties as the SQL leg's), rows
-        read on ``conn``; None: this engine cannot answer exactly right now, the SQL leg serves."""
+        read on ``conn``, the candidates' re-read on a connection of ``reread`` when given (a pool
+        whose sessions plan it once: :data:`index.search.read_settings.PLANNED_ONCE`); None: this
+        engine cannot answer exactly right now, the SQL leg serves."""
         ...

@@ -79,6 +79,8 @@ class ChangeBatch:
     lags: list[float]  # seconds from each change's write to this read
 
 
+_MAX_SEQ = "9223372036854775807"  # bigint's largest: no change's sequence is above it
+_MAX_XID = "'18446744073709551615'::xid8"  # xid8's largest
 _XMIN = "pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
 
 
@@ -95,13 +97,18 @@ def pending_sql(model: str, watermark: str, xmin: str) -> str:
     """SQL selecting the keys changed after a watermark (parameters named by the caller).
 
     Two index scans (sequence, then transaction id) rather than one OR, which the planner would
-    answer by reading every change row of the model.
+    answer by reading every change row of the model. Each range also has an upper bound that never
+    binds: planned without the parameters' values (a generic plan, :data:`index.search.read_settings.
+    PLANNED_ONCE`), a one-sided range is taken to hold a third of the feed and read whole (30 ms on
+    a 1M-row feed), a two-sided one 0.5% of it and read through its index (0.2 ms).
     """
     keys = ", ".join("c." + c for c in KEY_COLUMNS)
-    return f"""SELECT {keys} FROM rag_embedding_changes c WHERE c.model = {model} AND c.seq > {watermark}
+    return f"""SELECT {keys} FROM rag_embedding_changes c
+               WHERE c.model = {model} AND c.seq > {watermark} AND c.seq <= {_MAX_SEQ}
                UNION ALL
                SELECT {keys} FROM rag_embedding_changes c
-               WHERE c.xid >= {xmin}::text::xid8 AND c.model = {model} AND c.seq <= {watermark}"""
+               WHERE c.xid >= {xmin}::text::xid8 AND c.xid <= {_MAX_XID} AND c.model = {model}
+                 AND c.seq <= {watermark}"""
 
 
 def candidates_sql(first: int, table: str, *, scored: bool = False) -> tuple[str, str]:
