@@ -23,7 +23,7 @@ import asyncpg
 import numpy as np
 import pytest
 import tantivy
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gateway.access.acl import pushdown
@@ -179,6 +179,10 @@ def scoped_classes_max(request: pytest.FixtureRequest, monkeypatch: pytest.Monke
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(principal=principals, raw=scopes, query=queries, k=st.sampled_from([1, 5, 20, 60]))
+# Found by hypothesis: two chunks the SQL leg scores alike (a tie), an ulp apart in the engine's
+# floating point, were served in the wrong order (index.search.bm25.SCORE_DECIMALS).
+@example(principal=Principal("p", None, {}, admin=True), raw=(("oh1",), None, None),
+         query="mayor valencia drawing 7 tannery", k=20)  # fmt: skip
 async def test_engine_equals_the_sql_leg_under_random_scopes(
     built, scoped_classes_max, principal, raw, query, k
 ) -> None:

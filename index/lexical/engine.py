@@ -84,6 +84,7 @@ from index.lexical.stats import IndexStats, index_corpus, index_doc_freqs
 from index.lru import Lru
 from index.search.access_classes import permitted_classes
 from index.search.bm25 import (
+    SCORE_DECIMALS,
     Bm25Plan,
     bm25_idf,
     bm25_plan_of_counts,
@@ -413,6 +414,7 @@ class TantivyLexical:
         weights = np.asarray(plan.weights, dtype=np.float64)[:, None]
         # Summed term by term in the plan's order.
         total = bm25_summand(weights, term_counts_of(counts, plan.terms), lengths, plan.avgdl).sum(axis=0)
+        total = np.round(total, SCORE_DECIMALS)  # the SQL leg's ties stay ties (SCORE_DECIMALS says why)
         unscored = np.array([c is None for c in counts], dtype=bool)
         order = np.argsort(np.where(unscored, -np.inf, -total), kind="stable").tolist()
         return [docs[i] for i in order], [None if unscored[i] else float(total[i]) for i in order]

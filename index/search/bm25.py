@@ -30,6 +30,7 @@ __all__ = [
     "BM25_B",
     "BM25_K1",
     "COMMON_TERM_SHARE",
+    "SCORE_DECIMALS",
     "Bm25Plan",
     "CorpusStats",
     "bm25_idf",
@@ -49,6 +50,12 @@ RECOUNT_RETRY_S = 5.0  # a failed background recount is tried again after this l
 # BM25 parameters (Robertson/Lucene defaults, as in bm25s).
 BM25_K1 = 1.5
 BM25_B = 0.75
+# The engine's scores are the SQL leg's to about 1e-15: the same formula, other floating-point steps
+# (bm25_summand's in-place order, numpy's sum against PostgreSQL's). Two chunks the SQL leg scores
+# exactly alike (a tie, broken by identity) could then come out an ulp apart, in the wrong order
+# (hypothesis found one: 1.5936785410775807 against ...804, where PostgreSQL gave ...802 twice).
+# Rounded to this many decimals, they tie again; distinct BM25 scores are far further apart.
+SCORE_DECIMALS = 12
 # Terms in more than this share of chunks still score, but do not widen the match set on their own.
 COMMON_TERM_SHARE = 0.5
 
