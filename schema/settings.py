@@ -54,8 +54,8 @@ class DatabaseSettings:
     pool_size: int = setting(
         "RAG_DB_POOL_SIZE",
         10,
-        "Connections per pool. The gateway holds two (writes and the drain; retrieval reads), so up to twice "
-        "this. More allows more concurrent queries but costs server memory.",
+        "Connections per pool. Each gateway worker holds four (writes and the drain; the budget ledger; "
+        "retrieval reads; the lexical engine's re-reads), so up to four times this. More allows more concurrent queries but costs server memory.",
     )
 
     read_url: str | None = setting(
