@@ -223,27 +223,38 @@ def test_mnemo_up_serves_the_stack_and_stops_everything_on_ctrl_c(outside_basete
 
 
 async def test_a_server_whose_buffers_cannot_hold_the_hnsw_indexes_is_named_at_start(
-    outside_basetemp: Path, caplog: pytest.LogCaptureFixture
+    outside_basetemp: Path,
 ) -> None:
     """A gateway or drain opening a database whose HNSW indexes outgrow ``shared_buffers`` warns,
-    naming both sizes and the setting; one whose indexes fit says nothing."""
+    naming both sizes and the setting; one whose indexes fit says nothing.
+
+    The warning is read by a handler on its own logger: the suite's other tests configure the root
+    logger in this process (``configure_logging`` replaces its handlers), which pytest's caplog
+    relies on."""
+    seen: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("schema.buffers")
     with EmbeddedPostgres(outside_basetemp / "pg", shared_buffers="1MB") as server:
         conn = await asyncpg.connect(server.url)
+        logger.addHandler(handler)
         try:
             await conn.execute("CREATE EXTENSION IF NOT EXISTS vector; CREATE TABLE v (e vector(64))")
             await conn.execute(
                 "INSERT INTO v SELECT array_fill(random()::real, ARRAY[64])::vector FROM generate_series(1, 3000)"
             )
             await conn.execute("CREATE INDEX v_hnsw ON v USING hnsw (e vector_cosine_ops)")
-            with caplog.at_level(logging.WARNING, logger="schema.buffers"):
-                async with open_database(DatabaseSettings(database_url=server.url)):
-                    pass
-            (warning,) = [r.getMessage() for r in caplog.records if r.name == "schema.buffers"]
+            shortfall = await buffer_shortfall(conn)
+            assert shortfall is not None and shortfall[0] == 1 << 20 and shortfall[1] > 1 << 20, shortfall
+            async with open_database(DatabaseSettings(database_url=server.url)):
+                pass
+            assert seen == [str(shortfall)], (seen, logger.disabled, logging.root.manager.disable)
             assert re.match(
-                r"shared_buffers \(1 MiB\) is smaller than this database's HNSW indexes \(\d+ MiB\)", warning
+                r"shared_buffers \(1 MiB\) is smaller than this database's HNSW indexes \(\d+ MiB\)", seen[0]
             )
-            assert "RAG_EMBEDDED_SHARED_BUFFERS" in warning
+            assert "RAG_EMBEDDED_SHARED_BUFFERS" in seen[0]
             await conn.execute("DROP INDEX v_hnsw")
             assert await buffer_shortfall(conn) is None
         finally:
+            logger.removeHandler(handler)
             await conn.close()
