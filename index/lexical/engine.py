@@ -53,6 +53,7 @@ leg, counted in ``mnemo_lexical_searches``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -467,15 +468,16 @@ class TantivyLexical:
             # On the event loop: at 1M chunks a thread's hand-off cost 0.7 ms of a 4.6 ms search
             # (interleaved windows), more than the 1-2 ms it frees.
             docs, scores = self._candidates(searcher, tq, fetch, plan)
-        if reread is None:
+        # On the search's own connection, planned at every run, or on one of ``reread``'s, planned once.
+        on, plans = (
+            (contextlib.nullcontext(conn), CUSTOM_PLANS)
+            if reread is None
+            else (reread.acquire(), PLANNED_ONCE)
+        )
+        async with on as reread_conn:
             rows = await self._reread(
-                conn, CUSTOM_PLANS, partition, plan, scope, docs, scores, watermark, limit
+                reread_conn, plans, partition, plan, scope, docs, scores, watermark, limit
             )
-        else:
-            async with reread.acquire() as planned:
-                rows = await self._reread(
-                    planned, PLANNED_ONCE, partition, plan, scope, docs, scores, watermark, limit
-                )
         self.metrics.searches.labels("hit").inc()
         return [chunk_from_row(r, float(r["score"])) for r in rows[:limit]]
 
