@@ -226,11 +226,8 @@ async def test_a_server_whose_buffers_cannot_hold_the_hnsw_indexes_is_named_at_s
     outside_basetemp: Path,
 ) -> None:
     """A gateway or drain opening a database whose HNSW indexes outgrow ``shared_buffers`` warns,
-    naming both sizes and the setting; one whose indexes fit says nothing.
-
-    The warning is read by a handler on its own logger: the suite's other tests configure the root
-    logger in this process (``configure_logging`` replaces its handlers), which pytest's caplog
-    relies on."""
+    naming both sizes and the setting; one whose indexes fit says nothing (read by a handler on the
+    module's own logger, independent of how other tests leave the root logger)."""
     seen: list[str] = []
     handler = logging.Handler(logging.WARNING)
     handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
@@ -240,12 +237,19 @@ async def test_a_server_whose_buffers_cannot_hold_the_hnsw_indexes_is_named_at_s
         logger.addHandler(handler)
         try:
             await conn.execute("CREATE EXTENSION IF NOT EXISTS vector; CREATE TABLE v (e vector(64))")
+            # Distinct directions: the cosine opclass stores vectors normalized and pgvector folds a
+            # duplicate into the element it equals, so rows of one repeated value (array_fill) built
+            # an index whose size depended on the build (1 failure in CI, under 1 MB).
             await conn.execute(
-                "INSERT INTO v SELECT array_fill(random()::real, ARRAY[64])::vector FROM generate_series(1, 3000)"
+                "INSERT INTO v SELECT ARRAY(SELECT random()::real FROM generate_series(1, 64) WHERE g > 0)"
+                "::vector FROM generate_series(1, 6000) g"
             )
             await conn.execute("CREATE INDEX v_hnsw ON v USING hnsw (e vector_cosine_ops)")
+            assert await conn.fetchval("SHOW shared_buffers") == "1MB"
+            hnsw_bytes = await conn.fetchval("SELECT pg_relation_size('v_hnsw')")
+            assert hnsw_bytes > 2 << 20, hnsw_bytes
             shortfall = await buffer_shortfall(conn)
-            assert shortfall is not None and shortfall[0] == 1 << 20 and shortfall[1] > 1 << 20, shortfall
+            assert shortfall == (1 << 20, hnsw_bytes), shortfall
             async with open_database(DatabaseSettings(database_url=server.url)):
                 pass
             assert seen == [str(shortfall)], (seen, logger.disabled, logging.root.manager.disable)
