@@ -234,7 +234,7 @@ def _resident(pid: int) -> tuple[int, int]:
 
 
 async def gateway_read_pool(database_url: str) -> Any:
-    """A pool like the gateway's read pool at its default settings: ``RAG_DB_POOL_SIZE``'s size, no
+    """A pool like the gateway's read pool at its default settings: ``RAG_DB_READ_POOL_SIZE``'s size, no
     reset query, sessions opened with the legs' settings. :class:`RawLegs` on it runs the SQL the
     gateway runs, in as many round trips."""
     from gateway.base.settings import GatewaySettings
@@ -244,7 +244,7 @@ async def gateway_read_pool(database_url: str) -> Any:
     defaults = GatewaySettings()
     session = read_session_settings(defaults.hnsw_ef_search, defaults.hnsw_max_scan_tuples)
     return await create_pool(
-        database_url, max_size=defaults.database.pool_size, reset_session=False, session=session
+        database_url, max_size=defaults.database.read_pool_size, reset_session=False, session=session
     )
 
 

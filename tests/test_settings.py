@@ -30,7 +30,7 @@ def test_defaults_without_environment() -> None:
     s = load_settings(DatabaseSettings, {})
     assert s.database_url is None
     assert s.data_dir == Path(".mnemo")
-    assert s.pool_size == 10
+    assert (s.pool_size, s.read_pool_size) == (10, 4)
 
 
 def test_environment_then_overrides() -> None:
@@ -55,9 +55,17 @@ def test_an_empty_directory_is_refused_not_read_as_the_working_directory() -> No
         )
 
 
-@pytest.mark.parametrize("env", [{"RAG_DB_POOL_SIZE": "many"}, {"RAG_DB_POOL_SIZE": "0"}])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"RAG_DB_POOL_SIZE": "many"},
+        {"RAG_DB_POOL_SIZE": "0"},
+        {"RAG_DB_READ_POOL_SIZE": "four"},
+        {"RAG_DB_READ_POOL_SIZE": "0"},
+    ],
+)
 def test_bad_values_are_named(env: dict[str, str]) -> None:
-    with pytest.raises(SettingsError, match="RAG_DB_POOL_SIZE"):
+    with pytest.raises(SettingsError, match=next(iter(env))):
         load_settings(DatabaseSettings, env)
 
 

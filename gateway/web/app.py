@@ -195,12 +195,12 @@ async def _read_pool(app: web.Application, session: Mapping[str, str]) -> ReadPo
     ``RAG_DATABASE_READ_URL``, a streaming replica serves them while it is up and fresh."""
     database = app[SETTINGS_KEY].database
     primary = await create_pool(
-        app[DATABASE_URL_KEY], max_size=database.pool_size, reset_session=False, session=session
+        app[DATABASE_URL_KEY], max_size=database.read_pool_size, reset_session=False, session=session
     )
     reads = ReadPool(
         primary,
         database.read_url,
-        max_size=database.pool_size,
+        max_size=database.read_pool_size,
         session=session,
         max_lag_s=database.read_max_lag,
         check_interval_s=database.read_check_interval,
