@@ -135,14 +135,6 @@ async def flood(
     return {"sent": sum(sent), "sent_per_s": sum(sent) / seconds, "wall_s": wall, "codes": dict(codes)}
 
 
-def _retryable(body: bytes) -> bool:
-    """An error envelope that says the call may be retried (``error.retryable``)."""
-    try:
-        return bool(json.loads(body).get("error", {}).get("retryable"))
-    except (ValueError, AttributeError):
-        return False
-
-
 async def closed_loop_searches(
     url: str,
     token: str | None,
@@ -152,12 +144,11 @@ async def closed_loop_searches(
     seconds: float,
     requests: int | None = None,
     limit: int = 10,
-    let_retryable_pass: bool = False,
 ) -> LoadResult:
     """``callers`` keep-alive connections, each sending its next search once the last is answered,
     until ``seconds`` pass or ``requests`` were sent: a closed loop whose client costs a write and a
-    read per search. Anything but a 200 raises (``let_retryable_pass``: a retryable error, such as
-    the sidecar timing out while caches are cold, is let pass, for warming)."""
+    read per search. Anything but a 200 raises (a warm-up, which lets a cold start's retryable
+    errors pass, is :func:`benchmarks.flood.warm`)."""
     parts = urlsplit(url)
     wire = search_requests(url, token, queries, limit)
     numbers = itertools.count() if requests is None else iter(range(requests))
@@ -173,7 +164,7 @@ async def closed_loop_searches(
                 start = time.perf_counter()
                 writer.write(wire[i % len(wire)])
                 status, body = await _answer(reader)
-                if status != "200" and not (let_retryable_pass and _retryable(body)):
+                if status != "200":
                     raise RuntimeError(f"semantic_search failed: {status} {body[:500]!r}")
                 latencies.append(time.perf_counter() - start)
         finally:

@@ -16,13 +16,12 @@ from typing import Any
 
 import psutil
 
+from .flood import warm
 from .flood_client import closed_loop_searches
 from .gateway import gateway_process
 from .measure import alternating_passes, cores_used, cpu_by_process, spread
 
-__all__ = ["WARM_PASSES", "process_groups", "workers_ab"]
-
-WARM_PASSES = 5  # each worker holds its own query-vector cache: enough passes that each has seen most
+__all__ = ["process_groups", "workers_ab"]
 
 
 async def workers_ab(
@@ -43,8 +42,7 @@ async def workers_ab(
     ):  # fmt: skip
         urls = dict(zip(names, (one.url, many.url), strict=True))
         for url in urls.values():  # query vectors cached in every worker, pages warm
-            await closed_loop_searches(url, bearer, queries, callers=4, seconds=600, requests=len(queries) * WARM_PASSES,
-                                       limit=limit, let_retryable_pass=True)  # fmt: skip
+            await warm(url, bearer, queries)
         group = process_groups(dict(zip(names, (one.process.pid, many.process.pid), strict=True)))
 
         def window(name: str) -> Any:

@@ -38,9 +38,10 @@ import numpy as np
 import psutil
 
 from .acl_shares import VISIBILITY_PROJECT
+from .flood import warm
 from .flood_client import closed_loop_searches
 from .gateway import gateway_process, gateway_read_pool
-from .gateway_workers import WARM_PASSES, process_groups
+from .gateway_workers import process_groups
 from .lexical import SECTION
 from .measure import cpu_by_process, cpu_used
 
@@ -83,9 +84,10 @@ async def measure_search_cost(
         database_url, sidecar_url, secret, workdir / "gateway-search-cost.log", text_model=model,
         source=source, load_testers=[researcher], **env,
     ) as gateway:  # fmt: skip
-        # Every worker's query-vector cache (one per query text, whoever asks) and lexical reader warm.
-        await closed_loop_searches(gateway.url, tokens["admin"], queries, callers=4, seconds=600,
-                                   requests=len(queries) * WARM_PASSES, limit=limit, let_retryable_pass=True)  # fmt: skip
+        # Every worker's query-vector cache (one per caller and query text) and lexical reader warm,
+        # for every caller a cell measures: a researcher's first search of a query would embed it.
+        for who in VISIBILITIES:
+            await warm(gateway.url, tokens[who], queries)
         group = process_groups({"gateway": gateway.process.pid}, plain=True)
         cells = {
             _cell_name(who, n): await _cell(gateway.url, tokens[who], queries, n, seconds, limit, group)

@@ -13,6 +13,7 @@ import os
 import pytest
 from aiohttp import web
 
+from benchmarks import flood
 from benchmarks.flood_client import closed_loop_searches
 from benchmarks.measure import cores_used, cpu_by_process
 
@@ -55,23 +56,42 @@ async def test_the_closed_loop_sends_each_search_once_answered_and_counts_every_
         await runner.cleanup()
 
 
-async def test_an_error_answer_stops_the_loop_unless_it_is_retryable_and_let_pass() -> None:
+async def test_an_error_answer_stops_the_loop() -> None:
     seen: list[dict] = []
-    answers = [503, 200, 503]
+    answers = [200, 503]
     runner, url = await _server(answers, seen)
     try:
-        warm = await closed_loop_searches(
-            url, None, ["q"], callers=1, seconds=60, requests=4, let_retryable_pass=True
-        )
-        assert warm.requests == 4 and answers == []
-        answers[:] = [503]
         with pytest.raises(RuntimeError, match="semantic_search failed: 503"):
             await closed_loop_searches(url, None, ["q"], callers=1, seconds=60, requests=3)
+        assert len(seen) == 2  # stopped at the error, the third never sent
         answers[:] = [400]
         with pytest.raises(RuntimeError, match="semantic_search failed: 400"):
-            await closed_loop_searches(
-                url, None, ["q"], callers=1, seconds=60, requests=3, let_retryable_pass=True
-            )
+            await closed_loop_searches(url, None, ["q"], callers=1, seconds=60, requests=3)
+    finally:
+        await runner.cleanup()
+
+
+async def test_the_warm_up_asks_each_query_every_pass_and_again_when_retryable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """:func:`benchmarks.flood.warm` sends each query ``passes`` times (each on its own connection,
+    so every gateway worker sees it); a retryable answer (the sidecar cold) is asked again, a final
+    one, or a retryable one past ``WARM_TRIES``, is raised."""
+    monkeypatch.setattr(flood, "WARM_RETRY_S", 0.0)
+    seen: list[dict] = []
+    answers = [503, 503]
+    runner, url = await _server(answers, seen)
+    try:
+        await flood.warm(url, "tok", ["alpha", "beta"], passes=3)
+        asked = [s["body"]["options"]["query"] for s in seen]
+        assert len(asked) == 2 * 3 + 2 and answers == []  # every query 3 times, and the 2 retried answers
+        assert asked.count("alpha") >= 3 and asked.count("beta") >= 3
+        answers[:] = [400]
+        with pytest.raises(RuntimeError, match="warm-up: 400 x"):
+            await flood.warm(url, "tok", ["alpha"], passes=1)
+        answers[:] = [503] * flood.WARM_TRIES
+        with pytest.raises(RuntimeError, match="warm-up: 503 x"):
+            await flood.warm(url, "tok", ["alpha"], passes=1)
     finally:
         await runner.cleanup()
 
