@@ -60,15 +60,14 @@ class DatabaseSettings:
     )
     read_pool_size: int = setting(
         "RAG_DB_READ_POOL_SIZE",
-        4,
+        10,
         "Connections per gateway worker for retrieval reads, and as many for the lexical engine's "
-        "re-reads (a search holds up to two reads at once: its dense and lexical legs). With one worker "
-        "per core, about four database sessions per core run searches at once.",
-        tradeoff="PostgreSQL's CPU per search rises with the sessions that run at once, past what the cores "
-        "can serve: on 2 cores at a million chunks, 4 served 16% more searches than 10, at 10% less of "
-        "PostgreSQL's CPU each (a search waits for a connection in the gateway instead of for a core in "
-        "the database). More helps where reads wait on I/O rather than CPU (a replica on slow disks, an "
-        "index larger than memory).",
+        "re-reads (a search holds up to two reads at once: its dense and lexical legs).",
+        tradeoff="How many searches run in the database at once. Fewer lowers PostgreSQL's CPU per search "
+        "once the cores are busy (on 2 cores at a million chunks and 32 callers, 4 against 10: 3-5% less "
+        "of PostgreSQL's CPU, 3-4% more searches/s) but a search then waits for a connection in the "
+        "gateway, and p99 rose 20-30%; more helps where reads wait on I/O rather than CPU (a replica "
+        "on slow disks, an index larger than memory).",
     )
 
     read_url: str | None = setting(

@@ -30,7 +30,7 @@ def test_defaults_without_environment() -> None:
     s = load_settings(DatabaseSettings, {})
     assert s.database_url is None
     assert s.data_dir == Path(".mnemo")
-    assert (s.pool_size, s.read_pool_size) == (10, 4)
+    assert (s.pool_size, s.read_pool_size) == (10, 10)
 
 
 def test_environment_then_overrides() -> None:
