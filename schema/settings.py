@@ -64,8 +64,8 @@ class DatabaseSettings:
         "Connections per gateway worker for retrieval reads, and as many for the lexical engine's "
         "re-reads (a search holds up to two reads at once: its dense and lexical legs).",
         tradeoff="How many searches run in the database at once. Fewer lowers PostgreSQL's CPU per search "
-        "once the cores are busy (on 2 cores at a million chunks and 32 callers, 4 against 10: 3-5% less "
-        "of PostgreSQL's CPU, 3-4% more searches/s) but a search then waits for a connection in the "
+        "once the cores are busy (on 2 cores and 32 callers, 4 against 10: about 5% less of PostgreSQL's "
+        "CPU, 3-5% more searches/s, at 100k and 1M chunks) but a search then waits for a connection in the "
         "gateway, and p99 rose 20-30%; more helps where reads wait on I/O rather than CPU (a replica "
         "on slow disks, an index larger than memory).",
     )
