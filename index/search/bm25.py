@@ -12,14 +12,12 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Protocol
 
-import asyncpg
 import numpy as np
 
 from index.lru import Lru
+from index.search.lexical_engine import Connections
 from index.search.scope_sql import checked_modality
 from index.search.stopwords import strip_stopwords
 from index.store.hits import Executor
@@ -122,12 +120,6 @@ class _Stats:
 _StatsKey = tuple[str, tuple[str, ...] | None, str]  # (partition, sections, modality)
 
 
-class ConnectionSource(Protocol):
-    """What a background recount reads through: an ``asyncpg.Pool`` or the gateway's read pool."""
-
-    def acquire(self) -> AbstractAsyncContextManager[asyncpg.Connection]: ...
-
-
 async def count_doc_freqs(
     db: Executor,
     partition: ModelPartition,
@@ -175,10 +167,10 @@ class CorpusStats:
         self.ttl = ttl
         self._clock = clock
         self._stats: dict[_StatsKey, _Stats] = {}
-        self._pool: ConnectionSource | None = None
+        self._pool: Connections | None = None
         self._refreshing: dict[_StatsKey, asyncio.Task[None]] = {}
 
-    def refresh_on(self, pool: ConnectionSource) -> None:
+    def refresh_on(self, pool: Connections) -> None:
         """Recount expired statistics in the background on ``pool`` (the first attached is kept)."""
         if self._pool is None:
             self._pool = pool
