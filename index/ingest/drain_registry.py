@@ -14,11 +14,10 @@ from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from typing import Any
 
-import asyncpg
+from index.store.executor import Executor
 
 __all__ = ["WorkerRow", "WorkerSample", "heartbeat", "list_workers", "register", "unregister"]
 
-Executor = asyncpg.Connection | asyncpg.Pool
 
 # A stopped worker's row is kept this long for the record, then pruned at the next registration.
 PRUNE_AFTER_S = 86_400.0

@@ -31,6 +31,8 @@ from typing import Any, Literal
 
 import asyncpg
 
+from index.store.executor import Executor
+
 __all__ = [
     "OUTAGE_PREFIX",
     "Job",
@@ -52,7 +54,6 @@ __all__ = [
     "stats",
 ]
 
-Executor = asyncpg.Connection | asyncpg.Pool
 Operation = Literal["index", "delete"]
 
 # last_error of a record that waits on the sidecar rather than failing.

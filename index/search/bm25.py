@@ -20,7 +20,7 @@ from index.lru import Lru
 from index.search.lexical_engine import Connections
 from index.search.scope_sql import checked_modality
 from index.search.stopwords import strip_stopwords
-from index.store.hits import Executor
+from index.store.executor import Executor
 from index.store.partitions import ModelPartition
 from index.text import fold
 

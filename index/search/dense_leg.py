@@ -22,7 +22,8 @@ import numpy as np
 from index.lru import Lru
 from index.search.read_settings import CUSTOM_PLANS, EXACT_SCAN, fetch_with_local_settings, hnsw_scan_settings
 from index.search.scope_sql import WhereSql
-from index.store.hits import _COLUMNS, _IDENTITY_ORDER, ChunkHit, Executor, Scope, _chunk, scope_key
+from index.store.executor import Executor
+from index.store.hits import _COLUMNS, _IDENTITY_ORDER, ChunkHit, Scope, _chunk, scope_key
 from index.store.partitions import ModelPartition
 
 EXACT_DECISION_TTL_S = 60.0  # a scope's exact-or-HNSW choice is re-estimated after this (stores grow)

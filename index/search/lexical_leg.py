@@ -14,7 +14,8 @@ from collections.abc import Mapping
 
 from index.search.bm25 import CorpusStats, bm25_plan, bm25_score_sql, query_terms, scored_terms
 from index.search.scope_sql import WhereSql
-from index.store.hits import _COLUMNS, _IDENTITY_ORDER, ChunkHit, Executor, Scope, _chunk
+from index.store.executor import Executor
+from index.store.hits import _COLUMNS, _IDENTITY_ORDER, ChunkHit, Scope, _chunk
 from index.store.partitions import ModelPartition
 from index.store.store import to_sparsevec
 

@@ -15,4 +15,5 @@ Modules and their public names:
 - ``neighbours``: a chunk's document window and parent section.
 - ``pg_copy``: PostgreSQL's binary COPY format (``parse_copy``).
 - ``validation``: JSON-schema errors that name the field (``FieldError``, ``first_error``).
+- ``executor``: ``Executor``, what a statement runs on (a connection or a pool).
 """

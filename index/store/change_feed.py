@@ -50,7 +50,6 @@ __all__ = [
 ]
 
 CHANNEL = "rag_embeddings_changed"
-Executor = asyncpg.Connection | asyncpg.Pool
 # section_tipo, section_id, component_tipo, lang, view, chunk_index: a row's identity within a model.
 RowKey = tuple[str, int, str, str, str, int]
 KEY_COLUMNS = ("section_tipo", "section_id", "component_tipo", "lang", "view", "chunk_index")

@@ -26,7 +26,6 @@ __all__ = [
     "AclPushdown",
     "ChunkHit",
     "ChunkKey",
-    "Executor",
     "JsonMeta",
     "Scope",
     "chunk_from_row",
@@ -35,7 +34,6 @@ __all__ = [
     "scope_key",
 ]
 
-Executor = asyncpg.Connection | asyncpg.Pool
 ChunkKey = tuple[str, int, str, str, int]  # section_tipo, section_id, component_tipo, lang, chunk_index
 
 _COLUMNS = """e.section_tipo, e.section_id, e.component_tipo, e.lang, e.chunk_index,

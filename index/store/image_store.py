@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-import asyncpg
 import numpy as np
 
 from index.store import store
+from index.store.executor import Executor
 from index.store.image_rows import IMAGE_LANG, ImageKey
 from index.store.partitions import ModelPartition
 from index.store.store import RecordKey, StoredRow
@@ -29,8 +29,6 @@ __all__ = [
     "stored_images",
     "upsert_thumbnails",
 ]
-
-Executor = asyncpg.Connection | asyncpg.Pool
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ These return rows as they are stored; the gateway's ACL gate checks each one.
 
 from __future__ import annotations
 
-from index.store.hits import _COLUMNS, _IDENTITY_ORDER, ChunkHit, ChunkKey, Executor, _chunk
+from index.store.executor import Executor
+from index.store.hits import _COLUMNS, _IDENTITY_ORDER, ChunkHit, ChunkKey, _chunk
 from index.store.partitions import ModelPartition
 
 __all__ = ["document_window", "parent_chunks"]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-Executor = asyncpg.Connection | asyncpg.Pool
+from index.store.executor import Executor
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ import asyncpg
 import numpy as np
 from pgvector import SparseVector, Vector
 
+from index.store.executor import Executor
 from index.store.partitions import ModelPartition
 
 __all__ = [
@@ -52,7 +53,6 @@ __all__ = [
     "upsert_rows",
 ]
 
-Executor = asyncpg.Connection | asyncpg.Pool
 RecordKey = tuple[str, int]  # (section_tipo, section_id)
 SlotKey = tuple[str, str, str, int]  # (component_tipo, lang, view, chunk_index): a row's place in its record
 StoredVectors = tuple[Vector, SparseVector | None]
